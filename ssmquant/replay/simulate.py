@@ -1,0 +1,78 @@
+"""`simulate`: the one entry point that runs variants over a layer's inputs on a chosen backend."""
+
+from __future__ import annotations
+
+import os
+
+from .inputs import LayerInputs
+from .naive import emulate
+from .trace import Trace
+from .variants import Variant, check_variants_fit, parse_variants
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+class BackendError(RuntimeError):
+    """The requested backend cannot run these inputs."""
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def resolve_backend(backend: str, inputs: LayerInputs) -> str:
+    """'auto' picks Triton on CUDA tensors and the torch reference otherwise."""
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend {backend!r}; accepted: {', '.join(BACKENDS)}")
+    on_cuda = inputs.device.type == "cuda"
+    if backend == "auto":
+        return "triton" if on_cuda else "torch"
+    if backend == "triton" and not on_cuda and not triton_interpreting():
+        raise BackendError(
+            f"backend='triton' needs CUDA tensors (inputs are on {inputs.device}); move them with "
+            "inputs.to('cuda'), use backend='torch', or set TRITON_INTERPRET=1 to run the kernels on the CPU"
+        )
+    return backend
+
+
+def simulate(
+    inputs: LayerInputs,
+    variants: list[Variant | str] | str,
+    *,
+    backend: str = "torch",
+    record_every: int = 1,
+    form: str = "state",
+) -> Trace:
+    """Emulate every variant's stored state over the T decode steps of one layer.
+
+    inputs: Mamba2Inputs or GDNInputs (validated here); variants: Variant objects or strings such as
+    "fp8_e4m3@conventional", "int8:sr@replay16" (a list or a comma-separated string); backend:
+    "torch" (naive reference), "triton" (fused kernels) or "auto"; record_every: keep metrics of every
+    k-th step (steps k, 2k, ...); form: "state" or "literal" (torch backend only; see `naive.py`).
+
+    Returns a Trace with metrics [V, R, B, H, 4] and `to_frame()` for a long pandas table.
+    """
+    variants = parse_variants(variants)
+    inputs.validate()
+    check_variants_fit(variants, inputs.state_shape)
+    chosen = resolve_backend(backend, inputs)
+    if record_every < 1 or record_every > inputs.steps:
+        raise ValueError(f"record_every must lie in [1, steps={inputs.steps}], got {record_every}")
+    meta = {
+        "kind": inputs.kind,
+        "state_shape": list(inputs.state_shape),
+        "steps": inputs.steps,
+        "backend": chosen,
+        "record_every": record_every,
+        "form": form,
+        **inputs.meta,
+    }
+    if chosen == "torch":
+        res = emulate(inputs, variants, form=form, record_every=record_every)
+        return Trace.from_metrics([v.name for v in variants], res.steps, res.metrics, meta)
+    if form != "state":
+        raise BackendError("the Triton kernels implement the state form; use backend='torch' for form='literal'")
+    from ..kernels import emulate_triton
+
+    metrics, steps = emulate_triton(inputs, variants, record_every=record_every)
+    return Trace.from_metrics([v.name for v in variants], steps, metrics, meta)

@@ -1,0 +1,103 @@
+"""A variant is one emulated way of keeping the state: a storage format under a decoding scheme.
+
+String form: "<format>@<scheme>", e.g. "fp8_e4m3@conventional", "int8:sr@replay16",
+"nvfp4:head@spec16x4:p0.8". A bare format means conventional decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..formats import FormatError, Rounding, ScaleMode, StateFormat, parse
+from .schemes import DEFAULT_BUFFER_LEN, Scheme, SchemeError, parse_scheme
+
+
+class VariantError(ValueError):
+    """A variant spec or option is not valid."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """format x scheme, plus the stochastic-rounding seed and (for static formats) the decode scales.
+
+    static_scale: FP32 decode scales for ':static' formats, shape [H, rows // group_rows] or with a
+    leading batch dim (see `ssmquant.formats.quantize`); the second-level scale for nvfp4.
+    """
+
+    format: StateFormat
+    scheme: Scheme = field(default_factory=Scheme.conventional)
+    seed: int = 0
+    static_scale: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    label: str | None = None
+
+    def __post_init__(self):
+        static = self.format.scale_mode is ScaleMode.STATIC
+        if static and self.static_scale is None:
+            raise VariantError(f"variant {self.name!r} uses a static format: pass static_scale")
+        if not static and self.static_scale is not None:
+            raise VariantError(f"variant {self.name!r} has dynamic scales: static_scale does not apply")
+
+    @property
+    def name(self) -> str:
+        if self.label:
+            return self.label
+        base = f"{self.format.name}@{self.scheme.name}"
+        if self.format.rounding is Rounding.SR and self.seed:
+            base += f"#seed{self.seed}"
+        return base
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def check_variants_fit(variants: list[Variant], state_shape: tuple[int, ...]) -> None:
+    """Check each variant can store a state of `state_shape` [B, H, rows, state_dim]; clear errors otherwise."""
+    for v in variants:
+        try:
+            v.format.bytes_per_state(state_shape)  # validates nvfp4 blocks and row groups
+        except FormatError as err:
+            raise VariantError(
+                f"variant {v.name!r} cannot store a state of shape {tuple(state_shape)}: {err}"
+            ) from None
+        if v.static_scale is not None:
+            rows = state_shape[-2]
+            group = (*state_shape[:-2], rows // v.format.granularity.group_rows(rows))
+            shp = tuple(v.static_scale.shape)
+            if not shp or shp != group[len(group) - len(shp) :]:
+                raise VariantError(
+                    f"variant {v.name!r}: static_scale has shape {shp}; expected {group[1:]} (per head and "
+                    f"scale group) or {group}"
+                )
+            if not bool(torch.isfinite(v.static_scale).all()) or bool((v.static_scale <= 0).any()):
+                raise VariantError(f"variant {v.name!r}: static scales must be finite and > 0")
+
+
+def parse_variant(spec: str | Variant, *, seed: int = 0, default_buffer_len: int = DEFAULT_BUFFER_LEN) -> Variant:
+    """Parse "fmt@scheme" (or a bare format, meaning conventional) into a Variant."""
+    if isinstance(spec, Variant):
+        return spec
+    if not isinstance(spec, str):
+        raise VariantError(f"variant must be a string like 'int8:sr@replay16', got {spec!r}")
+    fmt_part, sep, scheme_part = spec.partition("@")
+    try:
+        fmt = parse(fmt_part)
+        scheme = parse_scheme(scheme_part, default_buffer_len=default_buffer_len) if sep else Scheme.conventional()
+    except (FormatError, SchemeError) as err:
+        raise VariantError(f"invalid variant {spec!r}: {err}") from err
+    return Variant(fmt, scheme, seed=seed)
+
+
+def parse_variants(specs, *, seed: int = 0) -> list[Variant]:
+    """Parse a list (or comma-separated string) of variants; names must be unique."""
+    if isinstance(specs, (str, Variant)):
+        specs = [s for s in specs.split(",")] if isinstance(specs, str) else [specs]
+    variants = [parse_variant(s.strip() if isinstance(s, str) else s, seed=seed) for s in specs]
+    if not variants:
+        raise VariantError("no variants given")
+    names = [v.name for v in variants]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise VariantError(f"duplicate variants: {', '.join(dupes)}")
+    return variants

@@ -1,0 +1,1 @@
+"""Reporting: tables, JSON and plots made from traces and format footprints."""
