@@ -23,11 +23,10 @@ from .grids import (
     E4M3_MAX,
     E4M3_MIN_SUBNORMAL,
     FP16,
-    INT8_MAX,
+    INT8,
     Rounding,
     e2m1_code,
     e2m1_value,
-    round_integer,
     round_to_bf16,
     round_to_grid,
 )
@@ -198,8 +197,7 @@ def encode(
         v = x * expand_groups(fmt, mult, rows)
         if enc is Encoding.FP8_E4M3:
             return Encoded(round_to_grid(v, E4M3, rnd, uniform), dec, None)
-        # Clamp before rounding: a static scale may put |v| far beyond 127.
-        return Encoded(round_integer(torch.clamp(v, -INT8_MAX, INT8_MAX), rnd, uniform), dec, None)
+        return Encoded(round_to_grid(v, INT8, rnd, uniform), dec, None)
 
     # nvfp4
     if static_scale is None:

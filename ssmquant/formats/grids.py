@@ -47,6 +47,9 @@ class FloatGrid:
 E4M3 = FloatGrid("e4m3", mantissa_bits=3, min_exponent=-6, max_value=448.0, saturating=True)
 E2M1 = FloatGrid("e2m1", mantissa_bits=1, min_exponent=0, max_value=6.0, saturating=True)
 FP16 = FloatGrid("fp16", mantissa_bits=10, min_exponent=-14, max_value=65504.0, saturating=False)
+# INT8 as a grid: spacing 2^(max(e, 7) - 7) = 1 for every |v| < 256, saturating at 127. Rounding it like
+# the float grids (on |v|, sign restored) keeps one rounding routine, and one SR convention, for all.
+INT8 = FloatGrid("int8", mantissa_bits=7, min_exponent=7, max_value=127.0, saturating=True)
 
 E4M3_MAX = E4M3.max_value
 E2M1_MAX = E2M1.max_value

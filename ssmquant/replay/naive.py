@@ -60,12 +60,17 @@ class StateStore:
             self.static = static_scale.expand(group)
         self.index = element_index(shape, device) if fmt.rounding is Rounding.SR else None
 
-    def __call__(self, x: torch.Tensor, stream: int) -> torch.Tensor:
+    def key(self, stream: int) -> torch.Tensor:
+        """The stream key of the write after step `stream`, as a 0-d int64 tensor (compile-friendly)."""
+        return torch.tensor(stream_key(self.seed, stream), dtype=torch.int64)
+
+    def __call__(self, x: torch.Tensor, key: torch.Tensor | int) -> torch.Tensor:
+        """Stored FP32 values of x [B, H, rows, state_dim]; key: this write's `stream_key`."""
         if self.fmt.encoding is Encoding.FP32:
             return x
         bits = uniform = None
         if self.index is not None:
-            bits = keyed_bits(stream_key(self.seed, stream), self.index)
+            bits = keyed_bits(key, self.index)
             uniform = uniform_from_bits(bits)
         return encode(self.fmt, x, static_scale=self.static, uniform=uniform, bits=bits).decode(self.fmt)
 
@@ -108,6 +113,54 @@ def _metrics(s_var, s_ref, y_var, y_ref) -> torch.Tensor:
     return torch.stack(
         [(ds * ds).sum((-1, -2)), (s_ref * s_ref).sum((-1, -2)), (dy * dy).sum(-1), (y_ref * y_ref).sum(-1)], -1
     )
+
+
+def mamba2_advance(s, a, dt, x_state, b_state, c, d, x):
+    """One Mamba-2 step from state s [B, H, P, N]: returns (new state, y [B, H, P]).
+
+    a, dt [B, H]; x_state [B, H, P] and b_state [B, H, N] are the inputs as stored (buffered inputs
+    for replay); c [B, H, N]; d [H]; x [B, H, P] the current input for the skip term.
+    """
+    s = mamba2_step(s, a, dt[..., None] * x_state, b_state)
+    return s, mamba2_output(s, c, d, x)
+
+
+def gdn_advance(s, alpha, k, v, beta, q, buffer_dtype: torch.dtype = torch.float32):
+    """One Gated DeltaNet step from state s [B, H, Dv, Dk]: returns (new state, y [B, H, Dv]).
+
+    alpha, beta [B, H]; k (as buffered), q [B, H, Dk]; v [B, H, Dv]; the corrected value u is
+    stored in `buffer_dtype` before it updates the state (replay buffers u, not v).
+    """
+    s = alpha[..., None, None] * s
+    u = _buffer_round(gdn_delta(s, k, v, beta), buffer_dtype)
+    s = s + u[..., None] * k[:, :, None, :]
+    return s, gdn_output(s, q)
+
+
+def mamba2_emulation_step(s_ref, s_var, a, dt, x, xb, b, bb, c, d, write, store, key):
+    """One decode step of the FP32 reference and one variant (state form), Mamba-2.
+
+    s_ref, s_var [B, H, P, N]; a, dt [B, H]; x, xb (buffered x) [B, H, P]; b, bb (buffered B), c
+    [B, H, N]; d [H]; write bool [B]; store: the variant's StateStore; key: its stream key.
+    Returns (s_ref, s_var, metrics [B, H, 4]). This is the per-step function of the benchmark's
+    eager and compiled peers; the kernels follow it op for op.
+    """
+    s_ref, y_ref = mamba2_advance(s_ref, a, dt, x, b, c, d, x)
+    s_var, y_var = mamba2_advance(s_var, a, dt, xb, bb, c, d, x)
+    s_var = torch.where(write[:, None, None, None], store(s_var, key), s_var)
+    return s_ref, s_var, _metrics(s_var, s_ref, y_var, y_ref)
+
+
+def gdn_emulation_step(s_ref, s_var, alpha, q, k, kb, v, beta, write, store, key, buffer_dtype):
+    """One decode step of the FP32 reference and one variant (state form), Gated DeltaNet.
+
+    s_ref, s_var [B, H, Dv, Dk]; alpha, beta [B, H]; q, k, kb (buffered k) [B, H, Dk]; v [B, H, Dv];
+    write bool [B]; buffer_dtype: the dtype u is buffered in. Returns (s_ref, s_var, metrics [B, H, 4]).
+    """
+    s_ref, y_ref = gdn_advance(s_ref, alpha, k, v, beta, q)
+    s_var, y_var = gdn_advance(s_var, alpha, kb, v, beta, q, buffer_dtype)
+    s_var = torch.where(write[:, None, None, None], store(s_var, key), s_var)
+    return s_ref, s_var, _metrics(s_var, s_ref, y_var, y_ref)
 
 
 def emulate(
@@ -181,7 +234,7 @@ class _Emulation:
         """Store s (rounded) where variant i writes after step t; unchanged elsewhere."""
         if not self.any_write[i][t]:
             return s
-        stored = self.stores[i](s, t)
+        stored = self.stores[i](s, stream_key(self.variants[i].seed, t))
         return torch.where(self.masks[i][:, t, None, None, None], stored, s)
 
 
@@ -211,14 +264,25 @@ class _Mamba2Emulation(_Emulation):
             self.cap = cap
 
     def ref_step(self, t):
-        self.s_ref = mamba2_step(self.s_ref, self.a[:, t], self.dt[:, t, :, None] * self.x[:, t], self.b[:, t])
-        return self.s_ref, mamba2_output(self.s_ref, self.c[:, t], self.d, self.x[:, t])
+        x = self.x[:, t]
+        self.s_ref, y = mamba2_advance(
+            self.s_ref, self.a[:, t], self.dt[:, t], x, self.b[:, t], self.c[:, t], self.d, x
+        )
+        return self.s_ref, y
 
     def variant_step(self, i, t):
         if self.form == "literal":
             return self._literal_step(i, t)
-        s = mamba2_step(self.s_var[i], self.a[:, t], self.dt[:, t, :, None] * self.xb[i][:, t], self.bb[i][:, t])
-        y = mamba2_output(s, self.c[:, t], self.d, self.x[:, t])
+        s, y = mamba2_advance(
+            self.s_var[i],
+            self.a[:, t],
+            self.dt[:, t],
+            self.xb[i][:, t],
+            self.bb[i][:, t],
+            self.c[:, t],
+            self.d,
+            self.x[:, t],
+        )
         self.s_var[i] = self.write(i, t, s)
         return self.s_var[i], y
 
@@ -278,19 +342,23 @@ class _GDNEmulation(_Emulation):
             self.u_buf = [torch.zeros(bsz, cap, heads, inp.rows, device=dev) for _ in self.variants]
 
     def ref_step(self, t):
-        s = self.alpha[:, t, :, None, None] * self.s_ref
-        u = gdn_delta(s, self.k[:, t], self.v[:, t], self.beta[:, t])
-        self.s_ref = s + u[..., None] * self.k[:, t, :, None, :]
-        return self.s_ref, gdn_output(self.s_ref, self.q[:, t])
+        self.s_ref, y = gdn_advance(
+            self.s_ref, self.alpha[:, t], self.k[:, t], self.v[:, t], self.beta[:, t], self.q[:, t]
+        )
+        return self.s_ref, y
 
     def variant_step(self, i, t):
         if self.form == "literal":
             return self._literal_step(i, t)
-        k = self.kb[i][:, t]
-        s = self.alpha[:, t, :, None, None] * self.s_var[i]
-        u = _buffer_round(gdn_delta(s, k, self.v[:, t], self.beta[:, t]), self.buf_dtype[i])
-        s = s + u[..., None] * k[:, :, None, :]
-        y = gdn_output(s, self.q[:, t])
+        s, y = gdn_advance(
+            self.s_var[i],
+            self.alpha[:, t],
+            self.kb[i][:, t],
+            self.v[:, t],
+            self.beta[:, t],
+            self.q[:, t],
+            self.buf_dtype[i],
+        )
         self.s_var[i] = self.write(i, t, s)
         return self.s_var[i], y
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from ssmquant.formats import E2M1, E4M3, FP16, Rounding, round_integer, round_to_bf16, round_to_grid
+from ssmquant.formats import E2M1, E4M3, FP16, INT8, Rounding, round_integer, round_to_bf16, round_to_grid
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -92,3 +92,4 @@ def test_int8_rne_matches_numpy_rint():
     ref = np.clip(np.rint(v.numpy()), -127, 127)  # numpy rounds half to even
     got = round_integer(torch.clamp(v, -127, 127), Rounding.RNE, None)
     assert np.array_equal(got.numpy(), ref)
+    assert np.array_equal(round_to_grid(v, INT8).numpy(), ref)  # the grid form the codec uses
