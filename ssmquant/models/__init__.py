@@ -1,0 +1,101 @@
+"""Models: presets of real hybrid models, checkpoint loading, SSM-input capture, synthetic inputs, text.
+
+Public API (see ``ssmquant/models/README.md``):
+
+- presets: ``get_preset``, ``list_presets``, ``presets_frame``, ``Preset``, ``Mamba2Shape``, ``GDNShape``
+- synthetic inputs: ``synthetic_inputs``, ``synthetic_layers``
+- loading: ``resolve_model``, ``load_model``, ``detect_architecture``, ``read_config``, ``ssm_layout``,
+  ``SHIPPED_MODELS``, ``available_shipped_models``
+- capture: ``capture_inputs`` (callback), ``iter_capture`` (generator), ``capture_all``,
+  ``capture_text_batch``, ``find_ssm_mixers``
+- text: ``load_text``, ``tokenize``, ``select_sequences``, ``calibration_batch``, ``ByteTokenizer``
+
+models/ knows nothing of ssmquant.formats.
+"""
+
+from .capture import (
+    CaptureError,
+    capture_all,
+    capture_inputs,
+    capture_text_batch,
+    find_ssm_mixers,
+    iter_capture,
+)
+from .loading import (
+    SHIPPED_MODELS,
+    SUPPORTED_ARCHITECTURES,
+    ArchInfo,
+    LoadedModel,
+    ModelLoadError,
+    ModelSource,
+    UnsupportedArchitectureError,
+    available_shipped_models,
+    detect_architecture,
+    load_model,
+    load_tokenizer,
+    read_config,
+    resolve_model,
+    ssm_layout,
+)
+from .presets import (
+    PRESETS,
+    GDNShape,
+    Mamba2Shape,
+    Preset,
+    PresetError,
+    get_preset,
+    list_presets,
+    presets_frame,
+    qwen_layer_pattern,
+)
+from .synthetic import synthetic_inputs, synthetic_layers
+from .text import (
+    CORPUS_PATH,
+    ByteTokenizer,
+    TextError,
+    calibration_batch,
+    load_text,
+    select_sequences,
+    tokenize,
+)
+
+__all__ = [
+    "ArchInfo",
+    "ByteTokenizer",
+    "CORPUS_PATH",
+    "CaptureError",
+    "GDNShape",
+    "LoadedModel",
+    "Mamba2Shape",
+    "ModelLoadError",
+    "ModelSource",
+    "PRESETS",
+    "Preset",
+    "PresetError",
+    "SHIPPED_MODELS",
+    "SUPPORTED_ARCHITECTURES",
+    "TextError",
+    "UnsupportedArchitectureError",
+    "available_shipped_models",
+    "calibration_batch",
+    "capture_all",
+    "capture_inputs",
+    "capture_text_batch",
+    "detect_architecture",
+    "find_ssm_mixers",
+    "get_preset",
+    "iter_capture",
+    "list_presets",
+    "load_model",
+    "load_text",
+    "load_tokenizer",
+    "presets_frame",
+    "qwen_layer_pattern",
+    "read_config",
+    "resolve_model",
+    "select_sequences",
+    "ssm_layout",
+    "synthetic_inputs",
+    "synthetic_layers",
+    "tokenize",
+]

@@ -1,0 +1,358 @@
+"""Loading real checkpoints with transformers: resolve what the user named, detect the architecture, load.
+
+What a user may name (``resolve_model``):
+- a preset name (``nemotron-3-nano``): its Hugging Face repository;
+- a shipped tiny model (a name in ``SHIPPED_MODELS``: an HF checkpoint inside the package);
+- a local checkpoint directory (must hold ``config.json``);
+- a hub id ``owner/name`` (works where the hub is reachable; offline gives an error that suggests a
+  local path or ``--synthetic``).
+
+Device and dtype policy (``load_model``): on a CUDA machine the weights load in bf16 (the models'
+published dtype) with ``device_map="auto"`` when accelerate is installed, so a model larger than one GPU
+spreads over all GPUs (and CPU); without accelerate the model goes to the one GPU. On CPU the weights
+load in fp32: CPU bf16 matmuls are slow on most hosts, and fp32 makes the captured inputs exact (the
+tests rely on it). Either can be overridden. ``trust_remote_code`` is never set: capture hooks the
+native transformers mixers (NemotronH's checkpoints carry an ``auto_map`` to remote code, which is
+ignored on purpose).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .presets import Preset, PresetError, get_preset, list_presets
+from .text import ByteTokenizer
+
+# name -> checkpoint directory relative to the ``ssmquant`` package (e.g. "assets/tiny-nemotron-h").
+# Entries whose directory is absent are not offered (see ``available_shipped_models``).
+SHIPPED_MODELS: dict[str, str] = {}
+
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be resolved or loaded; the message says why and what to do instead."""
+
+
+class UnsupportedArchitectureError(ModelLoadError):
+    """The checkpoint's architecture is not one ssmquant can capture from."""
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    """What ``detect_architecture`` found: the class name, model_type, family and SSM layer kind."""
+
+    architecture: str
+    model_type: str
+    family: str  # "nemotron_h" | "qwen3_5" | "qwen3_5_moe" | "qwen3_next"
+    layer_kind: str  # "mamba2" | "gdn"
+
+
+# architecture class name -> (family, layer kind). Names as transformers 5.x spells them.
+SUPPORTED_ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "NemotronHForCausalLM": ("nemotron_h", "mamba2"),
+    "Qwen3_5ForCausalLM": ("qwen3_5", "gdn"),
+    "Qwen3_5ForConditionalGeneration": ("qwen3_5", "gdn"),
+    "Qwen3_5MoeForCausalLM": ("qwen3_5_moe", "gdn"),
+    "Qwen3_5MoeForConditionalGeneration": ("qwen3_5_moe", "gdn"),
+    "Qwen3NextForCausalLM": ("qwen3_next", "gdn"),
+}
+# model_type -> (family, layer kind, the architecture assumed when `architectures` is absent)
+SUPPORTED_MODEL_TYPES: dict[str, tuple[str, str, str]] = {
+    "nemotron_h": ("nemotron_h", "mamba2", "NemotronHForCausalLM"),
+    "qwen3_5": ("qwen3_5", "gdn", "Qwen3_5ForConditionalGeneration"),
+    "qwen3_5_text": ("qwen3_5", "gdn", "Qwen3_5ForCausalLM"),
+    "qwen3_5_moe": ("qwen3_5_moe", "gdn", "Qwen3_5MoeForConditionalGeneration"),
+    "qwen3_5_moe_text": ("qwen3_5_moe", "gdn", "Qwen3_5MoeForCausalLM"),
+    "qwen3_next": ("qwen3_next", "gdn", "Qwen3NextForCausalLM"),
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from. kind: "local" | "hub" | "shipped"; location: a directory or a hub id."""
+
+    kind: str
+    location: str
+    name: str
+    preset: Preset | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.kind in ("local", "shipped")
+
+
+@dataclass
+class LoadedModel:
+    """A loaded checkpoint: the transformers model (eval mode), its tokenizer and where it came from."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    config: dict
+    arch: ArchInfo
+    source: ModelSource
+    device: torch.device
+    dtype: torch.dtype
+    notes: list[str] = field(default_factory=list)
+
+
+# -- resolving ------------------------------------------------------------------------------------
+
+
+def available_shipped_models() -> dict[str, Path]:
+    """Shipped checkpoints that are present in this installation: name -> directory."""
+    out = {}
+    for name, rel in SHIPPED_MODELS.items():
+        d = _PACKAGE_ROOT / rel
+        if (d / "config.json").is_file():
+            out[name] = d
+    return out
+
+
+def _looks_like_path(spec: str) -> bool:
+    return (
+        spec.startswith(("/", "./", "../", "~", ".\\"))
+        or spec in (".", "..")
+        or spec.count("/") > 1
+        or (os.sep != "/" and os.sep in spec)
+    )
+
+
+def resolve_model(spec: str | os.PathLike | Preset) -> ModelSource:
+    """Say where ``spec`` (a preset name, shipped model name, local directory or hub id) is to be loaded from.
+
+    Raises ModelLoadError naming the problem: a directory without config.json, a path that does not
+    exist, a shipped model whose files are missing, or a name that is none of the accepted forms.
+    """
+    if isinstance(spec, Preset):
+        return ModelSource("hub", spec.hf_repo, spec.name, spec)
+    spec_str = os.fspath(spec).strip()
+    if not spec_str:
+        raise ModelLoadError("empty model name; pass a preset name, a local checkpoint directory or a hub id")
+    if spec_str in SHIPPED_MODELS:
+        d = _PACKAGE_ROOT / SHIPPED_MODELS[spec_str]
+        if not (d / "config.json").is_file():
+            raise ModelLoadError(
+                f"shipped model {spec_str!r} is registered but its files are missing (expected config.json in {d})"
+            )
+        return ModelSource("shipped", str(d), spec_str)
+    path = Path(spec_str).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelLoadError(f"{spec_str!r} is a file; pass the checkpoint directory that holds config.json")
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{spec_str!r} has no config.json; a checkpoint directory must hold config.json and the weights "
+                "(as written by save_pretrained)"
+            )
+        return ModelSource("local", str(path.resolve()), path.name)
+    try:
+        preset = get_preset(spec_str)
+    except PresetError:
+        preset = None
+    if preset is not None:
+        return ModelSource("hub", preset.hf_repo, preset.name, preset)
+    if _looks_like_path(spec_str):
+        raise ModelLoadError(f"checkpoint directory {spec_str!r} does not exist")
+    if _HUB_ID.match(spec_str):
+        return ModelSource("hub", spec_str, spec_str)
+    shipped = ", ".join(available_shipped_models()) or "none installed"
+    raise ModelLoadError(
+        f"{spec_str!r} is not a preset, a shipped model, an existing directory or a hub id (owner/name); "
+        f"presets: {', '.join(list_presets())}; shipped models: {shipped}"
+    )
+
+
+# -- config and architecture ---------------------------------------------------------------------
+
+
+def _hub_error(repo: str, exc: Exception) -> ModelLoadError:
+    from huggingface_hub import errors as hf_errors
+
+    if isinstance(exc, hf_errors.GatedRepoError):
+        why = "the repository is gated: accept its licence on huggingface.co and log in (hf auth login)"
+    elif isinstance(exc, hf_errors.RepositoryNotFoundError):
+        why = "no such repository on the hub (or it is private)"
+    elif isinstance(exc, (hf_errors.LocalEntryNotFoundError, hf_errors.OfflineModeIsEnabled)):
+        why = "the hub is not reachable (offline) and the file is not in the local cache"
+    else:
+        why = f"the hub could not be reached or refused the request ({type(exc).__name__}: {exc})"
+    return ModelLoadError(
+        f"cannot fetch {repo!r} from the Hugging Face Hub: {why}. Download the checkpoint where the hub is "
+        f"reachable and pass its local directory, or run on synthetic inputs (--synthetic) with a preset"
+    )
+
+
+def read_config(source: ModelSource, *, local_files_only: bool | None = None) -> dict:
+    """The checkpoint's config.json as a dict (downloaded for a hub source)."""
+    if source.is_local:
+        path = Path(source.location) / "config.json"
+    else:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            path = Path(hf_hub_download(source.location, "config.json", local_files_only=bool(local_files_only)))
+        except Exception as exc:  # every hub failure becomes one clear message
+            raise _hub_error(source.location, exc) from exc
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+
+
+def detect_architecture(config: dict) -> ArchInfo:
+    """Detect the supported architecture of a config.json dict from ``architectures`` / ``model_type``.
+
+    Raises UnsupportedArchitectureError naming what the config declares and the supported architectures.
+    """
+    archs = config.get("architectures") or []
+    model_type = config.get("model_type") or (config.get("text_config") or {}).get("model_type") or ""
+    for arch in archs:
+        if arch in SUPPORTED_ARCHITECTURES:
+            family, kind = SUPPORTED_ARCHITECTURES[arch]
+            return ArchInfo(arch, model_type, family, kind)
+    if not archs and model_type in SUPPORTED_MODEL_TYPES:
+        family, kind, arch = SUPPORTED_MODEL_TYPES[model_type]
+        return ArchInfo(arch, model_type, family, kind)
+    raise UnsupportedArchitectureError(
+        f"unsupported architecture: the config declares architectures {archs or 'none'} and model_type "
+        f"{model_type or 'none'!r}; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)} "
+        f"(model_types {', '.join(SUPPORTED_MODEL_TYPES)})"
+    )
+
+
+def ssm_layout(config: dict) -> dict:
+    """The SSM layout a config describes, derived by transformers' own config class.
+
+    Returns {"layer_kind", "num_layers", "ssm_layers", "state_shape": (heads, rows, state_dim)} where
+    ssm_layers are the layers transformers builds as "linear_attention" (Mamba-2 or GDN mixers).
+    """
+    from transformers import AutoConfig
+
+    arch = detect_architecture(config)
+    kwargs = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "auto_map")}
+    cfg = AutoConfig.for_model(config.get("model_type") or arch.model_type, **kwargs)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    types = list(text.layer_types)
+    ssm = tuple(i for i, t in enumerate(types) if t == "linear_attention")
+    if arch.layer_kind == "mamba2":
+        shape = (text.mamba_num_heads, text.mamba_head_dim, text.ssm_state_size)
+    else:
+        shape = (text.linear_num_value_heads, text.linear_value_head_dim, text.linear_key_head_dim)
+    return {"layer_kind": arch.layer_kind, "num_layers": len(types), "ssm_layers": ssm, "state_shape": shape}
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def _parse_dtype(dtype) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if str(dtype).lower() in _DTYPES:
+        return _DTYPES[str(dtype).lower()]
+    raise ModelLoadError(f"unknown dtype {dtype!r}; accepted: {', '.join(_DTYPES)}")
+
+
+def _has_accelerate() -> bool:
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def load_tokenizer(source: ModelSource, config: dict, *, local_files_only: bool | None = None):
+    """The checkpoint's Hugging Face tokenizer; a ``ByteTokenizer`` for byte-level checkpoints without one.
+
+    A checkpoint without tokenizer files whose vocabulary holds 256..1023 ids is taken as byte-level
+    (token id = byte value). Raises ModelLoadError otherwise.
+    """
+    from transformers import AutoTokenizer
+
+    tok_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not source.is_local or any((Path(source.location) / f).is_file() for f in tok_files):
+        try:
+            return AutoTokenizer.from_pretrained(source.location, local_files_only=bool(local_files_only))
+        except Exception as exc:
+            if not source.is_local:
+                raise _hub_error(source.location, exc) from exc
+            raise ModelLoadError(f"cannot load the tokenizer of {source.location}: {exc}") from exc
+    text = config.get("text_config") or config
+    vocab = int(text.get("vocab_size") or config.get("vocab_size") or 0)
+    if 256 <= vocab < 1024:
+        return ByteTokenizer()
+    raise ModelLoadError(
+        f"{source.location} has no tokenizer files ({', '.join(tok_files)}) and its vocabulary ({vocab}) is "
+        "not byte-level; add the tokenizer files of the model to the directory"
+    )
+
+
+def load_model(
+    spec: str | os.PathLike | Preset,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+    device_map: str | dict | None = None,
+    local_files_only: bool | None = None,
+    with_tokenizer: bool = True,
+) -> LoadedModel:
+    """Load a supported hybrid checkpoint for capture (eval mode, no gradients needed).
+
+    ``spec``: preset name, shipped model name, local directory or hub id (``resolve_model``).
+    Defaults: CUDA if available with bf16 weights and ``device_map="auto"`` (accelerate installed) or the
+    single GPU; else CPU with fp32 weights. ``device_map`` overrides the placement.
+    Raises ModelLoadError / UnsupportedArchitectureError with what to do instead.
+    """
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_model(spec)
+    config = read_config(source, local_files_only=local_files_only)
+    arch = detect_architecture(config)
+    notes: list[str] = []
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dt = _parse_dtype(dtype) or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    if device_map is None:
+        if dev.type == "cuda":
+            if _has_accelerate() and device is None:
+                device_map = "auto"
+            else:
+                device_map = str(dev)
+                if torch.cuda.device_count() > 1 and not _has_accelerate():
+                    notes.append("accelerate is not installed: the model is loaded on one GPU only")
+        else:
+            device_map = None
+    kwargs = {"dtype": dt, "local_files_only": bool(local_files_only), "trust_remote_code": False}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source.location, **kwargs)
+    except torch.cuda.OutOfMemoryError as exc:
+        raise ModelLoadError(
+            f"{source.name} does not fit in GPU memory ({exc}); install accelerate so that it loads with "
+            "device_map='auto' over all GPUs and the CPU, or run with --synthetic"
+        ) from exc
+    except (OSError, ValueError) as exc:
+        if not source.is_local:
+            raise _hub_error(source.location, exc) from exc
+        raise ModelLoadError(f"cannot load {source.location}: {exc}") from exc
+    if device_map is None and dev.type != "cpu":
+        model.to(dev)
+    model.eval()
+    tokenizer = load_tokenizer(source, config, local_files_only=local_files_only) if with_tokenizer else None
+    return LoadedModel(model, tokenizer, config, arch, source, dev, dt, notes)
