@@ -1,0 +1,294 @@
+"""Throughput of the fused Triton decode emulation against its peers, on one GPU.
+
+For Mamba-2 at Nemotron-3-Nano shapes (H=64, P=64, N=128, G=8) and GDN at Qwen3.5-9B shapes
+(32 value heads, 16 key heads, Dk=Dv=128), batch 16, T=4096 steps, for fp8_e4m3, int8 and nvfp4 under
+conventional and replay16 decoding, it measures in one run:
+
+- triton: `emulate_triton` (one launch for all T steps, the FP32 reference and the emulated state
+  on chip, metrics every step);
+- eager: the naive reference's per-step function (`mamba2_emulation_step` / `gdn_emulation_step`) in
+  a Python loop, the state round-tripping through memory every step;
+- compiled: the same per-step function under torch.compile (measured for the variants listed in
+  COMPILE_VARIANTS: each compile costs tens of seconds).
+
+Throughput is in G state-element-steps/s = batch x heads x rows x state_dim x steps / seconds / 1e9.
+Peers run fewer steps (their cost per step is constant) and are reported per step. The table is
+printed last and written to benchmarks/results/emulation.md with the GPU name, versions and date.
+
+    python benchmarks/bench_emulation.py [--steps 4096] [--batch 16] [--peer-steps 64] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import triton  # noqa: E402
+
+from ssmquant.kernels import emulate_triton  # noqa: E402
+from ssmquant.replay import GDNInputs, Mamba2Inputs, parse_variant  # noqa: E402
+from ssmquant.replay.naive import (  # noqa: E402
+    StateStore,
+    _buffer_round,
+    gdn_emulation_step,
+    mamba2_emulation_step,
+)
+from ssmquant.replay.reference import expand_groups, gdn_decays, mamba2_decays  # noqa: E402
+
+FORMATS = ["fp8_e4m3", "int8", "nvfp4"]
+SCHEMES = ["conventional", "replay16"]
+COMPILE_VARIANTS = {("mamba2", "fp8_e4m3@conventional"), ("gdn", "fp8_e4m3@conventional")}
+
+# Estimated FP32 / integer operations per element-step of the kernel (no FMA fusion), for the floor.
+# reference + variant update (3 + 3), two output dots (2 + 2), metrics (5), amax (2), encode/decode:
+# fp8 ~9 fp + ~10 int, int8 the same grid code, nvfp4 adds a division and block-scale work (~14 fp).
+OPS_PER_ELEMENT_STEP = {
+    ("mamba2", "fp8_e4m3"): (26, 10),
+    ("mamba2", "int8"): (26, 10),
+    ("mamba2", "nvfp4"): (32, 12),
+    ("gdn", "fp8_e4m3"): (28, 10),
+    ("gdn", "int8"): (28, 10),
+    ("gdn", "nvfp4"): (34, 12),
+}
+# H200 SXM: 132 SMs x 128 FP32 lanes x ~1.98 GHz = 33.4 T FP32 instructions/s; integer ops ~half rate.
+FP32_INSTR_PER_S = 132 * 128 * 1.98e9
+INT_INSTR_PER_S = FP32_INSTR_PER_S / 2
+
+
+def nano_inputs(batch, steps, device):
+    g = torch.Generator(device="cpu").manual_seed(0)
+    h, p, n, grp = 64, 64, 128, 8
+    x = torch.nn.functional.silu(torch.randn(batch, steps, h, p, generator=g)).bfloat16()
+    b = torch.nn.functional.silu(torch.randn(batch, steps, grp, n, generator=g)).bfloat16()
+    c = torch.nn.functional.silu(torch.randn(batch, steps, grp, n, generator=g)).bfloat16()
+    dt = torch.nn.functional.softplus(torch.randn(batch, steps, h, generator=g) - 4.0).clamp(min=1e-3)
+    A = -torch.exp(torch.linspace(-1.0, 2.0, h))
+    return Mamba2Inputs(x=x, dt=dt, B=b, C=c, A=A, D=torch.ones(h)).to(device)
+
+
+def qwen9b_inputs(batch, steps, device):
+    g = torch.Generator(device="cpu").manual_seed(0)
+    hk, hv, d = 16, 32, 128
+    q = torch.nn.functional.normalize(torch.randn(batch, steps, hk, d, generator=g), dim=-1) / d**0.5
+    k = torch.nn.functional.normalize(torch.randn(batch, steps, hk, d, generator=g), dim=-1)
+    v = torch.randn(batch, steps, hv, d, generator=g).bfloat16()
+    gate = -torch.nn.functional.softplus(torch.randn(batch, steps, hv, generator=g) - 3.0)
+    beta = torch.sigmoid(torch.randn(batch, steps, hv, generator=g))
+    return GDNInputs(q=q, k=k, v=v, g=gate, beta=beta).to(device)
+
+
+def cuda_time(fn, reps: int) -> float:
+    """Median seconds of fn() over reps runs (events around each run, after one warm-up)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def peer_loop(kind, inputs, variant, steps, step_fn):
+    """A per-step loop of `step_fn` over the first `steps` steps; returns a closure that runs it."""
+    dev = inputs.device
+    heads = inputs.num_heads
+    store = StateStore(variant.format, inputs.state_shape, dev, variant.seed)
+    write = variant.scheme.write_mask(inputs.batch, inputs.steps).to(dev)
+    keys = [store.key(t).to(dev) for t in range(steps)]
+    buf = variant.scheme.buffer_torch_dtype if variant.scheme.rounds_buffer else torch.float32
+    if kind == "mamba2":
+        a = mamba2_decays(inputs)
+        x = inputs.x.float()
+        xb = _buffer_round(x, buf)
+        b = expand_groups(inputs.B.float(), heads)
+        bb = expand_groups(_buffer_round(inputs.B.float(), buf), heads)
+        c = expand_groups(inputs.C.float(), heads)
+        dt, d = inputs.dt.float(), inputs.D.float()
+
+        def run():
+            s_ref = torch.zeros(inputs.state_shape, device=dev)
+            s_var = torch.zeros_like(s_ref)
+            for t in range(steps):
+                s_ref, s_var, m = step_fn(
+                    s_ref,
+                    s_var,
+                    a[:, t],
+                    dt[:, t],
+                    x[:, t],
+                    xb[:, t],
+                    b[:, t],
+                    bb[:, t],
+                    c[:, t],
+                    d,
+                    write[:, t],
+                    store,
+                    keys[t],
+                )
+            return m
+
+    else:
+        alpha = gdn_decays(inputs)
+        q = expand_groups(inputs.q.float(), heads)
+        k = expand_groups(inputs.k.float(), heads)
+        kb = expand_groups(_buffer_round(inputs.k.float(), buf), heads)
+        v, beta = inputs.v.float(), inputs.beta.float()
+
+        def run():
+            s_ref = torch.zeros(inputs.state_shape, device=dev)
+            s_var = torch.zeros_like(s_ref)
+            for t in range(steps):
+                s_ref, s_var, m = step_fn(
+                    s_ref,
+                    s_var,
+                    alpha[:, t],
+                    q[:, t],
+                    k[:, t],
+                    kb[:, t],
+                    v[:, t],
+                    beta[:, t],
+                    write[:, t],
+                    store,
+                    keys[t],
+                    buf,
+                )
+            return m
+
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--peer-steps", type=int, default=64, help="steps timed for the per-step peers")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "emulation.md"))
+    ap.add_argument("--sweep", action="store_true", help="also time tilings (BLOCK_P, num_warps) of fp8 conventional")
+    ap.add_argument("--sweep-only", action="store_true", help="only the tiling sweep")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_emulation.py needs a CUDA GPU")
+    dev = "cuda"
+    if args.sweep:
+        sweep(args, dev)
+        if args.sweep_only:
+            return
+    rows = []
+    for kind, make in (("mamba2", nano_inputs), ("gdn", qwen9b_inputs)):
+        inputs = make(args.batch, args.steps, dev)
+        elems = math.prod(inputs.state_shape)
+        step_fn = mamba2_emulation_step if kind == "mamba2" else gdn_emulation_step
+        for fmt in FORMATS:
+            for scheme in SCHEMES:
+                name = f"{fmt}@{scheme}"
+                variant = parse_variant(name)
+                t_kernel = cuda_time(lambda i=inputs, v=variant: emulate_triton(i, [v]), args.reps)
+                kernel_rate = elems * args.steps / t_kernel / 1e9
+                eager = peer_loop(kind, inputs, variant, args.peer_steps, step_fn)
+                t_eager = cuda_time(eager, 1) / args.peer_steps
+                eager_rate = elems / t_eager / 1e9
+                compiled_rate = None
+                if not args.no_compile and (kind, name) in COMPILE_VARIANTS:
+                    compiled_fn = torch.compile(step_fn, dynamic=False)
+                    comp = peer_loop(kind, inputs, variant, args.peer_steps, compiled_fn)
+                    t0 = time.time()
+                    comp()  # compile
+                    torch.cuda.synchronize()
+                    compile_s = time.time() - t0
+                    t_comp = cuda_time(comp, 1) / args.peer_steps
+                    compiled_rate = elems / t_comp / 1e9
+                    print(f"  compiled {kind} {name} in {compile_s:.0f} s", flush=True)
+                fp_ops, int_ops = OPS_PER_ELEMENT_STEP[(kind, fmt)]
+                floor_rate = 1 / max(fp_ops / FP32_INSTR_PER_S, int_ops / INT_INSTR_PER_S) / 1e9
+                rows.append(
+                    {
+                        "layer": "Mamba-2 (Nemotron-3-Nano)" if kind == "mamba2" else "GDN (Qwen3.5-9B)",
+                        "variant": name,
+                        "kernel ms": t_kernel * 1e3,
+                        "kernel G/s": kernel_rate,
+                        "eager G/s": eager_rate,
+                        "x eager": kernel_rate / eager_rate,
+                        "compiled G/s": compiled_rate,
+                        "x compiled": None if compiled_rate is None else kernel_rate / compiled_rate,
+                        "floor G/s (est.)": floor_rate,
+                        "% of floor": 100 * kernel_rate / floor_rate,
+                    }
+                )
+                print(f"{kind} {name}: kernel {kernel_rate:.0f} G/s, eager {eager_rate:.1f} G/s", flush=True)
+    write_table(rows, args)
+
+
+SWEEP = [(8, 1), (16, 1), (32, 2), (64, 4), (128, 8)]
+
+
+def sweep(args, dev):
+    """Time fp8_e4m3 conventional at several tilings and metric strides (printed, not written)."""
+    variant = parse_variant("fp8_e4m3@conventional")
+    for kind, make in (("mamba2", nano_inputs), ("gdn", qwen9b_inputs)):
+        inputs = make(args.batch, min(args.steps, 1024), dev)
+        elems = math.prod(inputs.state_shape) * inputs.steps
+        for block_p, warps in SWEEP:
+            if block_p > inputs.rows:
+                continue
+            for rec in (1, 16):
+                t = cuda_time(
+                    lambda i=inputs, p=block_p, w=warps, r=rec: emulate_triton(
+                        i, [variant], tiling=(p, w), record_every=r
+                    ),
+                    2,
+                )
+                print(
+                    f"sweep {kind} BLOCK_P={block_p:3d} warps={warps:2d} record_every={rec:2d}: "
+                    f"{t * 1e3:8.2f} ms  {elems / t / 1e9:7.0f} G/s",
+                    flush=True,
+                )
+
+
+def fmt_cell(v):
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.1f}" if v < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def write_table(rows, args):
+    props = torch.cuda.get_device_properties(0)
+    head = (
+        f"# Decode-emulation throughput\n\n"
+        f"GPU: {props.name} ({props.multi_processor_count} SMs); torch {torch.__version__}; triton {triton.__version__}; "
+        f"date {datetime.date.today().isoformat()}\n\n"
+        f"batch {args.batch}, T={args.steps} steps for the kernel, {args.peer_steps} steps for the per-step peers; "
+        f"metrics recorded every step. G/s = G state-element-steps per second. "
+        f"Floor: estimated FP32/int operations per element-step against the GPU's instruction rates "
+        f"(see OPS_PER_ELEMENT_STEP in the script); an estimate, not a measurement.\n\n"
+        f"Command: `python benchmarks/bench_emulation.py --steps {args.steps} --batch {args.batch} --peer-steps {args.peer_steps}`\n\n"
+    )
+    cols = list(rows[0].keys())
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt_cell(r[c]) for c in cols) + " |")
+    table = head + "\n".join(lines) + "\n"
+    path = pathlib.Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(table)
+    print("\n" + table)
+
+
+if __name__ == "__main__":
+    main()

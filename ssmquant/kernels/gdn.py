@@ -1,0 +1,164 @@
+"""Fused Gated DeltaNet decode emulation: all T steps of one layer in one launch.
+
+One program owns one (batch, value head) and a block of BLOCK_P value channels (rows) of the head's
+state [Dv, Dk], held as a transposed tile [Dk, BLOCK_P] with rows on the fast axis: the delta rule's
+S k, the output S q and the per-row amax are reductions over Dk that stay inside each thread. Reference: `ssmquant.replay.naive` (state form), followed op for op with the
+decay alpha = exp(g) precomputed by the caller. The row reductions run in a different order than
+torch's, so u_t (which feeds the state) differs from the reference by FP32 noise.
+
+_kernel -> launcher (`gdn_launch`, no validation; `ssmquant.replay.simulate` validates).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .mamba2 import _round_buffer
+from .rounding import fake_quant_tile, stream_key
+
+
+@triton.jit
+def _gdn_emulate_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    alpha_ptr,
+    beta_ptr,
+    s0_ptr,
+    write_ptr,
+    scale_ptr,
+    metrics_ptr,
+    B,
+    T,
+    HV,
+    HK,
+    DV,
+    DK,
+    V_PER_K,
+    seed,
+    record_every,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FMT: tl.constexpr,
+    GROUP: tl.constexpr,
+    STATIC: tl.constexpr,
+    SR: tl.constexpr,
+    BUF: tl.constexpr,
+    HAS_S0: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    npb = tl.num_programs(1)
+    b = pid_bh // HV
+    h = pid_bh % HV
+    hk = h // V_PER_K
+    rows = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < DV
+    col_ok = cols < DK
+    tile_ok = col_ok[:, None] & row_ok[None, :]
+
+    b64 = b.to(tl.int64)
+    head_base = (b64 * HV + h) * DV
+    state_offs = (head_base + rows)[None, :] * DK + cols[:, None]
+    if HAS_S0:
+        s_ref = tl.load(s0_ptr + state_offs, mask=tile_ok, other=0.0)
+    else:
+        s_ref = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
+    s_var = s_ref
+    static_scale = tl.full([BLOCK_P], 1.0, tl.float32)
+    if STATIC:
+        static_scale = tl.load(scale_ptr + head_base + rows, mask=row_ok, other=1.0)
+
+    for t in range(T):
+        bt = b64 * T + t
+        kvec = tl.load(k_ptr + (bt * HK + hk) * DK + cols, mask=col_ok, other=0.0).to(tl.float32)
+        qvec = tl.load(q_ptr + (bt * HK + hk) * DK + cols, mask=col_ok, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + (bt * HV + h) * DV + rows, mask=row_ok, other=0.0).to(tl.float32)
+        alpha = tl.load(alpha_ptr + bt * HV + h)
+        beta = tl.load(beta_ptr + bt * HV + h)
+        s_ref = alpha * s_ref
+        u = beta * (v - tl.sum(s_ref * kvec[:, None], axis=0))
+        s_ref = s_ref + kvec[:, None] * u[None, :]
+        y_ref = tl.sum(s_ref * qvec[:, None], axis=0)
+        kb = _round_buffer(kvec, BUF)
+        s_var = alpha * s_var
+        ub = _round_buffer(beta * (v - tl.sum(s_var * kb[:, None], axis=0)), BUF)
+        s_var = s_var + kb[:, None] * ub[None, :]
+        y_var = tl.sum(s_var * qvec[:, None], axis=0)
+        if tl.load(write_ptr + bt) != 0:
+            key = stream_key(seed, t)
+            s_var = fake_quant_tile(s_var, static_scale, state_offs, key, BLOCK_N, BLOCK_P, FMT, GROUP, STATIC, SR)
+        if (t + 1) % record_every == 0:
+            rec = ((t + 1) // record_every - 1).to(tl.int64)
+            ds = s_var - s_ref
+            dy = y_var - y_ref
+            base = metrics_ptr + (((rec * B + b) * HV + h) * npb + pid_p) * 4
+            tl.store(base + 0, tl.sum(tl.reshape(ds * ds, [BLOCK_N * BLOCK_P]), axis=0))
+            tl.store(base + 1, tl.sum(tl.reshape(s_ref * s_ref, [BLOCK_N * BLOCK_P]), axis=0))
+            tl.store(base + 2, tl.sum(dy * dy, axis=0))
+            tl.store(base + 3, tl.sum(y_ref * y_ref, axis=0))
+
+
+def gdn_launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    alpha: torch.Tensor,
+    beta: torch.Tensor,
+    s0: torch.Tensor | None,
+    write: torch.Tensor,
+    static_scale_rows: torch.Tensor | None,
+    record_every: int,
+    *,
+    fmt_code: int,
+    group_rows: int | None,
+    sr: bool,
+    seed: int,
+    buf_code: int,
+    block_p: int,
+    num_warps: int,
+) -> torch.Tensor:
+    """Launch the kernel on contiguous inputs; returns metrics [R, B, Hv, NPB, 4] (fp32)."""
+    bsz, steps, hv, dv = v.shape
+    hk, dk = k.shape[2], k.shape[3]
+    block_n = triton.next_power_of_2(dk)
+    npb = triton.cdiv(dv, block_p)
+    group = block_p if group_rows is None else group_rows
+    n_rec = steps // record_every
+    # NaN-filled: a metric the kernel fails to write stays NaN and fails every check downstream
+    metrics = torch.full((n_rec, bsz, hv, npb, 4), float("nan"), device=v.device, dtype=torch.float32)
+    dummy = torch.empty(1, device=v.device, dtype=torch.float32)
+    _gdn_emulate_kernel[(bsz * hv, npb)](
+        q,
+        k,
+        v,
+        alpha,
+        beta,
+        s0 if s0 is not None else dummy,
+        write,
+        static_scale_rows if static_scale_rows is not None else dummy,
+        metrics,
+        bsz,
+        steps,
+        hv,
+        hk,
+        dv,
+        dk,
+        hv // hk,
+        seed,
+        record_every,
+        BLOCK_P=block_p,
+        BLOCK_N=block_n,
+        FMT=fmt_code,
+        GROUP=group,
+        STATIC=static_scale_rows is not None,
+        SR=sr,
+        BUF=buf_code,
+        HAS_S0=s0 is not None,
+        num_warps=num_warps,
+        enable_fp_fusion=False,
+    )
+    return metrics
