@@ -27,5 +27,174 @@ def formats_cmd(shape: str):
     click.echo(formats_table(parse_shape(shape)))
 
 
+def _csv(value: str | None, name: str) -> list[str] | None:
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise click.BadParameter("give at least one value (comma-separated)", param_hint=name)
+    return items
+
+
+def _layers(value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"layers must be comma-separated integers, got {value!r}", param_hint="--layers"
+        ) from None
+
+
+@main.command("analyze")
+@click.option(
+    "--model",
+    default=None,
+    help="Preset name, shipped model (tiny-nemotron, tiny-qwen), local checkpoint dir or hub id. [default: tiny-nemotron]",
+)
+@click.option(
+    "--synthetic", is_flag=True, help="Synthetic inputs with a preset's exact shapes (no weights, no download)."
+)
+@click.option(
+    "--text",
+    "text",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Calibration text file (default: the shipped public-domain corpus).",
+)
+@click.option(
+    "--formats",
+    default="fp8_e4m3,int8,nvfp4",
+    show_default=True,
+    help="Comma-separated formats (see `ssmquant formats`).",
+)
+@click.option(
+    "--schemes",
+    default="conventional,replay",
+    show_default=True,
+    help="conventional, replay (buffer --buffer-len), replay<L>, spec<L>x<T>[:p<rate>].",
+)
+@click.option(
+    "--buffer-len", default=16, show_default=True, type=int, help="Replay buffer length L for a bare 'replay'."
+)
+@click.option("--rounding", default="rne", show_default=True, help="rne, sr or rne,sr.")
+@click.option("--steps", default=4096, show_default=True, type=int, help="Decode steps (tokens per sequence).")
+@click.option("--batch", default=8, show_default=True, type=int, help="Sequences.")
+@click.option("--layers", default=None, help="Comma-separated decoder-layer indices of SSM layers (default: all).")
+@click.option("--device", default="auto", show_default=True, help="auto, cuda or cpu.")
+@click.option(
+    "--backend",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "torch", "triton"]),
+    help="auto: Triton kernels on a GPU, the torch reference on CPU.",
+)
+@click.option(
+    "--record-every", default=None, type=int, help="Keep metrics every k steps [default: steps // 1024, at least 1]."
+)
+@click.option(
+    "--seed",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Seed for text selection, synthetic inputs and stochastic rounding.",
+)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or tables.")
+def analyze_cmd(
+    model,
+    synthetic,
+    text,
+    formats,
+    schemes,
+    buffer_len,
+    rounding,
+    steps,
+    batch,
+    layers,
+    device,
+    backend,
+    record_every,
+    seed,
+    out_dir,
+    force,
+    no_plots,
+    quiet,
+):
+    """Per-layer error of each state format over the decode horizon: tables, JSON, plots."""
+    from .analysis import AnalyzeConfig, AnalyzeError, SourceError, analyze, default_model
+    from .formats import FormatError
+    from .replay.inputs import InputError
+    from .report.files import OutputError, check_out_dir, write_analysis
+    from .report.tables import memory_text, summary_table
+
+    cfg = AnalyzeConfig(
+        model=model or default_model(),
+        synthetic=synthetic,
+        text=text,
+        formats=_csv(formats, "--formats"),
+        schemes=_csv(schemes, "--schemes"),
+        buffer_len=buffer_len,
+        rounding=_csv(rounding, "--rounding"),
+        steps=steps,
+        batch=batch,
+        layers=_layers(layers),
+        device=device,
+        backend=backend,
+        seed=seed,
+        record_every=record_every,
+    )
+    try:
+        check_out_dir(out_dir, force)
+        bar = None
+        if not quiet:
+            from tqdm import tqdm
+
+            bar = tqdm(total=0, unit="layer", desc="analyze", leave=True)
+
+        def progress(done, total, layer):
+            if bar is not None:
+                bar.total = total
+                bar.n = done
+                bar.set_postfix_str("" if layer is None else f"layer {layer}")
+                bar.refresh()
+
+        result = analyze(cfg, progress=progress)
+        if bar is not None:
+            bar.close()
+        path = write_analysis(result, out_dir, force=force, plots=not no_plots)
+    except (AnalyzeError, SourceError, OutputError, FormatError, InputError) as err:
+        raise click.ClickException(str(err)) from None
+    if not quiet:
+        src = result.source
+        click.echo(f"\n{src['model']} ({src['kind']} data: {src.get('note', '')})")
+        click.echo(summary_table(result.summary))
+        click.echo("\n" + memory_text(result.memory))
+        click.echo(f"\nwrote {path} in {result.elapsed_s:.1f} s")
+
+
+@main.command("plot")
+@click.argument("out_dir", type=click.Path(exists=True, file_okay=False))
+def plot_cmd(out_dir):
+    """Re-render the plots of an `ssmquant analyze` output directory from its saved traces."""
+    from .report.files import OutputError, replot
+
+    try:
+        files = replot(out_dir)
+    except OutputError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo("wrote " + ", ".join(files))
+
+
+@main.command("presets")
+def presets_cmd():
+    """List the model presets with their SSM state per sequence (FP32 and each format)."""
+    from .report.tables import presets_table
+
+    click.echo(presets_table())
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

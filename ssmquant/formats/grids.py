@@ -60,6 +60,9 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E4M3_MIN_SUBNORMAL = 2.0**-9
 
 
+_RNE_MAGIC = 8388608.0  # 2^23
+
+
 def _pow2(exponent: torch.Tensor) -> torch.Tensor:
     """2^e as FP32 for integer e in [-126, 127], built from the exponent field (exact)."""
     return ((exponent + 127).to(torch.int32) << 23).view(torch.float32)
@@ -87,6 +90,7 @@ def round_to_grid(
 
     Saturating grids clamp |v| to max_value first; non-saturating ones overflow to +-inf exactly like
     an IEEE cast (RNE) does. `uniform` ([0, 1), same shape) is required for stochastic rounding.
+    The steps are those of the Triton helper `ssmquant.kernels.rounding.round_to_grid`.
     """
     v = v.float()
     a = v.abs()
@@ -95,7 +99,12 @@ def round_to_grid(
     e = torch.clamp(_exponent(a), min=grid.min_exponent)
     spacing = _pow2(e - grid.mantissa_bits)
     inv_spacing = _pow2(grid.mantissa_bits - e)
-    out = round_integer(a * inv_spacing, rounding, uniform) * spacing
+    r = a * inv_spacing  # exact, 0 <= r < 2^(mantissa_bits + 1)
+    n = (r + _RNE_MAGIC) - _RNE_MAGIC  # round half to even: r + 2^23 has an ulp of 1
+    if rounding is Rounding.SR:
+        floor = n - (n > r).to(torch.float32)
+        n = floor + (uniform < r - floor).to(torch.float32)
+    out = n * spacing
     if not grid.saturating:
         out = torch.where(out > grid.max_value, torch.full_like(out, float("inf")), out)
     return torch.copysign(out, v)

@@ -228,17 +228,24 @@ def detect_architecture(config: dict) -> ArchInfo:
     )
 
 
-def ssm_layout(config: dict) -> dict:
+def ssm_layout(config) -> dict:
     """The SSM layout a config describes, derived by transformers' own config class.
 
+    config: a config.json dict, or a loaded model's config object (preferred: a dict re-parsed here
+    goes through transformers' strict field validation, which rejects some serialised values, e.g.
+    NemotronH's default time_step_limit (0, inf) written as JSON).
     Returns {"layer_kind", "num_layers", "ssm_layers", "state_shape": (heads, rows, state_dim)} where
     ssm_layers are the layers transformers builds as "linear_attention" (Mamba-2 or GDN mixers).
     """
-    from transformers import AutoConfig
+    from transformers import AutoConfig, PretrainedConfig
 
-    arch = detect_architecture(config)
-    kwargs = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "auto_map")}
-    cfg = AutoConfig.for_model(config.get("model_type") or arch.model_type, **kwargs)
+    if isinstance(config, PretrainedConfig):
+        cfg = config
+        arch = detect_architecture(config.to_dict())
+    else:
+        arch = detect_architecture(config)
+        kwargs = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "auto_map")}
+        cfg = AutoConfig.for_model(config.get("model_type") or arch.model_type, **kwargs)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     types = list(text.layer_types)
     ssm = tuple(i for i, t in enumerate(types) if t == "linear_attention")

@@ -53,3 +53,56 @@ def formats_table(shape: tuple[int, ...]) -> str:
     df = formats_frame(shape)
     title = f"State storage formats for a state of shape {'x'.join(map(str, shape))} ({math.prod(shape):,} elements)"
     return title + "\n" + df.to_string(index=False)
+
+
+def summary_table(summary: pd.DataFrame, max_rows: int = 60) -> str:
+    """The per layer x variant summary for the terminal (forecast columns labelled as forecasts)."""
+    cols = {
+        "layer": "layer",
+        "variant": "variant",
+        "out_rel_err": "out err",
+        "state_rel_err": "state err",
+        "worst_head": "worst head",
+        "worst_head_out_rel_err": "its out err",
+        "growth_b_out": "growth b",
+        "forecast_out_32k": "out err @32K (forecast)",
+        "forecast_out_128k": "out err @128K (forecast)",
+    }
+    df = summary[list(cols)].rename(columns=cols)
+    horizon = int(summary["horizon"].max()) if len(summary) else 0
+    fmt = {c: (lambda v: f"{v:.2e}") for c in df.columns if "err" in c}
+    fmt["growth b"] = lambda v: f"{v:+.2f}"
+    text = df.head(max_rows).to_string(index=False, formatters=fmt, na_rep="—")
+    more = f"\n... {len(df) - max_rows} more rows in summary.csv" if len(df) > max_rows else ""
+    return (
+        f"Relative errors at step {horizon} (output and state), worst head, growth exponent b of err ~ a t^b "
+        f"fitted past the first flush, and the fit's forecasts:\n{text}{more}"
+    )
+
+
+def memory_text(memory: pd.DataFrame) -> str:
+    df = memory.copy()
+    df["MiB_per_sequence"] = df["MiB_per_sequence"].map(lambda v: f"{v:.2f}")
+    df["bits_per_element"] = df["bits_per_element"].map(lambda v: f"{v:.2f}")
+    df["capacity_vs_fp32"] = df["capacity_vs_fp32"].map(lambda v: f"{v:.2f}x")
+    return "SSM state per sequence, all SSM layers:\n" + df.to_string(index=False)
+
+
+def presets_table() -> str:
+    """`ssmquant presets`: each preset's SSM layers and state bytes per sequence per format."""
+    from ..models import get_preset, list_presets
+
+    rows = []
+    for name in list_presets():
+        p = get_preset(name)
+        shape = p.state_shape
+        row = {
+            "preset": name,
+            "kind": p.layer_kind,
+            "SSM layers": f"{p.num_ssm_layers}/{p.num_layers}",
+            "heads x rows x state": "x".join(map(str, shape)),
+        }
+        for fmt in standard_formats():
+            row[f"{fmt.name} MiB/seq"] = round(fmt.bytes_per_state(shape) * p.num_ssm_layers / 2**20, 2)
+        rows.append(row)
+    return "SSM state per sequence (all SSM layers; conv state excluded):\n" + pd.DataFrame(rows).to_string(index=False)

@@ -1,0 +1,304 @@
+"""`analyze`: every selected SSM layer of a model, every variant, over the decode horizon.
+
+Data flows one way: a LayerSource yields each layer's decode inputs (captured or synthetic), `simulate`
+turns them into a Trace per layer, and this module reduces the traces to tables (long traces, per-head
+values at selected steps, a per-layer summary with fitted growth and forecasts) and the memory table.
+Writing files and plots is `ssmquant.report`'s job.
+
+Each layer is emulated with the inputs of an FP32 run of the other layers (captured from one prefill):
+the analysis isolates the error that each layer's own stored state accumulates. What the errors of all
+layers do together to the model's predictions is the end-to-end evaluation's question.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .. import __version__
+from ..formats import Encoding, FormatError, parse
+from ..replay import Trace, parse_scheme, simulate
+from ..replay.schemes import SchemeError
+from ..replay.variants import Variant, VariantError
+from .fit import fit_power_law
+from .sources import LayerSource, SourceError, open_source, resolve_device
+
+FORECAST_STEPS = (32768, 131072)
+ROUNDINGS = ("rne", "sr")
+MAX_RECORDED_STEPS = 1024
+HEAD_TABLE_POINTS = 8
+
+
+class AnalyzeError(ValueError):
+    """Bad analyze settings; the message names the problem and the accepted values."""
+
+
+@dataclass
+class AnalyzeConfig:
+    """Settings of one analysis run (the `ssmquant analyze` options)."""
+
+    model: str = "tiny-nemotron"
+    synthetic: bool = False
+    text: str | None = None
+    formats: list[str] = field(default_factory=lambda: ["fp8_e4m3", "int8", "nvfp4"])
+    schemes: list[str] = field(default_factory=lambda: ["conventional", "replay"])
+    buffer_len: int = 16
+    rounding: list[str] = field(default_factory=lambda: ["rne"])
+    steps: int = 4096
+    batch: int = 8
+    layers: list[int] | None = None
+    device: str = "auto"
+    backend: str = "auto"
+    seed: int = 0
+    record_every: int | None = None  # None: steps // 1024, at least 1
+
+
+def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
+    """formats x roundings x schemes, as Variants (errors name the bad value and the accepted ones)."""
+    if cfg.buffer_len < 1:
+        raise AnalyzeError(f"--buffer-len must be >= 1, got {cfg.buffer_len}")
+    for r in cfg.rounding:
+        if r not in ROUNDINGS:
+            raise AnalyzeError(f"unknown rounding {r!r}; accepted: {', '.join(ROUNDINGS)}")
+    variants, seen = [], set()
+    try:
+        schemes = [parse_scheme(s, default_buffer_len=cfg.buffer_len) for s in cfg.schemes]
+        for spec, r, scheme in itertools.product(cfg.formats, cfg.rounding, schemes):
+            fmt = parse(spec)
+            if fmt.scale_mode.value == "static":
+                raise AnalyzeError(
+                    f"{spec!r}: static scales come from `ssmquant calibrate`; analyze uses dynamic scales"
+                )
+            if r == "sr":
+                if fmt.encoding is Encoding.FP32:
+                    continue
+                fmt = parse(f"{fmt.name}:sr") if fmt.rounding.value == "rne" else fmt
+            v = Variant(fmt, scheme, seed=cfg.seed)
+            if v.name not in seen:
+                seen.add(v.name)
+                variants.append(v)
+    except (FormatError, SchemeError, VariantError) as err:
+        raise AnalyzeError(str(err)) from None
+    if not variants:
+        raise AnalyzeError("no variants: give at least one format and one scheme")
+    return variants
+
+
+@dataclass
+class AnalysisResult:
+    """Tables of a run. traces: one row per (layer, variant, recorded step); heads: per-head errors at
+    selected steps; summary: one row per (layer, variant); memory: bytes per sequence per format."""
+
+    config: AnalyzeConfig
+    source: dict
+    traces: pd.DataFrame
+    heads: pd.DataFrame
+    summary: pd.DataFrame
+    memory: pd.DataFrame
+    environment: dict
+    elapsed_s: float
+
+    def report(self) -> dict:
+        """The report.json document."""
+        return {
+            "ssmquant_version": __version__,
+            "model": self.source.get("model"),
+            "data_source": self.source,
+            "settings": {k: v for k, v in asdict(self.config).items()},
+            "environment": self.environment,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "summary": _records(self.summary),
+            "memory": _records(self.memory),
+            "forecast_note": "forecast_* columns extrapolate the power-law fit err(t) ~ a t^b beyond the "
+            "measured horizon; they are forecasts, not measurements",
+        }
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    out = []
+    for rec in df.to_dict(orient="records"):
+        out.append({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()})
+    return out
+
+
+def environment(device: torch.device, backend: str) -> dict:
+    import transformers
+    import triton
+
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "transformers": transformers.__version__,
+        "device": str(device),
+        "backend": backend,
+    }
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    else:
+        env["cpu_threads"] = torch.get_num_threads()
+    return env
+
+
+def first_write_step(variant: Variant) -> int:
+    """The 1-based step whose state is the first rounded one (1 conventional, L replay)."""
+    mask = variant.scheme.write_mask(1, 65536 if variant.scheme.buffer_len > 1 else 1)[0]
+    return int(mask.nonzero()[0, 0]) + 1
+
+
+def summarize_layer(layer: int, kind: str, trace: Trace, variants: list[Variant]) -> list[dict]:
+    """Per variant: the error at the horizon, the worst head, the fitted growth and its forecasts."""
+    state = trace.rel_err("state")  # [V, R]
+    out = trace.rel_err("out")
+    out_heads = trace.rel_err("out", per_head=True)[:, -1]  # [V, H]
+    rows = []
+    for i, v in enumerate(variants):
+        fit_out = fit_power_law(trace.steps, out[i], first_write_step(v))
+        fit_state = fit_power_law(trace.steps, state[i], first_write_step(v))
+        worst = int(np.nanargmax(out_heads[i])) if np.isfinite(out_heads[i]).any() else -1
+        rows.append(
+            {
+                "layer": layer,
+                "kind": kind,
+                "variant": v.name,
+                "format": v.format.name,
+                "scheme": v.scheme.name,
+                "horizon": int(trace.steps[-1]),
+                "state_rel_err": float(state[i, -1]),
+                "out_rel_err": float(out[i, -1]),
+                "out_snr_db": float(-20 * np.log10(out[i, -1])) if out[i, -1] > 0 else float("inf"),
+                "worst_head": worst,
+                "worst_head_out_rel_err": float(out_heads[i, worst]) if worst >= 0 else float("nan"),
+                "growth_b_out": fit_out.b,
+                "growth_a_out": fit_out.a,
+                "fit_r2_out": fit_out.r2,
+                "growth_b_state": fit_state.b,
+                **{f"forecast_out_{s // 1024}k": fit_out.predict(s) for s in FORECAST_STEPS},
+                **{f"forecast_state_{s // 1024}k": fit_state.predict(s) for s in FORECAST_STEPS},
+            }
+        )
+    return rows
+
+
+def head_steps(steps: np.ndarray, points: int = HEAD_TABLE_POINTS) -> np.ndarray:
+    """Indices of ~log-spaced recorded steps (always the last) for the per-head table."""
+    targets = np.unique(np.geomspace(steps[0], steps[-1], points).round())
+    idx = np.unique(np.searchsorted(steps, targets).clip(0, len(steps) - 1))
+    return np.unique(np.append(idx, len(steps) - 1))
+
+
+def head_table(layer: int, trace: Trace) -> pd.DataFrame:
+    """Per-head state/out relative errors at selected steps, long format."""
+    idx = head_steps(trace.steps)
+    s = trace.rel_err("state", per_head=True)[:, idx]  # [V, K, H]
+    o = trace.rel_err("out", per_head=True)[:, idx]
+    nv, nk, nh = s.shape
+    return pd.DataFrame(
+        {
+            "layer": layer,
+            "variant": np.repeat(np.array(trace.variants, dtype=object), nk * nh),
+            "step": np.tile(np.repeat(trace.steps[idx], nh), nv),
+            "head": np.tile(np.arange(nh), nv * nk),
+            "state_rel_err": s.reshape(-1),
+            "out_rel_err": o.reshape(-1),
+        }
+    )
+
+
+def memory_table(source: LayerSource, variants: list[Variant], num_layers: int) -> pd.DataFrame:
+    """Bytes per sequence for all SSM layers of the model, per format, and the capacity vs FP32."""
+    shape = source.state_shape
+    fp32 = parse("fp32").bytes_per_state(shape) * num_layers
+    rows, seen = [], set()
+    for fmt in [parse("fp32"), parse("bf16")] + [v.format for v in variants]:
+        if fmt.name in seen:
+            continue
+        seen.add(fmt.name)
+        b = fmt.bytes_per_state(shape) * num_layers
+        rows.append(
+            {
+                "format": fmt.name,
+                "bytes_per_sequence": b,
+                "MiB_per_sequence": b / 2**20,
+                "bits_per_element": fmt.bits_per_element(shape),
+                "capacity_vs_fp32": fp32 / b,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
+    """Run the analysis. progress: optional callable(done_layers, total_layers, layer_index) for a bar.
+
+    Raises AnalyzeError / SourceError with a message naming the problem; NaN/Inf in captured inputs
+    raise InputError naming the layer and step.
+    """
+    t0 = time.time()
+    if cfg.steps < 1 or cfg.batch < 1:
+        raise AnalyzeError(f"--steps and --batch must be >= 1, got steps={cfg.steps}, batch={cfg.batch}")
+    variants = build_variants(cfg)
+    device = resolve_device(cfg.device)
+    record_every = cfg.record_every or max(1, cfg.steps // MAX_RECORDED_STEPS)
+    if record_every > cfg.steps:
+        raise AnalyzeError(f"--record-every ({record_every}) exceeds --steps ({cfg.steps})")
+    source = open_source(
+        cfg.model,
+        synthetic=cfg.synthetic,
+        batch=cfg.batch,
+        steps=cfg.steps,
+        seed=cfg.seed,
+        device=device,
+        text_path=cfg.text,
+    )
+    layers = source.select(cfg.layers)
+    for v in variants:
+        try:
+            v.format.bytes_per_state(source.state_shape)
+        except FormatError as err:
+            raise AnalyzeError(
+                f"{v.format.name} cannot store {source.name}'s state {source.state_shape}: {err}"
+            ) from None
+    traces, heads, summary = [], [], []
+    if progress:
+        progress(0, len(layers), None)
+    for n, (layer, inputs) in enumerate(source.iter_layers(layers), start=1):
+        inputs = inputs.to(device)
+        inputs.meta.setdefault("layer", layer)
+        try:
+            trace = simulate(inputs, variants, backend=cfg.backend, record_every=record_every)
+        except ValueError as err:
+            raise AnalyzeError(f"layer {layer}: {err}") from err
+        frame = trace.to_frame()
+        frame.insert(0, "layer", layer)
+        traces.append(frame)
+        heads.append(head_table(layer, trace))
+        summary.extend(summarize_layer(layer, source.layer_kind, trace, variants))
+        del inputs
+        if progress:
+            progress(n, len(layers), layer)
+    backend = "triton" if (cfg.backend == "auto" and device.type == "cuda") else cfg.backend
+    return AnalysisResult(
+        config=cfg,
+        source={
+            **source.describe,
+            "layers": layers,
+            "layer_kind": source.layer_kind,
+            "state_shape": list(source.state_shape),
+        },
+        traces=pd.concat(traces, ignore_index=True),
+        heads=pd.concat(heads, ignore_index=True),
+        summary=pd.DataFrame(summary),
+        memory=memory_table(source, variants, len(source.layers)),
+        environment=environment(device, "torch" if backend == "auto" else backend),
+        elapsed_s=time.time() - t0,
+    )
+
+
+__all__ = ["AnalysisResult", "AnalyzeConfig", "AnalyzeError", "SourceError", "analyze", "build_variants"]

@@ -1,0 +1,115 @@
+"""Writing an analysis to a directory, atomically, and reading it back.
+
+Files: traces.parquet (or .csv without pyarrow), heads.parquet (or .csv), summary.csv, report.json and
+the plots. Everything is written into a temporary sibling directory that is renamed into place only
+when complete, so an interrupted run (Ctrl-C) never leaves a half-written DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+
+import pandas as pd
+
+from .plots import render_all
+
+
+class OutputError(ValueError):
+    """The output directory cannot be used (exists and is not empty without --force, ...)."""
+
+
+def has_parquet() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+
+        return True
+    except ImportError:
+        return False
+
+
+def write_table(df: pd.DataFrame, directory: pathlib.Path, stem: str) -> str:
+    if has_parquet():
+        name = f"{stem}.parquet"
+        df.to_parquet(directory / name, index=False)
+    else:
+        name = f"{stem}.csv"
+        df.to_csv(directory / name, index=False)
+    return name
+
+
+def read_table(directory: pathlib.Path, stem: str) -> pd.DataFrame:
+    for name, reader in ((f"{stem}.parquet", pd.read_parquet), (f"{stem}.csv", pd.read_csv)):
+        if (directory / name).is_file():
+            return reader(directory / name)
+    raise OutputError(f"{directory} has no {stem}.parquet or {stem}.csv; is it an `ssmquant analyze` output?")
+
+
+def check_out_dir(out_dir, force: bool) -> pathlib.Path:
+    """Refuse a non-empty existing directory unless force."""
+    out = pathlib.Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise OutputError(f"--out {out} exists and is not empty; pass --force to replace it, or choose another DIR")
+    return out
+
+
+def write_atomically(out_dir, force: bool, fill) -> pathlib.Path:
+    """Create out_dir by calling fill(tmp_dir) on a temporary sibling, then renaming it into place."""
+    out = check_out_dir(out_dir, force).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        fill(tmp)
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) -> pathlib.Path:
+    """Write an AnalysisResult to out_dir (atomically); returns the directory."""
+
+    def fill(tmp: pathlib.Path):
+        files = [
+            write_table(result.traces, tmp, "traces"),
+            write_table(result.heads, tmp, "heads"),
+        ]
+        result.summary.to_csv(tmp / "summary.csv", index=False)
+        result.memory.to_csv(tmp / "memory.csv", index=False)
+        files += ["summary.csv", "memory.csv"]
+        report = result.report()
+        if plots:
+            files += render_all(result.traces, result.heads, result.summary, report, tmp)
+        report["files"] = files + ["report.json"]
+        (tmp / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+    return write_atomically(out_dir, force, fill)
+
+
+def load_analysis(out_dir) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
+    """(traces, heads, summary, report) of an analysis directory."""
+    d = pathlib.Path(out_dir)
+    if not d.is_dir():
+        raise OutputError(f"{d} is not a directory")
+    if not (d / "report.json").is_file():
+        raise OutputError(f"{d} has no report.json; is it an `ssmquant analyze` output?")
+    report = json.loads((d / "report.json").read_text())
+    return read_table(d, "traces"), read_table(d, "heads"), pd.read_csv(d / "summary.csv"), report
+
+
+def replot(out_dir) -> list[str]:
+    """Re-render the plots of an analysis directory from its saved tables (`ssmquant plot DIR`)."""
+    traces, heads, summary, report = load_analysis(out_dir)
+    return render_all(traces, heads, summary, report, out_dir)

@@ -1,0 +1,250 @@
+"""`ssmquant analyze` end to end (CLI and library), its invariants on real runs, and its bad inputs."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from ssmquant.analysis import AnalyzeConfig, AnalyzeError, SourceError, analyze, fit_power_law
+from ssmquant.cli import main
+from ssmquant.report.files import OutputError, load_analysis, write_atomically
+
+SYNTH = ["--model", "nemotron-3-nano", "--synthetic", "--layers", "0,2", "--steps", "24", "--batch", "1"]
+
+
+def run(args):
+    res = CliRunner().invoke(main, args, catch_exceptions=False)
+    return res
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("an") / "run"
+    res = run(
+        [
+            "analyze",
+            *SYNTH,
+            "--formats",
+            "fp32,bf16,fp8_e4m3,int8",
+            "--schemes",
+            "conventional,replay1,replay4",
+            "--out",
+            str(out),
+            "-q",
+        ]
+    )
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_files_columns_and_data_source(synthetic_run):
+    names = {p.name for p in synthetic_run.iterdir()}
+    assert {"summary.csv", "memory.csv", "report.json", "drift.png", "heatmap.png", "heads.png"} <= names
+    assert ("traces.parquet" in names or "traces.csv" in names) and ("heads.parquet" in names or "heads.csv" in names)
+    traces, heads, summary, report = load_analysis(synthetic_run)
+    assert list(traces.columns) == [
+        "layer",
+        "variant",
+        "step",
+        "state_rel_err",
+        "out_rel_err",
+        "state_snr_db",
+        "out_snr_db",
+    ]
+    assert set(traces.layer) == {0, 2} and traces.step.max() == 24
+    assert {"layer", "variant", "step", "head", "state_rel_err", "out_rel_err"} <= set(heads.columns)
+    assert len(summary) == 2 * 12
+    for col in ("out_rel_err", "worst_head", "growth_b_out", "forecast_out_32k", "forecast_out_128k"):
+        assert col in summary.columns
+    assert report["data_source"]["kind"] == "synthetic" and report["model"] == "nemotron-3-nano"
+    assert report["settings"]["steps"] == 24 and "torch" in report["environment"]
+    mem = {m["format"]: m for m in report["memory"]}
+    assert mem["fp32"]["bytes_per_sequence"] == 23 * 2 * 2**20  # 23 layers x 2 MiB (DESIGN.md §6)
+    assert abs(mem["int8"]["capacity_vs_fp32"] - 3.8788) < 1e-3
+
+
+def test_invariants_on_a_real_run(synthetic_run):
+    summary = pd.read_csv(synthetic_run / "summary.csv").set_index(["layer", "variant"])
+    traces = (
+        pd.read_csv(synthetic_run / "traces.csv")
+        if (synthetic_run / "traces.csv").exists()
+        else pd.read_parquet(synthetic_run / "traces.parquet")
+    )
+    for layer in (0, 2):
+        s = summary.loc[layer]
+        assert s.loc["fp32@conventional", "out_rel_err"] == 0 and s.loc["fp32@replay4", "state_rel_err"] == 0
+        assert 0 < s.loc["bf16@conventional", "out_rel_err"] < s.loc["fp8_e4m3@conventional", "out_rel_err"]
+        # replay with L=1 equals conventional (bf16 inputs are stored losslessly in the bf16 buffer)
+        t = traces[traces.layer == layer].set_index(["variant", "step"])
+        for fmt in ("bf16", "fp8_e4m3", "int8"):
+            a = t.loc[f"{fmt}@conventional"][["state_rel_err", "out_rel_err"]].to_numpy()
+            b = t.loc[f"{fmt}@replay1"][["state_rel_err", "out_rel_err"]].to_numpy()
+            assert np.array_equal(a, b)
+
+
+def test_plot_command_rerenders(synthetic_run):
+    (synthetic_run / "drift.png").unlink()
+    res = run(["plot", str(synthetic_run)])
+    assert res.exit_code == 0 and (synthetic_run / "drift.png").stat().st_size > 10_000
+
+
+def test_checkpoint_end_to_end(byte_nemotron_dir, tmp_path):
+    out = tmp_path / "ckpt"
+    res = run(
+        [
+            "analyze",
+            "--model",
+            str(byte_nemotron_dir),
+            "--steps",
+            "32",
+            "--batch",
+            "2",
+            "--formats",
+            "fp8_e4m3,nvfp4:head",
+            "--schemes",
+            "conventional,replay8",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["data_source"]["kind"] == "checkpoint"
+    assert report["data_source"]["text"]["origin"].startswith("shipped:")
+    assert report["data_source"]["layers"] == [0, 2, 4]
+    assert "fp8_e4m3@conventional" in res.output and "forecast" in res.output
+
+
+def test_library_call_and_progress():
+    seen = []
+    r = analyze(
+        AnalyzeConfig(
+            model="qwen3.5-0.8b", synthetic=True, layers=[0], steps=12, batch=1, formats=["int8"], schemes=["replay4"]
+        ),
+        progress=lambda d, t, layer: seen.append((d, t, layer)),
+    )
+    assert seen[0] == (0, 1, None) and seen[-1] == (1, 1, 0)
+    assert r.summary.loc[0, "variant"] == "int8@replay4" and r.source["layer_kind"] == "gdn"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--formats", "int4"], "unknown format 'int4'.*accepted encodings: fp32, bf16, fp16, fp8_e4m3, int8, nvfp4"),
+        (["--schemes", "lookahead"], "unknown scheme 'lookahead'.*accepted: conventional"),
+        (["--rounding", "up"], "unknown rounding 'up'; accepted: rne, sr"),
+        (["--layers", "1"], r"layers \[1\] are not SSM layers of nemotron-3-nano; its mamba2 layers are \[0, 2, 4, 7"),
+    ],
+)
+def test_bad_inputs(args, message, tmp_path):
+    argv = [
+        "analyze",
+        "--model",
+        "nemotron-3-nano",
+        "--synthetic",
+        "--steps",
+        "4",
+        "--batch",
+        "1",
+        "--layers",
+        "0",
+        *args,
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    res = CliRunner().invoke(main, argv)
+    assert res.exit_code != 0
+    assert pytest.importorskip("re").search(message, res.output), res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_unknown_preset_lists_presets(tmp_path):
+    res = CliRunner().invoke(main, ["analyze", "--model", "llama-3", "--synthetic", "--out", str(tmp_path / "o")])
+    assert res.exit_code != 0 and "presets: nemotron-3-nano" in res.output
+
+
+def test_non_empty_out_is_refused_unless_force(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    base = [
+        "analyze",
+        "--model",
+        "nemotron-3-nano",
+        "--synthetic",
+        "--steps",
+        "4",
+        "--batch",
+        "1",
+        "--layers",
+        "0",
+        "--formats",
+        "int8",
+        "--schemes",
+        "conventional",
+        "--no-plots",
+        "-q",
+        "--out",
+        str(out),
+    ]
+    res = CliRunner().invoke(main, base)
+    assert res.exit_code != 0 and "exists and is not empty; pass --force" in res.output
+    assert CliRunner().invoke(main, base + ["--force"]).exit_code == 0
+    assert not (out / "keep.txt").exists() and (out / "report.json").exists()
+
+
+def test_interrupted_write_leaves_no_directory(tmp_path):
+    out = tmp_path / "o"
+
+    def fill(tmp):
+        (tmp / "half.csv").write_text("a")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomically(out, False, fill)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_nan_in_captured_inputs_names_layer_and_step(monkeypatch):
+    import ssmquant.analysis.sources as sources
+
+    original = sources.synthetic_layers
+
+    def poisoned(*a, **k):
+        for layer, inp in original(*a, **k):
+            inp.x = inp.x.clone()
+            inp.x[0, 3, 0, 0] = float("nan")
+            yield layer, inp
+
+    monkeypatch.setattr(sources, "synthetic_layers", poisoned)
+    with pytest.raises(AnalyzeError, match=r"layer 2: x contains NaN/Inf \(first at batch 0, step 3\)"):
+        analyze(AnalyzeConfig(model="nemotron-3-nano", synthetic=True, layers=[2], steps=6, batch=1, formats=["int8"]))
+
+
+def test_synthetic_needs_a_preset_and_cuda_request_without_gpu():
+    with pytest.raises(SourceError, match="--synthetic needs a preset name"):
+        analyze(AnalyzeConfig(model="./nowhere", synthetic=True, steps=4, batch=1))
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(SourceError, match="no CUDA GPU is available"):
+            analyze(AnalyzeConfig(model="nemotron-3-nano", synthetic=True, steps=4, batch=1, device="cuda"))
+
+
+def test_power_law_fit_recovers_exponent():
+    steps = np.arange(1, 1025)
+    fit = fit_power_law(steps, 3e-4 * steps**0.5, first_write=16)
+    assert abs(fit.b - 0.5) < 1e-9 and abs(fit.a - 3e-4) < 1e-12 and fit.t_first == 16
+    assert abs(fit.predict(32768) - 3e-4 * 32768**0.5) < 1e-9
+    assert np.isnan(fit_power_law(steps, np.zeros(1024), 1).b)
+
+
+def test_output_error_on_file_out(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(OutputError, match="not a directory"):
+        write_atomically(f, True, lambda tmp: None)
