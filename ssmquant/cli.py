@@ -196,5 +196,118 @@ def presets_cmd():
     click.echo(presets_table())
 
 
+@main.command("eval")
+@click.option(
+    "--model",
+    default=None,
+    help="Shipped model (tiny-nemotron, tiny-qwen), local checkpoint dir or hub id. [default: tiny-nemotron]",
+)
+@click.option(
+    "--variants",
+    default=None,
+    help="Comma-separated format@scheme variants, e.g. fp8_e4m3@conventional,int8:sr@replay16,nvfp4@spec16x4:p0.8 "
+    "(instead of --formats/--schemes/--rounding).",
+)
+@click.option("--formats", default=None, help="Comma-separated formats. [default: fp8_e4m3,int8,nvfp4]")
+@click.option(
+    "--schemes",
+    default=None,
+    help="conventional, replay (buffer --buffer-len), replay<L>, spec<L>x<T>[:p<rate>]. [default: conventional,replay]",
+)
+@click.option(
+    "--buffer-len", default=16, show_default=True, type=int, help="Replay buffer length L for a bare 'replay'."
+)
+@click.option("--rounding", default=None, help="rne, sr or rne,sr. [default: rne]")
+@click.option("--steps", default=512, show_default=True, type=int, help="Decode steps (tokens per sequence).")
+@click.option("--batch", default=4, show_default=True, type=int, help="Held-out sequences decoded together.")
+@click.option("--device", default="auto", show_default=True, help="auto, cuda, cuda:N or cpu.")
+@click.option(
+    "--text",
+    "text",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Text file whose held-out split is decoded (default: the shipped public-domain corpus).",
+)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed for text selection and stochastic rounding.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plot.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or table.")
+def eval_cmd(
+    model,
+    variants,
+    formats,
+    schemes,
+    buffer_len,
+    rounding,
+    steps,
+    batch,
+    device,
+    text,
+    seed,
+    out_dir,
+    force,
+    no_plots,
+    quiet,
+):
+    """End to end: decode held-out text with each variant's stored SSM state; KL, top-1 agreement, loss change vs FP32."""
+    from .analysis import default_model
+    from .evaluate import EvalError, evaluate, parse_eval_variants, summary_text, variant_grid, write_eval
+    from .report.files import OutputError, check_out_dir
+
+    if variants is not None and (formats or schemes or rounding):
+        raise click.UsageError("give either --variants or --formats/--schemes/--rounding, not both")
+    if model is None:
+        from .models import available_shipped_models
+
+        if not available_shipped_models():
+            raise click.UsageError("no shipped model is installed; pass --model with a checkpoint directory or hub id")
+        model = default_model()
+    try:
+        check_out_dir(out_dir, force)
+        if variants is not None:
+            chosen = parse_eval_variants(_csv(variants, "--variants"), seed=seed, buffer_len=buffer_len)
+        else:
+            chosen = variant_grid(
+                _csv(formats or "fp8_e4m3,int8,nvfp4", "--formats"),
+                _csv(schemes or "conventional,replay", "--schemes"),
+                _csv(rounding or "rne", "--rounding"),
+                buffer_len,
+                seed,
+            )
+        bar = None
+        if not quiet:
+            from tqdm import tqdm
+
+            bar = tqdm(total=0, unit="step", desc="eval (reference + variants) x steps", leave=True)
+
+        def progress(done, total):
+            if bar is not None:
+                bar.total = total
+                bar.update(done - bar.n)
+
+        result = evaluate(
+            model,
+            chosen,
+            steps=steps,
+            batch=batch,
+            seed=seed,
+            device=device,
+            text_path=text,
+            progress=progress,
+        )
+        if bar is not None:
+            bar.close()
+        path = write_eval(result, out_dir, force, plots=not no_plots)
+    except (EvalError, OutputError) as err:
+        raise click.ClickException(str(err)) from None
+    if not quiet:
+        src = result.source
+        click.echo(f"\n{src['model']} ({src['kind']}: {src['note']})")
+        click.echo(summary_text(result))
+        for note in result.notes:
+            click.echo(f"note: {note}")
+        click.echo(f"\nwrote {path} in {result.elapsed_s:.1f} s")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,484 @@
+"""`evaluate`: decode a model over held-out text with every SSM layer's state stored in each variant, and
+measure how its predictions drift from the FP32-state model.
+
+One run = one FP32-state reference and one run per variant, in lockstep: at every decode step the
+reference's forward runs once and each variant's forward is compared with it, so the reference is
+computed once and shared, and only the current step's log-probs are held (no [B, T, vocab] tensor).
+Every run owns its transformers cache; a variant's run differs from the reference only in that, after
+each forward, its SSM states are replaced by their stored (fake-quantised) values where the variant's
+scheme writes (``states.StateWriter``).
+
+What this emulates. Conventional decoding: the state is rounded after every step, and the next step
+starts from the rounded state. Replay(L) and speculative replay: the cache holds the exact (unrounded)
+state between flushes, i.e. the FP32 checkpoint-plus-buffer state, and it is rounded only at the
+scheme's flush steps, which is replay's checkpoint rounding. Not emulated end to end: the rounding of
+the buffered inputs to the buffer dtype (bf16 by default) that replay engines apply; the per-layer
+``ssmquant analyze`` emulates it. Also untouched: the conv states and the attention layers' KV cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+import torch
+
+from .. import __version__
+from ..formats import FormatError, ScaleMode, StateFormat, parse
+from ..models import ByteTokenizer, LoadedModel, ModelLoadError, TextError, load_model, ssm_layout
+from ..models.text import CORPUS_PATH, calibration_batch, load_text, split_bounds
+from ..replay.schemes import DEFAULT_BUFFER_LEN
+from ..replay.variants import Variant, VariantError, check_variants_fit, parse_variant, parse_variants
+from .decode import TeacherForced
+from .metrics import LN2, compare_step, horizon_window, positions_frame, reference_step, summary_rows
+from .states import EvalError, StateWriter, prepare_states, ssm_layers
+
+DEFAULT_HORIZON_FRACTION = 0.1
+# On CPU, models below this many parameters decode with one thread: their per-step ops are so small that
+# thread hand-offs dominate (x100 on a loaded 2-core host). Results do not depend on it.
+SMALL_MODEL_PARAMS = 100_000_000
+
+
+@dataclass
+class EvalConfig:
+    """Settings of one evaluation (the `ssmquant eval` options)."""
+
+    model: str
+    variants: list[str]
+    steps: int
+    batch: int
+    seed: int = 0
+    device: str = "auto"
+    text: str | None = None
+    horizon_fraction: float = DEFAULT_HORIZON_FRACTION
+    threads: int | None = None
+
+
+@dataclass
+class EvalResult:
+    """Tables of an evaluation.
+
+    positions: one row per (variant, position): kl (nats), top1_agree, delta_loss (``loss_unit``), means over
+    the batch. summary: one row per variant (means overall and over the horizon window, write counts).
+    reference: the FP32-state model's own loss (mean and at the horizon) in ``loss_unit``.
+    """
+
+    config: EvalConfig
+    source: dict
+    variants: list[Variant]
+    positions: pd.DataFrame
+    summary: pd.DataFrame
+    reference: dict
+    environment: dict
+    notes: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def loss_unit(self) -> str:
+        return self.reference["loss_unit"]
+
+    def report(self) -> dict:
+        """The eval.json document."""
+        return {
+            "ssmquant_version": __version__,
+            "kind": "end-to-end evaluation",
+            "model": self.source.get("model"),
+            "data_source": self.source,
+            "settings": asdict(self.config),
+            "environment": self.environment,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "metrics": {
+                "kl": "KL(p_fp32 || p_variant) of the next-token distributions, nats",
+                "top1_agree": "fraction of sequences whose argmax equals the FP32-state model's",
+                "delta_loss": f"cross-entropy of the actual next token, variant minus FP32 state, {self.loss_unit}",
+                "horizon": f"mean over the last {self.reference['horizon_window']} positions "
+                f"({self.reference['horizon_from']}..{self.config.steps}) and all sequences",
+                "mean": "mean over all positions and sequences",
+            },
+            "emulation": {
+                "rounded": "every SSM layer's cached recurrent state, after the steps where the scheme writes "
+                "(conventional: every step; replay(L): every L-th; spec: the speculative flush schedule)",
+                "between_writes": "the exact FP32 state (replay: checkpoint + buffer, unrounded)",
+                "not_emulated": "the rounding of replay's buffered inputs to the buffer dtype (the per-layer "
+                "`ssmquant analyze` emulates it)",
+                "untouched": "conv states and the attention layers' KV cache",
+                "stochastic_rounding": "stream = decode step (0-based), seed = the variant's seed mixed with the "
+                "decoder-layer index",
+            },
+            "reference": self.reference,
+            "summary": _records(self.summary),
+            "notes": self.notes,
+        }
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    return [
+        {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
+        for rec in df.to_dict(orient="records")
+    ]
+
+
+# -- variants --------------------------------------------------------------------------------------------
+
+
+def variant_grid(
+    formats: list[str],
+    schemes: list[str],
+    rounding: list[str] | None = None,
+    buffer_len: int = 16,
+    seed: int = 0,
+) -> list[Variant]:
+    """formats x roundings x schemes as Variants, exactly as ``ssmquant analyze`` builds them."""
+    from ..analysis.run import AnalyzeConfig, AnalyzeError, build_variants
+
+    cfg = AnalyzeConfig(
+        formats=list(formats),
+        schemes=list(schemes),
+        rounding=list(rounding or ["rne"]),
+        buffer_len=buffer_len,
+        seed=seed,
+    )
+    try:
+        return build_variants(cfg)
+    except AnalyzeError as err:
+        raise EvalError(str(err)) from None
+
+
+def parse_eval_variants(variants, *, seed: int = 0, buffer_len: int = DEFAULT_BUFFER_LEN) -> list[Variant]:
+    """Variants from "fmt@scheme" strings (a list or one comma-separated string) or Variants.
+
+    A bare "replay" takes ``buffer_len``; string variants get the stochastic-rounding ``seed``. Names must
+    be unique; static-scale formats are refused (their scales are per layer, which one Variant cannot carry).
+    """
+    if isinstance(variants, (str, Variant)):
+        variants = variants.split(",") if isinstance(variants, str) else [variants]
+    for v in variants:
+        fmt = v.format if isinstance(v, Variant) else _format_or_none(v)
+        if fmt is not None and fmt.scale_mode is ScaleMode.STATIC:
+            name = v.name if isinstance(v, Variant) else str(v).strip()
+            raise EvalError(
+                f"variant {name!r} uses static scales: they are calibrated per layer, which one variant cannot "
+                "carry; evaluate dynamic-scale formats (drop ':static')"
+            )
+    try:
+        parsed = [
+            parse_variant(v.strip() if isinstance(v, str) else v, seed=seed, default_buffer_len=buffer_len)
+            for v in variants
+        ]
+        out = parse_variants(parsed)
+    except VariantError as err:
+        raise EvalError(str(err)) from None
+    return out
+
+
+def _format_or_none(spec) -> StateFormat | None:
+    """The format part of a "fmt@scheme" string, or None when it does not parse (parse_variant says why)."""
+    try:
+        return parse(str(spec).partition("@")[0])
+    except FormatError:
+        return None
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+
+
+def _check_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise EvalError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _resolve_device(device) -> torch.device | None:
+    """None for 'auto' (load_model's policy: GPU(s) when present, else CPU), else the torch.device."""
+    if device is None or str(device) == "auto":
+        return None
+    d = str(device)
+    if d not in ("cpu", "cuda") and not d.startswith("cuda:"):
+        raise EvalError(f"unknown device {d!r}; accepted: auto, cpu, cuda, cuda:N")
+    if d.startswith("cuda") and not torch.cuda.is_available():
+        raise EvalError(f"device {d!r} was requested but no CUDA GPU is available; use cpu or auto")
+    return torch.device(d)
+
+
+def _environment(loaded: LoadedModel, threads: int) -> dict:
+    import transformers
+
+    env = {
+        "ssmquant": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": str(loaded.device),
+        "weights_dtype": str(loaded.dtype).replace("torch.", ""),
+        "ssm_state_dtype": "float32",
+    }
+    if loaded.device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(loaded.device)
+    else:
+        env["cpu_threads"] = threads
+    return env
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    before = torch.get_num_threads()
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n != before:
+            torch.set_num_threads(before)
+
+
+def _source(loaded: LoadedModel, text_path, seed: int, batch: int, length: int) -> dict:
+    shipped = loaded.source.kind == "shipped"
+    return {
+        "kind": "shipped" if shipped else "checkpoint",
+        "model": loaded.source.name,
+        "location": loaded.source.location,
+        "architecture": loaded.arch.architecture,
+        "layer_kind": loaded.arch.layer_kind,
+        "weights_dtype": str(loaded.dtype).replace("torch.", ""),
+        "text": {
+            "origin": str(text_path) if text_path is not None else f"shipped:{CORPUS_PATH.name}",
+            "split": "heldout",
+            "seed": seed,
+            "batch": batch,
+            "length": length,
+        },
+        "note": "a tiny hybrid model trained for ssmquant (real trained weights) on held-out public-domain text"
+        if shipped
+        else "a checkpoint decoded token by token over held-out text",
+    }
+
+
+def _heldout_text(text_path, steps: int, batch: int) -> str:
+    """The text, checked before any model loads: its held-out split must hold ``batch`` x (steps + 1) bytes.
+
+    A token covers at least one byte, so too few bytes means too few tokens for any tokenizer; the exact
+    check on tokens follows in ``select_sequences``.
+    """
+    try:
+        text = load_text(text_path)
+    except TextError as err:
+        raise EvalError(str(err)) from None
+    start, stop = split_bounds(len(text.encode("utf-8")), "heldout")
+    if (stop - start) // (steps + 1) < batch:
+        raise EvalError(
+            f"{steps} steps need {batch} held-out sequences of {steps + 1} tokens (the last token is only a target), "
+            f"but the held-out split of the text has only {stop - start} bytes: use fewer steps or sequences, or a "
+            "longer text (--text)"
+        )
+    return text
+
+
+def evaluate(
+    model: str | LoadedModel,
+    variants,
+    *,
+    steps: int,
+    batch: int,
+    seed: int = 0,
+    device: str = "auto",
+    text_path: str | None = None,
+    horizon_fraction: float = DEFAULT_HORIZON_FRACTION,
+    threads: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> EvalResult:
+    """Teacher-forced decoding of ``batch`` held-out sequences for ``steps`` tokens, FP32 state vs each variant.
+
+    model: a shipped model name, checkpoint directory, hub id or preset (``models.load_model``), or an
+    already loaded ``LoadedModel`` (then ``device`` is ignored). variants: "fmt@scheme" strings (a list or
+    one comma-separated string) or Variants (dynamic scales only). Sequences of ``steps + 1`` tokens are
+    drawn from the held-out split of the text (``text_path`` or the shipped corpus) with ``seed``; the last
+    token is only a target. ``seed`` also seeds stochastic rounding of string variants. ``threads``: CPU
+    threads for the decode loop (default: 1 for models under 100M parameters, else torch's setting).
+    ``progress(done, total)`` is called after every forward (total = (1 + variants) x steps).
+
+    Raises EvalError naming the problem (bad variant, too little held-out text for ``steps``, unknown
+    device, a model whose cache holds no SSM state, ...).
+    """
+    t0 = time.time()
+    steps = _check_int("steps", steps)
+    batch = _check_int("batch", batch)
+    seed = _check_int("seed", seed, 0)
+    if not 0.0 < float(horizon_fraction) <= 1.0:
+        raise EvalError(f"horizon_fraction must lie in (0, 1], got {horizon_fraction!r}")
+    vlist = parse_eval_variants(variants, seed=seed)
+    text = _heldout_text(text_path, steps, batch)
+
+    if isinstance(model, LoadedModel):
+        loaded = model
+    else:
+        dev = _resolve_device(device)
+        try:
+            loaded = load_model(model, device=dev)
+        except ModelLoadError as err:
+            raise EvalError(str(err)) from None
+    net = loaded.model
+    layout = ssm_layout(net.config)  # the loaded config object: a re-parsed dict can fail validation
+    state_shape = tuple(layout["state_shape"])
+    try:
+        check_variants_fit(vlist, (batch, *state_shape))
+    except VariantError as err:
+        raise EvalError(str(err)) from None
+    layers = ssm_layers(net)
+    if [layer.index for layer in layers] != list(layout["ssm_layers"]):
+        raise EvalError(
+            f"the model's SSM mixers sit at layers {[layer.index for layer in layers]} but its config says "
+            f"{list(layout['ssm_layers'])}"
+        )
+
+    try:
+        ids = calibration_batch(batch, steps + 1, tokenizer=loaded.tokenizer, text=text, seed=seed, split="heldout")
+    except TextError as err:
+        raise EvalError(
+            f"{steps} steps need {batch} held-out sequences of {steps + 1} tokens (the last token is only a "
+            f"target): {err}"
+        ) from None
+    embed = net.get_input_embeddings()
+    ids = ids.to(embed.weight.device)
+    byte_level = isinstance(loaded.tokenizer, ByteTokenizer)
+    unit = "bits/byte" if byte_level else "bits/token"
+
+    if threads is None:
+        small = sum(p.numel() for p in net.parameters()) < SMALL_MODEL_PARAMS
+        threads = 1 if (loaded.device.type == "cpu" and small) else torch.get_num_threads()
+    threads = _check_int("threads", threads)
+
+    writers = [StateWriter(v, layers, batch, steps) for v in vlist]
+    total = (1 + len(vlist)) * steps
+    done = 0
+    notes = list(loaded.notes)
+    values = None  # [V, 3, B, T] float64 on the logits' device
+    ref_nll = None  # [B, T]
+    was_training = net.training
+    net.eval()
+    try:
+        with _threads(threads), torch.inference_mode():
+            ref = TeacherForced(net, ids)
+            runs = [TeacherForced(net, ids) for _ in vlist]
+            for t in range(steps):
+                logits = ref.step(t)
+                if t == 0:
+                    notes += prepare_states(ref.cache, layers, batch, state_shape)
+                if not bool(torch.isfinite(logits).all()):
+                    raise EvalError(f"the FP32-state model's logits are not finite at decode step {t}")
+                target = ids[:, t + 1].to(logits.device)
+                r = reference_step(logits, target)
+                if values is None:
+                    values = torch.zeros(len(vlist), 3, batch, steps, dtype=torch.float64, device=logits.device)
+                    ref_nll = torch.zeros(batch, steps, dtype=torch.float64, device=logits.device)
+                ref_nll[:, t] = r.nll
+                done += 1
+                if progress:
+                    progress(done, total)
+                for i, run in enumerate(runs):
+                    out = run.step(t)
+                    if t == 0:
+                        prepare_states(run.cache, layers, batch, state_shape)
+                    writers[i](run.cache, t)
+                    values[i, :, :, t] = compare_step(r, out, target)
+                    done += 1
+                    if progress:
+                        progress(done, total)
+    finally:
+        net.train(was_training)
+
+    vals = values.cpu().numpy()
+    vals[:, 2] /= LN2  # delta loss in bits
+    names = [v.name for v in vlist]
+    window = horizon_window(steps, horizon_fraction)
+    positions = positions_frame(names, vals)
+    summary = pd.DataFrame(
+        [
+            {
+                "variant": v.name,
+                "format": v.format.name,
+                "scheme": v.scheme.name,
+                "rounding": v.format.rounding.value,
+                "buffer_len": v.scheme.buffer_len,
+                "writes_per_seq": float(w.mask.sum(1).double().mean()),
+                **row,
+            }
+            for v, w, row in zip(vlist, writers, summary_rows(vals, window))
+        ]
+    )
+    nll_bits = ref_nll.cpu().numpy() / LN2
+    reference = {
+        "loss_unit": unit,
+        "loss_mean": float(nll_bits.mean()),
+        "loss_horizon": float(nll_bits[:, -window:].mean()),
+        "horizon_window": window,
+        "horizon_from": steps - window + 1,
+    }
+    source = _source(loaded, text_path, seed, batch, steps + 1)
+    source.update(ssm_layers=[layer.index for layer in layers], state_shape=list(state_shape))
+    config = EvalConfig(
+        model=loaded.source.name if isinstance(model, LoadedModel) else str(model),
+        variants=names,
+        steps=steps,
+        batch=batch,
+        seed=seed,
+        device=str(loaded.device) if isinstance(model, LoadedModel) else str(device),
+        text=None if text_path is None else str(text_path),
+        horizon_fraction=float(horizon_fraction),
+        threads=threads,
+    )
+    return EvalResult(
+        config=config,
+        source=source,
+        variants=vlist,
+        positions=positions,
+        summary=summary,
+        reference=reference,
+        environment=_environment(loaded, threads),
+        notes=notes,
+        elapsed_s=time.time() - t0,
+    )
+
+
+def summary_text(result: EvalResult, max_rows: int = 60) -> str:
+    """The summary for the terminal."""
+    cols = {
+        "variant": "variant",
+        "writes_per_seq": "writes/seq",
+        "kl_mean": "KL mean",
+        "kl_horizon": "KL horizon",
+        "top1_agree_mean": "top-1 mean",
+        "top1_agree_horizon": "top-1 horizon",
+        "delta_loss_mean": "dloss mean",
+        "delta_loss_horizon": "dloss horizon",
+    }
+    df = result.summary[list(cols)].rename(columns=cols)
+    fmt = {c: (lambda v: f"{v:.2e}") for c in ("KL mean", "KL horizon")}
+    fmt.update({c: (lambda v: f"{100 * v:.2f}%") for c in ("top-1 mean", "top-1 horizon")})
+    fmt.update({c: (lambda v: f"{v:+.2e}") for c in ("dloss mean", "dloss horizon")})
+    fmt["writes/seq"] = lambda v: f"{v:g}"
+    text = df.head(max_rows).to_string(index=False, formatters=fmt)
+    more = f"\n... {len(df) - max_rows} more rows in summary.csv" if len(df) > max_rows else ""
+    ref = result.reference
+    return (
+        f"KL(p_fp32 || p_variant) in nats, top-1 agreement with the FP32-state model, and the change in loss "
+        f"({ref['loss_unit']}); horizon = positions {ref['horizon_from']}..{result.config.steps}. "
+        f"FP32-state loss: {ref['loss_mean']:.4f} {ref['loss_unit']} (horizon {ref['loss_horizon']:.4f}).\n"
+        f"{text}{more}"
+    )
+
+
+__all__ = [
+    "DEFAULT_HORIZON_FRACTION",
+    "EvalConfig",
+    "EvalError",
+    "EvalResult",
+    "evaluate",
+    "parse_eval_variants",
+    "summary_text",
+    "variant_grid",
+]

@@ -1,0 +1,161 @@
+"""The SSM states in transformers' cache: find them, check them, and store them in a variant's format.
+
+transformers 5.x (checked against 5.24) keeps every SSM layer's recurrent state in the cache object that
+the model's forward fills (a ``DynamicCache`` whose SSM layers are ``LinearAttentionLayer``s). The public
+API this module uses:
+
+- ``cache.get_recurrent_state(layer_idx)``: the tensor that the next decode step reads, updates and stores
+  back (NemotronH's Mamba-2 mixer updates it in place; the GDN mixers of Qwen3.5 / Qwen3-Next pass it as
+  ``initial_state`` and write the result back with ``update_recurrent_state``);
+- ``cache.update_recurrent_state(state, layer_idx)``: copies ``state`` into that tensor (in place).
+
+Caches of earlier 5.x releases without ``get_recurrent_state`` are read through the storage that getter
+returns, ``cache.layers[layer_idx].recurrent_states[0]`` (only 5.24 was run here).
+
+Layouts: Mamba-2 ``[B, H, P, N]`` (head_dim rows, state columns: already ssmquant's
+``[..., rows, state_dim]``); GDN ``[B, Hv, Dk, Dv]``, transposed here to ``[B, Hv, Dv, Dk]`` so that a row
+is a value channel reduced over the key dim, as DESIGN.md's formats expect.
+
+Nothing else of the cache is touched: the conv states (the last ``conv_kernel`` inputs of each SSM
+layer) and the attention layers' KV cache stay exactly as the model wrote them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..formats import FormatError
+from ..formats.random import MASK32
+from ..models import find_ssm_mixers
+from ..replay.variants import Variant
+
+
+class EvalError(ValueError):
+    """Bad evaluation settings or a model / cache the evaluation cannot use; the message says which."""
+
+
+# Per-layer stochastic-rounding seed: the variant's seed mixed with the layer index (a large odd
+# multiplier, then the counter hash in `formats.random` spreads it), so that layers do not share random
+# words at the same element index and step.
+_LAYER_SEED_MUL = 0x9E3779B1
+
+
+def layer_seed(seed: int, layer: int) -> int:
+    """The stochastic-rounding seed of decoder layer ``layer`` for a variant seeded ``seed`` (layer 0: ``seed``)."""
+    return (int(seed) + _LAYER_SEED_MUL * int(layer)) & MASK32
+
+
+@dataclass(frozen=True)
+class SSMLayer:
+    """One SSM layer: decoder-layer index and kind ("mamba2" | "gdn")."""
+
+    index: int
+    kind: str
+
+
+def ssm_layers(net: torch.nn.Module) -> list[SSMLayer]:
+    """The model's SSM layers in order (Mamba-2 / Gated DeltaNet mixers, by decoder-layer index)."""
+    layers = [SSMLayer(i, m.kind) for i, m in find_ssm_mixers(net).items()]
+    if not layers:
+        raise EvalError(
+            f"{type(net).__name__} has no Mamba-2 or Gated DeltaNet mixer (is it a NemotronH / Qwen3.5 / Qwen3-Next "
+            "model?)"
+        )
+    return layers
+
+
+def to_rows(state: torch.Tensor, kind: str) -> torch.Tensor:
+    """Cached state -> ssmquant's [B, H, rows, state_dim] (a view): Mamba-2 as is, GDN [B,H,Dk,Dv] -> [B,H,Dv,Dk]."""
+    return state.transpose(-1, -2) if kind == "gdn" else state
+
+
+def from_rows(state: torch.Tensor, kind: str) -> torch.Tensor:
+    """Inverse of ``to_rows``: [B, H, rows, state_dim] -> the cache's layout (a view)."""
+    return state.transpose(-1, -2) if kind == "gdn" else state
+
+
+def get_state(cache, layer: SSMLayer, step: int) -> torch.Tensor:
+    """The cached recurrent state of ``layer`` after decode step ``step`` (0-based); an error if there is none."""
+    try:
+        if hasattr(cache, "get_recurrent_state"):
+            state = cache.get_recurrent_state(layer.index)
+        else:  # earlier 5.x caches: the same LinearAttentionLayer storage, without the getter
+            state = cache.layers[layer.index].recurrent_states[0]
+    except (AttributeError, ValueError, IndexError, KeyError) as exc:
+        raise EvalError(
+            f"layer {layer.index}: cannot read its recurrent state from the cache ({type(cache).__name__}: {exc}); "
+            "this transformers version's cache API is not supported (checked: 5.24)"
+        ) from exc
+    if state is None:
+        raise EvalError(f"layer {layer.index}: the cache holds no recurrent state after decode step {step}")
+    return state
+
+
+def prepare_states(cache, layers: list[SSMLayer], batch: int, state_shape: tuple[int, int, int]) -> list[str]:
+    """After the first decode step: check every SSM state's shape, and make it FP32 if it is not.
+
+    ``state_shape`` is (heads, rows, state_dim) as ``models.ssm_layout`` gives it. The cache allocates each
+    state on first write with the dtype of what the mixer produced; transformers' torch paths produce FP32,
+    but a fused kernel might not. A non-FP32 state is replaced by its FP32 copy (so every later step keeps
+    FP32: the mixers store with ``copy_`` into the cached tensor); the returned notes say where. Only that
+    first state was rounded to the lower precision.
+    """
+    notes = []
+    expected = (batch, *state_shape)
+    for layer in layers:
+        state = get_state(cache, layer, 0)
+        got = tuple(to_rows(state, layer.kind).shape)
+        if got != expected:
+            raise EvalError(
+                f"layer {layer.index} ({layer.kind}): the cached state has shape {tuple(state.shape)}, i.e. "
+                f"{got} as [batch, heads, rows, state_dim]; the config says {expected}"
+            )
+        if state.dtype != torch.float32:
+            try:
+                cache.layers[layer.index].recurrent_states[0] = state.float()
+            except (AttributeError, IndexError, KeyError, TypeError) as exc:
+                raise EvalError(
+                    f"layer {layer.index}: the cached state is {state.dtype}, not float32, and this cache "
+                    f"({type(cache).__name__}) cannot be switched to float32: {exc}"
+                ) from exc
+            notes.append(f"layer {layer.index}: the cache allocated the state in {state.dtype}; switched to float32")
+    return notes
+
+
+class StateWriter:
+    """Stores every SSM layer's cached state in a variant's format at the variant's write steps.
+
+    ``write_mask``: bool [batch, steps] from ``variant.scheme.write_mask`` (True: the state is stored, and so
+    rounded, after that step). Call ``writer(cache, step)`` right after the model's forward of ``step``:
+    where the mask is set, the cached FP32 state is replaced by ``format.fake_quant(state, seed=layer_seed,
+    stream=step)``; elsewhere it is left exactly as the model computed it. The stochastic-rounding stream of
+    the write after step t is t, as in ``replay.naive``; the seed is ``layer_seed(variant.seed, layer)``.
+    """
+
+    def __init__(self, variant: Variant, layers: list[SSMLayer], batch: int, steps: int):
+        self.variant = variant
+        self.layers = layers
+        self.mask = variant.scheme.write_mask(batch, steps)  # [B, T]
+        self.any = self.mask.any(0).tolist()
+        self.all = self.mask.all(0).tolist()
+        self.exact = variant.format.is_exact
+
+    def __call__(self, cache, step: int) -> None:
+        if self.exact or not self.any[step]:
+            return
+        fmt = self.variant.format
+        for layer in self.layers:
+            state = get_state(cache, layer, step)
+            rows = to_rows(state, layer.kind)  # [B, H, rows, state_dim]
+            try:
+                stored = fmt.fake_quant(rows, seed=layer_seed(self.variant.seed, layer.index), stream=step)
+            except FormatError as exc:
+                raise EvalError(
+                    f"variant {self.variant.name}, layer {layer.index}, decode step {step}: cannot store the state: {exc}"
+                ) from exc
+            if not self.all[step]:
+                keep = self.mask[:, step].to(rows.device)[:, None, None, None]
+                stored = torch.where(keep, stored, rows)
+            cache.update_recurrent_state(from_rows(stored, layer.kind), layer.index)

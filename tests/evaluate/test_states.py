@@ -1,0 +1,121 @@
+"""StateWriter on a stand-in cache: which rows and steps are stored, in which layout, with which random streams."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ssmquant.evaluate import EvalError, SSMLayer, StateWriter, layer_seed
+from ssmquant.evaluate.states import prepare_states
+from ssmquant.formats.random import MASK32
+from ssmquant.replay import parse_variant
+
+
+class FakeCache:
+    """The two cache methods the writer uses, over a dict of states."""
+
+    def __init__(self, states: dict[int, torch.Tensor]):
+        self.states = states
+
+    def get_recurrent_state(self, layer_idx, state_idx=0):
+        return self.states.get(layer_idx)
+
+    def update_recurrent_state(self, state, layer_idx, state_idx=0):
+        self.states[layer_idx].copy_(state)
+        return self.states[layer_idx]
+
+
+def _states(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        0: torch.randn(3, 2, 8, 16, generator=g),  # Mamba-2 [B, H, P, N]
+        2: torch.randn(3, 2, 16, 8, generator=g),  # GDN [B, Hv, Dk=16, Dv=8]
+    }
+
+
+LAYERS = [SSMLayer(0, "mamba2"), SSMLayer(2, "gdn")]
+
+
+def test_conventional_stores_every_layer_in_rows_layout():
+    v = parse_variant("int8@conventional")
+    before = _states()
+    cache = FakeCache({k: s.clone() for k, s in before.items()})
+    StateWriter(v, LAYERS, batch=3, steps=4)(cache, 2)
+    fmt = v.format
+    torch.testing.assert_close(cache.states[0], fmt.fake_quant(before[0], stream=2), rtol=0, atol=0)
+    # GDN rows are value channels: quantised over Dk, i.e. on the transposed [B, Hv, Dv, Dk] state
+    gdn = fmt.fake_quant(before[2].transpose(-1, -2), seed=layer_seed(0, 2), stream=2).transpose(-1, -2)
+    torch.testing.assert_close(cache.states[2], gdn, rtol=0, atol=0)
+    wrong = fmt.fake_quant(before[2], seed=layer_seed(0, 2), stream=2)
+    assert not torch.equal(cache.states[2], wrong)
+
+
+def test_replay_leaves_non_write_steps_untouched():
+    v = parse_variant("nvfp4@replay4")
+    writer = StateWriter(v, LAYERS, batch=3, steps=12)
+    before = _states()
+    for t in range(12):
+        cache = FakeCache({k: s.clone() for k, s in before.items()})
+        writer(cache, t)
+        changed = any(not torch.equal(cache.states[k], before[k]) for k in before)
+        assert changed == ((t + 1) % 4 == 0), t
+
+
+def test_spec_writes_only_the_sequences_that_flush():
+    v = parse_variant("fp8_e4m3@spec8x2:a0-2-1")
+    writer = StateWriter(v, LAYERS, batch=3, steps=20)
+    mask = v.scheme.write_mask(3, 20)
+    assert torch.equal(writer.mask, mask)
+    # make the rows' schedules differ: a per-sequence mask from a random acceptance rate
+    v = parse_variant("fp8_e4m3@spec8x3:p0.5:seed3")
+    writer = StateWriter(v, LAYERS, batch=3, steps=40)
+    mixed = [t for t in range(40) if writer.mask[:, t].any() and not writer.mask[:, t].all()]
+    assert mixed, "the test needs a step where only some sequences flush"
+    t = mixed[0]
+    before = _states(1)
+    cache = FakeCache({k: s.clone() for k, s in before.items()})
+    writer(cache, t)
+    full = v.format.fake_quant(before[0], seed=layer_seed(v.seed, 0), stream=t)
+    for b in range(3):
+        expect = full[b] if writer.mask[b, t] else before[0][b]
+        assert torch.equal(cache.states[0][b], expect), (b, t)
+
+
+def test_fp32_is_never_touched_and_sr_streams_differ_per_step_and_layer():
+    before = _states()
+    cache = FakeCache({k: s.clone() for k, s in before.items()})
+    StateWriter(parse_variant("fp32@conventional"), LAYERS, 3, 2)(cache, 0)
+    assert all(torch.equal(cache.states[k], before[k]) for k in before)
+    fmt = parse_variant("int8:sr").format
+    x = before[0]
+    assert not torch.equal(fmt.fake_quant(x, seed=0, stream=0), fmt.fake_quant(x, seed=0, stream=1))
+    assert layer_seed(7, 0) == 7
+    seeds = {layer_seed(7, i) for i in range(64)}
+    assert len(seeds) == 64 and all(0 <= s <= MASK32 for s in seeds)
+
+
+def test_missing_state_and_wrong_shape_are_named():
+    cache = FakeCache({0: torch.zeros(3, 2, 8, 16)})
+    with pytest.raises(EvalError, match="layer 2: the cache holds no recurrent state after decode step 5"):
+        StateWriter(parse_variant("int8"), LAYERS, 3, 8)(cache, 5)
+    with pytest.raises(EvalError, match=r"layer 0 \(mamba2\): the cached state has shape"):
+        prepare_states(cache, LAYERS[:1], batch=3, state_shape=(2, 16, 8))
+
+
+def test_prepare_states_switches_a_low_precision_state_to_fp32():
+    class Layer:
+        def __init__(self, s):
+            self.recurrent_states = {0: s}
+
+    class Cache(FakeCache):
+        def __init__(self, s):
+            self.layers = [Layer(s)]
+            super().__init__({})
+
+        def get_recurrent_state(self, layer_idx, state_idx=0):
+            return self.layers[layer_idx].recurrent_states[0]
+
+    cache = Cache(torch.randn(3, 2, 8, 16).bfloat16())
+    notes = prepare_states(cache, LAYERS[:1], batch=3, state_shape=(2, 8, 16))
+    assert cache.get_recurrent_state(0).dtype == torch.float32
+    assert notes and "switched to float32" in notes[0]
