@@ -31,7 +31,11 @@ from .text import ByteTokenizer
 
 # name -> checkpoint directory relative to the ``ssmquant`` package (e.g. "assets/tiny-nemotron-h").
 # Entries whose directory is absent are not offered (see ``available_shipped_models``).
-SHIPPED_MODELS: dict[str, str] = {}
+SHIPPED_MODELS: dict[str, str] = {
+    # trained by studies/tiny_models/train.py (model cards in each directory)
+    "tiny-nemotron": "assets/tiny-nemotron",
+    "tiny-qwen": "assets/tiny-qwen",
+}
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
