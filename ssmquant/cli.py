@@ -309,5 +309,201 @@ def eval_cmd(
         click.echo(f"\nwrote {path} in {result.elapsed_s:.1f} s")
 
 
+class _BudgetNotMet(click.ClickException):
+    """No candidate meets the budget: the table is the message; exit status 3, no recipe written."""
+
+    exit_code = 3
+
+
+@main.command("calibrate")
+@click.option(
+    "--model",
+    default=None,
+    help="Preset name (with --synthetic), shipped model, local checkpoint dir or hub id. [default: tiny-nemotron]",
+)
+@click.option("--synthetic", is_flag=True, help="Synthetic inputs with a preset's exact shapes (no weights).")
+@click.option(
+    "--text",
+    "text",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Text file: its calibration split calibrates, its held-out split verifies (default: the shipped corpus).",
+)
+@click.option("--budget", required=True, type=float, help="Error budget: the largest allowed metric at the horizon.")
+@click.option(
+    "--metric",
+    default="out_rel_err",
+    show_default=True,
+    type=click.Choice(["out_rel_err", "state_rel_err"]),
+    help="Relative error of the layer output or of the state, pooled over sequences and heads.",
+)
+@click.option(
+    "--horizon", default=4096, show_default=True, type=int, help="Decode steps; the budget holds at the last."
+)
+@click.option("--batch", default=4, show_default=True, type=int, help="Calibration sequences.")
+@click.option("--heldout-batch", default=None, type=int, help="Held-out sequences for verification. [default: --batch]")
+@click.option("--candidates", default="fp8_e4m3,int8,nvfp4", show_default=True, help="Candidate formats.")
+@click.option(
+    "--schemes",
+    default="replay,conventional",
+    show_default=True,
+    help="conventional, replay (one per --buffer-lens), replay<L>, spec<L>x<T>[:p<rate>].",
+)
+@click.option("--buffer-lens", default="4,8,16", show_default=True, help="Replay buffer lengths for a bare 'replay'.")
+@click.option("--rounding", default="rne", show_default=True, help="rne, sr or rne,sr.")
+@click.option(
+    "--calibration",
+    default="max,percentile,mse",
+    show_default=True,
+    help="Static-scale methods: max, percentile[:p] (default 99.99), mse; 'none' for dynamic scales only.",
+)
+@click.option(
+    "--calibration-granularity", default="row", show_default=True, help="Static scales per row, per head, or row,head."
+)
+@click.option(
+    "--engine-fallbacks",
+    default="fp16,bf16",
+    show_default=True,
+    help="Float dtypes measured for the export when an engine cannot take the chosen one ('none' to skip).",
+)
+@click.option("--ignore-buffer-bytes", is_flag=True, help="Rank by checkpoint bytes only (leave the replay ring out).")
+@click.option("--global", "force_global", is_flag=True, help="One engine-takeable setting for all layers.")
+@click.option("--layers", default=None, help="Comma-separated decoder-layer indices of SSM layers (default: all).")
+@click.option("--device", default="auto", show_default=True, help="auto, cuda, cuda:N or cpu.")
+@click.option(
+    "--backend",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "torch", "triton"]),
+    help="auto: Triton kernels on a GPU, the torch reference on CPU.",
+)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed for data selection and stochastic rounding.")
+@click.option("--no-verify", is_flag=True, help="Skip the held-out verification.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Recipe directory.")
+@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or table.")
+def calibrate_cmd(
+    model,
+    synthetic,
+    text,
+    budget,
+    metric,
+    horizon,
+    batch,
+    heldout_batch,
+    candidates,
+    schemes,
+    buffer_lens,
+    rounding,
+    calibration,
+    calibration_granularity,
+    engine_fallbacks,
+    ignore_buffer_bytes,
+    force_global,
+    layers,
+    device,
+    backend,
+    seed,
+    no_verify,
+    out_dir,
+    force,
+    quiet,
+):
+    """Choose per SSM layer the cheapest state storage within an error budget; write a verified recipe."""
+    from .analysis import SourceError, default_model
+    from .calibrate import BudgetError, CalibrateConfig, CalibrateError, calibrate, write_recipe
+    from .calibrate.summary import summary_text
+    from .formats import FormatError
+    from .replay.inputs import InputError
+    from .report.files import OutputError, check_out_dir
+
+    try:
+        lens = [int(v) for v in _csv(buffer_lens, "--buffer-lens")]
+    except ValueError:
+        raise click.BadParameter(f"integers expected, got {buffer_lens!r}", param_hint="--buffer-lens") from None
+    fallbacks = _csv(engine_fallbacks, "--engine-fallbacks")
+    cfg = CalibrateConfig(
+        model=model or default_model(),
+        synthetic=synthetic,
+        text=text,
+        budget=budget,
+        metric=metric,
+        horizon=horizon,
+        batch=batch,
+        heldout_batch=heldout_batch,
+        candidates=_csv(candidates, "--candidates"),
+        schemes=_csv(schemes, "--schemes"),
+        buffer_lens=lens,
+        rounding=_csv(rounding, "--rounding"),
+        calibration=_csv(calibration, "--calibration"),
+        calibration_granularity=_csv(calibration_granularity, "--calibration-granularity"),
+        engine_fallbacks=[] if fallbacks == ["none"] else fallbacks,
+        count_buffer=not ignore_buffer_bytes,
+        force_global=force_global,
+        layers=_layers(layers),
+        device=device,
+        backend=backend,
+        seed=seed,
+        verify=not no_verify,
+    )
+    bars = {}
+
+    def progress(stage, done, total, layer):
+        if quiet:
+            return
+        if stage not in bars:
+            from tqdm import tqdm
+
+            for b in bars.values():
+                b.close()
+            bars[stage] = tqdm(total=total, unit="layer", desc=stage, leave=True)
+        bar = bars[stage]
+        bar.n = done
+        bar.set_postfix_str("" if layer is None else f"layer {layer}")
+        bar.refresh()
+
+    try:
+        check_out_dir(out_dir, force)
+        result = calibrate(cfg, progress=progress)
+        path = write_recipe(result, out_dir, force=force)
+    except BudgetError as err:
+        raise _BudgetNotMet(str(err)) from None
+    except (CalibrateError, SourceError, OutputError, FormatError, InputError) as err:
+        raise click.ClickException(str(err)) from None
+    finally:
+        for b in bars.values():
+            b.close()
+    if not quiet:
+        src = result.source
+        click.echo(f"\n{src.get('model')} ({src.get('kind')} data: {src.get('note', '')})")
+        click.echo(summary_text(result))
+        click.echo(f"\nwrote {path} in {result.elapsed_s:.1f} s")
+
+
+@main.command("export")
+@click.argument("recipe_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--target", required=True, help="vllm, trtllm or flashinfer.")
+@click.option(
+    "--out", "out_dir", default=None, type=click.Path(file_okay=False), help="[default: RECIPE_DIR/export-TARGET]"
+)
+@click.option(
+    "--num-speculative-tokens",
+    default=None,
+    type=int,
+    help="Draft tokens per step of the deployment (checked against the replay buffer length).",
+)
+@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+def export_cmd(recipe_dir, target, out_dir, num_speculative_tokens, force):
+    """Turn a recipe into the files vLLM, TensorRT-LLM or FlashInfer take, and report what they cannot take."""
+    from .export import ExportError, export
+
+    try:
+        result = export(recipe_dir, target, out_dir, num_speculative_tokens=num_speculative_tokens, force=force)
+    except ExportError as err:
+        raise click.ClickException(str(err)) from None
+    for line in result.report_lines():
+        click.echo(line)
+    click.echo(f"wrote {result.out_dir}: " + ", ".join(result.files))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,171 @@
+"""Evaluating candidate settings on a layer and choosing the cheapest one within the error budget.
+
+Every candidate is simulated (`ssmquant.replay.simulate`) over the layer's calibration inputs; its error is
+the pooled relative error (Frobenius ratio over sequences and heads) of the chosen metric at the horizon
+(the last decode step). The choice per layer minimises bytes per sequence (settings.py) among the
+candidates with error <= budget, ties broken by lower error, then by name. A uniform setting is one
+candidate applied to every layer (static ones with each layer's own scales); the global setting is the
+cheapest uniform setting an engine can take that meets the budget on every layer, else the engine-takeable
+one that comes closest (lowest worst-layer error, then cheapest).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ..replay import simulate
+from ..replay.inputs import LayerInputs
+from .settings import CalibrateError, LayerDims, Setting, setting_bytes
+
+MAX_VARIANTS_PER_CALL = 16
+ROLES = ("candidate", "fallback")
+
+
+class BudgetError(CalibrateError):
+    """No candidate meets the budget on some layer (or no uniform setting with --global).
+
+    table: one row per layer with the best achievable setting and error; no recipe is written.
+    """
+
+    def __init__(self, message: str, table: pd.DataFrame):
+        super().__init__(message)
+        self.table = table
+
+
+def evaluate_layer(
+    layer: int,
+    inputs: LayerInputs,
+    settings: list[Setting],
+    scales: dict,
+    *,
+    roles: dict[str, str] | None = None,
+    backend: str = "auto",
+    seed: int = 0,
+    count_buffer: bool = True,
+    chunk: int = MAX_VARIANTS_PER_CALL,
+) -> pd.DataFrame:
+    """Simulate every setting on one layer; one row per setting.
+
+    scales: {Setting.scale_key: FP32 [H, rows]} for the static settings; roles: {setting name: "candidate" |
+    "fallback"} (default candidate). Columns: layer, setting, role, encoding, scale_mode, rounding, scheme,
+    buffer_len, calibration, state_bytes, buffer_bytes, bytes, out_rel_err, state_rel_err and, per metric,
+    the worst head and its error.
+    """
+    dims = LayerDims.of(inputs)
+    steps = inputs.steps
+    rows = []
+    for start in range(0, len(settings), chunk):
+        part = settings[start : start + chunk]
+        variants = [s.variant(seed=seed, static_scale=scales.get(s.scale_key) if s.is_static else None) for s in part]
+        trace = simulate(inputs, variants, backend=backend, record_every=steps)
+        res = {q: trace.rel_err(q)[:, -1] for q in ("out", "state")}
+        heads = {q: trace.rel_err(q, per_head=True)[:, -1] for q in ("out", "state")}  # [V, H]
+        for i, s in enumerate(part):
+            b = setting_bytes(s, dims, count_buffer=count_buffer)
+            row = {
+                "layer": layer,
+                "setting": s.name,
+                "role": (roles or {}).get(s.name, "candidate"),
+                "format": s.format.name,
+                "encoding": s.encoding,
+                "scale_mode": s.scale_mode,
+                "rounding": s.rounding,
+                "scheme": s.scheme.name,
+                "buffer_len": s.buffer_len,
+                "calibration": s.calibration_label,
+                "state_bytes": b["state"],
+                "buffer_bytes": b["buffer"],
+                "bytes": b["total"],
+                "out_rel_err": float(res["out"][i]),
+                "state_rel_err": float(res["state"][i]),
+            }
+            for q in ("out", "state"):
+                h = heads[q][i]
+                worst = int(np.nanargmax(h)) if np.isfinite(h).any() else -1
+                row[f"worst_head_{q}"] = worst
+                row[f"worst_head_{q}_rel_err"] = float(h[worst]) if worst >= 0 else float("nan")
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _rank(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    err = df[metric].where(np.isfinite(df[metric]), math.inf)
+    return df.assign(_err=err).sort_values(["bytes", "_err", "setting"], kind="mergesort").drop(columns="_err")
+
+
+def choose_layer(df: pd.DataFrame, budget: float, metric: str) -> pd.Series | None:
+    """Cheapest candidate row with metric <= budget (ties: lower error, then name), or None."""
+    ok = df[(df["role"] == "candidate") & (df[metric] <= budget)]
+    if ok.empty:
+        return None
+    return _rank(ok, metric).iloc[0]
+
+
+def best_layer(df: pd.DataFrame, metric: str) -> pd.Series:
+    """The candidate row with the lowest error (ties: cheaper, then name): the best achievable."""
+    cand = df[df["role"] == "candidate"]
+    err = cand[metric].where(np.isfinite(cand[metric]), math.inf)
+    return cand.assign(_err=err).sort_values(["_err", "bytes", "setting"], kind="mergesort").iloc[0].drop("_err")
+
+
+def uniform_table(evals: pd.DataFrame, budget: float, metric: str) -> pd.DataFrame:
+    """One row per setting applied to every layer: total bytes, worst-layer error, meets_budget, per-layer errors."""
+    rows = []
+    layers = sorted(evals["layer"].unique().tolist())
+    for name, g in evals.groupby("setting", sort=False):
+        g = g.set_index("layer").reindex(layers)
+        errs = g[metric].astype(float)
+        worst = float(errs.max()) if np.isfinite(errs).all() else math.inf
+        rows.append(
+            {
+                "setting": name,
+                "role": g["role"].iloc[0],
+                "bytes": int(g["bytes"].sum()),
+                "state_bytes": int(g["state_bytes"].sum()),
+                "buffer_bytes": int(g["buffer_bytes"].sum()),
+                "max_error": worst,
+                "meets_budget": bool(worst <= budget),
+                "errors": {int(layer): float(e) for layer, e in errs.items()},
+                "errors_other_metric": {
+                    int(layer): float(e)
+                    for layer, e in g["state_rel_err" if metric == "out_rel_err" else "out_rel_err"].items()
+                },
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def choose_global(uniform: pd.DataFrame, takeable: dict[str, bool]) -> tuple[pd.Series | None, str]:
+    """(row, status) of the global setting among engine-takeable candidate settings.
+
+    status: "meets_budget" (cheapest meeting the budget on every layer, ties lower worst error), "closest"
+    (none meets it: the lowest worst-layer error, ties cheaper) or "none" (no candidate is engine-takeable).
+    """
+    pool = uniform[(uniform["role"] == "candidate") & uniform["setting"].map(lambda n: takeable.get(n, False))]
+    if pool.empty:
+        return None, "none"
+    ok = pool[pool["meets_budget"]]
+    if not ok.empty:
+        return ok.sort_values(["bytes", "max_error", "setting"], kind="mergesort").iloc[0], "meets_budget"
+    return pool.sort_values(["max_error", "bytes", "setting"], kind="mergesort").iloc[0], "closest"
+
+
+def best_table(evals: pd.DataFrame, metric: str, budget: float) -> pd.DataFrame:
+    """Per layer: the best achievable setting and error, the cheapest within budget (if any)."""
+    rows = []
+    for layer, g in evals.groupby("layer", sort=True):
+        best = best_layer(g, metric)
+        chosen = choose_layer(g, budget, metric)
+        rows.append(
+            {
+                "layer": int(layer),
+                "best_setting": best["setting"],
+                f"best_{metric}": float(best[metric]),
+                "budget": budget,
+                "meets_budget": chosen is not None,
+            }
+        )
+    return pd.DataFrame(rows)

@@ -1,0 +1,460 @@
+"""The recipe: `ssm_quant_config.json` (versioned schema, README.md "Schema") plus the tensors beside it.
+
+Files of a recipe directory:
+
+- ssm_quant_config.json        the decisions, the global setting, the uniform settings, the verification
+- ssm_state_scales.safetensors static decode scales, `layers.{i}.state_scale`, FP32 (nheads, head_dim)
+                               (FlashInfer's state_scale layout without the cache dim), one per layer whose
+                               decision is static (the file exists, possibly empty, in every recipe)
+- ssm_state_stats.safetensors  the per-layer statistics (`layers.{i}.row_amax`, `.row_p99.99`, ...)
+- candidates.csv               every (layer, setting) evaluated on calibration data
+
+`load_recipe` validates the schema and refuses a recipe of another schema version, naming both.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import pathlib
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import __version__
+from .settings import CalibrateError, LayerDims, Setting
+
+SCHEMA_VERSION = 1
+RECIPE_KIND = "ssmquant.ssm_state_recipe"
+CONFIG_NAME = "ssm_quant_config.json"
+SCALES_NAME = "ssm_state_scales.safetensors"
+STATS_NAME = "ssm_state_stats.safetensors"
+CANDIDATES_NAME = "candidates.csv"
+BUDGET_DEFINITION = (
+    "pooled relative error (Frobenius ratio over all sequences and heads) of the metric at decode step = "
+    "horizon, against the FP32 reference decode of the same inputs"
+)
+SCALE_LAYOUT = (
+    "FP32 decode scales (nheads, head_dim): value = code * scale; FlashInfer state_scale without the cache dim"
+)
+
+
+class RecipeError(ValueError):
+    """A recipe directory or document is missing, malformed, or of another schema version."""
+
+
+def scale_name(layer: int) -> str:
+    return f"layers.{int(layer)}.state_scale"
+
+
+def _num(x):
+    """JSON-safe float (None for NaN / inf)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+# -- building the document ---------------------------------------------------------------------------
+def build_document(result) -> dict:
+    """The ssm_quant_config.json document of a CalibrationResult (schema README.md)."""
+    import modelopt
+    import transformers
+
+    cfg = result.config
+    metric, budget = cfg.metric, cfg.budget
+    other = "state_rel_err" if metric == "out_rel_err" else "out_rel_err"
+    layers = sorted(result.decisions)
+    dims: LayerDims = result.dims
+    fp32_bytes = 4 * dims.heads * dims.rows * dims.state_dim
+    ver = {r["layer"]: r for r in (result.verification or {}).get("per_layer", [])}
+    by_name = {s.name: s for s in result.settings}
+
+    layer_docs = []
+    for layer in layers:
+        d, row = result.decisions[layer], result.decision_rows[layer]
+        v = ver.get(layer)
+        layer_docs.append(
+            {
+                "layer": int(layer),
+                "setting": d.to_dict(),
+                "bytes_per_sequence": {
+                    "state": int(row["state_bytes"]),
+                    "buffer": int(row["buffer_bytes"]),
+                    "total": int(row["bytes"]),
+                },
+                "calibration_error": {
+                    "out_rel_err": _num(row["out_rel_err"]),
+                    "state_rel_err": _num(row["state_rel_err"]),
+                    "worst_head": int(row[f"worst_head_{metric.split('_')[0]}"]),
+                    "worst_head_error": _num(row[f"worst_head_{metric.split('_')[0]}_rel_err"]),
+                },
+                "heldout_error": None
+                if v is None
+                else {"out_rel_err": _num(v["out_rel_err"]), "state_rel_err": _num(v["state_rel_err"])},
+                "meets_budget": bool(row[metric] <= budget),
+                "state_scale": scale_name(layer) if d.is_static else None,
+                "stats": result.stats[layer].summary() if layer in result.stats else None,
+            }
+        )
+    per_layer_bytes = sum(doc["bytes_per_sequence"]["total"] for doc in layer_docs)
+    per_layer_max = max(float(result.decision_rows[layer][metric]) for layer in layers)
+
+    uniform_docs = []
+    for rec in result.uniform.to_dict(orient="records"):
+        s = by_name[rec["setting"]]
+        uniform_docs.append(
+            {
+                "setting": s.to_dict(),
+                "role": rec["role"],
+                "engine_takeable": bool(result.takeable.get(rec["setting"], False)),
+                "bytes_per_sequence": int(rec["bytes"]),
+                "max_error": _num(rec["max_error"]),
+                "meets_budget": bool(rec["meets_budget"]),
+                "errors": {str(k): _num(e) for k, e in rec["errors"].items()},
+                f"errors_{other}": {str(k): _num(e) for k, e in rec["errors_other_metric"].items()},
+            }
+        )
+
+    glob = None
+    if result.global_setting is not None:
+        g = next(u for u in uniform_docs if u["setting"]["name"] == result.global_setting.name)
+        notes = {
+            "meets_budget": "the cheapest single setting an engine can take that meets the budget on every layer",
+            "closest": "no single engine-takeable setting meets the budget on every layer: this one comes "
+            "closest (lowest worst-layer error); the per-layer decisions meet it",
+        }
+        glob = {
+            "setting": g["setting"],
+            "status": result.global_status,
+            "meets_budget": result.global_status == "meets_budget",
+            "note": notes[result.global_status],
+            "bytes_per_sequence": g["bytes_per_sequence"],
+            "max_error": g["max_error"],
+            "errors": g["errors"],
+            "cost_vs_per_layer": {
+                "bytes_per_sequence_per_layer_choice": per_layer_bytes,
+                "bytes_per_sequence_global": g["bytes_per_sequence"],
+                "bytes_ratio": g["bytes_per_sequence"] / per_layer_bytes if per_layer_bytes else None,
+                "max_error_per_layer_choice": _num(per_layer_max),
+                "max_error_global": g["max_error"],
+            },
+        }
+    else:
+        glob = {
+            "setting": None,
+            "status": "none",
+            "meets_budget": False,
+            "note": "no candidate is takeable by any engine (engines take fp32/bf16/fp16, and int8/fp8_e4m3 with "
+            "dynamic per-row scales under FlashInfer ReplaySSM on Mamba-2 layers); add such candidates",
+        }
+
+    verification = None
+    if result.verification is not None:
+        vr = result.verification
+        verification = {
+            "data": vr.get("data"),
+            "metric": metric,
+            "budget": budget,
+            "per_layer": [
+                {
+                    "layer": r["layer"],
+                    "setting": r["setting"],
+                    "out_rel_err": _num(r["out_rel_err"]),
+                    "state_rel_err": _num(r["state_rel_err"]),
+                    "meets_budget": r["meets_budget"],
+                }
+                for r in vr["per_layer"]
+            ],
+            "passed": vr["passed"],
+            "uniform": {
+                name: {
+                    "errors": {k: {q: _num(x) for q, x in e.items()} for k, e in u["errors"].items()},
+                    "max_error": _num(u["max_error"]),
+                    "meets_budget": u["meets_budget"],
+                }
+                for name, u in vr.get("uniform", {}).items()
+            },
+            "global": None
+            if vr.get("global") is None
+            else {
+                "setting": vr["global"]["setting"],
+                "errors": {k: {q: _num(x) for q, x in e.items()} for k, e in vr["global"]["errors"].items()},
+                "max_error": _num(vr["global"]["max_error"]),
+                "meets_budget": vr["global"]["meets_budget"],
+            },
+            "global_passed": vr.get("global_passed"),
+        }
+
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": RECIPE_KIND,
+        "producer": {
+            "name": "ssmquant",
+            "version": __version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "modelopt": modelopt.__version__,
+            "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "environment": result.environment,
+            "elapsed_s": round(result.elapsed_s, 3),
+        },
+        "model": {
+            "name": result.source.get("model"),
+            "layer_kind": result.layer_kind,
+            "dims": dims.to_dict(),
+            "ssm_layers": [int(x) for x in result.ssm_layers],
+            "calibrated_layers": [int(x) for x in layers],
+            "fp32_state_bytes_per_sequence_per_layer": fp32_bytes,
+        },
+        "data": {"calibration": result.source, "heldout": result.heldout_source},
+        "budget": {"metric": metric, "value": budget, "horizon": cfg.horizon, "definition": BUDGET_DEFINITION},
+        "search": {
+            "candidates": list(cfg.candidates),
+            "schemes": list(cfg.schemes),
+            "buffer_lens": list(cfg.buffer_lens),
+            "roundings": list(cfg.rounding),
+            "calibration": list(cfg.calibration),
+            "calibration_granularity": list(cfg.calibration_granularity),
+            "engine_fallbacks": list(cfg.engine_fallbacks),
+            "objective": "bytes per sequence: state + replay ring" if cfg.count_buffer else "bytes per sequence: state",
+            "force_global": cfg.force_global,
+            "seed": cfg.seed,
+            "settings_evaluated": len(result.settings),
+        },
+        "layers": layer_docs,
+        "per_layer_total": {
+            "bytes_per_sequence": per_layer_bytes,
+            "fp32_bytes_per_sequence": fp32_bytes * len(layers),
+            "capacity_vs_fp32": (fp32_bytes * len(layers)) / per_layer_bytes if per_layer_bytes else None,
+            "max_error": _num(per_layer_max),
+        },
+        "global": glob,
+        "uniform_settings": uniform_docs,
+        "verification": verification,
+        "files": {
+            "config": CONFIG_NAME,
+            "scales": SCALES_NAME,
+            "scale_layout": SCALE_LAYOUT,
+            "stats": STATS_NAME,
+            "candidates": CANDIDATES_NAME,
+        },
+    }
+
+
+def write_recipe(result, out_dir, *, force: bool = False) -> pathlib.Path:
+    """Write a CalibrationResult as a recipe directory (atomically); returns the directory."""
+    from safetensors.torch import save_file
+
+    from ..report.files import write_atomically
+
+    doc = build_document(result)
+    validate_document(doc)
+
+    def fill(tmp: pathlib.Path):
+        scales = {scale_name(layer): s.float().cpu().contiguous() for layer, s in sorted(result.scales.items())}
+        meta = {"schema_version": str(SCHEMA_VERSION), "layout": SCALE_LAYOUT}
+        for layer in sorted(result.scales):
+            meta[scale_name(layer)] = result.decisions[layer].name
+        save_file(scales, str(tmp / SCALES_NAME), metadata=meta)
+        stats = {}
+        for layer, st in sorted(result.stats.items()):
+            stats.update(st.tensors(f"layers.{layer}"))
+        save_file(stats, str(tmp / STATS_NAME), metadata={"schema_version": str(SCHEMA_VERSION)})
+        result.evaluations.to_csv(tmp / CANDIDATES_NAME, index=False)
+        (tmp / CONFIG_NAME).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+
+    return write_atomically(out_dir, force, fill)
+
+
+# -- validation and loading --------------------------------------------------------------------------
+def _need(d: dict, key: str, types, where: str):
+    if not isinstance(d, dict) or key not in d:
+        raise RecipeError(f"{CONFIG_NAME}: {where} is missing {key!r}")
+    v = d[key]
+    types = types if isinstance(types, tuple) else (types,)
+    if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+        want = " or ".join(t.__name__ for t in types)
+        raise RecipeError(f"{CONFIG_NAME}: {where}.{key} must be {want}, got {type(v).__name__}")
+    return v
+
+
+def _setting(d, where: str) -> Setting:
+    try:
+        return Setting.from_dict(d)
+    except CalibrateError as err:
+        raise RecipeError(f"{CONFIG_NAME}: {where}: {err}") from None
+
+
+def validate_document(doc: dict) -> None:
+    """Check a recipe document against schema version 1; raise RecipeError naming the first problem."""
+    if not isinstance(doc, dict):
+        raise RecipeError(f"{CONFIG_NAME} must hold a JSON object, got {type(doc).__name__}")
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise RecipeError(
+            f"{CONFIG_NAME} has schema_version {version!r}; this ssmquant ({__version__}) reads schema_version "
+            f"{SCHEMA_VERSION} only. Re-run `ssmquant calibrate` with this version, or use the ssmquant that "
+            "wrote the recipe"
+        )
+    if doc.get("kind") != RECIPE_KIND:
+        raise RecipeError(f"{CONFIG_NAME}: kind must be {RECIPE_KIND!r}, got {doc.get('kind')!r}")
+    _need(doc, "producer", dict, "the document")
+    model = _need(doc, "model", dict, "the document")
+    kind = _need(model, "layer_kind", str, "model")
+    if kind not in ("mamba2", "gdn"):
+        raise RecipeError(f"{CONFIG_NAME}: model.layer_kind must be 'mamba2' or 'gdn', got {kind!r}")
+    dims = _need(model, "dims", dict, "model")
+    for k in ("heads", "rows", "state_dim", "groups"):
+        v = _need(dims, k, int, "model.dims")
+        if v < 1:
+            raise RecipeError(f"{CONFIG_NAME}: model.dims.{k} must be >= 1, got {v}")
+    _need(model, "ssm_layers", list, "model")
+    budget = _need(doc, "budget", dict, "the document")
+    if budget.get("metric") not in ("out_rel_err", "state_rel_err"):
+        raise RecipeError(
+            f"{CONFIG_NAME}: budget.metric must be out_rel_err or state_rel_err, got {budget.get('metric')!r}"
+        )
+    value = _need(budget, "value", (int, float), "budget")
+    if not math.isfinite(value) or value <= 0:
+        raise RecipeError(f"{CONFIG_NAME}: budget.value must be a finite number > 0, got {value}")
+    _need(budget, "horizon", int, "budget")
+    layers = _need(doc, "layers", list, "the document")
+    if not layers:
+        raise RecipeError(f"{CONFIG_NAME}: layers is empty")
+    seen = set()
+    for i, entry in enumerate(layers):
+        where = f"layers[{i}]"
+        layer = _need(entry, "layer", int, where)
+        if layer in seen:
+            raise RecipeError(f"{CONFIG_NAME}: layer {layer} appears twice in layers")
+        seen.add(layer)
+        s = _setting(_need(entry, "setting", dict, where), f"{where}.setting")
+        _need(entry, "bytes_per_sequence", dict, where)
+        _need(entry, "calibration_error", dict, where)
+        ref = entry.get("state_scale")
+        if s.is_static and ref != scale_name(layer):
+            raise RecipeError(f"{CONFIG_NAME}: {where} is static but state_scale is {ref!r}, not {scale_name(layer)!r}")
+        if not s.is_static and ref is not None:
+            raise RecipeError(f"{CONFIG_NAME}: {where} has dynamic scales but names a state_scale tensor {ref!r}")
+    glob = _need(doc, "global", dict, "the document")
+    if glob.get("status") not in ("meets_budget", "closest", "none"):
+        raise RecipeError(
+            f"{CONFIG_NAME}: global.status must be meets_budget, closest or none, got {glob.get('status')!r}"
+        )
+    if glob.get("setting") is not None:
+        _setting(glob["setting"], "global.setting")
+    for i, u in enumerate(_need(doc, "uniform_settings", list, "the document")):
+        _setting(_need(u, "setting", dict, f"uniform_settings[{i}]"), f"uniform_settings[{i}].setting")
+        _need(u, "errors", dict, f"uniform_settings[{i}]")
+        _need(u, "bytes_per_sequence", int, f"uniform_settings[{i}]")
+        if u.get("role") not in ("candidate", "fallback"):
+            raise RecipeError(f"{CONFIG_NAME}: uniform_settings[{i}].role must be candidate or fallback")
+    v = doc.get("verification")
+    if v is not None:
+        _need(v, "per_layer", list, "verification")
+        _need(v, "passed", bool, "verification")
+
+
+@dataclass
+class LayerDecision:
+    layer: int
+    setting: Setting
+    entry: dict
+
+
+@dataclass
+class UniformSetting:
+    setting: Setting
+    entry: dict
+
+    @property
+    def errors(self) -> dict[int, float | None]:
+        return {int(k): v for k, v in self.entry["errors"].items()}
+
+
+@dataclass
+class Recipe:
+    """A loaded, validated recipe. config: the JSON document; scales: {layer: FP32 (nheads, head_dim)}."""
+
+    path: pathlib.Path
+    config: dict
+    scales: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def layer_kind(self) -> str:
+        return self.config["model"]["layer_kind"]
+
+    @property
+    def dims(self) -> LayerDims:
+        d = self.config["model"]["dims"]
+        return LayerDims(self.layer_kind, d["heads"], d["rows"], d["state_dim"], d["groups"])
+
+    @property
+    def metric(self) -> str:
+        return self.config["budget"]["metric"]
+
+    @property
+    def budget(self) -> float:
+        return float(self.config["budget"]["value"])
+
+    @property
+    def layers(self) -> list[LayerDecision]:
+        return [LayerDecision(e["layer"], Setting.from_dict(e["setting"]), e) for e in self.config["layers"]]
+
+    @property
+    def global_setting(self) -> Setting | None:
+        g = self.config["global"].get("setting")
+        return None if g is None else Setting.from_dict(g)
+
+    @property
+    def uniform(self) -> list[UniformSetting]:
+        return [UniformSetting(Setting.from_dict(u["setting"]), u) for u in self.config["uniform_settings"]]
+
+    def static_scale(self, layer: int) -> torch.Tensor | None:
+        return self.scales.get(int(layer))
+
+
+def load_recipe(path) -> Recipe:
+    """Load and validate a recipe directory (or its ssm_quant_config.json). Raises RecipeError."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    p = pathlib.Path(path)
+    cfg_path = p if p.is_file() else p / CONFIG_NAME
+    if not cfg_path.is_file():
+        raise RecipeError(f"{p} has no {CONFIG_NAME}; is it an `ssmquant calibrate` recipe directory?")
+    try:
+        doc = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as err:
+        raise RecipeError(f"{cfg_path} is not valid JSON: {err}") from None
+    validate_document(doc)
+    directory = cfg_path.parent
+    scales_path = directory / doc.get("files", {}).get("scales", SCALES_NAME)
+    static = [e for e in doc["layers"] if e.get("state_scale")]
+    scales: dict[int, torch.Tensor] = {}
+    if scales_path.is_file():
+        try:
+            tensors = load_file(str(scales_path))
+        except (SafetensorError, OSError) as err:
+            raise RecipeError(f"{scales_path} cannot be read: {err}") from None
+    elif static:
+        raise RecipeError(f"{directory} has static layers but no {SCALES_NAME}")
+    else:
+        tensors = {}
+    d = doc["model"]["dims"]
+    expected = (d["heads"], d["rows"])
+    for e in static:
+        name = e["state_scale"]
+        if name not in tensors:
+            raise RecipeError(f"{scales_path.name} has no tensor {name!r} (layer {e['layer']} is static)")
+        t = tensors[name]
+        if t.dtype != torch.float32 or tuple(t.shape) != expected:
+            raise RecipeError(
+                f"{scales_path.name}: {name} is {t.dtype} {tuple(t.shape)}; expected float32 {expected} (nheads, head_dim)"
+            )
+        if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
+            raise RecipeError(f"{scales_path.name}: {name} must be finite and > 0")
+        scales[int(e["layer"])] = t
+    return Recipe(directory, doc, scales)

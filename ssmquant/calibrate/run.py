@@ -1,0 +1,403 @@
+"""`calibrate`: statistics, static scales, the per-layer choice under an error budget, and its verification.
+
+Per SSM layer of the calibration data (one layer alive at a time):
+
+1. `collect_stats`: per-row / per-head amax of the FP32 reference state over (sequence, step);
+2. `calibrate_scales`: static scales for every (encoding, method, granularity) the candidates need;
+3. `evaluate_layer`: every candidate (and engine fallback) simulated to the horizon;
+4. `choose_layer`: the cheapest candidate within the budget.
+
+Then the uniform settings (one setting for all layers) and the global setting an engine can take, and the
+verification of the chosen settings on held-out data. Nothing is written here: `write_recipe` does that.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+import torch
+
+from ..analysis.sources import LayerSource, SourceError, open_source, resolve_device
+from ..formats import FormatError
+from ..models.text import TextError
+from ..replay import BACKENDS
+from ..replay.inputs import InputError
+from .choose import BudgetError, best_table, choose_global, choose_layer, evaluate_layer, uniform_table
+from .scales import calibrate_scales, required_percentiles, scale_keys
+from .settings import (
+    CalibrateError,
+    LayerDims,
+    Setting,
+    build_settings,
+    metric_quantity,
+)
+from .stats import DEFAULT_PERCENTILES, StateStats, collect_stats
+from .verify import synthetic_heldout_source, verify_layers
+
+
+@dataclass
+class CalibrateConfig:
+    """Settings of one calibration run (the `ssmquant calibrate` options; README.md)."""
+
+    model: str = "tiny-nemotron"
+    synthetic: bool = False
+    text: str | None = None
+    budget: float = 0.02
+    metric: str = "out_rel_err"
+    horizon: int = 4096
+    batch: int = 4
+    heldout_batch: int | None = None  # None: batch
+    candidates: list[str] = field(default_factory=lambda: ["fp8_e4m3", "int8", "nvfp4"])
+    schemes: list[str] = field(default_factory=lambda: ["replay", "conventional"])
+    buffer_lens: list[int] = field(default_factory=lambda: [4, 8, 16])
+    rounding: list[str] = field(default_factory=lambda: ["rne"])
+    calibration: list[str] = field(default_factory=lambda: ["max", "percentile", "mse"])
+    calibration_granularity: list[str] = field(default_factory=lambda: ["row"])
+    engine_fallbacks: list[str] = field(default_factory=lambda: ["fp16", "bf16"])
+    count_buffer: bool = True
+    force_global: bool = False
+    layers: list[int] | None = None
+    device: str = "auto"
+    backend: str = "auto"
+    seed: int = 0
+    verify: bool = True
+
+    def validate(self) -> None:
+        if not isinstance(self.budget, (int, float)) or not math.isfinite(self.budget) or self.budget <= 0:
+            raise CalibrateError(
+                f"--budget must be a finite number > 0 (a relative error, e.g. 0.02), got {self.budget!r}"
+            )
+        metric_quantity(self.metric)
+        for name in ("horizon", "batch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise CalibrateError(f"--{name} must be an integer >= 1, got {v!r}")
+        if self.heldout_batch is not None and (not isinstance(self.heldout_batch, int) or self.heldout_batch < 1):
+            raise CalibrateError(f"--heldout-batch must be an integer >= 1, got {self.heldout_batch!r}")
+        if self.backend not in BACKENDS:
+            raise CalibrateError(f"unknown backend {self.backend!r}; accepted: {', '.join(BACKENDS)}")
+
+
+@dataclass
+class CalibrationResult:
+    """Everything a recipe is made of (see recipe.py for the files).
+
+    evaluations: one row per (layer, setting) on calibration data; decisions: {layer: Setting};
+    scales: {layer: FP32 [H, rows]} for static decisions; stats: {layer: StateStats}; uniform: one row
+    per setting over all layers; global_row / global_status: the engine setting (choose.choose_global);
+    verification: held-out numbers (verify.py) or None.
+    """
+
+    config: CalibrateConfig
+    source: dict
+    heldout_source: dict | None
+    ssm_layers: list[int]
+    layer_kind: str
+    dims: LayerDims
+    settings: list[Setting]
+    evaluations: pd.DataFrame
+    decisions: dict[int, Setting]
+    decision_rows: dict[int, dict]
+    scales: dict[int, torch.Tensor]
+    stats: dict[int, StateStats]
+    uniform: pd.DataFrame
+    takeable: dict[str, bool]
+    global_setting: Setting | None
+    global_status: str
+    verification: dict | None
+    environment: dict
+    elapsed_s: float
+
+
+def environment(device: torch.device, backend: str) -> dict:
+    import platform
+
+    import modelopt
+    import transformers
+
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "modelopt": modelopt.__version__,
+        "device": str(device),
+        "backend": backend,
+    }
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def _open(cfg: CalibrateConfig, device, split: str, batch: int, seed: int) -> LayerSource:
+    try:
+        return open_source(
+            cfg.model,
+            synthetic=cfg.synthetic,
+            batch=batch,
+            steps=cfg.horizon,
+            seed=seed,
+            device=device,
+            text_path=cfg.text,
+            split=split,
+        )
+    except TextError as err:
+        hint = " (or lower --heldout-batch)" if split == "heldout" else ""
+        raise CalibrateError(f"{split} data: {err}{hint}") from None
+
+
+def _free():
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def calibrate(
+    cfg: CalibrateConfig,
+    *,
+    progress=None,
+    source: LayerSource | None = None,
+    heldout_source: LayerSource | None = None,
+) -> CalibrationResult:
+    """Run a calibration. progress: optional callable(stage, done, total, layer), stage "calibrate" | "verify".
+
+    source / heldout_source: LayerSources to use instead of opening cfg.model (tests, custom data); the
+    held-out source must yield different sequences of the same layers.
+    Raises CalibrateError (bad settings), BudgetError (no candidate within the budget: `.table` holds the
+    best achievable error per layer), SourceError / InputError (data).
+    """
+    t0 = time.time()
+    cfg.validate()
+    try:
+        settings = build_settings(
+            cfg.candidates, cfg.schemes, cfg.buffer_lens, cfg.rounding, cfg.calibration, cfg.calibration_granularity
+        )
+        fallbacks = (
+            []
+            if not cfg.engine_fallbacks
+            else build_settings(cfg.engine_fallbacks, cfg.schemes, cfg.buffer_lens, ["rne"], ["none"], ["row"])
+        )
+    except FormatError as err:
+        raise CalibrateError(str(err)) from None
+    names = {s.name for s in settings}
+    fallbacks = [s for s in fallbacks if s.name not in names]
+    for s in fallbacks:
+        if s.format.encoding.scaled:
+            raise CalibrateError(
+                f"engine fallback {s.format.name!r} is not a float dtype; fallbacks are fp32, bf16 or fp16"
+            )
+    roles = {s.name: "candidate" for s in settings} | {s.name: "fallback" for s in fallbacks}
+    all_settings = settings + fallbacks
+    keys = scale_keys(settings)
+    device = resolve_device(cfg.device)
+    if source is None:
+        source = _open(cfg, device, "calibration", cfg.batch, cfg.seed)
+    layers = source.select(cfg.layers)
+    for s in all_settings:
+        try:
+            s.format.bytes_per_state(source.state_shape)
+        except FormatError as err:
+            raise CalibrateError(
+                f"{s.format.name} cannot store {source.name}'s state {source.state_shape}: {err}"
+            ) from None
+    percentiles = sorted(set(DEFAULT_PERCENTILES) | set(required_percentiles(keys)))
+
+    evals, stats, dims = [], {}, None
+    decisions: dict[int, Setting] = {}
+    decision_rows: dict[int, dict] = {}
+    chosen_scales: dict[int, torch.Tensor] = {}
+    by_name = {s.name: s for s in all_settings}
+    if progress:
+        progress("calibrate", 0, len(layers), None)
+    for n, (layer, inputs) in enumerate(source.iter_layers(layers), start=1):
+        inputs = inputs.to(device)
+        try:
+            inputs.validate()
+        except InputError as err:
+            raise InputError(f"layer {layer}: {err}") from None
+        if inputs.steps != cfg.horizon:
+            raise CalibrateError(
+                f"layer {layer}: the source gave {inputs.steps} decode steps, --horizon is {cfg.horizon}"
+            )
+        dims = dims or LayerDims.of(inputs)
+        st = collect_stats(inputs, percentiles=percentiles, layer=layer)
+        scales = calibrate_scales(inputs, st, keys)
+        df = evaluate_layer(
+            layer,
+            inputs,
+            all_settings,
+            scales,
+            roles=roles,
+            backend=cfg.backend,
+            seed=cfg.seed,
+            count_buffer=cfg.count_buffer,
+        )
+        evals.append(df)
+        stats[layer] = _to_cpu(st)
+        chosen = choose_layer(df, cfg.budget, cfg.metric)
+        if chosen is not None:
+            decisions[layer] = by_name[chosen["setting"]]
+            decision_rows[layer] = chosen.to_dict()
+            if decisions[layer].is_static:
+                chosen_scales[layer] = scales[decisions[layer].scale_key].cpu()
+        del inputs, scales
+        _free()
+        if progress:
+            progress("calibrate", n, len(layers), layer)
+    evaluations = pd.concat(evals, ignore_index=True)
+    source_desc = {
+        **source.describe,
+        "split": "calibration",
+        "batch": cfg.batch,
+        "horizon": cfg.horizon,
+        "seed": cfg.seed,
+    }
+    ssm_layers, layer_kind = list(source.layers), source.layer_kind
+
+    missing = [layer for layer in layers if layer not in decisions]
+    if missing:
+        table = best_table(evaluations, cfg.metric, cfg.budget)
+        raise BudgetError(
+            f"no candidate meets the budget {cfg.metric} <= {cfg.budget:g} at step {cfg.horizon} on layer(s) "
+            f"{missing}; no recipe written. Best achievable per layer:\n{table.to_string(index=False)}\n"
+            "Widen the candidates (e.g. add fp16, replay schemes, stochastic rounding), raise --budget or "
+            "shorten --horizon.",
+            table,
+        )
+
+    uniform = uniform_table(evaluations, cfg.budget, cfg.metric)
+    from ..export.engines import takeable_by_any  # lazy: export imports calibrate
+
+    takeable = {name: takeable_by_any(by_name[name], layer_kind) for name in uniform["setting"]}
+    global_row, status = choose_global(uniform, takeable)
+    global_setting = by_name[global_row["setting"]] if global_row is not None else None
+    if cfg.force_global:
+        if status != "meets_budget":
+            table = _uniform_failure_table(uniform, takeable, cfg)
+            what = (
+                "no candidate is takeable by an engine"
+                if status == "none"
+                else "no single engine-takeable setting meets the budget on every layer"
+            )
+            raise BudgetError(
+                f"--global: {what}; no recipe written. Uniform settings, closest first:\n"
+                f"{table.to_string(index=False)}",
+                table,
+            )
+        rows = evaluations[evaluations["setting"] == global_setting.name].set_index("layer")
+        decisions = {layer: global_setting for layer in layers}
+        decision_rows = {layer: {**rows.loc[layer].to_dict(), "layer": layer} for layer in layers}
+        chosen_scales = {}
+
+    verify_uniform = ([global_setting] if global_setting is not None else []) + [
+        by_name[name] for name in engine_picks(uniform, by_name, layer_kind)
+    ]
+    verification, heldout_desc = None, None
+    if cfg.verify:
+        hb = cfg.heldout_batch or cfg.batch
+        if heldout_source is None:
+            source = None  # free the calibration model before loading the held-out one
+            _free()
+            if cfg.synthetic:
+                heldout_source = synthetic_heldout_source(
+                    cfg.model, calibration_batch=cfg.batch, batch=hb, steps=cfg.horizon, seed=cfg.seed, device=device
+                )
+            else:
+                heldout_source = _open(cfg, device, "heldout", hb, cfg.seed)
+        heldout_desc = {
+            **heldout_source.describe,
+            "split": "heldout",
+            "batch": hb,
+            "horizon": cfg.horizon,
+            "seed": cfg.seed,
+        }
+
+        def vprog(done, total, layer):
+            if progress:
+                progress("verify", done, total, layer)
+
+        vprog(0, len(layers), None)
+        verification = verify_layers(
+            heldout_source.iter_layers(layers),
+            decisions,
+            chosen_scales,
+            verify_uniform,
+            metric=cfg.metric,
+            budget=cfg.budget,
+            global_setting=global_setting,
+            backend=cfg.backend,
+            seed=cfg.seed,
+            device=device,
+            progress=vprog,
+        )
+        verification["data"] = heldout_desc
+    backend = "triton" if (cfg.backend == "auto" and device.type == "cuda") else cfg.backend
+    return CalibrationResult(
+        config=cfg,
+        source=source_desc,
+        heldout_source=heldout_desc,
+        ssm_layers=ssm_layers,
+        layer_kind=layer_kind,
+        dims=dims,
+        settings=all_settings,
+        evaluations=evaluations,
+        decisions=decisions,
+        decision_rows=decision_rows,
+        scales=chosen_scales,
+        stats=stats,
+        uniform=uniform,
+        takeable=takeable,
+        global_setting=global_setting,
+        global_status=status,
+        verification=verification,
+        environment=environment(device, "torch" if backend == "auto" else backend),
+        elapsed_s=time.time() - t0,
+    )
+
+
+def engine_picks(uniform: pd.DataFrame, by_name: dict[str, Setting], layer_kind: str) -> list[str]:
+    """Per export target, the cheapest uniform setting it can take that meets the budget (what the export
+    picks when the global setting is not takeable); verified on held-out data with the global setting."""
+    from ..export.engines import TARGETS, violations
+
+    ok = uniform[uniform["meets_budget"]].sort_values(["bytes", "max_error", "setting"], kind="mergesort")
+    picks = []
+    for t in TARGETS:
+        for name in ok["setting"]:
+            if not by_name[name].is_static and not violations(t, by_name[name], layer_kind):
+                picks.append(name)
+                break
+    return list(dict.fromkeys(picks))
+
+
+def _to_cpu(st: StateStats) -> StateStats:
+    st.row_amax = st.row_amax.cpu()
+    st.row_mean_amax = st.row_mean_amax.cpu()
+    st.row_tail = {p: t.cpu() for p, t in st.row_tail.items()}
+    st.head_amax_steps = st.head_amax_steps.cpu()
+    return st
+
+
+def _uniform_failure_table(uniform: pd.DataFrame, takeable: dict[str, bool], cfg: CalibrateConfig) -> pd.DataFrame:
+    pool = uniform[(uniform["role"] == "candidate") & uniform["setting"].map(lambda n: takeable.get(n, False))]
+    if pool.empty:
+        pool = uniform[uniform["role"] == "candidate"]
+    t = pool.sort_values(["max_error", "bytes"]).head(10)
+    return pd.DataFrame(
+        {
+            "setting": t["setting"],
+            f"worst_layer_{cfg.metric}": t["max_error"],
+            "budget": cfg.budget,
+            "bytes_per_sequence": t["bytes"],
+        }
+    )
+
+
+def config_dict(cfg: CalibrateConfig) -> dict:
+    return asdict(cfg)
+
+
+__all__ = ["BudgetError", "CalibrateConfig", "CalibrateError", "CalibrationResult", "SourceError", "calibrate"]

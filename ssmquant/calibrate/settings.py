@@ -1,0 +1,375 @@
+"""Candidate settings of one layer's stored state, and what each costs in bytes per sequence.
+
+A setting is a storage format (encoding, scale granularity, scale mode, rounding) under a decoding scheme
+(conventional, replay(L), spec(L, T)); a static format also names the calibration method that produced its
+scales. Its canonical name is the variant name with the calibration in brackets:
+
+    fp8_e4m3@replay16                  dynamic per-row scales, as engines do today
+    int8:static[mse]@replay8           static per-row scales, MSE-optimal clipping per row
+    int8:static[percentile99.99:head]@conventional   one percentile-calibrated scale per head
+
+Bytes per sequence and layer (what `calibrate` minimises, see README.md "Objective"):
+
+- state: `StateFormat.bytes_per_state` for [H, rows, state_dim], scales included, as `ssmquant formats`
+  reports it. The scales of a static format are counted too although an engine could share them across
+  sequences (4 bytes per row, ~3% of an fp8 state with N = 128): static scales saturate on data louder than
+  the calibration data, so a static setting should win on accuracy, not on this small saving;
+- buffer: the replay ring an engine keeps per sequence, L + T rows (T = tokens per decode call, 1 + draft
+  tokens) of the buffered inputs in the buffer dtype (Mamba-2: x [H, P] and B [G, N]; GDN: u [Hv, Dv] and
+  k [Hk, Dk]) plus the per-head FP32 scalar (dt or g). Conventional decoding keeps no ring.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+from ..formats import Encoding, FormatError, Rounding, ScaleMode, StateFormat, parse
+from ..replay.schemes import BUFFER_DTYPES, Scheme, SchemeError, SchemeKind, parse_scheme
+from ..replay.variants import Variant
+
+METRICS = ("out_rel_err", "state_rel_err")
+ROUNDINGS = ("rne", "sr")
+CALIBRATION_GRANULARITIES = ("row", "head")
+DEFAULT_PERCENTILE = 99.99
+_BUFFER_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+_NAME_RE = re.compile(r"^(?P<fmt>[^@\[]+)(?:\[(?P<cal>[^\]]+)\])?@(?P<scheme>.+)$")
+
+
+class CalibrateError(ValueError):
+    """Bad calibrate settings or inputs; the message names the problem and the accepted values."""
+
+
+def metric_quantity(metric: str) -> str:
+    """'out_rel_err' -> 'out', 'state_rel_err' -> 'state' (the Trace quantity)."""
+    if metric not in METRICS:
+        raise CalibrateError(f"unknown metric {metric!r}; accepted: {', '.join(METRICS)}")
+    return metric.split("_", 1)[0]
+
+
+@dataclass(frozen=True)
+class CalibrationMethod:
+    """How static scales are derived from the FP32 reference state (README.md "Static scales").
+
+    kind: "max" | "percentile" | "mse"; percentile: the percentile of the per-step amax (percentile only).
+    """
+
+    kind: str
+    percentile: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"percentile{self.percentile:g}" if self.kind == "percentile" else self.kind
+
+
+CALIBRATION_HELP = "max | percentile (99.99) | percentile:<p> (e.g. percentile:99.9, p in [50, 100]) | mse | none"
+
+
+def parse_method(spec: str) -> CalibrationMethod:
+    """Parse "max", "percentile", "percentile:99.9", "percentile99.9", "p99.9" or "mse"."""
+    s = str(spec).strip().lower()
+    if s in ("max", "mse"):
+        return CalibrationMethod(s)
+    m = re.fullmatch(r"(?:percentile|p)(?::?(\d+(?:\.\d+)?))?", s)
+    if m:
+        p = float(m.group(1)) if m.group(1) else DEFAULT_PERCENTILE
+        if not 50.0 <= p <= 100.0:
+            raise CalibrateError(f"percentile must lie in [50, 100], got {p:g} in {spec!r}")
+        return CalibrationMethod("percentile", p)
+    raise CalibrateError(f"unknown calibration method {spec!r}; accepted: {CALIBRATION_HELP}")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """format x scheme (+ the calibration of a static format's scales).
+
+    calibration: a CalibrationMethod label ("max", "percentile99.99", "mse") for ':static' formats, else None;
+    calibration_granularity: "row" (one scale per row) or "head" (one value per head, repeated over its rows).
+    Static scales are always stored per row, shape [H, rows] (FlashInfer's state_scale layout).
+    """
+
+    format: StateFormat
+    scheme: Scheme
+    calibration: str | None = None
+    calibration_granularity: str | None = None
+
+    def __post_init__(self):
+        static = self.format.scale_mode is ScaleMode.STATIC
+        if static and self.calibration is None:
+            raise CalibrateError(f"{self.format.name}: a static format needs a calibration method ({CALIBRATION_HELP})")
+        if not static and self.calibration is not None:
+            raise CalibrateError(f"{self.format.name} has dynamic scales: a calibration method does not apply")
+        if static and self.format.granularity.rows != 1:
+            raise CalibrateError(
+                f"{self.format.name}: static scales are stored per row (FlashInfer's state_scale layout); "
+                "calibrate per head with calibration_granularity='head' instead of a ':head' format"
+            )
+        if static and self.calibration_granularity not in CALIBRATION_GRANULARITIES:
+            raise CalibrateError(
+                f"calibration granularity must be one of {', '.join(CALIBRATION_GRANULARITIES)}, "
+                f"got {self.calibration_granularity!r}"
+            )
+
+    # -- naming --------------------------------------------------------------------------------------
+    @property
+    def calibration_label(self) -> str | None:
+        if self.calibration is None:
+            return None
+        return self.calibration + (":head" if self.calibration_granularity == "head" else "")
+
+    @property
+    def name(self) -> str:
+        cal = f"[{self.calibration_label}]" if self.calibration else ""
+        return f"{self.format.name}{cal}@{self.scheme.name}"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def encoding(self) -> str:
+        return self.format.encoding.value
+
+    @property
+    def scale_mode(self) -> str:
+        return self.format.scale_mode.value
+
+    @property
+    def granularity(self) -> str:
+        return self.format.granularity.name
+
+    @property
+    def rounding(self) -> str:
+        return self.format.rounding.value
+
+    @property
+    def scheme_kind(self) -> str:
+        return self.scheme.kind.value
+
+    @property
+    def buffer_len(self) -> int:
+        """Replay buffer length L (0 for conventional decoding)."""
+        return 0 if self.scheme.kind is SchemeKind.CONVENTIONAL else self.scheme.buffer_len
+
+    @property
+    def draft_tokens(self) -> int:
+        return self.scheme.draft_tokens if self.scheme.kind is SchemeKind.SPEC else 0
+
+    @property
+    def is_static(self) -> bool:
+        return self.format.scale_mode is ScaleMode.STATIC
+
+    @property
+    def scale_key(self) -> tuple[str, str, str] | None:
+        """(encoding, calibration, granularity) of the static scales this setting needs, or None."""
+        if not self.is_static:
+            return None
+        return (self.encoding, self.calibration, self.calibration_granularity)
+
+    def variant(self, *, seed: int = 0, static_scale=None) -> Variant:
+        """The replay Variant that emulates this setting (label = self.name)."""
+        return Variant(self.format, self.scheme, seed=seed, static_scale=static_scale, label=self.name)
+
+    # -- serialisation -------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """Explicit JSON form (README.md "Schema"); `Setting.from_dict(s.to_dict()) == s`."""
+        return {
+            "name": self.name,
+            "format": self.format.name,
+            "encoding": self.encoding,
+            "granularity": self.granularity,
+            "scale_mode": self.scale_mode,
+            "rounding": self.rounding,
+            "calibration": self.calibration,
+            "calibration_granularity": self.calibration_granularity,
+            "scheme": self.scheme.name,
+            "scheme_kind": self.scheme_kind,
+            "buffer_len": self.buffer_len,
+            "draft_tokens": self.draft_tokens,
+            "buffer_dtype": self.scheme.buffer_dtype if self.buffer_len else None,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Setting:
+        """Rebuild from `to_dict` output (validates; raises CalibrateError naming the bad field)."""
+        if not isinstance(d, dict):
+            raise CalibrateError(f"a setting must be an object, got {type(d).__name__}")
+        for key in ("format", "scheme"):
+            if not isinstance(d.get(key), str):
+                raise CalibrateError(f"setting is missing the string field {key!r}: {d}")
+        try:
+            s = cls(
+                parse(d["format"]),
+                parse_scheme(d["scheme"]),
+                d.get("calibration"),
+                d.get("calibration_granularity"),
+            )
+        except (FormatError, SchemeError) as err:
+            raise CalibrateError(f"invalid setting {d.get('name', d)!r}: {err}") from None
+        if "name" in d and d["name"] != s.name:
+            raise CalibrateError(f"setting name {d['name']!r} does not match its fields ({s.name!r})")
+        return s
+
+    @classmethod
+    def parse(cls, name: str) -> Setting:
+        """Parse a canonical name such as "int8:static[mse:head]@replay8"."""
+        m = _NAME_RE.match(name.strip()) if isinstance(name, str) else None
+        if not m:
+            raise CalibrateError(
+                f"setting must look like '<format>[<calibration>]@<scheme>', e.g. 'int8:static[mse]@replay16', "
+                f"got {name!r}"
+            )
+        cal, gran = m.group("cal"), None
+        if cal:
+            cal, _, g = cal.partition(":")
+            gran = g or "row"
+        try:
+            return cls(parse(m.group("fmt")), parse_scheme(m.group("scheme")), cal, gran)
+        except (FormatError, SchemeError) as err:
+            raise CalibrateError(f"invalid setting {name!r}: {err}") from None
+
+
+# -- bytes --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerDims:
+    """Sizes of one SSM layer that its per-sequence footprint depends on.
+
+    kind "mamba2": heads H, rows P (head_dim), state_dim N, groups G (B/C groups);
+    kind "gdn": heads Hv, rows Dv, state_dim Dk, groups Hk (key heads).
+    """
+
+    kind: str
+    heads: int
+    rows: int
+    state_dim: int
+    groups: int
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        return (self.heads, self.rows, self.state_dim)
+
+    @classmethod
+    def of(cls, inputs) -> LayerDims:
+        groups = inputs.num_groups if inputs.kind == "mamba2" else inputs.q.shape[2]
+        return cls(inputs.kind, inputs.num_heads, inputs.rows, inputs.state_dim, int(groups))
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "heads": self.heads,
+            "rows": self.rows,
+            "state_dim": self.state_dim,
+            "groups": self.groups,
+        }
+
+
+def state_bytes(fmt: StateFormat, state_shape: tuple[int, ...]) -> int:
+    """Per-sequence bytes of a stored state [H, rows, state_dim], scales included (module docstring)."""
+    return fmt.bytes_per_state(state_shape)
+
+
+def ring_rows(scheme: Scheme) -> int:
+    """Rows of an engine's replay ring: L + T, T = 1 + draft tokens tokens per decode call (0 if conventional)."""
+    if scheme.kind is SchemeKind.CONVENTIONAL:
+        return 0
+    return scheme.buffer_len + 1 + (scheme.draft_tokens if scheme.kind is SchemeKind.SPEC else 0)
+
+
+def buffer_bytes(scheme: Scheme, dims: LayerDims) -> int:
+    """Per-sequence bytes of the replay ring of one layer (module docstring); 0 for conventional decoding."""
+    r = ring_rows(scheme)
+    if r == 0:
+        return 0
+    e = _BUFFER_BYTES[scheme.buffer_dtype]
+    vectors = dims.heads * dims.rows + dims.groups * dims.state_dim  # x and B (Mamba-2) / u and k (GDN)
+    return r * (vectors * e + dims.heads * 4)
+
+
+def setting_bytes(setting: Setting, dims: LayerDims, *, count_buffer: bool = True) -> dict[str, int]:
+    """{"state", "buffer", "total"} bytes per sequence of one layer; total leaves the buffer out if not count_buffer."""
+    s = state_bytes(setting.format, dims.state_shape)
+    b = buffer_bytes(setting.scheme, dims)
+    return {"state": s, "buffer": b, "total": s + (b if count_buffer else 0)}
+
+
+# -- candidate generation -----------------------------------------------------------------------------
+def expand_schemes(schemes: list[str], buffer_lens: list[int]) -> list[Scheme]:
+    """'conventional', 'replay' (one per buffer length), 'replay16', 'spec16x4:p0.8' -> Schemes (deduplicated)."""
+    if not schemes:
+        raise CalibrateError("give at least one scheme (conventional, replay, replay<L>, spec<L>x<T>)")
+    for L in buffer_lens:
+        if isinstance(L, bool) or not isinstance(L, int) or L < 1:
+            raise CalibrateError(f"buffer lengths must be integers >= 1, got {L!r}")
+    out: dict[str, Scheme] = {}
+    for spec in schemes:
+        s = str(spec).strip().lower()
+        try:
+            if s == "replay" or re.fullmatch(r"replay:(" + "|".join(BUFFER_DTYPES) + ")", s):
+                if not buffer_lens:
+                    raise CalibrateError("'replay' needs at least one buffer length (--buffer-lens)")
+                mod = s[len("replay") :]
+                found = [parse_scheme(f"replay{L}{mod}") for L in buffer_lens]
+            else:
+                found = [parse_scheme(s)]
+        except SchemeError as err:
+            raise CalibrateError(str(err)) from None
+        for sch in found:
+            out.setdefault(sch.name, sch)
+    return list(out.values())
+
+
+def build_settings(
+    candidates: list[str],
+    schemes: list[str],
+    buffer_lens: list[int],
+    roundings: list[str],
+    calibrations: list[str],
+    granularities: list[str],
+) -> list[Setting]:
+    """All candidate settings: formats x roundings x (dynamic + one static per method x granularity) x schemes.
+
+    A candidate spec with an explicit ':static' or ':dynamic' keeps only that mode, and one with ':sr' only
+    stochastic rounding; float encodings (fp32, bf16, fp16) have no scales and take only the roundings.
+    """
+    if not candidates:
+        raise CalibrateError("give at least one candidate format (e.g. fp8_e4m3,int8,nvfp4)")
+    for r in roundings:
+        if r not in ROUNDINGS:
+            raise CalibrateError(f"unknown rounding {r!r}; accepted: {', '.join(ROUNDINGS)}")
+    if not roundings:
+        raise CalibrateError(f"give at least one rounding ({', '.join(ROUNDINGS)})")
+    for g in granularities:
+        if g not in CALIBRATION_GRANULARITIES:
+            raise CalibrateError(
+                f"unknown calibration granularity {g!r}; accepted: {', '.join(CALIBRATION_GRANULARITIES)}"
+            )
+    methods = [] if [c.strip().lower() for c in calibrations] == ["none"] else [parse_method(c) for c in calibrations]
+    scheme_list = expand_schemes(schemes, buffer_lens)
+    out: dict[str, Setting] = {}
+    for spec in candidates:
+        try:
+            base = parse(spec)
+        except FormatError as err:
+            raise CalibrateError(str(err)) from None
+        mods = set(str(spec).lower().split(":")[1:])
+        rnds = [base.rounding.value] if ("sr" in mods or "rne" in mods) else roundings
+        for r, scheme in itertools.product(rnds, scheme_list):
+            if base.encoding is Encoding.FP32 and r == "sr":
+                continue
+            dyn = StateFormat(base.encoding, base.granularity, ScaleMode.DYNAMIC, Rounding(r))
+            forms: list[Setting] = []
+            if not base.encoding.scaled or "static" not in mods:
+                forms.append(Setting(dyn, scheme))
+            if base.encoding.scaled and "dynamic" not in mods:
+                if base.granularity.rows != 1:
+                    raise CalibrateError(
+                        f"{spec!r}: static scales are stored per row; use --calibration-granularity head "
+                        "for one value per head"
+                    )
+                st = StateFormat(base.encoding, base.granularity, ScaleMode.STATIC, Rounding(r))
+                forms += [Setting(st, scheme, m.label, g) for m in methods for g in granularities]
+            for s in forms:
+                out.setdefault(s.name, s)
+    if not out:
+        raise CalibrateError("no candidate settings: give at least one format, scheme and rounding")
+    return list(out.values())

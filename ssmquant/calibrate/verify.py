@@ -1,0 +1,130 @@
+"""Verification: the chosen settings re-simulated on held-out data (sequences the calibration never saw).
+
+For text sources the held-out sequences come from the held-out split of the text (a disjoint token range,
+`ssmquant.models.text`). Synthetic sources have no text, and their seed also draws the layer's parameters
+(A, dt_bias, conv weights), so another seed would be another model: the held-out sequences are instead
+sequences B .. B + B_heldout - 1 of the same seed's draw with batch B + B_heldout (the parameters are drawn
+first and sequences one after another, so the layer is the same and the sequences are new). Static
+settings keep the scales calibrated on the calibration data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from ..analysis.sources import LayerSource
+from ..replay import simulate
+from ..replay.inputs import GDNInputs, LayerInputs, Mamba2Inputs
+from .settings import Setting
+
+
+def slice_batch(inputs: LayerInputs, start: int, stop: int) -> LayerInputs:
+    """The sequences [start, stop) of a layer's inputs (parameters shared)."""
+
+    def cut(t):
+        return None if t is None else t[start:stop]
+
+    if isinstance(inputs, Mamba2Inputs):
+        fields = dict(x=cut(inputs.x), dt=cut(inputs.dt), B=cut(inputs.B), C=cut(inputs.C))
+    elif isinstance(inputs, GDNInputs):
+        fields = dict(q=cut(inputs.q), k=cut(inputs.k), v=cut(inputs.v), g=cut(inputs.g), beta=cut(inputs.beta))
+    else:  # pragma: no cover - LayerInputs is one of the two
+        raise TypeError(f"unknown inputs {type(inputs).__name__}")
+    return dataclasses.replace(
+        inputs, **fields, initial_state=cut(inputs.initial_state), meta={**inputs.meta, "sequences": [start, stop]}
+    )
+
+
+def synthetic_heldout_source(
+    preset: str, *, calibration_batch: int, batch: int, steps: int, seed: int, device: torch.device
+) -> LayerSource:
+    """Held-out LayerSource of a synthetic preset: new sequences of the same layers (module docstring)."""
+    from ..models import get_preset, synthetic_inputs
+
+    p = get_preset(preset)
+    total = calibration_batch + batch
+
+    def iterate(layers):
+        for layer in layers:
+            inputs = synthetic_inputs(p, layer, batch=total, steps=steps, seed=seed, device=device)
+            yield layer, slice_batch(inputs, calibration_batch, total)
+
+    describe = {
+        "kind": "synthetic",
+        "model": p.name,
+        "hf_repo": p.hf_repo,
+        "note": f"synthetic held-out: sequences {calibration_batch}..{total - 1} of the seed-{seed} draw with batch "
+        f"{total} (same layer parameters as calibration, new sequences)",
+    }
+    return LayerSource("synthetic", p.name, list(p.ssm_layers), p.layer_kind, p.state_shape, describe, iterate)
+
+
+def verify_layers(
+    layer_inputs,
+    decisions: dict[int, Setting],
+    scales: dict[int, object],
+    uniform: list[Setting],
+    *,
+    metric: str,
+    budget: float,
+    global_setting: Setting | None = None,
+    backend: str = "auto",
+    seed: int = 0,
+    device=None,
+    progress=None,
+) -> dict:
+    """Simulate each layer's decision, and each uniform (dynamic-scale) setting, on held-out inputs.
+
+    layer_inputs: iterator of (layer, inputs) (e.g. LayerSource.iter_layers); scales: {layer: FP32 [H, rows]}
+    for static decisions; uniform: settings applied to every layer (the global setting and the settings the
+    export would pick per engine). Returns {"per_layer": [...], "passed", "uniform": {name: {"errors",
+    "max_error", "meets_budget"}}, "global": that entry of global_setting with its "setting", "global_passed"}.
+    """
+    for u in uniform:
+        if u.is_static:
+            raise ValueError(f"uniform setting {u.name} is static: verify it through per-layer decisions")
+    names = list(dict.fromkeys(u.name for u in uniform))
+    by_name = {u.name: u for u in uniform}
+    per_layer = []
+    uni: dict[str, dict[int, dict]] = {n: {} for n in names}
+    total = len(decisions)
+    for n, (layer, inputs) in enumerate(layer_inputs, start=1):
+        if device is not None:
+            inputs = inputs.to(device)
+        d = decisions[layer]
+        scale = scales.get(layer)
+        variants = [d.variant(seed=seed, static_scale=None if scale is None else scale.to(inputs.device))]
+        variants += [by_name[name].variant(seed=seed) for name in names if name != d.name]
+        trace = simulate(inputs, variants, backend=backend, record_every=inputs.steps)
+        out, state = trace.rel_err("out")[:, -1], trace.rel_err("state")[:, -1]
+        m = out if metric == "out_rel_err" else state
+        per_layer.append(
+            {
+                "layer": int(layer),
+                "setting": d.name,
+                "out_rel_err": float(out[0]),
+                "state_rel_err": float(state[0]),
+                "meets_budget": bool(m[0] <= budget),
+            }
+        )
+        for name in names:
+            j = 0 if name == d.name else [v.name for v in variants].index(name)
+            uni[name][int(layer)] = {"out_rel_err": float(out[j]), "state_rel_err": float(state[j])}
+        if progress:
+            progress(n, total, layer)
+    result = {"per_layer": per_layer, "passed": all(r["meets_budget"] for r in per_layer), "uniform": {}}
+    for name, errs in uni.items():
+        vals = [e[metric] for e in errs.values()]
+        worst = max(vals) if vals and all(math.isfinite(x) for x in vals) else math.inf
+        result["uniform"][name] = {
+            "errors": {str(k): v for k, v in sorted(errs.items())},
+            "max_error": worst,
+            "meets_budget": bool(worst <= budget),
+        }
+    g = result["uniform"].get(global_setting.name) if global_setting is not None else None
+    result["global"] = None if g is None else {"setting": global_setting.name, **g}
+    result["global_passed"] = None if g is None else g["meets_budget"]
+    return result

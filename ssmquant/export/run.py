@@ -1,0 +1,130 @@
+"""`export`: a recipe directory -> the files one serving engine takes, and a report of what it does not take."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from dataclasses import dataclass
+
+from ..calibrate.recipe import RecipeError, load_recipe
+from .engines import TARGET_NAMES, UnknownTargetError, check_target
+from .plan import ExportError, ExportPlan, plan_export
+from .targets import WRITERS
+
+REPORT_NAME = "export_report.json"
+SUMMARY_NAME = "EXPORT.md"
+
+
+@dataclass
+class ExportResult:
+    """out_dir: where the files went; files: their names; plan: the setting and the dropped settings."""
+
+    out_dir: pathlib.Path
+    files: list[str]
+    plan: ExportPlan
+    metric: str
+
+    def report_lines(self) -> list[str]:
+        """Human-readable report: the setting, then each dropped setting with its measured cost, then notes."""
+        p = self.plan
+        lines = [
+            f"{TARGET_NAMES[p.target]}: {p.setting.name} ({'the recipe global setting' if p.from_global else 'chosen for this engine'})"
+        ]
+        for d in p.dropped:
+            lines += d.lines(self.metric)
+        lines += [f"note: {n}" for n in p.notes]
+        return lines
+
+
+def default_out_dir(recipe_dir, target: str) -> pathlib.Path:
+    return pathlib.Path(recipe_dir) / f"export-{target}"
+
+
+def export(
+    recipe_dir, target: str, out_dir=None, *, num_speculative_tokens: int | None = None, force: bool = False
+) -> ExportResult:
+    """Write `target`'s files for the recipe in `recipe_dir` (atomically) and return what was written.
+
+    target: "vllm" | "trtllm" | "flashinfer"; out_dir: default RECIPE_DIR/export-<target> (replaced on
+    re-export); num_speculative_tokens: draft tokens of the deployment, checked against the buffer length.
+    Raises ExportError: unknown target (lists the known ones), bad recipe, or nothing the target can run
+    within the budget (with the reasons).
+    """
+    from ..report.files import OutputError, write_atomically
+
+    try:
+        t = check_target(target)
+    except UnknownTargetError as err:
+        raise ExportError(str(err)) from None
+    try:
+        recipe = load_recipe(recipe_dir)
+    except RecipeError as err:
+        raise ExportError(str(err)) from None
+    plan = plan_export(recipe, t, num_speculative_tokens=num_speculative_tokens)
+    files = WRITERS[t](plan, recipe)
+    result_files = sorted(files) + [SUMMARY_NAME, REPORT_NAME]
+    report = {
+        "target": t,
+        "recipe": str(recipe.path),
+        "setting": plan.setting.to_dict(),
+        "from_global": plan.from_global,
+        "measured": {
+            "metric": recipe.metric,
+            "budget": recipe.budget,
+            "max_error_calibration": plan.entry.get("max_error"),
+            "errors_calibration": plan.entry.get("errors"),
+            "heldout": plan.heldout,
+            "bytes_per_sequence": plan.entry.get("bytes_per_sequence"),
+        },
+        "draft_tokens": plan.draft_tokens,
+        "dropped": [d.to_dict() for d in plan.dropped],
+        "notes": plan.notes,
+        "files": result_files,
+    }
+    if out_dir is None:
+        out, force = default_out_dir(recipe.path, t), True
+    else:
+        out = pathlib.Path(out_dir)
+    result = ExportResult(out, result_files, plan, recipe.metric)
+
+    def fill(tmp: pathlib.Path):
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+            if name.endswith(".sh"):
+                (tmp / name).chmod(0o755)
+        (tmp / SUMMARY_NAME).write_text(_summary(result, recipe, files))
+        (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
+
+    try:
+        result.out_dir = write_atomically(out, force, fill)
+    except OutputError as err:
+        raise ExportError(str(err)) from None
+    return result
+
+
+def _summary(result: ExportResult, recipe, files: dict[str, str]) -> str:
+    p = result.plan
+    name = TARGET_NAMES[p.target]
+    lines = [
+        f"# {name} export of {recipe.config['model'].get('name')}",
+        "",
+        f"Recipe: `{recipe.path}` (schema {recipe.config['schema_version']}); budget {recipe.metric} <= "
+        f"{recipe.budget:g} at step {recipe.config['budget']['horizon']}.",
+        "",
+        f"{name} runs **{p.setting.name}** on every SSM layer: worst calibrated layer {recipe.metric} "
+        f"{p.entry['max_error']:.4g}, {p.entry['bytes_per_sequence']:,} bytes per sequence over the "
+        f"{len(recipe.config['model']['calibrated_layers'])} calibrated layers.",
+        "",
+        "## Not consumed by the engine",
+        "",
+    ]
+    if p.dropped:
+        for d in p.dropped:
+            out = d.lines(recipe.metric)
+            lines.append(f"- {out[0]}")
+            lines += [f"  {x.strip()}" for x in out[1:]]
+    else:
+        lines.append("Nothing: the recipe's decisions are consumed as they are.")
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in p.notes]
+    lines += ["", "## Files", ""] + [f"- `{f}`" for f in sorted(files)]
+    return "\n".join(lines) + "\n"
