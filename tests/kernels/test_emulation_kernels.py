@@ -151,6 +151,6 @@ def test_gdn_initial_state_and_record_every():
 
 
 def test_non_power_of_two_row_groups_are_refused_with_a_clear_message():
-    inp = mamba2_inputs(batch=1, steps=3, heads=2, head_dim=12, groups=1, state=16)
+    inp = mamba2_inputs(batch=1, steps=3, heads=2, head_dim=12, groups=1, state=16, device=DEVICE)
     with pytest.raises(ValueError, match="power-of-two rows group, got rows3"):
         simulate(inp, ["int8:rows3"], backend="triton")
