@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import itertools
 import math
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
-import torch
 
 from .. import __version__
 from ..formats import Encoding, FormatError, parse
+from ..provenance import environment
 from ..replay import Trace, parse_scheme, simulate
 from ..replay.schemes import SchemeError
 from ..replay.variants import Variant, VariantError
@@ -126,25 +125,6 @@ def _records(df: pd.DataFrame) -> list[dict]:
     for rec in df.to_dict(orient="records"):
         out.append({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()})
     return out
-
-
-def environment(device: torch.device, backend: str) -> dict:
-    import transformers
-    import triton
-
-    env = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "transformers": transformers.__version__,
-        "device": str(device),
-        "backend": backend,
-    }
-    if device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-    else:
-        env["cpu_threads"] = torch.get_num_threads()
-    return env
 
 
 def first_write_step(variant: Variant) -> int:
@@ -296,7 +276,7 @@ def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
         heads=pd.concat(heads, ignore_index=True),
         summary=pd.DataFrame(summary),
         memory=memory_table(source, variants, len(source.layers)),
-        environment=environment(device, "torch" if backend == "auto" else backend),
+        environment=environment(device, backend="torch" if backend == "auto" else backend),
         elapsed_s=time.time() - t0,
     )
 

@@ -24,6 +24,7 @@ import torch
 from ..analysis.sources import LayerSource, SourceError, open_source, resolve_device
 from ..formats import FormatError
 from ..models.text import TextError
+from ..provenance import DEFAULT_PACKAGES, environment
 from ..replay import BACKENDS
 from ..replay.inputs import InputError
 from .choose import BudgetError, best_table, choose_global, choose_layer, evaluate_layer, uniform_table
@@ -111,25 +112,6 @@ class CalibrationResult:
     verification: dict | None
     environment: dict
     elapsed_s: float
-
-
-def environment(device: torch.device, backend: str) -> dict:
-    import platform
-
-    import modelopt
-    import transformers
-
-    env = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "modelopt": modelopt.__version__,
-        "device": str(device),
-        "backend": backend,
-    }
-    if device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-    return env
 
 
 def _open(cfg: CalibrateConfig, device, split: str, batch: int, seed: int) -> LayerSource:
@@ -353,7 +335,9 @@ def calibrate(
         global_setting=global_setting,
         global_status=status,
         verification=verification,
-        environment=environment(device, "torch" if backend == "auto" else backend),
+        environment=environment(
+            device, packages=(*DEFAULT_PACKAGES, "modelopt"), backend="torch" if backend == "auto" else backend
+        ),
         elapsed_s=time.time() - t0,
     )
 

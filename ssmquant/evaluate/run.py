@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -32,6 +31,7 @@ from .. import __version__
 from ..formats import FormatError, ScaleMode, StateFormat, parse
 from ..models import ByteTokenizer, LoadedModel, ModelLoadError, TextError, load_model, ssm_layout
 from ..models.text import CORPUS_PATH, calibration_batch, load_text, split_bounds
+from ..provenance import environment
 from ..replay.schemes import DEFAULT_BUFFER_LEN
 from ..replay.variants import Variant, VariantError, check_variants_fit, parse_variant, parse_variants
 from .decode import TeacherForced
@@ -203,25 +203,6 @@ def _resolve_device(device) -> torch.device | None:
     if d.startswith("cuda") and not torch.cuda.is_available():
         raise EvalError(f"device {d!r} was requested but no CUDA GPU is available; use cpu or auto")
     return torch.device(d)
-
-
-def _environment(loaded: LoadedModel, threads: int) -> dict:
-    import transformers
-
-    env = {
-        "ssmquant": __version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "device": str(loaded.device),
-        "weights_dtype": str(loaded.dtype).replace("torch.", ""),
-        "ssm_state_dtype": "float32",
-    }
-    if loaded.device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(loaded.device)
-    else:
-        env["cpu_threads"] = threads
-    return env
 
 
 @contextlib.contextmanager
@@ -438,7 +419,12 @@ def evaluate(
         positions=positions,
         summary=summary,
         reference=reference,
-        environment=_environment(loaded, threads),
+        environment=environment(
+            loaded.device,
+            weights_dtype=str(loaded.dtype).replace("torch.", ""),
+            ssm_state_dtype="float32",
+            **({} if loaded.device.type == "cuda" else {"cpu_threads": threads}),
+        ),
         notes=notes,
         elapsed_s=time.time() - t0,
     )

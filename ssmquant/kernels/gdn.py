@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .mamba2 import _round_buffer
+from .common import round_buffer, store_metrics
 from .rounding import fake_quant_tile, stream_key
 
 
@@ -83,23 +83,18 @@ def _gdn_emulate_kernel(
         u = beta * (v - tl.sum(s_ref * kvec[:, None], axis=0))
         s_ref = s_ref + kvec[:, None] * u[None, :]
         y_ref = tl.sum(s_ref * qvec[:, None], axis=0)
-        kb = _round_buffer(kvec, BUF)
+        kb = round_buffer(kvec, BUF)
         s_var = alpha * s_var
-        ub = _round_buffer(beta * (v - tl.sum(s_var * kb[:, None], axis=0)), BUF)
+        ub = round_buffer(beta * (v - tl.sum(s_var * kb[:, None], axis=0)), BUF)
         s_var = s_var + kb[:, None] * ub[None, :]
         y_var = tl.sum(s_var * qvec[:, None], axis=0)
         if tl.load(write_ptr + bt) != 0:
             key = stream_key(seed, t)
             s_var = fake_quant_tile(s_var, static_scale, state_offs, key, BLOCK_N, BLOCK_P, FMT, GROUP, STATIC, SR)
         if (t + 1) % record_every == 0:
-            rec = ((t + 1) // record_every - 1).to(tl.int64)
-            ds = s_var - s_ref
-            dy = y_var - y_ref
-            base = metrics_ptr + (((rec * B + b) * HV + h) * npb + pid_p) * 4
-            tl.store(base + 0, tl.sum(tl.reshape(ds * ds, [BLOCK_N * BLOCK_P]), axis=0))
-            tl.store(base + 1, tl.sum(tl.reshape(s_ref * s_ref, [BLOCK_N * BLOCK_P]), axis=0))
-            tl.store(base + 2, tl.sum(dy * dy, axis=0))
-            tl.store(base + 3, tl.sum(y_ref * y_ref, axis=0))
+            store_metrics(
+                metrics_ptr, t, record_every, B, b, HV, h, npb, pid_p, s_var, s_ref, y_var, y_ref, BLOCK_N * BLOCK_P
+            )
 
 
 def gdn_launch(

@@ -19,18 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .rounding import fake_quant_tile, round_to_bf16, round_to_grid, stream_key
-
-
-@triton.jit
-def _round_buffer(v, BUF: tl.constexpr):
-    """Buffered inputs stored in the buffer dtype: 0 fp32 (as is), 1 bf16, 2 fp16 (RNE)."""
-    if BUF == 1:
-        return round_to_bf16(v, 0, False)
-    elif BUF == 2:
-        return round_to_grid(v, 0.0, 10, -14, 65504.0, False, False)
-    else:
-        return v
+from .common import round_buffer, store_metrics
+from .rounding import fake_quant_tile, stream_key
 
 
 @triton.jit
@@ -97,22 +87,17 @@ def _mamba2_emulate_kernel(
         cvec = tl.load(cm_ptr + (bt * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32)
         s_ref = a * s_ref + bvec[:, None] * (dt * x)[None, :]
         y_ref = tl.sum(s_ref * cvec[:, None], axis=0) + d * x
-        xb = _round_buffer(x, BUF)
-        bb = _round_buffer(bvec, BUF)
+        xb = round_buffer(x, BUF)
+        bb = round_buffer(bvec, BUF)
         s_var = a * s_var + bb[:, None] * (dt * xb)[None, :]
         y_var = tl.sum(s_var * cvec[:, None], axis=0) + d * x
         if tl.load(write_ptr + bt) != 0:
             key = stream_key(seed, t)
             s_var = fake_quant_tile(s_var, static_scale, state_offs, key, BLOCK_N, BLOCK_P, FMT, GROUP, STATIC, SR)
         if (t + 1) % record_every == 0:
-            rec = ((t + 1) // record_every - 1).to(tl.int64)
-            ds = s_var - s_ref
-            dy = y_var - y_ref
-            base = metrics_ptr + (((rec * B + b) * H + h) * npb + pid_p) * 4
-            tl.store(base + 0, tl.sum(tl.reshape(ds * ds, [BLOCK_N * BLOCK_P]), axis=0))
-            tl.store(base + 1, tl.sum(tl.reshape(s_ref * s_ref, [BLOCK_N * BLOCK_P]), axis=0))
-            tl.store(base + 2, tl.sum(dy * dy, axis=0))
-            tl.store(base + 3, tl.sum(y_ref * y_ref, axis=0))
+            store_metrics(
+                metrics_ptr, t, record_every, B, b, H, h, npb, pid_p, s_var, s_ref, y_var, y_ref, BLOCK_N * BLOCK_P
+            )
 
 
 def mamba2_launch(
