@@ -57,7 +57,7 @@ def decode_with_cache(model, tokens):
 
 
 def rel(a, b):
-    return float((a - b).norm() / b.norm())
+    return float((a.detach() - b.detach()).norm() / b.detach().norm())
 
 
 # --- Mamba-2: NemotronH ------------------------------------------------------------------------------
