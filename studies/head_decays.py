@@ -6,6 +6,9 @@ synthetic draws / the same text), its mean log, the implied half-life ln 2 / -me
 the share of steps with a_t > 0.99.
 
     python studies/head_decays.py --out studies/data/fragile_heads/decays.csv
+    # the CPU-sized tiny-qwen run of studies/cpu_run.sh (same steps and batch as its analyze run):
+    python studies/head_decays.py --models tiny-qwen --steps 4096 --batch 2 --device cpu \
+        --out studies/data/fragile_heads/decays_tiny-qwen-cpu.csv
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from ssmquant.analysis.sources import open_source, resolve_device  # noqa: E402
 from ssmquant.replay import Mamba2Inputs  # noqa: E402
+
+MODELS = ("nemotron-3-nano", "qwen3.5-9b", "tiny-nemotron", "tiny-qwen")  # the first two: synthetic presets
 
 
 def decays(inputs) -> torch.Tensor:
@@ -62,14 +67,18 @@ def main():
     ap.add_argument("--device", default="auto")
     ap.add_argument("--layers-nano", default="0,14,30,50")
     ap.add_argument("--layers-qwen", default="0,10,20,30")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of: " + ", ".join(MODELS))
     args = ap.parse_args()
+    wanted = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = sorted(set(wanted) - set(MODELS))
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; accepted: {', '.join(MODELS)}")
     dev = resolve_device(args.device)
     parse = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    layers = {"nemotron-3-nano": parse(args.layers_nano), "qwen3.5-9b": parse(args.layers_qwen)}
     table = []
-    table += rows("nemotron-3-nano", True, parse(args.layers_nano), args.batch, args.steps, dev)
-    table += rows("qwen3.5-9b", True, parse(args.layers_qwen), args.batch, args.steps, dev)
-    for shipped in ("tiny-nemotron", "tiny-qwen"):
-        table += rows(shipped, False, None, args.batch, args.steps, dev)
+    for model in wanted:
+        table += rows(model, model in layers, layers.get(model), args.batch, args.steps, dev)
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(table).to_csv(path, index=False)
