@@ -27,6 +27,14 @@ def formats_cmd(shape: str):
     click.echo(formats_table(parse_shape(shape)))
 
 
+def _silence_transformers() -> None:
+    """--quiet: keep transformers' informational warnings and loading bars off the terminal."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def _csv(value: str | None, name: str) -> list[str] | None:
     if value is None:
         return None
@@ -146,6 +154,8 @@ def analyze_cmd(
         seed=seed,
         record_every=record_every,
     )
+    if quiet:
+        _silence_transformers()
     try:
         check_out_dir(out_dir, force)
         bar = None
