@@ -238,13 +238,7 @@ def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
         text_path=cfg.text,
     )
     layers = source.select(cfg.layers)
-    for v in variants:
-        try:
-            v.format.bytes_per_state(source.state_shape)
-        except FormatError as err:
-            raise AnalyzeError(
-                f"{v.format.name} cannot store {source.name}'s state {source.state_shape}: {err}"
-            ) from None
+    source.check_formats([v.format for v in variants])
     traces, heads, summary = [], [], []
     if progress:
         progress(0, len(layers), None)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..formats import FormatError
 from ..models import (
     ModelLoadError,
     available_shipped_models,
@@ -50,6 +51,14 @@ class LayerSource:
     def iter_layers(self, layers: list[int]) -> Iterator[tuple[int, LayerInputs]]:
         """Yield (layer index, inputs) for the requested layers, streaming (one layer alive at a time)."""
         return self._iterate(layers)
+
+    def check_formats(self, formats) -> None:
+        """Refuse formats that cannot store this model's state (nvfp4 blocks, row groups), naming why."""
+        for fmt in formats:
+            try:
+                fmt.bytes_per_state(self.state_shape)
+            except FormatError as err:
+                raise SourceError(f"{fmt.name} cannot store {self.name}'s state {self.state_shape}: {err}") from None
 
     def select(self, layers: list[int] | None) -> list[int]:
         """Validate a layer selection (decoder-layer indices) against this model's SSM layers."""

@@ -178,13 +178,7 @@ def calibrate(
     if source is None:
         source = _open(cfg, device, "calibration", cfg.batch, cfg.seed)
     layers = source.select(cfg.layers)
-    for s in all_settings:
-        try:
-            s.format.bytes_per_state(source.state_shape)
-        except FormatError as err:
-            raise CalibrateError(
-                f"{s.format.name} cannot store {source.name}'s state {source.state_shape}: {err}"
-            ) from None
+    source.check_formats([s.format for s in all_settings])
     percentiles = sorted(set(DEFAULT_PERCENTILES) | set(required_percentiles(keys)))
 
     evals, stats, dims = [], {}, None

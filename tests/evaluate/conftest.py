@@ -10,18 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.models.conftest import _NEMOTRON, _QWEN_TEXT, energise
+from tests.models.conftest import _NEMOTRON, _QWEN_TEXT, _save
 
 BYTE_VOCAB = 256
 # time_step_min as the real models set it: NemotronH's prefill clamps dt at it and its decode path does not.
 NEMOTRON = dict(_NEMOTRON, vocab_size=BYTE_VOCAB, time_step_min=1e-3)
 QWEN = dict(_QWEN_TEXT, vocab_size=BYTE_VOCAB)
-
-
-def _save(model, path, seed):
-    energise(model, seed)
-    model.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="session")
