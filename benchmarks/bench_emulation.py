@@ -4,8 +4,9 @@ For Mamba-2 at Nemotron-3-Nano shapes (H=64, P=64, N=128, G=8) and GDN at Qwen3.
 (32 value heads, 16 key heads, Dk=Dv=128), batch 16, T=4096 steps, for fp8_e4m3, int8 and nvfp4 under
 conventional and replay16 decoding, it measures in one run:
 
-- triton: `emulate_triton` (one launch for all T steps, the FP32 reference and the emulated state
-  on chip, metrics every step);
+- triton: `emulate_triton_steps` (one launch for all T steps, the FP32 reference and the emulated state
+  on chip, metrics every step); "simulate G/s" times the whole `simulate` call as analyze runs it
+  (input validation, the kernel and the reduction into window statistics, windows of 16 steps);
 - eager: the naive reference's per-step function (`mamba2_emulation_step` / `gdn_emulation_step`) in
   a Python loop, the state round-tripping through memory every step;
 - compiled: the same per-step function under torch.compile (measured for the variants listed in
@@ -35,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 import triton  # noqa: E402
 
-from ssmquant.kernels import emulate_triton  # noqa: E402
-from ssmquant.replay import GDNInputs, Mamba2Inputs, parse_variant  # noqa: E402
+from ssmquant.kernels import emulate_triton_steps  # noqa: E402
+from ssmquant.replay import GDNInputs, Mamba2Inputs, parse_variant, simulate  # noqa: E402
 from ssmquant.replay.naive import (  # noqa: E402
     StateStore,
     _buffer_round,
@@ -197,8 +198,12 @@ def main():
             for scheme in SCHEMES:
                 name = f"{fmt}@{scheme}"
                 variant = parse_variant(name)
-                t_kernel = cuda_time(lambda i=inputs, v=variant: emulate_triton(i, [v]), args.reps)
+                t_kernel = cuda_time(lambda i=inputs, v=variant: drain(emulate_triton_steps(i, [v])), args.reps)
                 kernel_rate = elems * args.steps / t_kernel / 1e9
+                # the whole measurement as analyze runs it: validation, kernel, window statistics
+                t_sim = cuda_time(
+                    lambda i=inputs, v=variant: simulate(i, [v], backend="triton", record_every=16), args.reps
+                )
                 eager = peer_loop(kind, inputs, variant, args.peer_steps, step_fn)
                 t_eager = cuda_time(eager, 1) / args.peer_steps
                 eager_rate = elems / t_eager / 1e9
@@ -221,6 +226,7 @@ def main():
                         "variant": name,
                         "kernel ms": t_kernel * 1e3,
                         "kernel G/s": kernel_rate,
+                        "simulate G/s": elems * args.steps / t_sim / 1e9,
                         "eager G/s": eager_rate,
                         "x eager": kernel_rate / eager_rate,
                         "compiled G/s": compiled_rate,
@@ -233,11 +239,17 @@ def main():
     write_table(rows, args)
 
 
+def drain(slices) -> None:
+    """Run a generator of kernel launches to the end (each yields a batch slice's per-step metrics)."""
+    for _ in slices:
+        pass
+
+
 SWEEP = [(8, 1), (16, 1), (32, 2), (64, 4), (128, 8)]
 
 
 def sweep(args, dev):
-    """Time fp8_e4m3 conventional at several tilings and metric strides (printed, not written)."""
+    """Time fp8_e4m3 conventional at several tilings (printed, not written)."""
     variant = parse_variant("fp8_e4m3@conventional")
     for kind, make in (("mamba2", nano_inputs), ("gdn", qwen9b_inputs)):
         inputs = make(args.batch, min(args.steps, 1024), dev)
@@ -245,18 +257,13 @@ def sweep(args, dev):
         for block_p, warps in SWEEP:
             if block_p > inputs.rows:
                 continue
-            for rec in (1, 16):
-                t = cuda_time(
-                    lambda i=inputs, p=block_p, w=warps, r=rec: emulate_triton(
-                        i, [variant], tiling=(p, w), record_every=r
-                    ),
-                    2,
-                )
-                print(
-                    f"sweep {kind} BLOCK_P={block_p:3d} warps={warps:2d} record_every={rec:2d}: "
-                    f"{t * 1e3:8.2f} ms  {elems / t / 1e9:7.0f} G/s",
-                    flush=True,
-                )
+            t = cuda_time(
+                lambda i=inputs, p=block_p, w=warps: drain(emulate_triton_steps(i, [variant], tiling=(p, w))), 2
+            )
+            print(
+                f"sweep {kind} BLOCK_P={block_p:3d} warps={warps:2d}: {t * 1e3:8.2f} ms  {elems / t / 1e9:7.0f} G/s",
+                flush=True,
+            )
 
 
 def fmt_cell(v):

@@ -98,7 +98,11 @@ def _layers(value: str | None) -> list[int] | None:
     help="auto: Triton kernels on a GPU, the torch reference on CPU.",
 )
 @click.option(
-    "--record-every", default=None, type=int, help="Keep metrics every k steps [default: steps // 1024, at least 1]."
+    "--record-every",
+    default=None,
+    type=int,
+    help="Window length in steps: every step is measured and each window keeps the mean, max and last "
+    "error [default: whole flush cycles of every variant, at most 1024 windows].",
 )
 @click.option(
     "--seed",
@@ -343,11 +347,13 @@ class _BudgetNotMet(click.ClickException):
     "--metric",
     default="out_rel_err",
     show_default=True,
-    type=click.Choice(["out_rel_err", "state_rel_err"]),
-    help="Relative error of the layer output or of the state, pooled over sequences and heads.",
+    type=click.Choice(["out_rel_err", "state_rel_err", "out_rel_err_max", "state_rel_err_max"]),
+    help="Relative error of the layer output or of the state, pooled over sequences and heads, over the "
+    "horizon window (the last ~1/64 of the horizon, whole flush cycles): RMS over its steps, or its worst "
+    "step (_max).",
 )
 @click.option(
-    "--horizon", default=4096, show_default=True, type=int, help="Decode steps; the budget holds at the last."
+    "--horizon", default=4096, show_default=True, type=int, help="Decode steps; the budget holds over the last window."
 )
 @click.option("--batch", default=4, show_default=True, type=int, help="Calibration sequences.")
 @click.option("--heldout-batch", default=None, type=int, help="Held-out sequences for verification. [default: --batch]")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -23,7 +23,7 @@ import pandas as pd
 from .. import __version__
 from ..formats import Encoding, FormatError, parse
 from ..provenance import environment
-from ..replay import Trace, parse_scheme, simulate
+from ..replay import Trace, cycle_window, parse_scheme, simulate
 from ..replay.schemes import SchemeError
 from ..replay.variants import Variant, VariantError
 from .fit import fit_power_law
@@ -56,7 +56,7 @@ class AnalyzeConfig:
     device: str = "auto"
     backend: str = "auto"
     seed: int = 0
-    record_every: int | None = None  # None: steps // 1024, at least 1
+    record_every: int | None = None  # window length; None: whole flush cycles, at most 1024 windows
 
 
 def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
@@ -133,15 +133,26 @@ def first_write_step(variant: Variant) -> int:
     return int(mask.nonzero()[0, 0]) + 1
 
 
+def flush_cycle(variant: Variant) -> int:
+    """Steps between the stored state's rewrites: 1 conventional, L replay(L) and spec(L) (on average
+    shorter for spec, whose flushes are irregular; a window of whole L-cycles still averages them)."""
+    return variant.scheme.buffer_len
+
+
 def summarize_layer(layer: int, kind: str, trace: Trace, variants: list[Variant]) -> list[dict]:
-    """Per variant: the error at the horizon, the worst head, the fitted growth and its forecasts."""
-    state = trace.rel_err("state")  # [V, R]
+    """Per variant: the error over the horizon window (mean and max over its steps), the worst head, the
+    fitted growth of the window means and its forecasts."""
+    h = trace.horizon_index
+    state = trace.rel_err("state")  # [V, R] window means
     out = trace.rel_err("out")
-    out_heads = trace.rel_err("out", per_head=True)[:, -1]  # [V, H]
+    out_max = trace.rel_err("out", stat="max")
+    state_max = trace.rel_err("state", stat="max")
+    out_heads = trace.rel_err("out", per_head=True)[:, h]  # [V, H]
+    centers = trace.window_centers
     rows = []
     for i, v in enumerate(variants):
-        fit_out = fit_power_law(trace.steps, out[i], first_write_step(v))
-        fit_state = fit_power_law(trace.steps, state[i], first_write_step(v))
+        fit_out = fit_power_law(centers, out[i], first_write_step(v))
+        fit_state = fit_power_law(centers, state[i], first_write_step(v))
         worst = int(np.nanargmax(out_heads[i])) if np.isfinite(out_heads[i]).any() else -1
         rows.append(
             {
@@ -150,10 +161,13 @@ def summarize_layer(layer: int, kind: str, trace: Trace, variants: list[Variant]
                 "variant": v.name,
                 "format": v.format.name,
                 "scheme": v.scheme.name,
-                "horizon": int(trace.steps[-1]),
-                "state_rel_err": float(state[i, -1]),
-                "out_rel_err": float(out[i, -1]),
-                "out_snr_db": float(-20 * np.log10(out[i, -1])) if out[i, -1] > 0 else float("inf"),
+                "horizon": int(trace.steps[h]),
+                "horizon_window_start": int(trace.window_starts[h]),
+                "state_rel_err": float(state[i, h]),
+                "state_rel_err_max": float(state_max[i, h]),
+                "out_rel_err": float(out[i, h]),
+                "out_rel_err_max": float(out_max[i, h]),
+                "out_snr_db": float(-20 * np.log10(out[i, h])) if out[i, h] > 0 else float("inf"),
                 "worst_head": worst,
                 "worst_head_out_rel_err": float(out_heads[i, worst]) if worst >= 0 else float("nan"),
                 "growth_b_out": fit_out.b,
@@ -175,19 +189,22 @@ def head_steps(steps: np.ndarray, points: int = HEAD_TABLE_POINTS) -> np.ndarray
 
 
 def head_table(layer: int, trace: Trace) -> pd.DataFrame:
-    """Per-head state/out relative errors at selected steps, long format."""
-    idx = head_steps(trace.steps)
+    """Per-head state/out relative errors (window mean and max) at ~log-spaced windows, long format."""
+    idx = head_steps(trace.steps[: trace.horizon_index + 1])
     s = trace.rel_err("state", per_head=True)[:, idx]  # [V, K, H]
     o = trace.rel_err("out", per_head=True)[:, idx]
+    o_max = trace.rel_err("out", stat="max", per_head=True)[:, idx]
     nv, nk, nh = s.shape
     return pd.DataFrame(
         {
             "layer": layer,
             "variant": np.repeat(np.array(trace.variants, dtype=object), nk * nh),
             "step": np.tile(np.repeat(trace.steps[idx], nh), nv),
+            "window_start": np.tile(np.repeat(trace.window_starts[idx], nh), nv),
             "head": np.tile(np.arange(nh), nv * nk),
             "state_rel_err": s.reshape(-1),
             "out_rel_err": o.reshape(-1),
+            "out_rel_err_max": o_max.reshape(-1),
         }
     )
 
@@ -225,9 +242,10 @@ def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
         raise AnalyzeError(f"--steps and --batch must be >= 1, got steps={cfg.steps}, batch={cfg.batch}")
     variants = build_variants(cfg)
     device = resolve_device(cfg.device)
-    record_every = cfg.record_every or max(1, cfg.steps // MAX_RECORDED_STEPS)
-    if record_every > cfg.steps:
-        raise AnalyzeError(f"--record-every ({record_every}) exceeds --steps ({cfg.steps})")
+    record_every = cfg.record_every or cycle_window([flush_cycle(v) for v in variants], cfg.steps, MAX_RECORDED_STEPS)
+    if not 1 <= record_every <= cfg.steps:
+        raise AnalyzeError(f"--record-every must lie in [1, --steps={cfg.steps}], got {record_every}")
+    cfg = replace(cfg, record_every=record_every)  # report.json names the window actually used
     source = open_source(
         cfg.model,
         synthetic=cfg.synthetic,

@@ -1,8 +1,9 @@
 """Evaluating candidate settings on a layer and choosing the cheapest one within the error budget.
 
 Every candidate is simulated (`ssmquant.replay.simulate`) over the layer's calibration inputs; its error is
-the pooled relative error (Frobenius ratio over sequences and heads) of the chosen metric at the horizon
-(the last decode step). The choice per layer minimises bytes per sequence (settings.py) among the
+the pooled relative error (Frobenius ratio over sequences and heads) of the chosen metric over the horizon
+window (the last whole flush cycles of the run: the RMS over its steps, or its worst step for the *_max
+metrics; `settings.horizon_errors`), never a single step that might fall on one phase of a flush cycle. The choice per layer minimises bytes per sequence (settings.py) among the
 candidates with error <= budget, ties broken by lower error, then by name. A uniform setting is one
 candidate applied to every layer (static ones with each layer's own scales); the global setting is the
 cheapest uniform setting an engine can take that meets the budget on every layer, else the engine-takeable
@@ -18,7 +19,16 @@ import pandas as pd
 
 from ..replay import simulate
 from ..replay.inputs import LayerInputs
-from .settings import CalibrateError, LayerDims, Setting, setting_bytes
+from .settings import (
+    METRICS,
+    CalibrateError,
+    LayerDims,
+    Setting,
+    horizon_errors,
+    horizon_window,
+    other_metric,
+    setting_bytes,
+)
 
 MAX_VARIANTS_PER_CALL = 16
 ROLES = ("candidate", "fallback")
@@ -51,8 +61,8 @@ def evaluate_layer(
 
     scales: {Setting.scale_key: FP32 [H, rows]} for the static settings; roles: {setting name: "candidate" |
     "fallback"} (default candidate). Columns: layer, setting, role, encoding, scale_mode, rounding, scheme,
-    buffer_len, calibration, state_bytes, buffer_bytes, bytes, out_rel_err, state_rel_err and, per metric,
-    the worst head and its error.
+    buffer_len, calibration, state_bytes, buffer_bytes, bytes, the METRICS (out_rel_err, state_rel_err and
+    their _max) and, per quantity, the worst head (by window mean) and its error.
     """
     dims = LayerDims.of(inputs)
     steps = inputs.steps
@@ -60,9 +70,9 @@ def evaluate_layer(
     for start in range(0, len(settings), chunk):
         part = settings[start : start + chunk]
         variants = [s.variant(seed=seed, static_scale=scales.get(s.scale_key) if s.is_static else None) for s in part]
-        trace = simulate(inputs, variants, backend=backend, record_every=steps)
-        res = {q: trace.rel_err(q)[:, -1] for q in ("out", "state")}
-        heads = {q: trace.rel_err(q, per_head=True)[:, -1] for q in ("out", "state")}  # [V, H]
+        trace = simulate(inputs, variants, backend=backend, record_every=horizon_window(variants, steps))
+        res = horizon_errors(trace)
+        heads = horizon_errors(trace, per_head=True)  # [V, H]
         for i, s in enumerate(part):
             b = setting_bytes(s, dims, count_buffer=count_buffer)
             row = {
@@ -79,11 +89,10 @@ def evaluate_layer(
                 "state_bytes": b["state"],
                 "buffer_bytes": b["buffer"],
                 "bytes": b["total"],
-                "out_rel_err": float(res["out"][i]),
-                "state_rel_err": float(res["state"][i]),
+                **{m: float(res[m][i]) for m in METRICS},
             }
             for q in ("out", "state"):
-                h = heads[q][i]
+                h = heads[f"{q}_rel_err"][i]
                 worst = int(np.nanargmax(h)) if np.isfinite(h).any() else -1
                 row[f"worst_head_{q}"] = worst
                 row[f"worst_head_{q}_rel_err"] = float(h[worst]) if worst >= 0 else float("nan")
@@ -131,7 +140,7 @@ def uniform_table(evals: pd.DataFrame, budget: float, metric: str) -> pd.DataFra
                 "errors": {int(layer): float(e) for layer, e in errs.items()},
                 "errors_other_metric": {
                     int(layer): float(e)
-                    for layer, e in g["state_rel_err" if metric == "out_rel_err" else "out_rel_err"].items()
+                    for layer, e in g[other_metric(metric)].items()
                 },
             }
         )

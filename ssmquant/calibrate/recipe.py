@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import __version__
-from .settings import CalibrateError, LayerDims, Setting
+from .settings import METRICS, CalibrateError, LayerDims, Setting, other_metric
 
 SCHEMA_VERSION = 1
 RECIPE_KIND = "ssmquant.ssm_state_recipe"
@@ -32,8 +32,10 @@ SCALES_NAME = "ssm_state_scales.safetensors"
 STATS_NAME = "ssm_state_stats.safetensors"
 CANDIDATES_NAME = "candidates.csv"
 BUDGET_DEFINITION = (
-    "pooled relative error (Frobenius ratio over all sequences and heads) of the metric at decode step = "
-    "horizon, against the FP32 reference decode of the same inputs"
+    "pooled relative error (Frobenius ratio over all sequences and heads) of the metric over the horizon window "
+    "(the last ~1/64 of the decode horizon, in whole flush cycles of every candidate): the RMS over the window's "
+    "steps for out_rel_err / state_rel_err, its worst step for the *_max metrics; against the FP32 reference "
+    "decode of the same inputs"
 )
 SCALE_LAYOUT = (
     "FP32 decode scales (nheads, head_dim): value = code * scale; FlashInfer state_scale without the cache dim"
@@ -64,7 +66,7 @@ def build_document(result) -> dict:
 
     cfg = result.config
     metric, budget = cfg.metric, cfg.budget
-    other = "state_rel_err" if metric == "out_rel_err" else "out_rel_err"
+    other = other_metric(metric)
     layers = sorted(result.decisions)
     dims: LayerDims = result.dims
     fp32_bytes = 4 * dims.heads * dims.rows * dims.state_dim
@@ -85,14 +87,13 @@ def build_document(result) -> dict:
                     "total": int(row["bytes"]),
                 },
                 "calibration_error": {
-                    "out_rel_err": _num(row["out_rel_err"]),
-                    "state_rel_err": _num(row["state_rel_err"]),
+                    **{m: _num(row[m]) for m in METRICS},
                     "worst_head": int(row[f"worst_head_{metric.split('_')[0]}"]),
                     "worst_head_error": _num(row[f"worst_head_{metric.split('_')[0]}_rel_err"]),
                 },
                 "heldout_error": None
                 if v is None
-                else {"out_rel_err": _num(v["out_rel_err"]), "state_rel_err": _num(v["state_rel_err"])},
+                else {m: _num(v[m]) for m in METRICS},
                 "meets_budget": bool(row[metric] <= budget),
                 "state_scale": scale_name(layer) if d.is_static else None,
                 "stats": result.stats[layer].summary() if layer in result.stats else None,
@@ -161,8 +162,7 @@ def build_document(result) -> dict:
                 {
                     "layer": r["layer"],
                     "setting": r["setting"],
-                    "out_rel_err": _num(r["out_rel_err"]),
-                    "state_rel_err": _num(r["state_rel_err"]),
+                    **{m: _num(r[m]) for m in METRICS},
                     "meets_budget": r["meets_budget"],
                 }
                 for r in vr["per_layer"]
@@ -312,10 +312,8 @@ def validate_document(doc: dict) -> None:
             raise RecipeError(f"{CONFIG_NAME}: model.dims.{k} must be >= 1, got {v}")
     _need(model, "ssm_layers", list, "model")
     budget = _need(doc, "budget", dict, "the document")
-    if budget.get("metric") not in ("out_rel_err", "state_rel_err"):
-        raise RecipeError(
-            f"{CONFIG_NAME}: budget.metric must be out_rel_err or state_rel_err, got {budget.get('metric')!r}"
-        )
+    if budget.get("metric") not in METRICS:
+        raise RecipeError(f"{CONFIG_NAME}: budget.metric must be one of {', '.join(METRICS)}, got {budget.get('metric')!r}")
     value = _need(budget, "value", (int, float), "budget")
     if not math.isfinite(value) or value <= 0:
         raise RecipeError(f"{CONFIG_NAME}: budget.value must be a finite number > 0, got {value}")

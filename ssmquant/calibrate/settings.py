@@ -25,11 +25,17 @@ import itertools
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..formats import Encoding, FormatError, Rounding, ScaleMode, StateFormat, parse
 from ..replay.schemes import BUFFER_DTYPES, Scheme, SchemeError, SchemeKind, parse_scheme
+from ..replay.trace import cycle_window
 from ..replay.variants import Variant
 
-METRICS = ("out_rel_err", "state_rel_err")
+# the cycle mean (RMS over the horizon window's steps) and the cycle max (its worst step) of each quantity
+METRICS = ("out_rel_err", "state_rel_err", "out_rel_err_max", "state_rel_err_max")
+# the horizon window is the last of this many windows of whole flush cycles (e.g. the last 64 of 4096 steps)
+HORIZON_WINDOWS = 64
 ROUNDINGS = ("rne", "sr")
 CALIBRATION_GRANULARITIES = ("row", "head")
 DEFAULT_PERCENTILE = 99.99
@@ -42,10 +48,30 @@ class CalibrateError(ValueError):
 
 
 def metric_quantity(metric: str) -> str:
-    """'out_rel_err' -> 'out', 'state_rel_err' -> 'state' (the Trace quantity)."""
+    """'out_rel_err[_max]' -> 'out', 'state_rel_err[_max]' -> 'state' (the Trace quantity)."""
     if metric not in METRICS:
         raise CalibrateError(f"unknown metric {metric!r}; accepted: {', '.join(METRICS)}")
     return metric.split("_", 1)[0]
+
+
+def other_metric(metric: str) -> str:
+    """The same statistic of the other quantity: out_rel_err <-> state_rel_err (and the _max pair)."""
+    q = metric_quantity(metric)
+    return metric.replace(q, "state" if q == "out" else "out", 1)
+
+
+def horizon_window(variants: list[Variant], steps: int) -> int:
+    """Window length for budget checks: whole flush cycles of every variant, ~steps / HORIZON_WINDOWS."""
+    return cycle_window([v.scheme.buffer_len for v in variants], steps, HORIZON_WINDOWS)
+
+
+def horizon_errors(trace, per_head: bool = False) -> dict[str, np.ndarray]:
+    """{metric: [V] (or [V, H] per head)} over the trace's horizon window, for every name in METRICS."""
+    h = trace.horizon_index
+    return {
+        m: trace.rel_err(metric_quantity(m), stat="max" if m.endswith("_max") else "mean", per_head=per_head)[:, h]
+        for m in METRICS
+    }
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 from ..analysis.sources import LayerSource
 from ..replay import simulate
 from ..replay.inputs import GDNInputs, LayerInputs, Mamba2Inputs
-from .settings import Setting
+from .settings import Setting, horizon_errors, horizon_window
 
 
 def slice_batch(inputs: LayerInputs, start: int, stop: int) -> LayerInputs:
@@ -98,21 +98,19 @@ def verify_layers(
         scale = scales.get(layer)
         variants = [d.variant(seed=seed, static_scale=None if scale is None else scale.to(inputs.device))]
         variants += [by_name[name].variant(seed=seed) for name in names if name != d.name]
-        trace = simulate(inputs, variants, backend=backend, record_every=inputs.steps)
-        out, state = trace.rel_err("out")[:, -1], trace.rel_err("state")[:, -1]
-        m = out if metric == "out_rel_err" else state
+        trace = simulate(inputs, variants, backend=backend, record_every=horizon_window(variants, inputs.steps))
+        errs = horizon_errors(trace)
         per_layer.append(
             {
                 "layer": int(layer),
                 "setting": d.name,
-                "out_rel_err": float(out[0]),
-                "state_rel_err": float(state[0]),
-                "meets_budget": bool(m[0] <= budget),
+                **{k: float(v[0]) for k, v in errs.items()},
+                "meets_budget": bool(errs[metric][0] <= budget),
             }
         )
         for name in names:
             j = 0 if name == d.name else [v.name for v in variants].index(name)
-            uni[name][int(layer)] = {"out_rel_err": float(out[j]), "state_rel_err": float(state[j])}
+            uni[name][int(layer)] = {k: float(v[j]) for k, v in errs.items()}
         if progress:
             progress(n, total, layer)
     result = {"per_layer": per_layer, "passed": all(r["meets_budget"] for r in per_layer), "uniform": {}}

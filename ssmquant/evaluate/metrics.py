@@ -52,9 +52,12 @@ def compare_step(ref: ReferenceStep, logits: torch.Tensor, target: torch.Tensor)
     return torch.stack([kl, agree, dnll])
 
 
-def horizon_window(steps: int, fraction: float) -> int:
-    """Number of last positions that make up the horizon window (at least 1)."""
-    return max(1, math.ceil(fraction * steps))
+def horizon_window(steps: int, fraction: float, cycle: int = 1) -> int:
+    """Number of last positions that make up the horizon window: at least `fraction` of the run, rounded
+    up to whole flush cycles (`cycle`: the lcm of the variants' flush periods) so that every phase of a
+    replay cycle weighs the same, capped at `steps`."""
+    n = max(1, math.ceil(fraction * steps))
+    return min(steps, cycle * math.ceil(n / cycle))
 
 
 def positions_frame(names: list[str], values: np.ndarray) -> pd.DataFrame:

@@ -375,7 +375,7 @@ def evaluate(
     vals = values.cpu().numpy()
     vals[:, 2] /= LN2  # delta loss in bits
     names = [v.name for v in vlist]
-    window = horizon_window(steps, horizon_fraction)
+    window = horizon_window(steps, horizon_fraction, math.lcm(*[v.scheme.buffer_len for v in vlist]))
     positions = positions_frame(names, vals)
     summary = pd.DataFrame(
         [

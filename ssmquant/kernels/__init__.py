@@ -13,7 +13,6 @@ import triton
 
 from ..formats import Rounding, ScaleMode
 from ..replay.inputs import LayerInputs, Mamba2Inputs
-from ..replay.naive import recorded_steps
 from ..replay.reference import gdn_decays, mamba2_decays
 from ..replay.variants import Variant
 from .gdn import gdn_launch
@@ -21,9 +20,12 @@ from .mamba2 import mamba2_launch
 from .quantize import fake_quant_triton, group_rows_for_kernel
 from .rounding import FORMAT_CODES
 
-__all__ = ["emulate_triton", "fake_quant_triton", "plan_blocks"]
+__all__ = ["emulate_triton", "emulate_triton_steps", "fake_quant_triton", "plan_blocks"]
 
 _BUFFER_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
+# Per-step metrics of one launch are [T, b, H, row blocks, 4] fp32; the batch is cut into slices so that
+# this buffer stays under the budget whatever T x batch (the window statistics are reduced per slice).
+METRIC_BUFFER_BYTES = 1 << 30
 # State elements per thread and per state tile: the reference and the emulated state (2 x 64 registers)
 # plus temporaries fit without spilling. Measured on an H200 (benchmarks/results/emulation.md): one warp
 # per 16 x 128 tile ran fastest for both layer kinds; twice that spilled and ran 2-30x slower.
@@ -54,17 +56,25 @@ def _static_rows(variant: Variant, bsz: int, heads: int, rows: int) -> torch.Ten
     return s.expand(bsz, heads, rows // g).repeat_interleave(g, -1).contiguous()
 
 
-def emulate_triton(
+def _batch_slices(batch: int, per_sequence_bytes: int, budget: int) -> list[tuple[int, int]]:
+    """[(b0, b1)] slices of the batch whose metric buffers fit the budget (at least one sequence each)."""
+    per = max(1, budget // max(1, per_sequence_bytes))
+    return [(b0, min(batch, b0 + per)) for b0 in range(0, batch, per)]
+
+
+def emulate_triton_steps(
     inputs: LayerInputs,
     variants: list[Variant],
     *,
-    record_every: int = 1,
     tiling: tuple[int, int] | None = None,
+    metric_budget: int = METRIC_BUFFER_BYTES,
 ):
-    """Run every variant through the fused kernel; returns (metrics [V, R, B, H, 4] fp32, steps [R]).
+    """Run every variant through the fused kernel, one batch slice at a time.
 
-    Inputs are made contiguous and the decays computed once, shared by all variants. tiling:
-    (BLOCK_P, num_warps) to override `plan_blocks` (benchmark sweeps).
+    Yields (variant index, b0, metrics [T, b, H, 4] fp32 on the inputs' device) with the metrics of
+    sequences b0..b0+b at every step (the kernel's row-block partial sums added). Inputs are made
+    contiguous and the decays computed once, shared by all variants. tiling: (BLOCK_P, num_warps) to
+    override `plan_blocks` (benchmark sweeps); metric_budget: bytes of one launch's metric buffer.
     """
     dev = inputs.device
     bsz, steps, heads, rows, sdim = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows, inputs.state_dim
@@ -79,6 +89,7 @@ def emulate_triton(
             d=inputs.D.float().contiguous(),
         )
         launch = mamba2_launch
+        per_sequence = {"x", "dt", "a", "bm", "cm"}
     else:
         shared = dict(
             q=inputs.q.contiguous(),
@@ -88,26 +99,44 @@ def emulate_triton(
             beta=inputs.beta.float().contiguous(),
         )
         launch = gdn_launch
-    out = []
-    for variant in variants:
+        per_sequence = set(shared)
+    for i, variant in enumerate(variants):
         fmt = variant.format
         block_p, num_warps = tiling or plan_blocks(variant, rows, sdim)
         group = None if fmt.granularity.rows is None else group_rows_for_kernel(fmt, rows, block_p)
         write = variant.scheme.write_mask(bsz, steps).to(device=dev, dtype=torch.int8).contiguous()
         buf = _BUFFER_CODES[variant.scheme.buffer_dtype] if variant.scheme.rounds_buffer else 0
-        m = launch(
-            *shared.values(),
-            s0,
-            write,
-            _static_rows(variant, bsz, heads, rows),
-            record_every,
-            fmt_code=FORMAT_CODES[fmt.encoding],
-            group_rows=group,
-            sr=fmt.rounding is Rounding.SR,
-            seed=variant.seed,
-            buf_code=buf,
-            block_p=block_p,
-            num_warps=num_warps,
-        )
-        out.append(m.sum(3))  # partial sums of the row blocks -> [R, B, H, 4]
-    return torch.stack(out), recorded_steps(steps, record_every)
+        static = _static_rows(variant, bsz, heads, rows)
+        blocks = triton.cdiv(rows, block_p)
+        for b0, b1 in _batch_slices(bsz, steps * heads * blocks * 4 * 4, metric_budget):
+            args = [t[b0:b1] if name in per_sequence else t for name, t in shared.items()]
+            m = launch(
+                *args,
+                None if s0 is None else s0[b0:b1],
+                write[b0:b1],
+                None if static is None else static[b0:b1],
+                1,
+                fmt_code=FORMAT_CODES[fmt.encoding],
+                group_rows=group,
+                sr=fmt.rounding is Rounding.SR,
+                seed=variant.seed,
+                buf_code=buf,
+                block_p=block_p,
+                num_warps=num_warps,
+                batch_offset=b0,
+            )
+            yield i, b0, m.sum(3)  # row-block partial sums -> [T, b, H, 4]
+
+
+def emulate_triton(inputs: LayerInputs, variants: list[Variant], *, tiling: tuple[int, int] | None = None):
+    """Every variant through the fused kernel; returns the per-step metrics [V, T, B, H, 4] fp32.
+
+    The whole per-step buffer is materialised: for tests and benchmarks. `simulate` streams the batch
+    slices of `emulate_triton_steps` into window statistics instead.
+    """
+    out = torch.full(
+        (len(variants), inputs.steps, inputs.batch, inputs.num_heads, 4), float("nan"), device=inputs.device
+    )
+    for i, b0, m in emulate_triton_steps(inputs, variants, tiling=tiling):
+        out[i, :, b0 : b0 + m.shape[1]] = m
+    return out

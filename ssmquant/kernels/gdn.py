@@ -39,6 +39,7 @@ def _gdn_emulate_kernel(
     V_PER_K,
     seed,
     record_every,
+    batch_offset,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     FMT: tl.constexpr,
@@ -68,6 +69,9 @@ def _gdn_emulate_kernel(
     else:
         s_ref = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
     s_var = s_ref
+    # stochastic rounding counts elements over the whole batch, so that a launch on a batch slice draws
+    # the same bits as the torch reference does for those sequences
+    sr_index = state_offs + (batch_offset * HV).to(tl.int64) * DV * DK
     static_scale = tl.full([BLOCK_P], 1.0, tl.float32)
     if STATIC:
         static_scale = tl.load(scale_ptr + head_base + rows, mask=row_ok, other=1.0)
@@ -90,7 +94,7 @@ def _gdn_emulate_kernel(
         y_var = tl.sum(s_var * qvec[:, None], axis=0)
         if tl.load(write_ptr + bt) != 0:
             key = stream_key(seed, t)
-            s_var = fake_quant_tile(s_var, static_scale, state_offs, key, BLOCK_N, BLOCK_P, FMT, GROUP, STATIC, SR)
+            s_var = fake_quant_tile(s_var, static_scale, sr_index, key, BLOCK_N, BLOCK_P, FMT, GROUP, STATIC, SR)
         if (t + 1) % record_every == 0:
             store_metrics(
                 metrics_ptr, t, record_every, B, b, HV, h, npb, pid_p, s_var, s_ref, y_var, y_ref, BLOCK_N * BLOCK_P
@@ -115,6 +119,7 @@ def gdn_launch(
     buf_code: int,
     block_p: int,
     num_warps: int,
+    batch_offset: int = 0,
 ) -> torch.Tensor:
     """Launch the kernel on contiguous inputs; returns metrics [R, B, Hv, NPB, 4] (fp32)."""
     bsz, steps, hv, dv = v.shape
@@ -145,6 +150,7 @@ def gdn_launch(
         hv // hk,
         seed,
         record_every,
+        batch_offset,
         BLOCK_P=block_p,
         BLOCK_N=block_n,
         FMT=fmt_code,

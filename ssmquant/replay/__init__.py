@@ -2,15 +2,15 @@
 
 >>> from ssmquant.replay import simulate
 >>> trace = simulate(inputs, ["fp8_e4m3@conventional", "fp8_e4m3@replay16"], backend="auto")
->>> trace.to_frame()      # variant, step, state_rel_err, out_rel_err, state_snr_db, out_snr_db
+>>> trace.to_frame()      # variant, step (window end), window_start, {state,out}_rel_err[_max|_last], SNR
 """
 
 from .inputs import GDNInputs, InputError, LayerInputs, Mamba2Inputs
-from .naive import METRIC_NAMES, EmulationResult, emulate, recorded_steps
+from .naive import EmulationResult, emulate
 from .reference import reference_decode
 from .schemes import Scheme, SchemeError, SchemeKind, parse_scheme
 from .simulate import BACKENDS, BackendError, resolve_backend, simulate
-from .trace import Trace, snr_db
+from .trace import METRIC_NAMES, STATS, Trace, WindowAccumulator, cycle_window, snr_db, window_ends, window_statistics
 from .variants import Variant, VariantError, parse_variant, parse_variants
 
 __all__ = [
@@ -25,16 +25,20 @@ __all__ = [
     "Scheme",
     "SchemeError",
     "SchemeKind",
+    "STATS",
     "Trace",
     "Variant",
     "VariantError",
+    "WindowAccumulator",
+    "cycle_window",
     "emulate",
     "parse_scheme",
     "parse_variant",
     "parse_variants",
-    "recorded_steps",
     "reference_decode",
     "resolve_backend",
     "simulate",
     "snr_db",
+    "window_ends",
+    "window_statistics",
 ]

@@ -14,8 +14,9 @@ Conventional decoding is the state form with a write after every step and no buf
 output at step t is computed from the unrounded new state (a decode kernel computes y from the state
 in registers, then stores the state): rounding at step t affects outputs from step t+1 on.
 
-Per recorded step, per (batch, head), four metrics are kept: squared error and squared reference norm
-of the state (Frobenius over [rows, state_dim]) and of the output (over rows).
+At every step, per (batch, head), four metrics are kept: squared error and squared reference norm of
+the state (Frobenius over [rows, state_dim]) and of the output (over rows). `simulate` reduces them into
+window statistics (`trace.py`); nothing is sampled.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from .reference import (
 )
 from .variants import Variant
 
-METRIC_NAMES = ("state_err2", "state_ref2", "out_err2", "out_ref2")
 FORMS = ("state", "literal")
 
 
@@ -79,8 +79,8 @@ class StateStore:
 class EmulationResult:
     """Output of `emulate`.
 
-    metrics: FP32 [V, R, B, H, 4] with METRIC_NAMES along the last dim, at the recorded steps;
-    steps: int64 [R], 1-based step numbers (tokens decoded) that were recorded;
+    metrics: FP32 [V, T, B, H, 4] with METRIC_NAMES along the last dim, at every step;
+    steps: int64 [T], the 1-based step numbers (tokens decoded);
     outputs / states: per variant [B, T, H, rows] / [B, T, H, rows, state_dim] when requested;
     final_states: per variant [B, H, rows, state_dim], the emulated state after the last step;
     ref_outputs / ref_states: the FP32 reference, when requested.
@@ -93,13 +93,6 @@ class EmulationResult:
     states: list[torch.Tensor] | None = None
     ref_outputs: torch.Tensor | None = None
     ref_states: torch.Tensor | None = None
-
-
-def recorded_steps(steps: int, record_every: int) -> torch.Tensor:
-    """1-based step numbers kept when recording every `record_every` steps: k * record_every."""
-    if record_every < 1:
-        raise ValueError(f"record_every must be >= 1, got {record_every}")
-    return torch.arange(record_every, steps + 1, record_every, dtype=torch.int64)
 
 
 def _buffer_round(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -168,13 +161,13 @@ def emulate(
     variants: list[Variant],
     *,
     form: str = "state",
-    record_every: int = 1,
     return_outputs: bool = False,
     return_states: bool = False,
 ) -> EmulationResult:
     """Run the FP32 reference and every variant over all T steps of one layer, in torch.
 
-    inputs: Mamba2Inputs or GDNInputs (validated here). Returns an EmulationResult.
+    inputs: Mamba2Inputs or GDNInputs (validated here). Returns an EmulationResult whose metrics hold
+    every step ([V, T, B, H, 4]).
     """
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
@@ -183,7 +176,7 @@ def emulate(
         runner = _Mamba2Emulation(inputs, variants, form)
     else:
         runner = _GDNEmulation(inputs, variants, form)
-    return runner.run(record_every, return_outputs, return_states)
+    return runner.run(return_outputs, return_states)
 
 
 class _Emulation:
@@ -200,12 +193,11 @@ class _Emulation:
         init = inputs.initial_state
         self.s0 = torch.zeros(self.shape, device=dev) if init is None else init.float().clone()
 
-    def run(self, record_every, return_outputs, return_states) -> EmulationResult:
+    def run(self, return_outputs, return_states) -> EmulationResult:
         inp = self.inputs
         bsz, steps, heads, rows = inp.batch, inp.steps, inp.num_heads, inp.rows
         dev = inp.device
-        rec = recorded_steps(steps, record_every)
-        metrics = torch.full((len(self.variants), len(rec), bsz, heads, 4), float("nan"), device=dev)
+        metrics = torch.full((len(self.variants), steps, bsz, heads, 4), float("nan"), device=dev)
         outs = [torch.empty(bsz, steps, heads, rows, device=dev) for _ in self.variants] if return_outputs else None
         sts = [torch.empty(bsz, steps, *self.shape[1:], device=dev) for _ in self.variants] if return_states else None
         ref_out = torch.empty(bsz, steps, heads, rows, device=dev) if return_outputs else None
@@ -214,12 +206,10 @@ class _Emulation:
         last = [None] * len(self.variants)
         for t in range(steps):
             s_ref, y_ref = self.ref_step(t)
-            record = (t + 1) % record_every == 0
             for i in range(len(self.variants)):
                 s_var, y_var = self.variant_step(i, t)
                 last[i] = s_var
-                if record:
-                    metrics[i, (t + 1) // record_every - 1] = _metrics(s_var, s_ref, y_var, y_ref)
+                metrics[i, t] = _metrics(s_var, s_ref, y_var, y_ref)
                 if outs is not None:
                     outs[i][:, t] = y_var
                 if sts is not None:
@@ -228,7 +218,8 @@ class _Emulation:
                 ref_out[:, t] = y_ref
             if ref_st is not None:
                 ref_st[:, t] = s_ref
-        return EmulationResult(metrics, rec, last, outs, sts, ref_out, ref_st)
+        steps_1based = torch.arange(1, steps + 1, dtype=torch.int64)
+        return EmulationResult(metrics, steps_1based, last, outs, sts, ref_out, ref_st)
 
     def write(self, i: int, t: int, s: torch.Tensor) -> torch.Tensor:
         """Store s (rounded) where variant i writes after step t; unchanged elsewhere."""

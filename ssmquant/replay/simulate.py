@@ -6,7 +6,7 @@ import os
 
 from .inputs import LayerInputs
 from .naive import emulate
-from .trace import Trace
+from .trace import Trace, WindowAccumulator
 from .variants import Variant, check_variants_fit, parse_variants
 
 BACKENDS = ("auto", "torch", "triton")
@@ -47,10 +47,13 @@ def simulate(
 
     inputs: Mamba2Inputs or GDNInputs (validated here); variants: Variant objects or strings such as
     "fp8_e4m3@conventional", "int8:sr@replay16" (a list or a comma-separated string); backend:
-    "torch" (naive reference), "triton" (fused kernels) or "auto"; record_every: keep metrics of every
-    k-th step (steps k, 2k, ...); form: "state" or "literal" (torch backend only; see `naive.py`).
+    "torch" (naive reference), "triton" (fused kernels) or "auto"; record_every: the window length W:
+    every step is measured and each window of W consecutive steps (1..W, W+1..2W, ..., the last one
+    shorter if T is not a multiple of W) keeps the mean, max and last value of the per-step errors
+    (`trace.py`); form: "state" or "literal" (torch backend only; see `naive.py`).
 
-    Returns a Trace with metrics [V, R, B, H, 4] and `to_frame()` for a long pandas table.
+    Returns a Trace of window statistics ([V, R, B, H, 4] means and last values, per-pooling maxima)
+    with `rel_err(..., stat=)` and `to_frame()` for a long pandas table.
     """
     variants = parse_variants(variants)
     inputs.validate()
@@ -67,12 +70,18 @@ def simulate(
         "form": form,
         **inputs.meta,
     }
-    if chosen == "torch":
-        res = emulate(inputs, variants, form=form, record_every=record_every)
-        return Trace.from_metrics([v.name for v in variants], res.steps, res.metrics, meta)
-    if form != "state":
+    if chosen == "triton" and form != "state":
         raise BackendError("the Triton kernels implement the state form; use backend='torch' for form='literal'")
-    from ..kernels import emulate_triton
+    accs = [
+        WindowAccumulator(inputs.steps, record_every, inputs.batch, inputs.num_heads, inputs.device) for _ in variants
+    ]
+    if chosen == "torch":
+        res = emulate(inputs, variants, form=form)
+        for acc, m in zip(accs, res.metrics):
+            acc.add(m, 0)
+    else:
+        from ..kernels import emulate_triton_steps
 
-    metrics, steps = emulate_triton(inputs, variants, record_every=record_every)
-    return Trace.from_metrics([v.name for v in variants], steps, metrics, meta)
+        for i, b0, m in emulate_triton_steps(inputs, variants):
+            accs[i].add(m, b0)
+    return Trace.from_windows([v.name for v in variants], accs[0].ends, [a.finish() for a in accs], meta)

@@ -1,26 +1,49 @@
-"""Error traces of a simulation: per recorded step, per variant, per (batch, head).
+"""Error traces of a simulation: window statistics per variant and per (batch, head).
 
-The raw metrics are sums of squares, so any aggregation can be formed exactly: the relative error of a
-set of (batch, head) pairs is sqrt(sum err^2 / sum ref^2) over the set (a pooled Frobenius ratio),
-and the SNR is -20 log10 of it.
+Every backend measures every decode step; nothing is sampled. The steps are cut into consecutive windows
+of `record_every` steps (the last one shorter when the run is not a multiple of it) and each window keeps,
+per (batch, head):
+
+- mean: the mean over the window's steps of each per-step metric (METRIC_NAMES: squared error and squared
+  reference norm of the state and of the output), so that any pooled relative error is exact:
+  sqrt(sum err^2 / sum ref^2) over the window's steps and the pooled (batch, head) set (an RMS ratio);
+- last: the metrics at the window's last step;
+- max: the largest per-step relative error inside the window, for each pooling (all sequences and heads,
+  per head, per sequence, per (sequence, head)), since a maximum cannot be pooled after the fact.
+
+Why windows and not samples: under replay(L) the error is lowest at a flush step and highest just after
+it; a sample taken every k steps with k sharing a factor with L sees one phase of that cycle only
+(DESIGN.md §1). A window mean or max over every step is unaliased whatever the window and the period;
+a window of whole flush cycles (`cycle_window`) also makes each window a like-for-like sample of the
+cycle.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
 
-from .naive import METRIC_NAMES
-
+METRIC_NAMES = ("state_err2", "state_ref2", "out_err2", "out_ref2")
 QUANTITIES = ("state", "out")
+STATS = ("mean", "max", "last")
+# pooling name -> (per_batch, per_head)
+POOLINGS = {"all": (False, False), "head": (False, True), "batch": (True, False), "batch_head": (True, True)}
 
 
 def _ratio(err2: np.ndarray, ref2: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.sqrt(np.where(ref2 > 0, err2 / ref2, np.where(err2 > 0, np.inf, 0.0)))
+
+
+def _ratio_t(err2: torch.Tensor, ref2: torch.Tensor) -> torch.Tensor:
+    """Relative error sqrt(err2 / ref2) elementwise; 0 where both are 0, inf where only ref2 is; NaN stays NaN."""
+    zero = torch.zeros((), dtype=err2.dtype, device=err2.device)
+    inf = torch.full((), math.inf, dtype=err2.dtype, device=err2.device)
+    return torch.where(ref2 > 0, err2 / ref2, torch.where(err2 > 0, inf, torch.where(err2 == 0, zero, err2))).sqrt()
 
 
 def snr_db(rel_err: np.ndarray) -> np.ndarray:
@@ -29,22 +52,146 @@ def snr_db(rel_err: np.ndarray) -> np.ndarray:
         return -20.0 * np.log10(rel_err)
 
 
+def window_ends(steps: int, record_every: int) -> np.ndarray:
+    """1-based last step of each window of `record_every` steps covering steps 1..steps: int64 [R]."""
+    if record_every < 1:
+        raise ValueError(f"record_every must be >= 1, got {record_every}")
+    ends = np.arange(record_every, steps + 1, record_every, dtype=np.int64)
+    if len(ends) == 0 or ends[-1] != steps:
+        ends = np.append(ends, np.int64(steps))
+    return ends
+
+
+def cycle_window(cycles: list[int], steps: int, max_windows: int = 1024) -> int:
+    """The window length for a run: a multiple of every flush period in `cycles` (so that each window
+    holds whole cycles of every variant), as short as possible while keeping at most `max_windows`.
+
+    cycles: flush periods of the variants (1 for conventional, L for replay(L) and spec(L)). Returns a
+    length in [1, steps]; when no whole cycle fits (steps < lcm), the whole run is one window.
+    """
+    base = math.lcm(*[max(1, int(c)) for c in cycles]) if cycles else 1
+    if base > steps:
+        return steps
+    need = max(1, math.ceil(steps / max_windows))
+    return min(steps, base * math.ceil(need / base))
+
+
+class WindowAccumulator:
+    """Reduces per-step metrics into window statistics, one batch slice at a time.
+
+    steps T, record_every W, batch B and heads H fix the output shapes; `add(per_step [T, b, H, 4], b0)`
+    takes the per-step metrics of sequences b0..b0+b (any float dtype, on any device) and `finish()`
+    returns {"mean", "last": float64 [R, B, H, 4], "max": {pooling: float64 [R, (B), (H), 2]}} as numpy.
+    The pooled maxima (all, per head) need every sequence of a step together, so the accumulator keeps
+    the per-step sums over the batch ([T, H, 4], float64) until `finish`.
+    """
+
+    def __init__(self, steps: int, record_every: int, batch: int, heads: int, device: torch.device | str = "cpu"):
+        self.ends = window_ends(steps, record_every)
+        self.steps, self.batch, self.heads = steps, batch, heads
+        dev = torch.device(device)
+        ends = torch.as_tensor(self.ends, device=dev)
+        self.window_of_step = torch.searchsorted(ends, torch.arange(1, steps + 1, device=dev), right=False)
+        lengths = torch.diff(ends, prepend=torch.zeros(1, dtype=ends.dtype, device=dev))
+        self.lengths = lengths.double()
+        self.last_index = ends - 1
+        r = len(self.ends)
+        self.mean = torch.full((r, batch, heads, 4), math.nan, dtype=torch.float64, device=dev)
+        self.last = torch.full_like(self.mean, math.nan)
+        self.peak_bh = torch.full((r, batch, heads, 2), math.nan, dtype=torch.float64, device=dev)
+        self.peak_b = torch.full((r, batch, 2), math.nan, dtype=torch.float64, device=dev)
+        self.batch_sums = torch.zeros(steps, heads, 4, dtype=torch.float64, device=dev)
+        self.filled = torch.zeros(batch, dtype=torch.bool)
+
+    def _window_max(self, per_step: torch.Tensor) -> torch.Tensor:
+        """[T, ...] -> [R, ...]: max over each window's steps (NaN propagates)."""
+        out = torch.full((len(self.ends), *per_step.shape[1:]), -math.inf, dtype=per_step.dtype, device=per_step.device)
+        index = self.window_of_step.view(-1, *([1] * (per_step.dim() - 1))).expand_as(per_step)
+        return out.scatter_reduce_(0, index, per_step, "amax", include_self=True)
+
+    def add(self, per_step: torch.Tensor, b0: int = 0) -> None:
+        m = per_step.to(device=self.mean.device, dtype=torch.float64)
+        nb = m.shape[1]
+        sums = torch.zeros((len(self.ends), *m.shape[1:]), dtype=torch.float64, device=m.device)
+        sums.index_add_(0, self.window_of_step, m)
+        self.mean[:, b0 : b0 + nb] = sums / self.lengths[:, None, None, None]
+        self.last[:, b0 : b0 + nb] = m[self.last_index]
+        self.peak_bh[:, b0 : b0 + nb] = self._window_max(_ratio_t(m[..., 0::2], m[..., 1::2]))
+        per_seq = m.sum(2)  # [T, b, 4]
+        self.peak_b[:, b0 : b0 + nb] = self._window_max(_ratio_t(per_seq[..., 0::2], per_seq[..., 1::2]))
+        self.batch_sums += m.sum(1)
+        self.filled[b0 : b0 + nb] = True
+
+    def finish(self) -> dict:
+        if not bool(self.filled.all()):
+            missing = (~self.filled).nonzero().flatten().tolist()
+            raise RuntimeError(f"window statistics are missing sequences {missing}")
+        bs = self.batch_sums
+        peak_h = self._window_max(_ratio_t(bs[..., 0::2], bs[..., 1::2]))  # [R, H, 2]
+        pooled = bs.sum(1)
+        peak_all = self._window_max(_ratio_t(pooled[..., 0::2], pooled[..., 1::2]))  # [R, 2]
+        np_ = lambda t: t.cpu().numpy()  # noqa: E731
+        return {
+            "mean": np_(self.mean),
+            "last": np_(self.last),
+            "max": {"all": np_(peak_all), "head": np_(peak_h), "batch": np_(self.peak_b), "batch_head": np_(self.peak_bh)},
+        }
+
+
+def window_statistics(per_step: torch.Tensor, record_every: int) -> dict:
+    """Window statistics of per-step metrics [T, B, H, 4] in one go (see `WindowAccumulator.finish`)."""
+    steps, batch, heads, _ = per_step.shape
+    acc = WindowAccumulator(steps, record_every, batch, heads, per_step.device)
+    acc.add(per_step, 0)
+    return acc.finish()
+
+
 @dataclass
 class Trace:
-    """Metrics of one simulated layer.
+    """Window statistics of one simulated layer.
 
-    variants: names, in order; steps: int64 [R] 1-based recorded steps; metrics: float64 [V, R, B, H, 4]
-    (METRIC_NAMES along the last dim); meta: provenance (layer kind, shapes, backend, data source...).
+    variants: names, in order; steps: int64 [R] the 1-based last step of each window (windows cover steps
+    1..T; each is `record_every` long except possibly the last); mean, last: float64 [V, R, B, H, 4]
+    (METRIC_NAMES along the last dim); peak: {pooling: float64 [V, R, (B), (H), 2]} the window max of the
+    per-step relative error of the state (0) and output (1) for the poolings in POOLINGS; meta: provenance
+    (layer kind, shapes, backend, data source, record_every...).
     """
 
     variants: list[str]
     steps: np.ndarray
-    metrics: np.ndarray
+    mean: np.ndarray
+    last: np.ndarray
+    peak: dict[str, np.ndarray]
     meta: dict = field(default_factory=dict)
 
     @classmethod
-    def from_metrics(cls, variants, steps, metrics: torch.Tensor, meta: dict) -> Trace:
-        return cls(list(variants), np.asarray(steps.cpu()), metrics.detach().double().cpu().numpy(), dict(meta))
+    def from_windows(cls, variants, ends: np.ndarray, stats: list[dict], meta: dict) -> Trace:
+        """Stack the per-variant results of `WindowAccumulator.finish` (in variant order)."""
+        return cls(
+            list(variants),
+            np.asarray(ends, dtype=np.int64),
+            np.stack([s["mean"] for s in stats]),
+            np.stack([s["last"] for s in stats]),
+            {p: np.stack([s["max"][p] for s in stats]) for p in POOLINGS},
+            dict(meta),
+        )
+
+    @property
+    def window_starts(self) -> np.ndarray:
+        """1-based first step of each window: int64 [R]."""
+        return np.concatenate([[1], self.steps[:-1] + 1]).astype(np.int64)
+
+    @property
+    def window_centers(self) -> np.ndarray:
+        """Mid-point of each window (a float step), the abscissa for fits of window means: [R]."""
+        return (self.window_starts + self.steps) / 2.0
+
+    @property
+    def horizon_index(self) -> int:
+        """Index of the last full-length window: the horizon statistic (a shorter last window, when T is
+        not a multiple of the window, may hold only part of a flush cycle)."""
+        lengths = self.steps - self.window_starts + 1
+        return int(np.flatnonzero(lengths == lengths.max())[-1])
 
     def _index(self, variant: str) -> int:
         try:
@@ -52,39 +199,66 @@ class Trace:
         except ValueError:
             raise KeyError(f"unknown variant {variant!r}; this trace has: {', '.join(self.variants)}") from None
 
-    def rel_err(self, quantity: str = "state", *, per_head: bool = False, per_batch: bool = False) -> np.ndarray:
-        """Relative error, pooled over (batch, head) unless per_head / per_batch.
+    def rel_err(
+        self, quantity: str = "state", *, stat: str = "mean", per_head: bool = False, per_batch: bool = False
+    ) -> np.ndarray:
+        """Relative error per window, pooled over (batch, head) unless per_head / per_batch.
 
-        Returns [V, R] (pooled), [V, R, H] (per_head), [V, R, B] (per_batch) or [V, R, B, H] (both).
+        stat: "mean" (RMS ratio over the window's steps), "max" (largest per-step value in the window) or
+        "last" (the window's last step). Returns [V, R] (pooled), [V, R, H] (per_head), [V, R, B]
+        (per_batch) or [V, R, B, H] (both).
         """
         if quantity not in QUANTITIES:
             raise ValueError(f"quantity must be one of {QUANTITIES}, got {quantity!r}")
-        e = 0 if quantity == "state" else 2
-        err2, ref2 = self.metrics[..., e], self.metrics[..., e + 1]
+        if stat not in STATS:
+            raise ValueError(f"stat must be one of {STATS}, got {stat!r}")
+        q = QUANTITIES.index(quantity)
+        if stat == "max":
+            pooling = next(p for p, key in POOLINGS.items() if key == (per_batch, per_head))
+            return self.peak[pooling][..., q]
+        m = self.mean if stat == "mean" else self.last
+        err2, ref2 = m[..., 2 * q], m[..., 2 * q + 1]
         axes = tuple(ax for ax, keep in ((2, per_batch), (3, per_head)) if not keep)
         return _ratio(err2.sum(axis=axes), ref2.sum(axis=axes))
 
-    def final(self, quantity: str = "state") -> dict[str, float]:
-        """Pooled relative error at the last recorded step, per variant."""
-        r = self.rel_err(quantity)[:, -1]
+    def final(self, quantity: str = "state", stat: str = "mean") -> dict[str, float]:
+        """Pooled relative error over the horizon window (`horizon_index`), per variant."""
+        r = self.rel_err(quantity, stat=stat)[:, self.horizon_index]
         return dict(zip(self.variants, r.tolist()))
 
     def to_frame(self, *, per_head: bool = False) -> pd.DataFrame:
-        """Long table: one row per (variant, step[, head]) with state/out relative error and SNR (dB)."""
-        s = self.rel_err("state", per_head=per_head)
-        o = self.rel_err("out", per_head=per_head)
-        nv, nr = s.shape[0], s.shape[1]
+        """Long table: one row per (variant, window[, head]).
+
+        Columns: variant, step (the window's last step), window_start, [head], and for state / out:
+        `<q>_rel_err` (window mean, RMS over its steps), `<q>_rel_err_max`, `<q>_rel_err_last`, and
+        `<q>_snr_db` of the window mean.
+        """
+        nv, nr = len(self.variants), len(self.steps)
+        nh = self.mean.shape[3] if per_head else 1
         cols = {
-            "variant": np.repeat(np.array(self.variants, dtype=object), nr * (s.shape[2] if per_head else 1)),
-            "step": np.tile(np.repeat(self.steps, s.shape[2] if per_head else 1), nv),
+            "variant": np.repeat(np.array(self.variants, dtype=object), nr * nh),
+            "step": np.tile(np.repeat(self.steps, nh), nv),
+            "window_start": np.tile(np.repeat(self.window_starts, nh), nv),
         }
         if per_head:
-            cols["head"] = np.tile(np.arange(s.shape[2]), nv * nr)
-        cols["state_rel_err"] = s.reshape(-1)
-        cols["out_rel_err"] = o.reshape(-1)
-        cols["state_snr_db"] = snr_db(cols["state_rel_err"])
-        cols["out_snr_db"] = snr_db(cols["out_rel_err"])
+            cols["head"] = np.tile(np.arange(nh), nv * nr)
+        for q in QUANTITIES:
+            for stat, suffix in (("mean", ""), ("max", "_max"), ("last", "_last")):
+                cols[f"{q}_rel_err{suffix}"] = self.rel_err(q, stat=stat, per_head=per_head).reshape(-1)
+        for q in QUANTITIES:
+            cols[f"{q}_snr_db"] = snr_db(cols[f"{q}_rel_err"])
         return pd.DataFrame(cols)
 
 
-__all__ = ["METRIC_NAMES", "QUANTITIES", "Trace", "snr_db"]
+__all__ = [
+    "METRIC_NAMES",
+    "POOLINGS",
+    "QUANTITIES",
+    "STATS",
+    "Trace",
+    "WindowAccumulator",
+    "cycle_window",
+    "snr_db",
+    "window_ends",
+    "window_statistics",
+]

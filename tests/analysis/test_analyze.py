@@ -48,14 +48,23 @@ def test_files_columns_and_data_source(synthetic_run):
         "layer",
         "variant",
         "step",
+        "window_start",
         "state_rel_err",
+        "state_rel_err_max",
+        "state_rel_err_last",
         "out_rel_err",
+        "out_rel_err_max",
+        "out_rel_err_last",
         "state_snr_db",
         "out_snr_db",
     ]
     assert set(traces.layer) == {0, 2} and traces.step.max() == 24
-    assert {"layer", "variant", "step", "head", "state_rel_err", "out_rel_err"} <= set(heads.columns)
+    # default windows hold whole flush cycles of every variant (lcm(1, 1, 4) = 4), covering every step
+    assert report["settings"]["record_every"] == 4
+    assert traces.window_start.min() == 1 and (traces.step - traces.window_start + 1).eq(4).all()
+    assert {"layer", "variant", "step", "head", "state_rel_err", "out_rel_err", "out_rel_err_max"} <= set(heads.columns)
     assert len(summary) == 2 * 12
+    assert (summary.out_rel_err_max >= summary.out_rel_err).all()
     for col in ("out_rel_err", "worst_head", "growth_b_out", "forecast_out_32k", "forecast_out_128k"):
         assert col in summary.columns
     assert report["data_source"]["kind"] == "synthetic" and report["model"] == "nemotron-3-nano"

@@ -119,3 +119,12 @@ def test_prepare_states_switches_a_low_precision_state_to_fp32():
     notes = prepare_states(cache, LAYERS[:1], batch=3, state_shape=(2, 8, 16))
     assert cache.get_recurrent_state(0).dtype == torch.float32
     assert notes and "switched to float32" in notes[0]
+
+
+def test_horizon_window_holds_whole_flush_cycles():
+    from ssmquant.evaluate.metrics import horizon_window
+
+    assert horizon_window(512, 0.1, 1) == 52
+    assert horizon_window(512, 0.1, 16) == 64  # 52 rounded up to whole 16-step cycles
+    assert horizon_window(20, 0.5, 16) == 16
+    assert horizon_window(10, 0.5, 16) == 10  # capped at the run

@@ -91,9 +91,9 @@ def test_error_invariants(kind):
 
 def test_sr_variants_are_reproducible_and_seed_dependent():
     inp = mamba2_inputs(steps=30)
-    a = simulate(inp, [Variant(parse_variant("int8:sr").format, seed=1)]).metrics
-    b = simulate(inp, [Variant(parse_variant("int8:sr").format, seed=1)]).metrics
-    c = simulate(inp, [Variant(parse_variant("int8:sr").format, seed=2)]).metrics
+    a = simulate(inp, [Variant(parse_variant("int8:sr").format, seed=1)]).mean
+    b = simulate(inp, [Variant(parse_variant("int8:sr").format, seed=1)]).mean
+    c = simulate(inp, [Variant(parse_variant("int8:sr").format, seed=2)]).mean
     assert np.array_equal(a, b) and not np.array_equal(a, c)
 
 
@@ -110,7 +110,19 @@ def test_trace_frame_and_record_every():
     inp = mamba2_inputs(steps=40)
     tr = simulate(inp, "fp8_e4m3,fp8_e4m3@replay16", record_every=8)
     df = tr.to_frame()
-    assert list(df.columns) == ["variant", "step", "state_rel_err", "out_rel_err", "state_snr_db", "out_snr_db"]
+    assert list(df.columns) == [
+        "variant",
+        "step",
+        "window_start",
+        "state_rel_err",
+        "state_rel_err_max",
+        "state_rel_err_last",
+        "out_rel_err",
+        "out_rel_err_max",
+        "out_rel_err_last",
+        "state_snr_db",
+        "out_snr_db",
+    ]
     assert df.step.unique().tolist() == [8, 16, 24, 32, 40]
     assert len(df) == 10 and df.state_rel_err.notna().all()
     ph = tr.to_frame(per_head=True)
