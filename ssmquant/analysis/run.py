@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
+import torch
 
 from .. import __version__
 from ..formats import Encoding, FormatError, parse
@@ -103,6 +104,7 @@ class AnalysisResult:
     memory: pd.DataFrame
     environment: dict
     elapsed_s: float
+    stages: dict = field(default_factory=dict)
 
     def report(self) -> dict:
         """The report.json document."""
@@ -113,6 +115,7 @@ class AnalysisResult:
             "settings": {k: v for k, v in asdict(self.config).items()},
             "environment": self.environment,
             "elapsed_s": round(self.elapsed_s, 3),
+            "stages": self.stages,
             "summary": _records(self.summary),
             "memory": _records(self.memory),
             "forecast_note": "forecast_* columns extrapolate the power-law fit err(t) ~ a t^b beyond the "
@@ -255,18 +258,31 @@ def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
         device=device,
         text_path=cfg.text,
     )
+    t_loaded = time.time()
     layers = source.select(cfg.layers)
     source.check_formats([v.format for v in variants])
     traces, heads, summary = [], [], []
     if progress:
         progress(0, len(layers), None)
-    for n, (layer, inputs) in enumerate(source.iter_layers(layers), start=1):
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    waited = emulated = 0.0  # seconds waiting for the next layer's captured inputs / emulating
+    layer_iter = enumerate(source.iter_layers(layers), start=1)
+    while True:
+        t_wait = time.time()
+        item = next(layer_iter, None)
+        waited += time.time() - t_wait
+        if item is None:
+            break
+        n, (layer, inputs) = item
+        t_emulate = time.time()
         inputs = inputs.to(device)
         inputs.meta.setdefault("layer", layer)
         try:
             trace = simulate(inputs, variants, backend=cfg.backend, record_every=record_every)
         except ValueError as err:
             raise AnalyzeError(f"layer {layer}: {err}") from err
+        emulated += time.time() - t_emulate
         frame = trace.to_frame()
         frame.insert(0, "layer", layer)
         traces.append(frame)
@@ -276,6 +292,16 @@ def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
         if progress:
             progress(n, len(layers), layer)
     backend = "triton" if (cfg.backend == "auto" and device.type == "cuda") else cfg.backend
+    stages = {
+        "load_s": round(t_loaded - t0, 3),
+        # capture runs in a worker thread beside the emulation: this is the time spent waiting for it
+        "capture_wait_s": round(waited, 3),
+        "emulate_s": round(emulated, 3),
+        "tables_s": round(time.time() - t_loaded - waited - emulated, 3),
+        "peak_gpu_memory_GiB": round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+        if device.type == "cuda"
+        else None,
+    }
     return AnalysisResult(
         config=cfg,
         source={
@@ -290,6 +316,7 @@ def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
         memory=memory_table(source, variants, len(source.layers)),
         environment=environment(device, backend="torch" if backend == "auto" else backend),
         elapsed_s=time.time() - t0,
+        stages=stages,
     )
 
 

@@ -1,0 +1,252 @@
+"""Full-size checkpoints with random weights, built from a preset: no download, the normal loading path.
+
+`build_random_checkpoint("nemotron-h-8b", "ckpt/")` writes what `--model ckpt/` loads like any published
+checkpoint: a `config.json` of the preset's architecture, sharded `model*.safetensors` with weights drawn
+by transformers' own initialisation of the family (`_init_weights`: A_log, dt_bias, D as at
+pre-training start), and byte-level tokenizer files (token id = byte value + 3 special ids), so that
+`analyze`, `eval` and `calibrate` run the real model code at the real size. It is also how a user tests a
+private architecture: pass `overrides` (any config field).
+
+The config: every field a preset fixes (layer pattern, hidden size, SSM heads, head dims, state size,
+groups, conv kernel, chunk, dt range) is the published value; the fields a preset does not carry
+(vocabulary, MLP / MoE widths, attention heads) take the defaults of transformers' config class for the
+family, which are listed in `config_provenance` and in the `ssmquant_build` entry of config.json. The
+weights are random: trained dynamics differ (decays, input statistics); the shapes, the memory and the
+time are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from .presets import GDNShape, Mamba2Shape, Preset, get_preset
+
+
+class BuildError(ValueError):
+    """The checkpoint cannot be built as asked; the message says why and what to pass instead."""
+
+
+def preset_config(preset: Preset, *, num_layers: int | None = None, overrides: dict | None = None) -> dict:
+    """The HF config dict (config.json content) of a preset's architecture.
+
+    num_layers: keep only the first N decoder layers (for tests and dry runs; the SSM shapes stay);
+    overrides: any config field, applied last (for a Qwen3.5 model, to its text_config).
+    """
+    pattern = preset.layer_pattern[:num_layers] if num_layers else preset.layer_pattern
+    if num_layers is not None and not 1 <= num_layers <= preset.num_layers:
+        raise BuildError(f"num_layers must lie in [1, {preset.num_layers}] for {preset.name}, got {num_layers}")
+    shape = preset.shape
+    if isinstance(shape, Mamba2Shape):
+        cfg = {
+            "architectures": [preset.architecture],
+            "model_type": preset.model_type,
+            "hybrid_override_pattern": pattern,
+            "num_hidden_layers": len(pattern),
+            "hidden_size": preset.hidden_size,
+            "mamba_num_heads": shape.num_heads,
+            "mamba_head_dim": shape.head_dim,
+            "ssm_state_size": shape.state_size,
+            "n_groups": shape.n_groups,
+            "conv_kernel": shape.conv_kernel,
+            "chunk_size": shape.chunk_size,
+            "time_step_min": shape.time_step_min,
+            "time_step_max": shape.time_step_max,
+            "time_step_floor": shape.time_step_floor,
+            "use_conv_bias": shape.use_conv_bias,
+            "initializer_range": preset.initializer_range,
+        }
+    elif isinstance(shape, GDNShape):
+        layer_types = ["linear_attention" if c == "L" else "full_attention" for c in pattern]
+        cfg = {
+            "hidden_size": preset.hidden_size,
+            "num_hidden_layers": len(pattern),
+            "layer_types": layer_types,
+            "linear_num_value_heads": shape.num_value_heads,
+            "linear_num_key_heads": shape.num_key_heads,
+            "linear_key_head_dim": shape.key_head_dim,
+            "linear_value_head_dim": shape.value_head_dim,
+            "linear_conv_kernel_dim": shape.conv_kernel,
+            "initializer_range": preset.initializer_range,
+        }
+    else:
+        raise BuildError(f"{preset.name}: building random checkpoints of {preset.layer_kind} layers is not supported")
+    cfg.update(overrides or {})
+    return cfg
+
+
+def _config_object(preset: Preset, cfg: dict):
+    """The transformers config instance for cfg (a multimodal wrapper for Qwen3.5 checkpoints)."""
+    import transformers
+
+    arch = preset.architecture
+    if arch in ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"):
+        # the published checkpoints carry a vision tower; a small one keeps the file valid while the text
+        # model (what ssmquant captures) is full size
+        cls = transformers.Qwen3_5Config if arch.startswith("Qwen3_5For") else transformers.Qwen3_5MoeConfig
+        vision = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2}
+        return cls(text_config=cfg, vision_config={**vision, "out_hidden_size": cfg["hidden_size"]})
+    conf_cls = transformers.AutoConfig.for_model(preset.model_type).__class__
+    return conf_cls(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+
+
+def config_provenance(preset: Preset, config) -> dict:
+    """Which config fields came from the preset (published values) and which from transformers' defaults."""
+    text = getattr(config, "text_config", None) or config
+    fixed = set(preset_config(preset))
+    defaults = {
+        k: getattr(text, k)
+        for k in (
+            "vocab_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "n_routed_experts",
+            "num_experts",
+            "moe_intermediate_size",
+            "num_experts_per_tok",
+        )
+        if hasattr(text, k) and k not in fixed
+    }
+    return {"from_preset": sorted(fixed), "transformers_defaults": defaults}
+
+
+def _byte_level_chars() -> dict[int, str]:
+    """Byte value -> the printable character byte-level BPE uses for it (GPT-2's reversible mapping:
+    printable Latin-1 bytes stand for themselves, the others are shifted to code points 256 and up)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def _byte_tokenizer_files(out: Path, vocab_size: int) -> None:
+    """tokenizer.json + tokenizer_config.json of a byte-level tokenizer: ids 3..258 are the bytes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 259:
+        raise BuildError(f"a byte-level tokenizer needs vocab_size >= 259, the config has {vocab_size}")
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({ch: 3 + b for b, ch in _byte_level_chars().items()})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(out)
+
+
+def build_random_checkpoint(
+    preset: str | Preset,
+    out_dir: str | Path,
+    *,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    num_layers: int | None = None,
+    overrides: dict | None = None,
+    max_shard_size: str = "5GB",
+    seed: int = 0,
+    progress=print,
+) -> dict:
+    """Write a random-weight checkpoint of `preset` to out_dir (which must not exist or be empty).
+
+    dtype: weights dtype on disk (bfloat16, float16, float32); device: where the model is materialised
+    (a GPU makes a 30B build take seconds; the model must fit there). Returns a summary dict (parameters,
+    bytes, seconds, config provenance), also written to out_dir/ssmquant_build.json.
+    """
+    import transformers
+
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise BuildError(f"{out} is not empty; pick a new directory")
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if dtype not in dtypes:
+        raise BuildError(f"unknown dtype {dtype!r}; accepted: {', '.join(dtypes)}")
+    cfg = preset_config(preset, num_layers=num_layers, overrides=overrides)
+    config = _config_object(preset, cfg)
+    config.dtype = dtype
+    t0 = time.time()
+    torch.manual_seed(seed)
+    model_cls = getattr(transformers, preset.architecture)
+    with torch.device(device):
+        model = model_cls._from_config(config, dtype=dtypes[dtype])
+    params = sum(p.numel() for p in model.parameters())
+    t_init = time.time() - t0
+    progress(f"built {preset.name}: {params / 1e9:.2f} B parameters in {t_init:.1f} s on {device}")
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, max_shard_size=max_shard_size)
+    text = getattr(config, "text_config", None) or config
+    _byte_tokenizer_files(out, int(text.vocab_size))
+    nbytes = sum(p.stat().st_size for p in out.glob("*.safetensors"))
+    summary = {
+        "preset": preset.name,
+        "published_repo": preset.hf_repo,
+        "architecture": preset.architecture,
+        "parameters": params,
+        "dtype": dtype,
+        "safetensors_bytes": nbytes,
+        "seconds": round(time.time() - t0, 2),
+        "init_seconds": round(t_init, 2),
+        "num_layers": len(cfg.get("hybrid_override_pattern") or cfg.get("layer_types")),
+        "weights": "random, drawn by transformers' _init_weights of the family (no trained dynamics)",
+        "tokenizer": "byte-level (ids 3..258 are bytes), written by ssmquant",
+        "config_provenance": config_provenance(preset, config),
+    }
+    (out / "ssmquant_build.json").write_text(json.dumps(summary, indent=2) + "\n")
+    progress(f"wrote {out} ({nbytes / 2**30:.1f} GiB) in {summary['seconds']:.1f} s")
+    del model
+    return summary
+
+
+def estimate_parameters(preset: str | Preset, *, num_layers: int | None = None) -> int:
+    """Parameter count of the checkpoint `build_random_checkpoint` would write (built on the meta device)."""
+    import transformers
+
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    config = _config_object(preset, preset_config(preset, num_layers=num_layers))
+    with torch.device("meta"):
+        model = getattr(transformers, preset.architecture)._from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m ssmquant.models.build PRESET OUT_DIR [--device cuda] [--dtype bfloat16] [--layers N]`."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("preset")
+    ap.add_argument("out_dir")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--layers", type=int, default=None, help="keep the first N decoder layers only")
+    ap.add_argument("--max-shard-size", default="5GB")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    n = estimate_parameters(args.preset, num_layers=args.layers)
+    print(f"{args.preset}: {n / 1e9:.2f} B parameters, {n * 2 / 2**30:.1f} GiB in 16-bit; building on {args.device}")
+    build_random_checkpoint(
+        args.preset,
+        args.out_dir,
+        dtype=args.dtype,
+        device=args.device,
+        num_layers=args.layers,
+        max_shard_size=args.max_shard_size,
+        seed=args.seed,
+    )
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["BuildError", "build_random_checkpoint", "config_provenance", "estimate_parameters", "preset_config"]
