@@ -23,12 +23,17 @@ Forward pre-hooks on the mixers tell the wrapper which layer is running.
 Memory stays bounded: each layer's inputs are handed to a callback (``capture_inputs``) or yielded
 (``iter_capture``) as soon as the layer has run, moved to ``device`` (CPU by default); nothing else is
 kept. The prefill stops right after the last requested layer. The prefill runs the model without its
-LM head and without a cache.
+LM head and without a cache. Where the prefill of the whole batch would not fit in GPU memory (the torch
+reference scan of Mamba-2, which transformers falls back to without mamba_ssm, materialises
+[batch, chunks, chunk, chunk, heads, state] products: 128 GiB for Nemotron-H-8B at 8 x 2048 tokens), it
+runs in micro-batches of sequences (``micro_batch``); every layer's parts are joined along the batch
+before the layer is handed on, so that callers see one batch either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import queue
@@ -161,6 +166,38 @@ def _finish(kind: str, t: dict, steps: int, device, dtype, meta: dict) -> LayerI
         raise CaptureError(f"layer {meta.get('layer')}: the captured inputs are invalid: {exc}") from exc
 
 
+def _concat_batch(kind: str, parts: list[LayerInputs], meta: dict) -> LayerInputs:
+    """Join the micro-batches of one layer along the batch (per-step tensors; per-head ones are shared)."""
+    if len(parts) == 1:
+        return parts[0]
+    joined = {name: torch.cat([getattr(p, name) for p in parts]) for name in _PER_STEP[kind]}
+    return dataclasses.replace(parts[0], **joined, meta=dict(meta))
+
+
+def prefill_bytes_per_sequence(net: torch.nn.Module, tokens: int) -> int:
+    """Estimated peak GPU bytes of one sequence's prefill beyond the weights: the Mamba-2 torch scan's
+    [chunks, chunk, chunk, heads, state] fp32 products (two alive at once); 0 for other mixers, whose
+    chunked scans stay small. An estimate for sizing micro-batches, not a measurement."""
+    cfg = getattr(net, "config", None)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    chunk = getattr(cfg, "chunk_size", None)
+    heads = getattr(cfg, "mamba_num_heads", None)
+    state = getattr(cfg, "ssm_state_size", None)
+    if not (chunk and heads and state):
+        return 0
+    chunks = -(-tokens // chunk)
+    return 2 * chunks * chunk * chunk * heads * state * 4
+
+
+def auto_micro_batch(net: torch.nn.Module, batch: int, tokens: int, device: torch.device) -> int:
+    """Sequences per prefill pass so that the estimated prefill peak fits in half the free GPU memory."""
+    per_seq = prefill_bytes_per_sequence(net, tokens)
+    if device.type != "cuda" or per_seq == 0:
+        return batch
+    free, _total = torch.cuda.mem_get_info(device)
+    return max(1, min(batch, int(0.5 * free) // per_seq))
+
+
 class _State:
     def __init__(self, wanted, on_layer, steps, device, dtype, meta, stop_early):
         self.wanted = set(wanted)
@@ -257,6 +294,7 @@ def capture_inputs(
     dtype: torch.dtype | None = None,
     meta: dict | None = None,
     stop_early: bool = True,
+    micro_batch: int | None = None,
 ) -> list[int]:
     """Run the prefill of ``input_ids`` [B, T] and call ``on_layer(layer_idx, inputs)`` for each SSM layer.
 
@@ -265,7 +303,10 @@ def capture_inputs(
     computes: x, B, C, v, beta in the model's activation dtype; dt, q, k, g, A, D in fp32 (derived in
     fp32 as the kernels do). A dtype casts the per-step tensors. ``layers`` selects decoder layers
     (default all SSM layers). ``meta`` is merged into every layer's meta (with "source", "model",
-    "layer", "tokens"). Returns the captured layer indices in order.
+    "layer", "tokens"). ``micro_batch``: sequences per prefill pass (default: as many as fit, see
+    ``auto_micro_batch``); with several passes each layer is handed on after the last pass reaches it, its
+    parts joined along the batch (host memory then holds the earlier passes' inputs of every layer).
+    Returns the captured layer indices in order.
     Raises CaptureError for more steps than tokens (both numbers), unknown layers, or layers whose
     inputs were never intercepted.
     """
@@ -304,22 +345,41 @@ def capture_inputs(
         order.append(layer)
         on_layer(layer, inputs)
 
-    full_meta = dict(base_meta, **(meta or {}), tokens=tokens, steps=steps, batch=int(input_ids.shape[0]))
-    state = _State(wanted, record, steps, torch.device(device), dtype, full_meta, stop_early)
+    batch = int(input_ids.shape[0])
+    full_meta = dict(base_meta, **(meta or {}), tokens=tokens, steps=steps, batch=batch)
     # The decoder stack alone: the LM head's logits (B x T x vocab) are not needed.
     body = getattr(net, "base_model", net)
     embed = net.get_input_embeddings() if hasattr(net, "get_input_embeddings") else None
     ids = input_ids.to(embed.weight.device) if embed is not None else input_ids
+    if micro_batch is None:
+        micro_batch = auto_micro_batch(net, batch, tokens, ids.device)
+    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+        raise CaptureError(f"micro_batch must be a positive integer, got {micro_batch!r}")
+    starts = list(range(0, batch, micro_batch))
+    held: dict[int, list[LayerInputs]] = {i: [] for i in wanted}
+    kinds = {i: mixers[i].kind for i in wanted}
+
+    def hold(layer, inputs):
+        held[layer].append(inputs)
+
+    def last_pass(layer, inputs):
+        record(layer, _concat_batch(kinds[layer], [*held.pop(layer), inputs], dict(inputs.meta, batch=batch)))
+
     if not _CAPTURE_LOCK.acquire(blocking=False):
         raise CaptureError("another capture is running in this process; captures cannot overlap")
     was_training = net.training
     try:
         net.eval()  # NemotronH takes a fused training-only path otherwise
-        with torch.no_grad(), _intercept({i: mixers[i] for i in wanted}, state):
-            try:
-                body(input_ids=ids, use_cache=False)
-            except _AllLayersCaptured:
-                pass
+        for start in starts:
+            last = start == starts[-1]
+            state = _State(wanted, last_pass if last else hold, steps, torch.device(device), dtype, full_meta, stop_early)
+            with torch.no_grad(), _intercept({i: mixers[i] for i in wanted}, state):
+                try:
+                    body(input_ids=ids[start : start + micro_batch], use_cache=False)
+                except _AllLayersCaptured:
+                    pass
+            if not last and state.done != set(wanted):
+                break  # reported as missing below
     finally:
         net.train(was_training)
         _CAPTURE_LOCK.release()

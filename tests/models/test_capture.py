@@ -186,3 +186,35 @@ def test_text_to_capture_end_to_end(nemotron_dir):
     assert ids.shape == (2, 24) and int(ids.max()) < 256
     caps = capture_all(loaded, ids, meta=meta)
     assert caps[0].meta["text"]["split"] == "calibration" and caps[0].meta["source"] == "checkpoint"
+
+
+@pytest.mark.parametrize("fixture", ["nemotron_dir", "qwen35_dir"])
+def test_micro_batched_prefill_gives_the_same_inputs(fixture, request):
+    """Prefill in passes of one sequence (how a model too large for one batched prefill is captured):
+    every layer's inputs equal the one-pass capture, joined along the batch."""
+    loaded = load_cpu(str(request.getfixturevalue(fixture)))
+    ids = torch.randint(0, VOCAB, (3, 24), generator=torch.Generator().manual_seed(0))
+    whole = capture_all(loaded, ids)
+    seen = []
+    parts = {}
+    capture_inputs(loaded, ids, lambda i, x: (seen.append(i), parts.__setitem__(i, x)), micro_batch=1)
+    assert seen == sorted(whole)  # layers still arrive in order, once each
+    for i, inp in whole.items():
+        got = parts[i]
+        assert got.batch == 3 and got.meta["batch"] == 3
+        for name in ("x", "dt", "B", "C") if isinstance(inp, Mamba2Inputs) else ("q", "k", "v", "g", "beta"):
+            torch.testing.assert_close(getattr(got, name), getattr(inp, name), rtol=1e-5, atol=1e-6)
+    with pytest.raises(CaptureError, match="micro_batch must be a positive integer, got 0"):
+        capture_inputs(loaded, ids, lambda i, x: None, micro_batch=0)
+
+
+def test_prefill_memory_estimate_sizes_micro_batches():
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    from ssmquant.models.capture import auto_micro_batch, prefill_bytes_per_sequence
+
+    with torch.device("meta"):
+        net = NemotronHForCausalLM(NemotronHConfig(num_hidden_layers=1, hybrid_override_pattern="M"))
+    # Nemotron-H-8B's mixer (128 heads, state 128, chunk 128) at 2048 tokens: 16 chunks of 128 x 128 x 128 x 128
+    assert prefill_bytes_per_sequence(net, 2048) == 2 * 16 * 128 * 128 * 128 * 128 * 4  # 16 GiB
+    assert auto_micro_batch(net, 8, 2048, torch.device("cpu")) == 8  # CPU memory is not sized here
