@@ -26,8 +26,9 @@ from ..provenance import environment
 from ..replay import Trace, parse_scheme, simulate
 from ..replay.schemes import SchemeError
 from ..replay.variants import Variant, VariantError
+from ..sizing import format_seconds
 from .fit import fit_power_law
-from .sources import LayerSource, SourceError, open_source, resolve_device
+from .sources import LayerSource, SourceError, check_backend, open_source, plan_layers, resolve_device
 
 FORECAST_STEPS = (32768, 131072)
 ROUNDINGS = ("rne", "sr")
@@ -214,17 +215,23 @@ def memory_table(source: LayerSource, variants: list[Variant], num_layers: int) 
     return pd.DataFrame(rows)
 
 
-def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
-    """Run the analysis. progress: optional callable(done_layers, total_layers, layer_index) for a bar.
+def analyze(cfg: AnalyzeConfig, *, progress=None, notify=None) -> AnalysisResult:
+    """Run the analysis. progress: optional callable(done_layers, total_layers, layer_index) for a bar;
+    notify: optional callable(line) that receives the time estimate before the emulation starts (the
+    estimate is measured only when notify is given).
 
-    Raises AnalyzeError / SourceError with a message naming the problem; NaN/Inf in captured inputs
-    raise InputError naming the layer and step.
+    Raises AnalyzeError / SourceError with a message naming the problem, SizingError (before any layer
+    runs) when the run's memory estimate exceeds the free memory; NaN/Inf in captured inputs raise
+    InputError naming the layer and step.
     """
     t0 = time.time()
     if cfg.steps < 1 or cfg.batch < 1:
         raise AnalyzeError(f"--steps and --batch must be >= 1, got steps={cfg.steps}, batch={cfg.batch}")
+    if cfg.record_every is not None and cfg.record_every < 1:
+        raise AnalyzeError(f"--record-every must be >= 1 (keep every k-th step), got {cfg.record_every}")
     variants = build_variants(cfg)
     device = resolve_device(cfg.device)
+    chosen_backend = check_backend(cfg.backend, device)
     record_every = cfg.record_every or max(1, cfg.steps // MAX_RECORDED_STEPS)
     if record_every > cfg.steps:
         raise AnalyzeError(f"--record-every ({record_every}) exceeds --steps ({cfg.steps})")
@@ -239,6 +246,16 @@ def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
     )
     layers = source.select(cfg.layers)
     source.check_formats([v.format for v in variants])
+    per_step = plan_layers(
+        source, layers, variants, steps=cfg.steps, batch=cfg.batch, device=device, backend=chosen_backend,
+        recorded=cfg.steps // record_every, measure_time=notify is not None,
+    )  # fmt: skip
+    if per_step is not None:
+        notify(
+            f"estimate: about {format_seconds(per_step * cfg.steps * len(layers))} to emulate {len(layers)} layers x "
+            f"{len(variants)} variants x {cfg.steps} steps x batch {cfg.batch} (torch backend, "
+            f"{1e3 * per_step:.3g} ms per layer-step measured on this machine; loading and capture not included)"
+        )
     traces, heads, summary = [], [], []
     if progress:
         progress(0, len(layers), None)
@@ -257,7 +274,6 @@ def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
         del inputs
         if progress:
             progress(n, len(layers), layer)
-    backend = "triton" if (cfg.backend == "auto" and device.type == "cuda") else cfg.backend
     return AnalysisResult(
         config=cfg,
         source={
@@ -270,7 +286,7 @@ def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
         heads=pd.concat(heads, ignore_index=True),
         summary=pd.DataFrame(summary),
         memory=memory_table(source, variants, len(source.layers)),
-        environment=environment(device, backend="torch" if backend == "auto" else backend),
+        environment=environment(device, backend=chosen_backend),
         elapsed_s=time.time() - t0,
     )
 

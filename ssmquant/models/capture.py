@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from ..replay.inputs import GDNInputs, InputError, Mamba2Inputs
 from .loading import LoadedModel
+from .torch_path import use_torch_path_on_cpu
 
 LayerInputs = Mamba2Inputs | GDNInputs
 
@@ -288,6 +289,7 @@ def capture_inputs(
             f"requested {steps} steps but the prefill captures only {tokens} tokens per sequence; "
             f"pass sequences of at least {steps} tokens or ask for at most {tokens} steps"
         )
+    use_torch_path_on_cpu(net)
     mixers = find_ssm_mixers(net)
     if not mixers:
         raise CaptureError(

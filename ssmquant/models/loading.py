@@ -28,6 +28,7 @@ import torch
 
 from .presets import Preset, PresetError, get_preset, list_presets
 from .text import ByteTokenizer
+from .torch_path import use_torch_path_on_cpu
 
 # name -> checkpoint directory relative to the ``ssmquant`` package (e.g. "assets/tiny-nemotron-h").
 # Entries whose directory is absent are not offered (see ``available_shipped_models``).
@@ -238,8 +239,9 @@ def ssm_layout(config) -> dict:
     config: a config.json dict, or a loaded model's config object (preferred: a dict re-parsed here
     goes through transformers' strict field validation, which rejects some serialised values, e.g.
     NemotronH's default time_step_limit (0, inf) written as JSON).
-    Returns {"layer_kind", "num_layers", "ssm_layers", "state_shape": (heads, rows, state_dim)} where
-    ssm_layers are the layers transformers builds as "linear_attention" (Mamba-2 or GDN mixers).
+    Returns {"layer_kind", "num_layers", "ssm_layers", "state_shape": (heads, rows, state_dim), "groups"}
+    where ssm_layers are the layers transformers builds as "linear_attention" (Mamba-2 or GDN mixers) and
+    groups the Mamba-2 B/C groups or the GDN key heads.
     """
     from transformers import AutoConfig, PretrainedConfig
 
@@ -255,9 +257,17 @@ def ssm_layout(config) -> dict:
     ssm = tuple(i for i, t in enumerate(types) if t == "linear_attention")
     if arch.layer_kind == "mamba2":
         shape = (text.mamba_num_heads, text.mamba_head_dim, text.ssm_state_size)
+        groups = text.n_groups
     else:
         shape = (text.linear_num_value_heads, text.linear_value_head_dim, text.linear_key_head_dim)
-    return {"layer_kind": arch.layer_kind, "num_layers": len(types), "ssm_layers": ssm, "state_shape": shape}
+        groups = text.linear_num_key_heads
+    return {
+        "layer_kind": arch.layer_kind,
+        "num_layers": len(types),
+        "ssm_layers": ssm,
+        "state_shape": shape,
+        "groups": int(groups),
+    }
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -364,6 +374,7 @@ def load_model(
         raise ModelLoadError(f"cannot load {source.location}: {exc}") from exc
     if device_map is None and dev.type != "cpu":
         model.to(dev)
+    use_torch_path_on_cpu(model)  # fla & co. may be importable without a GPU: CPU tensors take the torch path
     model.eval()
     tokenizer = load_tokenizer(source, config, local_files_only=local_files_only) if with_tokenizer else None
     return LoadedModel(model, tokenizer, config, arch, source, dev, dt, notes)
