@@ -27,7 +27,7 @@ from ..replay import Trace, parse_scheme, simulate
 from ..replay.schemes import SchemeError
 from ..replay.variants import Variant, VariantError
 from ..sizing import format_seconds
-from .fit import fit_power_law
+from .fit import DIVERGED, MIN_FORECAST_R2, fit_power_law, forecast_columns
 from .sources import LayerSource, SourceError, check_backend, open_source, plan_layers, resolve_device
 
 FORECAST_STEPS = (32768, 131072)
@@ -117,7 +117,8 @@ class AnalysisResult:
             "summary": _records(self.summary),
             "memory": _records(self.memory),
             "forecast_note": "forecast_* columns extrapolate the power-law fit err(t) ~ a t^b beyond the "
-            "measured horizon; they are forecasts, not measurements",
+            "measured horizon; they are forecasts, not measurements. A forecast is null where its *_status is "
+            f"'unreliable' (fit r^2 below {MIN_FORECAST_R2}) or 'diverged' (relative error reaches {DIVERGED})",
         }
 
 
@@ -161,8 +162,9 @@ def summarize_layer(layer: int, kind: str, trace: Trace, variants: list[Variant]
                 "growth_a_out": fit_out.a,
                 "fit_r2_out": fit_out.r2,
                 "growth_b_state": fit_state.b,
-                **{f"forecast_out_{s // 1024}k": fit_out.predict(s) for s in FORECAST_STEPS},
-                **{f"forecast_state_{s // 1024}k": fit_state.predict(s) for s in FORECAST_STEPS},
+                "fit_r2_state": fit_state.r2,
+                **forecast_columns("out", fit_out, FORECAST_STEPS, float(out[i, -1])),
+                **forecast_columns("state", fit_state, FORECAST_STEPS, float(state[i, -1])),
             }
         )
     return rows

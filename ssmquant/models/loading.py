@@ -18,6 +18,7 @@ ignored on purpose).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -178,10 +179,43 @@ def resolve_model(spec: str | os.PathLike | Preset) -> ModelSource:
 # -- config and architecture ---------------------------------------------------------------------
 
 
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+@functools.lru_cache(maxsize=1)
+def hub_offline_reason() -> str | None:
+    """Why the Hugging Face Hub cannot be used now, or None when it answers.
+
+    ``HF_HUB_OFFLINE`` set, or one request to the endpoint (``HF_ENDPOINT``; proxies from the environment)
+    that fails within HUB_PROBE_TIMEOUT_S. Checked once per process, so that an unreachable hub costs
+    seconds, not huggingface_hub's retries with back-off (~25 s per file).
+    """
+    import requests
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    try:
+        requests.head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S, allow_redirects=False)
+    except requests.RequestException as exc:
+        return f"{constants.ENDPOINT} does not answer ({type(exc).__name__})"
+    return None
+
+
+def _local_only(source: ModelSource, local_files_only: bool | None) -> bool:
+    """Hub files come from the local cache only when asked, or when the hub cannot be reached."""
+    if local_files_only is not None or source.is_local:
+        return bool(local_files_only)
+    return hub_offline_reason() is not None
+
+
 def _hub_error(repo: str, exc: Exception) -> ModelLoadError:
     from huggingface_hub import errors as hf_errors
 
-    if isinstance(exc, hf_errors.GatedRepoError):
+    offline = hub_offline_reason()
+    if offline is not None and not isinstance(exc, (hf_errors.GatedRepoError, hf_errors.RepositoryNotFoundError)):
+        why = f"the hub cannot be used ({offline}) and the checkpoint is not in the local cache"
+    elif isinstance(exc, hf_errors.GatedRepoError):
         why = "the repository is gated: accept its licence on huggingface.co and log in (hf auth login)"
     elif isinstance(exc, hf_errors.RepositoryNotFoundError):
         why = "no such repository on the hub (or it is private)"
@@ -202,8 +236,9 @@ def read_config(source: ModelSource, *, local_files_only: bool | None = None) ->
     else:
         from huggingface_hub import hf_hub_download
 
+        local_files_only = _local_only(source, local_files_only)
         try:
-            path = Path(hf_hub_download(source.location, "config.json", local_files_only=bool(local_files_only)))
+            path = Path(hf_hub_download(source.location, "config.json", local_files_only=local_files_only))
         except Exception as exc:  # every hub failure becomes one clear message
             raise _hub_error(source.location, exc) from exc
     try:
@@ -343,6 +378,7 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     source = resolve_model(spec)
+    local_files_only = _local_only(source, local_files_only)
     config = read_config(source, local_files_only=local_files_only)
     arch = detect_architecture(config)
     notes: list[str] = []
