@@ -582,7 +582,9 @@ def calibrate_cmd(
     type=int,
     help="Draft tokens per step of the deployment (checked against the replay buffer length).",
 )
-@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@click.option(
+    "--force", is_flag=True, help="Replace a non-empty output directory (--out or the default RECIPE_DIR/export-TARGET)."
+)
 def export_cmd(recipe_dir, target, out_dir, num_speculative_tokens, force):
     """Turn a recipe into the files vLLM, TensorRT-LLM or FlashInfer take, and report what they cannot take."""
     from .export import ExportError, export
