@@ -86,6 +86,19 @@ _DASHES = ["-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3))]
 
 
 def drift_plot(traces: pd.DataFrame, summary: pd.DataFrame, report: dict, path: pathlib.Path) -> None:
+    _save(drift_figure(traces, summary, report), path)
+
+
+def heatmap_plot(summary: pd.DataFrame, report: dict, path: pathlib.Path) -> None:
+    _save(heatmap_figure(summary, report), path)
+
+
+def _save(fig, path: pathlib.Path) -> None:
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def drift_figure(traces: pd.DataFrame, summary: pd.DataFrame, report: dict):
     """Output (top) and state (bottom) error vs step, log-log, for the worst and the median layer.
 
     One legend for the figure. Colour = format, line style = scheme; formats are drawn widest first, so
@@ -148,11 +161,10 @@ def drift_plot(traces: pd.DataFrame, summary: pd.DataFrame, report: dict, path: 
     if flushes:
         note = "\nbefore a replay scheme's first flush only its input buffer is rounded: its curves coincide for all formats"
     fig.suptitle(f"Error drift over the decode horizon\n{subtitle(report)}{note}", fontsize=11)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
-def heatmap_plot(summary: pd.DataFrame, report: dict, path: pathlib.Path) -> None:
+def heatmap_figure(summary: pd.DataFrame, report: dict):
     """Layers x variants, output error at the horizon, log colour scale, variants in the run's order."""
     order = variant_order(summary)
     table = summary.pivot_table(index="layer", columns="variant", values="out_rel_err", aggfunc="first")[order]
@@ -183,8 +195,7 @@ def heatmap_plot(summary: pd.DataFrame, report: dict, path: pathlib.Path) -> Non
     ax.set_ylabel("SSM layer (decoder index)")
     horizon = int(summary["horizon"].max())
     ax.set_title(f"Output error at step {horizon}, per layer and variant\n{subtitle(report)}", fontsize=10)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def heads_plot(heads: pd.DataFrame, summary: pd.DataFrame, report: dict, path: pathlib.Path) -> None:
