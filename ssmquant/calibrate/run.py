@@ -21,13 +21,22 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 import torch
 
-from ..analysis.sources import LayerSource, SourceError, open_source, resolve_device
+from ..analysis.sources import LayerSource, SourceError, check_backend, open_source, plan_layers, resolve_device
 from ..formats import FormatError
 from ..models.text import TextError
 from ..provenance import DEFAULT_PACKAGES, environment
 from ..replay import BACKENDS
 from ..replay.inputs import InputError
-from .choose import BudgetError, best_table, choose_global, choose_layer, evaluate_layer, uniform_table
+from ..sizing import format_seconds
+from .choose import (
+    MAX_VARIANTS_PER_CALL,
+    BudgetError,
+    best_table,
+    choose_global,
+    choose_layer,
+    evaluate_layer,
+    uniform_table,
+)
 from .scales import calibrate_scales, required_percentiles, scale_keys
 from .settings import (
     CalibrateError,
@@ -143,13 +152,17 @@ def calibrate(
     progress=None,
     source: LayerSource | None = None,
     heldout_source: LayerSource | None = None,
+    notify=None,
 ) -> CalibrationResult:
-    """Run a calibration. progress: optional callable(stage, done, total, layer), stage "calibrate" | "verify".
+    """Run a calibration. progress: optional callable(stage, done, total, layer), stage "calibrate" | "verify";
+    notify: optional callable(line) that receives the time estimate before the first layer (measured only
+    when given).
 
     source / heldout_source: LayerSources to use instead of opening cfg.model (tests, custom data); the
     held-out source must yield different sequences of the same layers.
     Raises CalibrateError (bad settings), BudgetError (no candidate within the budget: `.table` holds the
-    best achievable error per layer), SourceError / InputError (data).
+    best achievable error per layer), SourceError / InputError (data), SizingError (the memory estimate
+    exceeds the free memory; raised before the first layer).
     """
     t0 = time.time()
     cfg.validate()
@@ -175,10 +188,12 @@ def calibrate(
     all_settings = settings + fallbacks
     keys = scale_keys(settings)
     device = resolve_device(cfg.device)
+    chosen_backend = check_backend(cfg.backend, device)
     if source is None:
         source = _open(cfg, device, "calibration", cfg.batch, cfg.seed)
     layers = source.select(cfg.layers)
     source.check_formats([s.format for s in all_settings])
+    _plan(cfg, source, layers, all_settings, device, chosen_backend, notify)
     percentiles = sorted(set(DEFAULT_PERCENTILES) | set(required_percentiles(keys)))
 
     evals, stats, dims = [], {}, None
@@ -310,7 +325,6 @@ def calibrate(
             progress=vprog,
         )
         verification["data"] = heldout_desc
-    backend = "triton" if (cfg.backend == "auto" and device.type == "cuda") else cfg.backend
     return CalibrationResult(
         config=cfg,
         source=source_desc,
@@ -330,9 +344,40 @@ def calibrate(
         global_status=status,
         verification=verification,
         environment=environment(
-            device, packages=(*DEFAULT_PACKAGES, "modelopt"), backend="torch" if backend == "auto" else backend
+            device, packages=(*DEFAULT_PACKAGES, "modelopt"), backend=chosen_backend
         ),
         elapsed_s=time.time() - t0,
+    )
+
+
+# Settings re-simulated per layer on held-out data (the decision, the global and the engines' picks), and the
+# share of one setting that the statistics and the scale search cost: both for the time estimate only.
+VERIFIED_PER_LAYER = 3
+STATS_AND_SCALES = 2
+
+
+def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, device, backend, notify) -> None:
+    """Refuse a run that will not fit in memory; send the time estimate to ``notify`` (torch backend)."""
+    dynamic = [s.variant(seed=cfg.seed) for s in settings if not s.is_static]
+    hb = cfg.heldout_batch or cfg.batch
+    # verification of synthetic data draws calibration + held-out sequences and slices (verify.py)
+    held = hb + (cfg.batch if cfg.synthetic else 0) if cfg.verify else 0
+    batch = max(cfg.batch, held)
+    per_step = plan_layers(
+        source, layers, dynamic, steps=cfg.horizon, batch=batch, device=device, backend=backend, recorded=1,
+        measure_time=notify is not None and bool(dynamic), variants_at_once=min(len(settings), MAX_VARIANTS_PER_CALL),
+    )  # fmt: skip
+    if per_step is None:
+        return
+    per_step *= cfg.batch / batch
+    per_setting = per_step / len(dynamic)  # seconds per layer-step of one setting at the calibration batch
+    work = len(settings) + STATS_AND_SCALES + (VERIFIED_PER_LAYER * hb / cfg.batch if cfg.verify else 0)
+    total = per_setting * work * cfg.horizon * len(layers)
+    notify(
+        f"estimate: about {format_seconds(total)} to evaluate {len(layers)} layers x {len(settings)} settings x "
+        f"{cfg.horizon} steps x batch {cfg.batch}" + (f" and verify on {hb} held-out sequences" if cfg.verify else "")
+        + f" (torch backend, {1e3 * per_setting:.3g} ms per setting and layer-step measured on this machine; "
+        "loading and capture not included)"
     )
 
 

@@ -45,8 +45,8 @@ def export(
 ) -> ExportResult:
     """Write `target`'s files for the recipe in `recipe_dir` (atomically) and return what was written.
 
-    target: "vllm" | "trtllm" | "flashinfer"; out_dir: default RECIPE_DIR/export-<target> (replaced on
-    re-export); num_speculative_tokens: draft tokens of the deployment, checked against the buffer length.
+    target: "vllm" | "trtllm" | "flashinfer"; out_dir: default RECIPE_DIR/export-<target>; an existing
+    non-empty out_dir, the default one included, is replaced only with ``force``; num_speculative_tokens: draft tokens of the deployment, checked against the buffer length.
     Raises ExportError: unknown target (lists the known ones), bad recipe, or nothing the target can run
     within the budget (with the reasons).
     """
@@ -81,10 +81,7 @@ def export(
         "notes": plan.notes,
         "files": result_files,
     }
-    if out_dir is None:
-        out, force = default_out_dir(recipe.path, t), True
-    else:
-        out = pathlib.Path(out_dir)
+    out = default_out_dir(recipe.path, t) if out_dir is None else pathlib.Path(out_dir)
     result = ExportResult(out, result_files, plan, recipe.metric)
 
     def fill(tmp: pathlib.Path):

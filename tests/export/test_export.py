@@ -54,7 +54,7 @@ def test_vllm_files(mamba_recipe):
     doc = _doc(mamba_recipe)
     g = doc["global"]["setting"]
     assert g["encoding"] in ("int8", "fp8_e4m3") and g["scheme_kind"] == "replay"
-    res = export(mamba_recipe, "vllm")
+    res = export(mamba_recipe, "vllm", force=True)
     out = res.out_dir
     assert out == mamba_recipe / "export-vllm"
     args = json.loads((out / "vllm_engine_args.json").read_text())
@@ -81,7 +81,7 @@ def test_partially_consumable_recipe_reports_each_dropped_setting_with_its_cost(
     doc = _doc(mamba_recipe)
     decisions = {e["setting"]["name"] for e in doc["layers"]}
     assert all(n.endswith("@conventional") for n in decisions)  # the cheapest per layer: no replay ring
-    res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "vllm"])
+    res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "vllm", "--force"])
     assert res.exit_code == 0, res.output
     assert "dropped conventional decoding (-> replay" in res.output
     assert "int8 state exists only in FlashInfer's ReplaySSM kernel" in res.output
@@ -161,7 +161,7 @@ def test_unsatisfiable_recipe_exits_nonzero_with_the_reason(mamba_recipe, copy):
 
 
 def test_speculative_tokens_are_checked_against_the_buffer(mamba_recipe, copy):
-    res = export(mamba_recipe, "vllm", num_speculative_tokens=8)
+    res = export(mamba_recipe, "vllm", num_speculative_tokens=8, force=True)
     s = res.plan.setting
     assert s.scheme_kind == "conventional" or s.buffer_len >= 9
     glob = _doc(mamba_recipe)["global"]["setting"]
