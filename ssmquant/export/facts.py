@@ -393,7 +393,7 @@ FACTS: dict[str, Fact] = {
             "flashinfer",
             "selective_state_update rounds stochastically only into a float16 state (cvt_rs_f16_f32 written into "
             "the state element: other state dtypes fail to compile) and not together with state_scale",
-            (_fi("flashinfer/data/include/flashinfer/mamba/kernel_selective_state_update_stp.cuh"),),
+            (_fi("flashinfer/data/include/flashinfer/mamba/kernel_selective_state_update_stp.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
             quote="rState.val[ii] = cvt_rs_f16_f32(new_state, rand_ints[ii % 4] & 0x1FFFu);",
         ),
         Fact(
@@ -411,8 +411,8 @@ FACTS: dict[str, Fact] = {
             "checkpointing_ssu rounds stochastically into float16, int8 and fp8_e4m3 state; with a bfloat16 or "
             "float32 state rand_seed is accepted and the state is rounded to nearest",
             (
-                _fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu.cuh"),
-                _fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh"),
+                _fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+                _fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
             ),
             quote="constexpr bool kPhiloxF16 = (PHILOX_ROUNDS > 0) && std::is_same_v<state_t, __half>;",
         ),
@@ -430,10 +430,9 @@ FACTS: dict[str, Fact] = {
             "row << 7, unchecked), 2-byte inputs (static_assert), ring in the input dtype (x_cache.dtype == "
             "x.dtype)",
             (
-                _fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh", "0.7.2.post1",
-                    "0.7.4"),
-                _fi("flashinfer/data/csrc/checkpointing_ssu.cu"),
-            ),  # fmt: skip
+                _fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+                _fi("flashinfer/data/csrc/checkpointing_ssu.cu", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+            ),
             quote='static_assert(D_PER_CTA == 64, "int8 chain kernel requires DIM == 64"); '
             "int const state_base_lo = row_lo << 7;  // row_lo * DSTATE",
         ),
@@ -442,7 +441,7 @@ FACTS: dict[str, Fact] = {
             "flashinfer",
             "dt (.., nheads, dim) strides (1, 0), A (nheads, dim, dstate) strides (1, 0, 0), D and dt_bias "
             "(nheads, dim) strides (1, 0): one value per head broadcast over head_dim ('tie_hdim')",
-            (_fi("flashinfer/data/csrc/checkpointing_ssu.cu"), _fi("flashinfer/data/csrc/selective_state_update.cu")),
+            (_fi("flashinfer/data/csrc/checkpointing_ssu.cu", "0.7.0.post1", "0.7.2.post1", "0.7.4"), _fi("flashinfer/data/csrc/selective_state_update.cu")),
             quote='FLASHINFER_CHECK(dt.stride(3) == 0, "dt.stride(3) must be 0 (tie_hdim), got ", dt.stride(3));',
         ),
         Fact(
@@ -450,7 +449,7 @@ FACTS: dict[str, Fact] = {
             "flashinfer",
             "state_scale holds decode scales (value = code * scale), written at every checkpoint as "
             "1 / (QMAX / amax) over d_state per (slot, head, row), 1 where amax = 0; QMAX 127 (int8), 448 (fp8)",
-            (_fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh"),),
+            (_fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
             quote="state_scale_w[state_scale_base + d_row] = 1.f / encode_scale_per_row[i];",
         ),
         Fact(

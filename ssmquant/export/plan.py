@@ -92,6 +92,12 @@ class ExportPlan:
     engine_bytes: dict | None = None
     num_ssm_layers: int = 0
 
+    @property
+    def other_notes(self) -> list[str]:
+        """The notes after the 'checked for' line and the unreleased-build label (files print those first)."""
+        skip = 1 + (self.deployment is not None and self.deployment.build is not None)
+        return self.notes[skip:]
+
 
 def _f(x) -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.4g}"

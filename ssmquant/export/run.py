@@ -192,6 +192,6 @@ def _summary(result: ExportResult, recipe, files: dict[str, str]) -> str:
             lines += [f"  {x.strip()}" for x in out[1:]]
     else:
         lines.append("Nothing: the recipe's decisions are consumed as they are.")
-    lines += ["", "## Notes", ""] + [f"- {n}" for n in p.notes]
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in p.other_notes]
     lines += ["", "## Files", ""] + [f"- `{f}`" for f in sorted(files)]
     return "\n".join(lines) + "\n"

@@ -38,7 +38,7 @@ def _comment_block(plan: ExportPlan, recipe: Recipe, prefix: str = "# ") -> str:
         lines += [f"  - {d.what}: {d.reason}" for d in plan.dropped]
     else:
         lines.append("Every per-layer decision of the recipe is consumed as is.")
-    lines += [f"note: {n}" for n in plan.notes[1:]]  # notes[0] is the 'checked for' line above
+    lines += [f"note: {n}" for n in plan.other_notes]
     return "\n".join(prefix + line if line else prefix.rstrip() for line in lines) + "\n"
 
 
