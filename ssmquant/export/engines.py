@@ -123,13 +123,13 @@ class Violation(NamedTuple):
     fact: str | None
 
 
-def _v(rule: str, fact_id: str | None, detail: str, **fmt) -> Violation:
-    """A violation: `detail`, then the engine's own words (its quote, formatted with `fmt` if given, else what the
-    fact says) and where they were read."""
+def _v(rule: str, fact_id: str | None, detail: str, quote: bool = True, **fmt) -> Violation:
+    """A violation: `detail`, then the engine's own words (its quote, formatted with `fmt` if given; what the
+    fact says where it has no quote or `quote` is False) and where they were read."""
     if fact_id is None:
         return Violation(rule, detail, None)
     f = FACTS[fact_id]
-    words = f'"{f.quote.format(**fmt) if fmt else f.quote}"' if f.quote else f"({f.says})"
+    words = f'"{f.quote.format(**fmt) if fmt else f.quote}"' if f.quote and quote else f"({f.says})"
     return Violation(rule, f"{detail}: {words} {f.cite()}", fact_id)
 
 
@@ -187,7 +187,8 @@ _DTYPE_FACT = {"vllm": "vllm.state_dtype", "trtllm": "trtllm.state_dtype", "flas
 def _common(t: Target, s, out: list) -> None:
     if s.encoding == "nvfp4":
         fmt = {"value": "'nvfp4'"} if t.engine == "vllm" else {}
-        out.append(_v("nvfp4", _DTYPE_FACT[t.engine], f"{t.name} stores no NVFP4 SSM state (no engine does)", **fmt))
+        detail = f"{t.name} stores no NVFP4 SSM state (no engine does)"
+        out.append(_v("nvfp4", _DTYPE_FACT[t.engine], detail, quote=t.engine != "flashinfer", **fmt))
     if s.scale_mode == "static":
         out.append(
             _v(
