@@ -592,14 +592,34 @@ def calibrate_cmd(
     help="Draft tokens per step of the deployment (checked against the replay buffer length).",
 )
 @click.option(
+    "--engine-version",
+    default=None,
+    help="Engine version the export is checked for: a release whose source the engine facts cover, or a build "
+    "with open PRs (vLLM 0.33.0+pr52962). [default: the newest release covered]",
+)
+@click.option(
+    "--gpu",
+    default=None,
+    help="GPU the export is checked for, as its compute capability: sm80, sm90, sm100, sm120, ... "
+    "[default: the local GPU, else sm90]",
+)
+@click.option(
     "--force", is_flag=True, help="Replace a non-empty output directory (--out or the default RECIPE_DIR/export-TARGET)."
 )
-def export_cmd(recipe_dir, target, out_dir, num_speculative_tokens, force):
+def export_cmd(recipe_dir, target, out_dir, num_speculative_tokens, engine_version, gpu, force):
     """Turn a recipe into the files vLLM, TensorRT-LLM or FlashInfer take, and report what they cannot take."""
     from .export import ExportError, export
 
     try:
-        result = export(recipe_dir, target, out_dir, num_speculative_tokens=num_speculative_tokens, force=force)
+        result = export(
+            recipe_dir,
+            target,
+            out_dir,
+            num_speculative_tokens=num_speculative_tokens,
+            force=force,
+            engine_version=engine_version,
+            gpu=gpu,
+        )
     except ExportError as err:
         raise click.ClickException(str(err)) from None
     for line in result.report_lines():
