@@ -9,9 +9,9 @@ free, and a time estimate measured on this machine.
   whose estimate exceeds the free memory of a pool is refused before any of it is allocated, with the
   estimate, its largest parts and the largest --steps that fits.
 - Time (``probe_step_seconds``): the torch backend's cost of one decode step of one layer for the run's
-  variants, measured by running a few steps on random inputs of the run's exact state shape (about
-  a second at most), then scaled to the run. It is an estimate: model loading and capture are not included and a
-  busy machine runs slower.
+  variants, measured by running a few steps on random inputs of the run's exact state shape (a second
+  at most), then scaled to the run. It is an estimate: model loading and capture are not included, and
+  a busy machine runs slower.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ CPU_DEFAULTS = {
 FP32 = 4
 GIB = 2**30
 # Per decode step the torch backend costs ~3.3 ns per state element per variant on 2 cores (x86, torch 2.13,
-# measured with nemotron-3-nano shapes); used only to size the probe so that it takes about PROBE_SECONDS.
+# measured with nemotron-3-nano shapes); used only to size the probe's batch so that one run of it takes
+# about PROBE_SECONDS.
 PROBE_SECONDS = 0.3
 PROBE_REPEATS = 3
 _NS_PER_ELEMENT_STEP = 3.5e-9

@@ -125,6 +125,17 @@ def test_out_that_cannot_be_created_is_refused_before_computing(tmp_path, no_mod
     assert "cannot be created" in line and "not a directory" in line
 
 
+def test_failed_write_is_one_error_line_and_leaves_nothing(tmp_path, monkeypatch):
+    def disk_full(root):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("ssmquant.report.files.follow_umask", disk_full)
+    out = tmp_path / "out"
+    res = cli(["analyze", *TINY, "--steps", 8, "--batch", 1, "--no-plots", "--out", out])
+    assert_user_error(res, "cannot write --out", "No space left on device")
+    assert_nothing_written(out)
+
+
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only directories")
 def test_read_only_out_location_is_refused_before_computing(tmp_path, no_model_load):
     ro = tmp_path / "ro"

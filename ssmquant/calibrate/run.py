@@ -37,13 +37,14 @@ from .choose import (
     evaluate_layer,
     uniform_table,
 )
-from .scales import calibrate_scales, required_percentiles, scale_keys
+from .scales import DEFAULT_MSE_SAMPLES, MSE_FROM, calibrate_scales, required_percentiles, scale_keys
 from .settings import (
     CalibrateError,
     LayerDims,
     Setting,
     build_settings,
     metric_quantity,
+    parse_method,
 )
 from .stats import DEFAULT_PERCENTILES, StateStats, collect_stats
 from .verify import synthetic_heldout_source, verify_layers
@@ -350,10 +351,11 @@ def calibrate(
     )
 
 
-# Settings re-simulated per layer on held-out data (the decision, the global and the engines' picks), and the
-# share of one setting that the statistics and the scale search cost: both for the time estimate only.
+# For the time estimate only: settings re-simulated per layer on held-out data (the decision, the global
+# and the engines' picks), and what the statistics cost in settings (one FP32 reference decode, with top-k).
 VERIFIED_PER_LAYER = 3
-STATS_AND_SCALES = 2
+STATS_COST = 2
+MSE_PROBE_SAMPLES = 2
 
 
 def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, device, backend, notify) -> None:
@@ -371,14 +373,33 @@ def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, device, b
         return
     per_step *= cfg.batch / batch
     per_setting = per_step / len(dynamic)  # seconds per layer-step of one setting at the calibration batch
-    work = len(settings) + STATS_AND_SCALES + (VERIFIED_PER_LAYER * hb / cfg.batch if cfg.verify else 0)
-    total = per_setting * work * cfg.horizon * len(layers)
+    work = len(settings) + STATS_COST + (VERIFIED_PER_LAYER * hb / cfg.batch if cfg.verify else 0)
+    total = (per_setting * work * cfg.horizon + _mse_seconds(cfg, source, settings)) * len(layers)
     notify(
         f"estimate: about {format_seconds(total)} to evaluate {len(layers)} layers x {len(settings)} settings x "
         f"{cfg.horizon} steps x batch {cfg.batch}" + (f" and verify on {hb} held-out sequences" if cfg.verify else "")
         + f" (torch backend, {1e3 * per_setting:.3g} ms per setting and layer-step measured on this machine; "
         "loading and capture not included)"
     )
+
+
+def _mse_seconds(cfg: CalibrateConfig, source: LayerSource, settings) -> float:
+    """Seconds per layer of the MSE scale search, which does not scale with the horizon: it quantizes
+    DEFAULT_MSE_SAMPLES reference states at every trial scale (``scales.calibrate_scales``). Measured by
+    running the search on MSE_PROBE_SAMPLES states of random inputs of the layer's shape."""
+    from ..sizing import random_inputs
+
+    keys = [k for k in scale_keys(settings) if parse_method(k[1]).kind == "mse"]
+    if not keys:
+        return 0.0
+    steps = 2 * MSE_PROBE_SAMPLES  # calibrate_scales samples the second half of the steps
+    probe = random_inputs(source.dims, cfg.batch, steps)
+    st = collect_stats(probe, percentiles=DEFAULT_PERCENTILES)
+    calibrate_scales(probe, st, keys[:1], mse_samples=1)  # warm-up (imports, first allocations)
+    t0 = time.perf_counter()
+    calibrate_scales(probe, st, keys, mse_samples=MSE_PROBE_SAMPLES)
+    samples = min(DEFAULT_MSE_SAMPLES, cfg.horizon - int(cfg.horizon * MSE_FROM))
+    return (time.perf_counter() - t0) / MSE_PROBE_SAMPLES * samples
 
 
 def engine_picks(uniform: pd.DataFrame, by_name: dict[str, Setting], layer_kind: str) -> list[str]:

@@ -95,10 +95,14 @@ def follow_umask(root: pathlib.Path) -> None:
 
 def write_atomically(out_dir, force: bool, fill) -> pathlib.Path:
     """Create out_dir by calling fill(tmp_dir) on a temporary sibling, then renaming it into place; its
-    files and directories get the modes the user's umask gives (``follow_umask``)."""
+    files and directories get the modes the user's umask gives (``follow_umask``). A file-system error
+    (permissions changed since the check, disk full) becomes an OutputError naming DIR; nothing is left."""
     out = check_out_dir(out_dir, force).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as err:
+        raise OutputError(f"--out {out} cannot be created: {err.strerror or err}") from None
     try:
         fill(tmp)
         follow_umask(tmp)
@@ -109,6 +113,9 @@ def write_atomically(out_dir, force: bool, fill) -> pathlib.Path:
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputError(f"cannot write --out {out}: {err}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
