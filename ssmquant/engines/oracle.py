@@ -40,6 +40,7 @@ from ..replay.schemes import Scheme
 from . import flashinfer as fi
 from . import philox
 from .env import engine_status
+from .philox import engine_seed
 
 STATE_DTYPES = {
     "int8": torch.int8,
@@ -50,15 +51,6 @@ STATE_DTYPES = {
     "int16": torch.int16,
 }
 WRITE_MARKS = (1, 16, 256)
-
-
-def engine_seed(seed: int, step: int) -> int:
-    """The int64 `rand_seed` given to the call at 0-based `step`: seed in the high word, step in the low.
-
-    Engines pass one seed tensor per call and choose its schedule themselves; a constant seed would
-    reuse each element's random word at every write.
-    """
-    return ((seed & 0x7FFFFFFF) << 32) | (step & 0xFFFFFFFF)
 
 
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,15 @@ _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
 PHILOX_ROUNDS = 10  # FlashInfer's default `philox_rounds`
 
 
+def engine_seed(seed: int, step: int) -> int:
+    """The int64 `rand_seed` of the call at 0-based `step`: `seed` in the high word, the step in the low.
+
+    Engines pass one seed tensor per call and choose its schedule themselves (a constant seed would reuse
+    each element's random word at every write); the oracle and the flashinfer profile use this one.
+    """
+    return ((seed & 0x7FFFFFFF) << 32) | (step & 0xFFFFFFFF)
+
+
 def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(high, low) 32-bit halves of the 64-bit product a * b (a: uint32 constant, b: uint32 in int64)."""
     hi_part = a * (b >> 16)  # < 2^48
