@@ -62,3 +62,23 @@ def test_curve_windows_and_gap():
         b.add(s, torch.tensor([1.0 + 0.2]), torch.tensor([1.0]))
     assert [w for w, _ in a.windows(4)] == [4, 8]
     assert oracle.curve_gap(a, b, 4) == pytest.approx(0.5, rel=1e-5)
+
+
+def test_engine_status_is_one_line_naming_what_is_missing_and_how_to_get_it(monkeypatch):
+    import sys
+
+    from ssmquant.engines import env
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    st = env.engine_status("flashinfer")
+    assert not st.ok and "CUDA GPU" in st.reason and "\n" not in st.reason
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    assert "compute capability >= 8.0" in env.engine_status("fla").reason
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", None)  # import fails
+    st = env.engine_status("fla")
+    assert not st.ok and "flash-linear-attention==0.6.0" in st.reason
+    assert "python -m ssmquant.engines.bundle OUTDIR" in st.reason and "\n" not in st.reason
+    with pytest.raises(ValueError, match="accepted: flashinfer, fla"):
+        env.engine_status("vllm")
