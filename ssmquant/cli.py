@@ -209,6 +209,12 @@ def _layers(value: str | None) -> list[int] | None:
     type=int,
     help="Seed for text selection, synthetic inputs and stochastic rounding.",
 )
+@click.option(
+    "--engine",
+    default="ideal",
+    show_default=True,
+    help="Engine profile(s) whose arithmetic is emulated: ideal, flashinfer, or ideal,flashinfer side by side.",
+)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
@@ -228,6 +234,7 @@ def analyze_cmd(
     backend,
     record_every,
     seed,
+    engine,
     out_dir,
     force,
     no_plots,
@@ -256,6 +263,7 @@ def analyze_cmd(
         backend=backend,
         seed=seed,
         record_every=record_every,
+        engines=_csv(engine, "--engine"),
     )
     bar = _Bar(quiet, "layer", "analyze")
     try:

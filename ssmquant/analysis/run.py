@@ -59,6 +59,7 @@ class AnalyzeConfig:
     backend: str = "auto"
     seed: int = 0
     record_every: int | None = None  # window length; None: whole flush cycles, at most 1024 windows
+    engines: list[str] = field(default_factory=lambda: ["ideal"])  # engine profiles (ssmquant.engines.profiles)
 
 
 def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
@@ -71,7 +72,7 @@ def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
     variants, seen = [], set()
     try:
         schemes = [parse_scheme(s, default_buffer_len=cfg.buffer_len) for s in cfg.schemes]
-        for spec, r, scheme in itertools.product(cfg.formats, cfg.rounding, schemes):
+        for spec, r, scheme, engine in itertools.product(cfg.formats, cfg.rounding, schemes, cfg.engines):
             fmt = parse(spec)
             if fmt.scale_mode.value == "static":
                 raise AnalyzeError(
@@ -81,7 +82,7 @@ def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
                 if fmt.encoding is Encoding.FP32:
                     continue
                 fmt = parse(f"{fmt.name}:sr") if fmt.rounding.value == "rne" else fmt
-            v = Variant(fmt, scheme, seed=cfg.seed)
+            v = Variant(fmt, scheme, seed=cfg.seed, engine=engine)
             if v.name not in seen:
                 seen.add(v.name)
                 variants.append(v)
@@ -166,6 +167,7 @@ def summarize_layer(layer: int, kind: str, trace: Trace, variants: list[Variant]
                 "variant": v.name,
                 "format": v.format.name,
                 "scheme": v.scheme.name,
+                "engine": v.engine,
                 "horizon": int(trace.steps[h]),
                 "horizon_window_start": int(trace.window_starts[h]),
                 "state_rel_err": float(state[i, h]),

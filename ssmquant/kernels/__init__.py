@@ -99,6 +99,11 @@ def emulate_triton_steps(
         launch = gdn_launch
         per_sequence = set(shared)
     for i, variant in enumerate(variants):
+        if variant.engine != "ideal":  # an engine profile: its own kernel (mamba2_engine.py)
+            from .mamba2_engine import engine_steps
+
+            yield from engine_steps(inputs, variant, i, shared, s0, metric_budget)
+            continue
         fmt = variant.format
         block_p, num_warps = tiling or plan_blocks(variant, rows, sdim)
         group = None if fmt.granularity.rows is None else group_rows_for_kernel(fmt, rows, block_p)

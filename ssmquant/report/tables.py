@@ -14,6 +14,7 @@ _SCALE_NOTE = {
     Encoding.FP16: "none",
     Encoding.FP8_E4M3: "FP32 per row, amax/448",
     Encoding.INT8: "FP32 per row, amax/127",
+    Encoding.INT16: "FP32 per row, amax/32767",
     Encoding.NVFP4: "E4M3 per 16 elements x FP32 per row",
 }
 
