@@ -216,6 +216,11 @@ def tiny_run(tmp_path_factory):
     return out, res
 
 
+def test_first_layer_time_is_reported(tiny_run):
+    _, res = tiny_run
+    assert "the first layer took" in res.stderr and "more" in res.stderr
+
+
 def test_tables_are_parquet_and_pyarrow_is_a_dependency(tiny_run):
     out, _ = tiny_run
     assert {"traces.parquet", "heads.parquet"} <= {p.name for p in out.iterdir()}

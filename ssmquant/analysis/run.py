@@ -220,7 +220,7 @@ def memory_table(source: LayerSource, variants: list[Variant], num_layers: int) 
 def analyze(cfg: AnalyzeConfig, *, progress=None, notify=None) -> AnalysisResult:
     """Run the analysis. progress: optional callable(done_layers, total_layers, layer_index) for a bar;
     notify: optional callable(line) that receives the time estimate before the emulation starts (the
-    estimate is measured only when notify is given).
+    estimate is measured only when notify is given) and, after the first layer, what it implies for the rest.
 
     Raises AnalyzeError / SourceError with a message naming the problem, SizingError (before any layer
     runs) when the run's memory estimate exceeds the free memory; NaN/Inf in captured inputs raise
@@ -261,6 +261,7 @@ def analyze(cfg: AnalyzeConfig, *, progress=None, notify=None) -> AnalysisResult
     traces, heads, summary = [], [], []
     if progress:
         progress(0, len(layers), None)
+    t_layers = time.perf_counter()
     for n, (layer, inputs) in enumerate(source.iter_layers(layers), start=1):
         inputs = inputs.to(device)
         inputs.meta.setdefault("layer", layer)
@@ -274,6 +275,9 @@ def analyze(cfg: AnalyzeConfig, *, progress=None, notify=None) -> AnalysisResult
         heads.append(head_table(layer, trace))
         summary.extend(summarize_layer(layer, source.layer_kind, trace, variants))
         del inputs
+        if notify is not None and n == 1 and len(layers) > 1:
+            first = time.perf_counter() - t_layers
+            notify(f"the first layer took {format_seconds(first)}: about {format_seconds(first * (len(layers) - 1))} more")
         if progress:
             progress(n, len(layers), layer)
     return AnalysisResult(
