@@ -269,6 +269,8 @@ def _cgroup_room() -> int | None:
 
 
 def _gib(n: float) -> str:
+    if n >= 1024 * GIB:
+        return f"{n / (1024 * GIB):.1f} TiB"
     return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.0f} MiB"
 
 

@@ -103,7 +103,7 @@ def test_analyze_refuses_a_run_that_will_not_fit_with_the_estimate(tmp_path, mon
     out = tmp_path / "out"
     args = ["analyze", "--model", "nemotron-3-nano", "--synthetic", "--steps", 10_000_000, "--batch", 8, "--out", out]
     line = assert_user_error(cli(args))
-    assert "needs about" in line and "GiB" in line and "(estimate;" in line and "is free" in line
+    assert "needs about" in line and "TiB" in line and "(estimate;" in line and "is free" in line
     assert "lower --steps or --batch" in line and "steps fit at batch 8" in line
     assert_nothing_written(out)
 
