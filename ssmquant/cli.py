@@ -567,9 +567,13 @@ def calibrate_cmd(
             bars[stage] = _Bar(quiet, "layer", stage)
         bars[stage].update(done, total, "" if layer is None else f"layer {layer}")
 
+    def notify(line):
+        drawn = [b for b in bars.values() if b.bar is not None]
+        (drawn[-1].info if drawn else _info)(line)
+
     try:
         check_out_dir(out_dir, force)
-        result = calibrate(cfg, progress=progress, notify=None if quiet else _info)
+        result = calibrate(cfg, progress=progress, notify=None if quiet else notify)
         for b in bars.values():
             b.close()
         path = write_recipe(result, out_dir, force=force)

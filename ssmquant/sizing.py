@@ -285,6 +285,8 @@ def _cgroup_room() -> int | None:
 
 
 def _gib(n: float) -> str:
+    if n >= 1024 * GIB:
+        return f"{n / (1024 * GIB):.1f} TiB"
     return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.0f} MiB"
 
 
@@ -350,7 +352,7 @@ def probe_step_seconds(
     Runs the emulation on random inputs of the layer's exact state shape for a few steps (enough to
     include a replay flush, at most ``steps``) with a batch small enough to take ~PROBE_SECONDS, after a
     short warm-up, and scales linearly to ``batch`` (the per-step work is linear in the batch). The
-    fastest of two or three runs counts: on a shared machine one run can stall.
+    fastest of two or three runs counts: on a shared machine a run can stall for many times its length.
     """
     import torch
 
@@ -362,16 +364,16 @@ def probe_step_seconds(
     b = max(1, min(batch, int(PROBE_SECONDS / per_batch)))
     simulate(random_inputs(dims, b, min(n, 2), device=device, seed=1), variants, backend=backend)
     inputs = random_inputs(dims, b, n, device=device)
-    best, start = math.inf, time.perf_counter()
+    runs, start = [], time.perf_counter()
     for i in range(PROBE_REPEATS):
         t0 = time.perf_counter()
         simulate(inputs, variants, backend=backend, record_every=min(n, record_every))
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
+        runs.append(time.perf_counter() - t0)
         if i >= 1 and time.perf_counter() - start > 3 * PROBE_SECONDS:
             break
-    return best / n * (batch / b)
+    return min(runs) / n * (batch / b)
 
 
 def format_seconds(s: float) -> str:

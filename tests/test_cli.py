@@ -103,7 +103,7 @@ def test_analyze_refuses_a_run_that_will_not_fit_with_the_estimate(tmp_path, mon
     out = tmp_path / "out"
     args = ["analyze", "--model", "nemotron-3-nano", "--synthetic", "--steps", 10_000_000, "--batch", 8, "--out", out]
     line = assert_user_error(cli(args))
-    assert "needs about" in line and "GiB" in line and "(estimate;" in line and "is free" in line
+    assert "needs about" in line and "TiB" in line and "(estimate;" in line and "is free" in line
     assert "lower --steps or --batch" in line and "steps fit at batch 8" in line
     assert_nothing_written(out)
 
@@ -215,6 +215,11 @@ def tiny_run(tmp_path_factory):
     res = cli(args)
     assert res.exit_code == 0, res.output
     return out, res
+
+
+def test_first_layer_time_is_reported(tiny_run):
+    _, res = tiny_run
+    assert "the first layer took" in res.stderr and "more" in res.stderr
 
 
 def test_tables_are_parquet_and_pyarrow_is_a_dependency(tiny_run):

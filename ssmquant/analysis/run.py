@@ -242,7 +242,7 @@ def memory_table(source: LayerSource, variants: list[Variant], num_layers: int) 
 def analyze(cfg: AnalyzeConfig, *, progress=None, notify=None) -> AnalysisResult:
     """Run the analysis. progress: optional callable(done_layers, total_layers, layer_index) for a bar;
     notify: optional callable(line) that receives the time estimate before the emulation starts (the
-    estimate is measured only when notify is given).
+    estimate is measured only when notify is given) and, after the first layer, what it implies for the rest.
 
     Raises AnalyzeError / SourceError with a message naming the problem, SizingError (before any layer
     runs) when the run's memory estimate exceeds the free memory; NaN/Inf in captured inputs raise
@@ -288,6 +288,7 @@ def analyze(cfg: AnalyzeConfig, *, progress=None, notify=None) -> AnalysisResult
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     waited = emulated = 0.0  # seconds waiting for the next layer's captured inputs / emulating
+    t_layers = time.perf_counter()
     layer_iter = enumerate(source.iter_layers(layers), start=1)
     while True:
         t_wait = time.time()
@@ -310,6 +311,9 @@ def analyze(cfg: AnalyzeConfig, *, progress=None, notify=None) -> AnalysisResult
         heads.append(head_table(layer, trace))
         summary.extend(summarize_layer(layer, source.layer_kind, trace, variants))
         del inputs
+        if notify is not None and n == 1 and len(layers) > 1:
+            first = time.perf_counter() - t_layers
+            notify(f"the first layer took {format_seconds(first)}: about {format_seconds(first * (len(layers) - 1))} more")
         if progress:
             progress(n, len(layers), layer)
     stages = {

@@ -37,7 +37,7 @@ from .choose import (
     evaluate_layer,
     uniform_table,
 )
-from .scales import DEFAULT_MSE_SAMPLES, MSE_FROM, calibrate_scales, required_percentiles, scale_keys
+from .scales import calibrate_scales, required_percentiles, scale_keys
 from .settings import (
     CalibrateError,
     LayerDims,
@@ -157,7 +157,7 @@ def calibrate(
 ) -> CalibrationResult:
     """Run a calibration. progress: optional callable(stage, done, total, layer), stage "calibrate" | "verify";
     notify: optional callable(line) that receives the time estimate before the first layer (measured only
-    when given).
+    when given) and, after the first layer, the time that layer took and what it implies for the rest.
 
     source / heldout_source: LayerSources to use instead of opening cfg.model (tests, custom data); the
     held-out source must yield different sequences of the same layers.
@@ -204,6 +204,7 @@ def calibrate(
     by_name = {s.name: s for s in all_settings}
     if progress:
         progress("calibrate", 0, len(layers), None)
+    t_layers = time.perf_counter()
     for n, (layer, inputs) in enumerate(source.iter_layers(layers), start=1):
         inputs = inputs.to(device)
         try:
@@ -237,6 +238,12 @@ def calibrate(
                 chosen_scales[layer] = scales[decisions[layer].scale_key].cpu()
         del inputs, scales
         _free()
+        if notify is not None and n == 1 and len(layers) > 1:
+            first = time.perf_counter() - t_layers
+            notify(
+                f"the first layer took {format_seconds(first)}: about {format_seconds(first * (len(layers) - 1))} "
+                f"more for the other {len(layers) - 1} layers" + (", then the verification" if cfg.verify else "")
+            )
         if progress:
             progress("calibrate", n, len(layers), layer)
     evaluations = pd.concat(evals, ignore_index=True)
@@ -355,7 +362,6 @@ def calibrate(
 # and the engines' picks), and what the statistics cost in settings (one FP32 reference decode, with top-k).
 VERIFIED_PER_LAYER = 3
 STATS_COST = 2
-MSE_PROBE_SAMPLES = 2
 
 
 def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, device, backend, notify) -> None:
@@ -374,32 +380,15 @@ def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, device, b
     per_step *= cfg.batch / batch
     per_setting = per_step / len(dynamic)  # seconds per layer-step of one setting at the calibration batch
     work = len(settings) + STATS_COST + (VERIFIED_PER_LAYER * hb / cfg.batch if cfg.verify else 0)
-    total = (per_setting * work * cfg.horizon + _mse_seconds(cfg, source, settings)) * len(layers)
+    total = per_setting * work * cfg.horizon * len(layers)
+    mse = any(parse_method(k[1]).kind == "mse" for k in scale_keys(settings))
     notify(
         f"estimate: about {format_seconds(total)} to evaluate {len(layers)} layers x {len(settings)} settings x "
         f"{cfg.horizon} steps x batch {cfg.batch}" + (f" and verify on {hb} held-out sequences" if cfg.verify else "")
         + f" (torch backend, {1e3 * per_setting:.3g} ms per setting and layer-step measured on this machine; "
-        "loading and capture not included)"
+        "loading and capture not included"
+        + ("; the MSE scale search comes on top: timed on the first layer" if mse else "") + ")"
     )
-
-
-def _mse_seconds(cfg: CalibrateConfig, source: LayerSource, settings) -> float:
-    """Seconds per layer of the MSE scale search, which does not scale with the horizon: it quantizes
-    DEFAULT_MSE_SAMPLES reference states at every trial scale (``scales.calibrate_scales``). Measured by
-    running the search on MSE_PROBE_SAMPLES states of random inputs of the layer's shape."""
-    from ..sizing import random_inputs
-
-    keys = [k for k in scale_keys(settings) if parse_method(k[1]).kind == "mse"]
-    if not keys:
-        return 0.0
-    steps = 2 * MSE_PROBE_SAMPLES  # calibrate_scales samples the second half of the steps
-    probe = random_inputs(source.dims, cfg.batch, steps)
-    st = collect_stats(probe, percentiles=DEFAULT_PERCENTILES)
-    calibrate_scales(probe, st, keys[:1], mse_samples=1)  # warm-up (imports, first allocations)
-    t0 = time.perf_counter()
-    calibrate_scales(probe, st, keys, mse_samples=MSE_PROBE_SAMPLES)
-    samples = min(DEFAULT_MSE_SAMPLES, cfg.horizon - int(cfg.horizon * MSE_FROM))
-    return (time.perf_counter() - t0) / MSE_PROBE_SAMPLES * samples
 
 
 def engine_picks(uniform: pd.DataFrame, by_name: dict[str, Setting], layer_kind: str) -> list[str]:
