@@ -295,7 +295,7 @@ class KDAInputs(_DeltaRuleInputs):
     - k:    [B, T, Hk, Dk]  L2-normalised
     - v:    [B, T, Hv, Dv]
     - g:    [B, T, Hv, Dk]  log decays <= 0, one per key channel: GLM-5.3-Flash's
-                            lower_bound * sigmoid(exp(A_log) * (f + dt_bias)) in (-5, 0), Kimi-Linear's
+                            lower_bound * sigmoid(exp(A_log) * (f + dt_bias)) in [-5, 0], Kimi-Linear's
                             -exp(A_log) * softplus(f + dt_bias)
     - beta: [B, T, Hv]      sigmoid(b) in (0, 1)
     - initial_state: optional [B, Hv, Dv, Dk] state before step 0 (zeros if None)

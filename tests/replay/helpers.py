@@ -36,7 +36,7 @@ def gdn_inputs(batch=2, steps=63, key_heads=2, value_heads=4, dk=40, dv=60, seed
 
 def kda_inputs(batch=2, steps=63, key_heads=2, value_heads=4, dk=40, dv=60, seed=0, device="cpu", dtype=torch.bfloat16):
     """KDA inputs whose key channels decay at different rates inside every head (half-lives ~1 to ~1000
-    steps), with GLM-5.3-Flash's bounded gate: g = -5 sigmoid(exp(A_log) (f + dt_bias)) in (-5, 0)."""
+    steps), with GLM-5.3-Flash's bounded gate: g = -5 sigmoid(f + dt_bias) in [-5, 0]."""
     g = torch.Generator().manual_seed(seed)
     q = F.normalize(torch.randn(batch, steps, key_heads, dk, generator=g), dim=-1) / dk**0.5
     k = F.normalize(torch.randn(batch, steps, key_heads, dk, generator=g), dim=-1)
