@@ -104,7 +104,7 @@ def test_kda_follows_the_family_init(name):
         assert ((a >= s.a_init_low) & (a <= s.a_init_high)).all()
     torch.testing.assert_close(x.k.norm(dim=-1), torch.ones(x.k.shape[:-1]), atol=1e-5, rtol=0)
     decay = torch.exp(x.g).mean(dim=(0, 1))  # [H, Dk]
-    assert float(decay.max(-1).values.min()) > 0.98 and float(decay.min(-1).values.max()) < 0.9
+    assert float(decay.max(-1).values.min()) > 0.98 and float(decay.min(-1).values.max()) < 0.95
 
 
 def test_reference_decode_runs_on_synthetic_inputs():
