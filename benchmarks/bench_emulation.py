@@ -51,7 +51,7 @@ from ssmquant.replay.reference import expand_groups, gdn_decays, kda_decays, mam
 
 FORMATS = ["fp8_e4m3", "int8", "nvfp4"]
 SCHEMES = ["conventional", "replay16"]
-COMPILE_VARIANTS = {("mamba2", "fp8_e4m3@conventional"), ("gdn", "fp8_e4m3@conventional"), ("kda", "fp8_e4m3@conventional")}
+COMPILE_VARIANTS = {(kind, "fp8_e4m3@conventional") for kind in ("mamba2", "gdn", "kda")}
 KINDS = ("mamba2", "gdn", "kda")
 LAYER_NAMES = {"mamba2": "Mamba-2 (Nemotron-3-Nano)", "gdn": "GDN (Qwen3.5-9B)", "kda": "KDA (GLM-5.3-Flash)"}
 

@@ -36,7 +36,7 @@ class LayerSource:
     """A model's SSM layers and a way to get their inputs, one layer at a time.
 
     kind: "shipped" | "checkpoint" | "synthetic"; name: the model's name; layers: the decoder-layer
-    indices of its SSM layers; layer_kind: "mamba2" | "gdn"; state_shape: (heads, rows, state_dim);
+    indices of its SSM layers; layer_kind: "mamba2" | "gdn" | "kda"; state_shape: (heads, rows, state_dim);
     describe: the provenance dict written into report.json.
     """
 

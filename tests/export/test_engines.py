@@ -95,3 +95,41 @@ def test_unknown_target_lists_the_known_ones():
         UnknownTargetError, match="unknown export target 'sglang'; known targets: vllm, trtllm, flashinfer"
     ):
         check_target("sglang")
+
+
+# --- Kimi Delta Attention (GLM-5.3-Flash, Kimi-Linear, Kimi-K3) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target, name",
+    [
+        ("vllm", "fp32@conventional"),
+        ("vllm", "fp32@spec5x4:fp32"),  # RecoverSSM: a window of 1 + draft tokens, u recorded in FP32
+        ("trtllm", "fp32@conventional"),
+        ("flashinfer", "bf16@conventional"),
+        ("flashinfer", "bf16@spec16x4"),
+    ],
+)
+def test_kda_takeable_settings(target, name):
+    assert violations(target, Setting.parse(name), "kda") == []
+
+
+@pytest.mark.parametrize(
+    "target, name, needle",
+    [
+        ("vllm", "bf16@conventional", "vLLM keeps KDA state in fp32 only (MambaStateDtypeCalculator.kda_state_dtype"),
+        ("trtllm", "bf16@conventional", "TensorRT-LLM keeps KDA state in fp32 only"),
+        ("flashinfer", "fp32@conventional", "FlashInfer keeps KDA state in bf16 only"),
+    ],
+)
+def test_kda_state_dtype_of_each_engine(target, name, needle):
+    assert needle in rules(target, name, "kda")["dtype"]
+
+
+def test_kda_replay_is_speculative_recoverssm_in_vllm_only():
+    assert "RecoverSSM" in rules("vllm", "fp32@replay16:fp32", "kda")["layer_kind"]
+    assert "spec5x4" in rules("vllm", "fp32@spec8x4:fp32", "kda")["layer_kind"]
+    assert "records u_t in FP32" in rules("vllm", "fp32@spec5x4", "kda")["layer_kind"]
+    assert "deferred state promotion" in rules("trtllm", "fp32@spec5x4:fp32", "kda")["layer_kind"]
+    assert "kda_wy_output_only only" in rules("flashinfer", "bf16@replay16", "kda")["layer_kind"]
+    assert not takeable_by_any(Setting.parse("fp8_e4m3@replay16"), "kda")
