@@ -330,8 +330,8 @@ def validate_document(doc: dict) -> None:
     _need(doc, "producer", dict, "the document")
     model = _need(doc, "model", dict, "the document")
     kind = _need(model, "layer_kind", str, "model")
-    if kind not in ("mamba2", "gdn"):
-        _fail(f"model.layer_kind must be 'mamba2' or 'gdn', got {kind!r}")
+    if kind not in ("mamba2", "gdn", "kda"):
+        _fail(f"model.layer_kind must be 'mamba2', 'gdn' or 'kda', got {kind!r}")
     dims = _need(model, "dims", dict, "model")
     for k in ("heads", "rows", "state_dim", "groups"):
         v = _need(dims, k, int, "model.dims")

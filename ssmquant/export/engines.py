@@ -56,6 +56,20 @@ FLASHINFER_MAX_WINDOW = 16  # checkpointing_ssu: max_window <= 16
 TRTLLM_MIN_REPLAY_HISTORY = 16  # MIN_REPLAY_HISTORY_SIZE
 DEFAULT_PHILOX_ROUNDS = 10  # TensorRT-LLM's and FlashInfer's default; what vLLM's 0 resolves to
 FLASHINFER_8BIT_HEAD_DIM, FLASHINFER_8BIT_D_STATE = 64, 128
+# The one state dtype each engine keeps for a KDA layer (GLM-5.3-Flash, Kimi-Linear, Kimi-K3), read from:
+# - vLLM: vllm/model_executor/layers/mamba/mamba_utils.py `MambaStateDtypeCalculator.kda_state_dtype` returns
+#   torch.float32 for the recurrent state whatever --mamba-ssm-cache-dtype says;
+# - TensorRT-LLM: tensorrt_llm/_torch/models/modeling_kimi_linear.py (Kimi-K3): "a delta-rule recurrent slot of
+#   [num_heads, head_dim, head_dim] fp32";
+# - FlashInfer: flashinfer/kda_kernels/recurrent_kda.py ("State: [N,HV,V,K] bf16") and
+#   kda_decode_wy_output_only.py ("bf16 I/O and state").
+# These hold for the versions the other facts cover; they are not (yet) versioned facts of facts.py.
+KDA_STATE_DTYPE = {"vllm": "fp32", "trtllm": "fp32", "flashinfer": "bf16"}
+# vLLM's KDA replay is RecoverSSM (cache_config.use_kda_recoverssm; vllm/models/kimi_k3/nvidia/ops/recoverssm.py):
+# a speculative verify window of 1 + num_speculative_tokens tokens against one checkpoint, u_t recorded in FP32
+# and the raw k | gate in the activation dtype, the accepted tokens folded into the checkpoint after every round.
+# FlashInfer's output-only KDA verify (kda_wy_output_only) takes windows of 1..16 tokens.
+FLASHINFER_KDA_MAX_WINDOW = 16
 
 
 class UnknownTargetError(ValueError):
@@ -165,12 +179,15 @@ def violations(target, setting, layer_kind: str, draft_tokens=None, *, version=N
     """Why `target` cannot run `setting` as measured, as Violations (rule, message, fact id); [] if it can.
 
     target: a Target, or an engine name ("vllm" | "trtllm" | "flashinfer") completed by version (None: the
-    newest release read), gpu (None: sm90), draft_tokens and dims. layer_kind: "mamba2" | "gdn".
+    newest release read), gpu (None: sm90), draft_tokens and dims. layer_kind: "mamba2" | "gdn" | "kda".
     """
     if not isinstance(target, Target):
         target = Target.make(target, version, gpu, draft_tokens, dims)
     out: list[Violation] = []
     _common(target, setting, out)
+    if layer_kind == "kda":
+        _kda(target, setting, out)
+        return out
     {"vllm": _vllm, "trtllm": _trtllm, "flashinfer": _flashinfer}[target.engine](target, setting, layer_kind, out)
     return out
 
@@ -241,6 +258,55 @@ def _window(t: Target, s, T: int, fact: str, out: list) -> None:
     if T and L < 1 + T:
         out.append(
             _v("spec_buffer", fact, f"speculative replay needs buffer length >= 1 + draft tokens: L={L}, T={T}")
+        )
+
+
+def _kda(t: Target, s, out: list) -> None:
+    """What each engine keeps for a Kimi Delta Attention layer (KDA_STATE_DTYPE and the notes beside it)."""
+    enc, want, replay = s.encoding, KDA_STATE_DTYPE[t.engine], _replay(s)
+    L, T = s.buffer_len, t.drafts(s)
+    if enc != want:
+        where = {
+            "vllm": "MambaStateDtypeCalculator.kda_state_dtype: --mamba-ssm-cache-dtype does not apply",
+            "trtllm": "the Kimi-K3 KDA runtime's recurrent slot",
+            "flashinfer": "recurrent_kda / kda_wy_output_only",
+        }[t.engine]
+        out.append(_v("dtype", None, f"{t.name} keeps KDA state in {want} only ({where}); the setting stores {enc}"))
+    if not replay:
+        return
+    if t.engine == "vllm":
+        if s.scheme_kind != "spec" or L != 1 + T:
+            out.append(
+                _v(
+                    "layer_kind",
+                    None,
+                    "vLLM's KDA replay is RecoverSSM (use_kda_recoverssm): speculative decoding only, a window of "
+                    f"1 + draft tokens folded into the checkpoint every round, i.e. spec{1 + max(T, 1)}x{max(T, 1)}; "
+                    f"the setting uses {s.scheme_kind} with L={L}",
+                )
+            )
+        elif s.scheme.buffer_dtype != "fp32":
+            out.append(
+                _v(
+                    "layer_kind",
+                    None,
+                    "vLLM's RecoverSSM records u_t in FP32 (and k, gate as the model's activations): measure with an "
+                    f"fp32 buffer (spec{L}x{T}:fp32), not {s.scheme.buffer_dtype}",
+                )
+            )
+    elif t.engine == "flashinfer":
+        if s.scheme_kind != "spec":
+            out.append(_v("layer_kind", None, "FlashInfer's KDA replay is the speculative verify kda_wy_output_only only"))
+        elif L > FLASHINFER_KDA_MAX_WINDOW:
+            out.append(_v("layer_kind", None, f"kda_wy_output_only takes at most {FLASHINFER_KDA_MAX_WINDOW} tokens, L={L}"))
+    else:
+        out.append(
+            _v(
+                "layer_kind",
+                None,
+                "TensorRT-LLM's Mamba replay (TRTLLM_USE_MAMBA_REPLAY) covers Mamba-2 / GDN layers; its Kimi-K3 KDA "
+                "runtime verifies draft tokens with deferred state promotion, not from a checkpoint and input buffer",
+            )
         )
 
 

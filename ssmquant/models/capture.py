@@ -10,14 +10,20 @@ except the gated norm and out_proj:
 - Qwen3.5, Qwen3.5-MoE, Qwen3-Next (``modeling_qwen3_5.py``, ``modeling_qwen3_5_moe.py``,
   ``modeling_qwen3_next.py``): ``*GatedDeltaNet.forward`` calls ``torch_chunk_gated_delta_rule(q, k, v,
   g=g, beta=beta, initial_state=..., use_qk_l2norm_in_kernel=True)`` with q, k, v after the conv and
-  SiLU, g = -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b).
+  SiLU, g = -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b);
+- GLM-5.3-Flash and Kimi-Linear (``modeling_glm5_next.py``, ``modeling_kimi_linear.py``, 5.24):
+  ``Glm5NextTextLinearAttention.forward`` / ``KimiLinearDeltaAttention.forward`` call
+  ``chunk_kimi_delta_attention(q, k, v, g=g, beta=beta, initial_state=..., use_qk_l2norm_in_kernel=True)``
+  with q, k, v after the conv and SiLU, g the per-key-channel log decays of the forget gate (fp32) and
+  beta = sigmoid(b).
 
 Capture replaces that module-global name for the duration of a prefill with a wrapper that records the
 arguments and then calls the original. The original is whatever transformers picked
 (``use_kernel_func_from_hub_with_fallback``: mamba_ssm / FLA when installed, else the torch
 reference), so capture works with or without those packages and never changes what the model computes.
 From the arguments the wrapper derives exactly what the recurrence consumes, in fp32 as the kernels
-do: dt = clamp(softplus(dt_raw + dt_bias), dt_limit); q = l2norm(q) / sqrt(Dk), k = l2norm(k).
+do: dt = clamp(softplus(dt_raw + dt_bias), dt_limit); q = l2norm(q) / sqrt(Dk), k = l2norm(k) (each family's own
+l2norm formula: GDN x * rsqrt(sum x^2 + eps), KDA x / sqrt(sum x^2 + eps)).
 Forward pre-hooks on the mixers tell the wrapper which layer is running.
 
 Memory stays bounded: each layer's inputs are handed to a callback (``capture_inputs``) or yielded
@@ -45,14 +51,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..replay.inputs import GDNInputs, InputError, Mamba2Inputs
-from .loading import LoadedModel
+from ..replay.inputs import GDNInputs, InputError, KDAInputs, Mamba2Inputs
+from .loading import KNOWN_LAYER_KINDS, LoadedModel
 from .torch_path import use_torch_path_on_cpu
 
-LayerInputs = Mamba2Inputs | GDNInputs
+LayerInputs = Mamba2Inputs | GDNInputs | KDAInputs
 
 # The module-level functions the mixers call, per layer kind.
-INTERCEPTED_FUNCTIONS = {"mamba2": "mamba2_chunk_scan", "gdn": "torch_chunk_gated_delta_rule"}
+INTERCEPTED_FUNCTIONS = {
+    "mamba2": "mamba2_chunk_scan",
+    "gdn": "torch_chunk_gated_delta_rule",
+    "kda": "chunk_kimi_delta_attention",
+}
 L2NORM_EPS = 1e-6  # transformers' l2norm default, as the GDN mixers call it
 
 _CAPTURE_LOCK = threading.Lock()
@@ -73,28 +83,65 @@ class _ConsumerClosed(Exception):
 @dataclass(frozen=True)
 class SSMMixer:
     layer: int
-    kind: str  # "mamba2" | "gdn"
+    kind: str  # "mamba2" | "gdn" | "kda"
     module: torch.nn.Module
 
 
 def find_ssm_mixers(model: torch.nn.Module) -> dict[int, SSMMixer]:
     """The SSM mixers of a transformers model, by decoder-layer index.
 
-    Mamba-2: modules whose class name ends in ``Mamba2Mixer``; GDN: in ``GatedDeltaNet``.
+    Mamba-2: modules whose class name ends in ``Mamba2Mixer``; GDN: in ``GatedDeltaNet``; KDA: in
+    ``DeltaAttention`` or ``LinearAttention`` with a per-channel ``forget_gate`` (``KimiLinearDeltaAttention``,
+    ``Glm5NextTextLinearAttention``). A layer that the config types "linear_attention" but whose mixer is
+    none of these is refused, naming its class and the known kinds.
     """
     found: dict[int, SSMMixer] = {}
     for _, mod in model.named_modules():
-        cls = type(mod).__name__
-        kind = "mamba2" if cls.endswith("Mamba2Mixer") else "gdn" if cls.endswith("GatedDeltaNet") else None
+        kind = _mixer_kind(mod)
         if kind is None:
             continue
+        cls = type(mod).__name__
         layer = getattr(mod, "layer_idx", None)
         if layer is None:
             raise CaptureError(f"{cls} has no layer_idx; cannot tell which layer it is")
         if layer in found:
             raise CaptureError(f"two SSM mixers claim layer {layer} ({cls})")
         found[int(layer)] = SSMMixer(int(layer), kind, mod)
+    _refuse_unknown_linear_layers(model, found)
     return dict(sorted(found.items()))
+
+
+def _mixer_kind(mod: torch.nn.Module) -> str | None:
+    cls = type(mod).__name__
+    if cls.endswith("Mamba2Mixer"):
+        return "mamba2"
+    if cls.endswith("GatedDeltaNet"):
+        return "gdn"
+    if cls.endswith(("DeltaAttention", "LinearAttention")) and hasattr(mod, "forget_gate"):
+        return "kda"
+    return None
+
+
+def _refuse_unknown_linear_layers(model: torch.nn.Module, found: dict[int, SSMMixer]) -> None:
+    """Raise if the config types a layer "linear_attention" and no known mixer sits at it."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    types = list(getattr(text, "layer_types", None) or [])
+    missing = [i for i, t in enumerate(types) if t == "linear_attention" and i not in found]
+    if not missing:
+        return
+    at = {
+        type(m).__name__
+        for _, m in model.named_modules()
+        if getattr(m, "layer_idx", None) == missing[0] and not isinstance(m.layer_idx, bool)
+    }
+    raise CaptureError(
+        f"layer {missing[0]} is a linear-attention layer (config layer_types) but its mixer "
+        f"({', '.join(sorted(at)) or 'no module with that layer_idx'}) is of no layer kind ssmquant knows; known "
+        "kinds: " + "; ".join(f"{k}: {v}" for k, v in KNOWN_LAYER_KINDS.items())
+    )
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -145,7 +192,35 @@ def _gdn_inputs(a: dict) -> dict:
     }
 
 
-_PER_STEP = {"mamba2": ("x", "dt", "B", "C"), "gdn": ("q", "k", "v", "g", "beta")}
+def _kda_l2norm(x: torch.Tensor) -> torch.Tensor:
+    # transformers' KDA l2norm (models/glm5_next `l2norm`, "to match original triton"): x / sqrt(sum(x^2) + eps)
+    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + L2NORM_EPS)
+
+
+def _kda_inputs(a: dict) -> dict:
+    """Recurrence inputs from the arguments of ``chunk_kimi_delta_attention`` (the q/k/v are fp32-cast there)."""
+    q, k = a["query"].float(), a["key"].float()
+    if a.get("use_qk_l2norm_in_kernel"):
+        q, k = _kda_l2norm(q), _kda_l2norm(k)
+    q = q * q.shape[-1] ** -0.5
+    init = a.get("initial_state")
+    return {
+        "q": q,
+        "k": k,
+        "v": a["value"],
+        "g": a["g"].float(),
+        "beta": a["beta"],
+        # transformers keeps [B, H, Dk, Dv]; KDAInputs keeps [B, H, Dv, Dk]
+        "initial_state": None if init is None else init.float().transpose(-1, -2),
+    }
+
+
+_PER_STEP = {
+    "mamba2": ("x", "dt", "B", "C"),
+    "gdn": ("q", "k", "v", "g", "beta"),
+    "kda": ("q", "k", "v", "g", "beta"),
+}
+_INPUT_CLASSES = {"mamba2": Mamba2Inputs, "gdn": GDNInputs, "kda": KDAInputs}
 
 
 def _finish(kind: str, t: dict, steps: int, device, dtype, meta: dict) -> LayerInputs:
@@ -160,7 +235,7 @@ def _finish(kind: str, t: dict, steps: int, device, dtype, meta: dict) -> LayerI
         else:
             v = v.to(device=device, copy=True)
         out[name] = v
-    cls = Mamba2Inputs if kind == "mamba2" else GDNInputs
+    cls = _INPUT_CLASSES[kind]
     try:
         return cls(**out, meta=dict(meta)).validate()
     except InputError as exc:  # e.g. an overflow in a low-precision model: say which layer
@@ -217,7 +292,7 @@ class _State:
 
 def _make_wrapper(original: Callable, kind: str, state: _State) -> Callable:
     sig = inspect.signature(original)  # follows functools.wraps to the torch reference's signature
-    build = _mamba2_inputs if kind == "mamba2" else _gdn_inputs
+    build = {"mamba2": _mamba2_inputs, "gdn": _gdn_inputs, "kda": _kda_inputs}[kind]
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
@@ -302,7 +377,7 @@ def capture_inputs(
 ) -> list[int]:
     """Run the prefill of ``input_ids`` [B, T] and call ``on_layer(layer_idx, inputs)`` for each SSM layer.
 
-    ``inputs`` is a Mamba2Inputs / GDNInputs of the first ``steps`` tokens (default all T), in the form
+    ``inputs`` is a Mamba2Inputs / GDNInputs / KDAInputs of the first ``steps`` tokens (default all T), in the form
     the recurrence consumes (module docstring), on ``device``. ``dtype=None`` keeps what the model
     computes: x, B, C, v, beta in the model's activation dtype; dt, q, k, g, A, D in fp32 (derived in
     fp32 as the kernels do). A dtype casts the per-step tensors. ``layers`` selects decoder layers
@@ -337,8 +412,8 @@ def capture_inputs(
     mixers = find_ssm_mixers(net)
     if not mixers:
         raise CaptureError(
-            f"{type(net).__name__} has no Mamba-2 or Gated DeltaNet mixer "
-            "(is it a NemotronH / Qwen3.5 / Qwen3-Next model?)"
+            f"{type(net).__name__} has no Mamba-2, Gated DeltaNet or Kimi Delta Attention mixer "
+            "(is it a NemotronH / Qwen3.5 / Qwen3-Next / GLM-5.3-Flash / Kimi-Linear model?)"
         )
     wanted = list(mixers) if layers is None else [int(i) for i in layers]
     unknown = [i for i in wanted if i not in mixers]

@@ -57,8 +57,8 @@ class ArchInfo:
 
     architecture: str
     model_type: str
-    family: str  # "nemotron_h" | "qwen3_5" | "qwen3_5_moe" | "qwen3_next"
-    layer_kind: str  # "mamba2" | "gdn"
+    family: str  # "nemotron_h" | "qwen3_5" | "qwen3_5_moe" | "qwen3_next" | "glm5_next" | "kimi_linear"
+    layer_kind: str  # "mamba2" | "gdn" | "kda"
 
 
 # architecture class name -> (family, layer kind). Names as transformers 5.x spells them.
@@ -69,6 +69,8 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3_5MoeForCausalLM": ("qwen3_5_moe", "gdn"),
     "Qwen3_5MoeForConditionalGeneration": ("qwen3_5_moe", "gdn"),
     "Qwen3NextForCausalLM": ("qwen3_next", "gdn"),
+    "Glm5NextForConditionalGeneration": ("glm5_next", "kda"),
+    "KimiLinearForCausalLM": ("kimi_linear", "kda"),
 }
 # model_type -> (family, layer kind, the architecture assumed when `architectures` is absent)
 SUPPORTED_MODEL_TYPES: dict[str, tuple[str, str, str]] = {
@@ -78,7 +80,18 @@ SUPPORTED_MODEL_TYPES: dict[str, tuple[str, str, str]] = {
     "qwen3_5_moe": ("qwen3_5_moe", "gdn", "Qwen3_5MoeForConditionalGeneration"),
     "qwen3_5_moe_text": ("qwen3_5_moe", "gdn", "Qwen3_5MoeForCausalLM"),
     "qwen3_next": ("qwen3_next", "gdn", "Qwen3NextForCausalLM"),
+    "glm5_next": ("glm5_next", "kda", "Glm5NextForConditionalGeneration"),
+    "kimi_linear": ("kimi_linear", "kda", "KimiLinearForCausalLM"),
 }
+# The layer kinds ssmquant emulates, and the transformers mixers of each (named in refusals).
+KNOWN_LAYER_KINDS = {
+    "mamba2": "Mamba-2 (NemotronH)",
+    "gdn": "Gated DeltaNet (Qwen3.5, Qwen3-Next)",
+    "kda": "Kimi Delta Attention (GLM-5.3-Flash, Kimi-Linear)",
+}
+# Families whose published checkpoint is an image-text-to-text model: transformers maps them to no
+# AutoModelForCausalLM class (5.24 maps glm5_next only in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING).
+_IMAGE_TEXT_FAMILIES = {"glm5_next"}
 
 
 @dataclass(frozen=True)
@@ -261,6 +274,15 @@ def detect_architecture(config: dict) -> ArchInfo:
     if not archs and model_type in SUPPORTED_MODEL_TYPES:
         family, kind, arch = SUPPORTED_MODEL_TYPES[model_type]
         return ArchInfo(arch, model_type, family, kind)
+    text = config.get("text_config") or config
+    types = text.get("layer_types") or config.get("layer_types") or []
+    if "linear_attention" in types or text.get("linear_attn_config"):
+        raise UnsupportedArchitectureError(
+            f"{archs[0] if archs else model_type or 'this checkpoint'} has linear-attention layers of a kind ssmquant "
+            f"does not know (architectures {archs or 'none'}, model_type {model_type or 'none'!r}); known kinds: "
+            + "; ".join(f"{k}: {v}" for k, v in KNOWN_LAYER_KINDS.items())
+            + f"; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     raise UnsupportedArchitectureError(
         f"unsupported architecture: the config declares architectures {archs or 'none'} and model_type "
         f"{model_type or 'none'!r}; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)} "
@@ -275,8 +297,8 @@ def ssm_layout(config) -> dict:
     goes through transformers' strict field validation, which rejects some serialised values, e.g.
     NemotronH's default time_step_limit (0, inf) written as JSON).
     Returns {"layer_kind", "num_layers", "ssm_layers", "state_shape": (heads, rows, state_dim), "groups"}
-    where ssm_layers are the layers transformers builds as "linear_attention" (Mamba-2 or GDN mixers) and
-    groups the Mamba-2 B/C groups or the GDN key heads.
+    where ssm_layers are the layers transformers builds as "linear_attention" (Mamba-2, GDN or KDA mixers)
+    and groups the Mamba-2 B/C groups, the GDN key heads, or the KDA heads (each head has its own q / k).
     """
     from transformers import AutoConfig, PretrainedConfig
 
@@ -293,6 +315,9 @@ def ssm_layout(config) -> dict:
     if arch.layer_kind == "mamba2":
         shape = (text.mamba_num_heads, text.mamba_head_dim, text.ssm_state_size)
         groups = text.n_groups
+    elif arch.layer_kind == "kda":
+        shape = (text.linear_num_heads, text.linear_head_dim, text.linear_head_dim)
+        groups = text.linear_num_heads
     else:
         shape = (text.linear_num_value_heads, text.linear_value_head_dim, text.linear_key_head_dim)
         groups = text.linear_num_key_heads
@@ -375,7 +400,7 @@ def load_model(
     single GPU; else CPU with fp32 weights. ``device_map`` overrides the placement.
     Raises ModelLoadError / UnsupportedArchitectureError with what to do instead.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     source = resolve_model(spec)
     local_files_only = _local_only(source, local_files_only)
@@ -398,7 +423,8 @@ def load_model(
     if device_map is not None:
         kwargs["device_map"] = device_map
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.location, **kwargs)
+        auto = AutoModelForImageTextToText if arch.family in _IMAGE_TEXT_FAMILIES else AutoModelForCausalLM
+        model = auto.from_pretrained(source.location, **kwargs)
     except torch.cuda.OutOfMemoryError as exc:
         raise ModelLoadError(
             f"{source.name} does not fit in GPU memory ({exc}); install accelerate so that it loads with "

@@ -279,3 +279,41 @@ def test_engine_bytes_per_layer_at_nemotron_3_nano_sizes():
     assert engine_bytes(target("vllm"), Setting.parse("bf16@replay32"), "mamba2", NANO)["ring"] == 32 * (row + 64 * 4)
     t = target("trtllm", drafts=3)
     assert engine_bytes(t, Setting.parse("bf16@spec16x3"), "mamba2", NANO)["ring"] == 2 * 16 * (row + 2 * 64 * 4)
+
+
+# --- Kimi Delta Attention (GLM-5.3-Flash, Kimi-Linear, Kimi-K3) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target, name",
+    [
+        ("vllm", "fp32@conventional"),
+        ("vllm", "fp32@spec5x4:fp32"),  # RecoverSSM: a window of 1 + draft tokens, u recorded in FP32
+        ("trtllm", "fp32@conventional"),
+        ("flashinfer", "bf16@conventional"),
+        ("flashinfer", "bf16@spec16x4"),
+    ],
+)
+def test_kda_takeable_settings(target, name):
+    assert violations(target, Setting.parse(name), "kda") == []
+
+
+@pytest.mark.parametrize(
+    "target, name, needle",
+    [
+        ("vllm", "bf16@conventional", "vLLM keeps KDA state in fp32 only (MambaStateDtypeCalculator.kda_state_dtype"),
+        ("trtllm", "bf16@conventional", "TensorRT-LLM keeps KDA state in fp32 only"),
+        ("flashinfer", "fp32@conventional", "FlashInfer keeps KDA state in bf16 only"),
+    ],
+)
+def test_kda_state_dtype_of_each_engine(target, name, needle):
+    assert needle in rules(target, name, "kda")["dtype"]
+
+
+def test_kda_replay_is_speculative_recoverssm_in_vllm_only():
+    assert "RecoverSSM" in rules("vllm", "fp32@replay16:fp32", "kda")["layer_kind"]
+    assert "spec5x4" in rules("vllm", "fp32@spec8x4:fp32", "kda")["layer_kind"]
+    assert "records u_t in FP32" in rules("vllm", "fp32@spec5x4", "kda")["layer_kind"]
+    assert "deferred state promotion" in rules("trtllm", "fp32@spec5x4:fp32", "kda")["layer_kind"]
+    assert "kda_wy_output_only only" in rules("flashinfer", "bf16@replay16", "kda")["layer_kind"]
+    assert not takeable_by_any(Setting.parse("fp8_e4m3@replay16"), "kda")

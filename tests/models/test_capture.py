@@ -16,7 +16,7 @@ from ssmquant.models import (
     find_ssm_mixers,
     iter_capture,
 )
-from ssmquant.replay.inputs import GDNInputs, Mamba2Inputs
+from ssmquant.replay.inputs import GDNInputs, KDAInputs, Mamba2Inputs
 from ssmquant.replay.reference import reference_decode
 
 from .conftest import VOCAB, load_cpu, relerr
@@ -34,7 +34,8 @@ def _model_reference(model, ids):
         def pre(_m, args, i=i):
             outs[i] = args[0].detach().clone()
 
-        handles.append(mixer.module.norm.register_forward_pre_hook(pre))
+        norm = mixer.module.o_norm if mixer.kind == "kda" else mixer.module.norm
+        handles.append(norm.register_forward_pre_hook(pre))
     try:
         with torch.no_grad():
             out = model(input_ids=ids, use_cache=True)
@@ -56,6 +57,8 @@ CHECKPOINTS = [
     ("qwen35_dir", "gdn", "Qwen3_5ForConditionalGeneration", GDN_STEPS),
     ("qwen35_moe_dir", "gdn", "Qwen3_5MoeForConditionalGeneration", GDN_STEPS),
     ("qwen3_next_dir", "gdn", "Qwen3NextForCausalLM", GDN_STEPS),
+    ("glm5_next_dir", "kda", "Glm5NextForConditionalGeneration", GDN_STEPS),  # > chunk_kda's chunk 64
+    ("kimi_linear_dir", "kda", "KimiLinearForCausalLM", GDN_STEPS),
 ]
 
 
@@ -74,7 +77,7 @@ def test_captured_inputs_reproduce_the_mixer(request, fixture, kind, arch, steps
         y, final, _ = reference_decode(inputs)
         y_model = outs[layer].reshape(y.shape)
         state_model = states[layer]
-        if kind == "gdn":
+        if kind in ("gdn", "kda"):
             state_model = state_model.transpose(-1, -2)  # transformers [Dk, Dv] -> ours [Dv, Dk]
         else:
             # The recurrence must carry the signal: compare the SSM part without the D skip term too.
@@ -223,3 +226,33 @@ def test_prefill_memory_estimate_sizes_micro_batches(monkeypatch):
     assert auto_micro_batch(net, 4, 2048, torch.device("cpu")) == 4
     monkeypatch.setattr("ssmquant.sizing.free_bytes", lambda device: per_seq)
     assert auto_micro_batch(net, 8, 2048, torch.device("cpu")) == 1  # never fewer than one sequence
+
+
+def test_kda_gates_and_normalisation(glm5_next_dir, kimi_linear_dir):
+    """GLM-5.3-Flash's gate is bounded below by -5; Kimi-Linear's is not; q, k unit-norm (q scaled)."""
+    ids = torch.randint(0, VOCAB, (2, 9))
+    for fixture, bounded in ((glm5_next_dir, True), (kimi_linear_dir, False)):
+        for inputs in capture_all(load_cpu(fixture), ids).values():
+            assert isinstance(inputs, KDAInputs) and inputs.g.shape == (2, 9, 3, 16)
+            assert inputs.g.dtype == torch.float32 and (inputs.g <= 0).all()
+            if bounded:
+                assert (inputs.g >= -5.0).all() and float(inputs.g.min()) < -1.0
+            assert float(inputs.g.std(-1).min()) > 0  # one decay per key channel, not one per head
+            dk = inputs.state_dim
+            torch.testing.assert_close(inputs.k.norm(dim=-1), torch.ones_like(inputs.k[..., 0]), atol=1e-4, rtol=0)
+            torch.testing.assert_close(
+                inputs.q.norm(dim=-1) * dk**0.5, torch.ones_like(inputs.q[..., 0]), atol=1e-4, rtol=0
+            )
+
+
+def test_a_linear_attention_layer_of_unknown_kind_is_refused_by_name(kimi_linear_dir):
+    class MysteryLinearAttention(torch.nn.Module):
+        def __init__(self, layer_idx):
+            super().__init__()
+            self.layer_idx = layer_idx
+
+    loaded = load_cpu(kimi_linear_dir)
+    loaded.model.model.layers[1].self_attn = MysteryLinearAttention(1)
+    pattern = r"layer 1 is a linear-attention layer .*MysteryLinearAttention.*known kinds: mamba2: .*; gdn: .*; kda: Kimi"
+    with pytest.raises(CaptureError, match=pattern):
+        find_ssm_mixers(loaded.model)
