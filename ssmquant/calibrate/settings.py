@@ -219,7 +219,11 @@ class Setting:
 
     @classmethod
     def from_dict(cls, d: dict) -> Setting:
-        """Rebuild from `to_dict` output (validates; raises CalibrateError naming the bad field)."""
+        """Rebuild from `to_dict` output (validates; raises CalibrateError naming the bad field).
+
+        format and scheme (and calibration, calibration_granularity) define the setting; every other field
+        present must agree with them, so that a hand-edited field can never be silently ignored.
+        """
         if not isinstance(d, dict):
             raise CalibrateError(f"a setting must be an object, got {type(d).__name__}")
         for key in ("format", "scheme"):
@@ -236,6 +240,16 @@ class Setting:
             raise CalibrateError(f"invalid setting {d.get('name', d)!r}: {err}") from None
         if "name" in d and d["name"] != s.name:
             raise CalibrateError(f"setting name {d['name']!r} does not match its fields ({s.name!r})")
+        canonical = s.to_dict()
+        unknown = sorted(set(d) - set(canonical))
+        if unknown:
+            raise CalibrateError(f"setting {s.name!r} has unknown fields {unknown}; its fields are {list(canonical)}")
+        for key, want in canonical.items():
+            if key in d and (d[key] != want or type(d[key]) is not type(want)):
+                raise CalibrateError(
+                    f"setting {s.name!r}: {key} is {d[key]!r} but its format {s.format.name!r} and scheme "
+                    f"{s.scheme.name!r} give {want!r}; fix or remove the field (format and scheme decide)"
+                )
         return s
 
     @classmethod

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 
 from ..replay.inputs import GDNInputs, InputError, KDAInputs, Mamba2Inputs
 from .loading import KNOWN_LAYER_KINDS, LoadedModel
+from .torch_path import use_torch_path_on_cpu
 
 LayerInputs = Mamba2Inputs | GDNInputs | KDAInputs
 
@@ -265,11 +266,14 @@ def prefill_bytes_per_sequence(net: torch.nn.Module, tokens: int) -> int:
 
 
 def auto_micro_batch(net: torch.nn.Module, batch: int, tokens: int, device: torch.device) -> int:
-    """Sequences per prefill pass so that the estimated prefill peak fits in half the free GPU memory."""
+    """Sequences per prefill pass so that the estimated prefill peak fits in half the free memory of the
+    device the prefill runs on (GPU memory, or the host's available memory for the CPU)."""
+    from ..sizing import free_bytes
+
     per_seq = prefill_bytes_per_sequence(net, tokens)
-    if device.type != "cuda" or per_seq == 0:
+    free = free_bytes(device) if per_seq else None
+    if free is None:
         return batch
-    free, _total = torch.cuda.mem_get_info(device)
     return max(1, min(batch, int(0.5 * free) // per_seq))
 
 
@@ -404,6 +408,7 @@ def capture_inputs(
             f"requested {steps} steps but the prefill captures only {tokens} tokens per sequence; "
             f"pass sequences of at least {steps} tokens or ask for at most {tokens} steps"
         )
+    use_torch_path_on_cpu(net)
     mixers = find_ssm_mixers(net)
     if not mixers:
         raise CaptureError(

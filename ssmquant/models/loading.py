@@ -18,6 +18,7 @@ ignored on purpose).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import torch
 
 from .presets import Preset, PresetError, get_preset, list_presets
 from .text import ByteTokenizer
+from .torch_path import use_torch_path_on_cpu
 
 # name -> checkpoint directory relative to the ``ssmquant`` package (e.g. "assets/tiny-nemotron-h").
 # Entries whose directory is absent are not offered (see ``available_shipped_models``).
@@ -190,10 +192,43 @@ def resolve_model(spec: str | os.PathLike | Preset) -> ModelSource:
 # -- config and architecture ---------------------------------------------------------------------
 
 
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+@functools.lru_cache(maxsize=1)
+def hub_offline_reason() -> str | None:
+    """Why the Hugging Face Hub cannot be used now, or None when it answers.
+
+    ``HF_HUB_OFFLINE`` set, or one request to the endpoint (``HF_ENDPOINT``; proxies from the environment)
+    that fails within HUB_PROBE_TIMEOUT_S. Checked once per process, so that an unreachable hub costs
+    seconds, not huggingface_hub's retries with back-off (~25 s per file).
+    """
+    import requests
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    try:
+        requests.head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S, allow_redirects=False)
+    except requests.RequestException as exc:
+        return f"{constants.ENDPOINT} does not answer ({type(exc).__name__})"
+    return None
+
+
+def _local_only(source: ModelSource, local_files_only: bool | None) -> bool:
+    """Hub files come from the local cache only when asked, or when the hub cannot be reached."""
+    if local_files_only is not None or source.is_local:
+        return bool(local_files_only)
+    return hub_offline_reason() is not None
+
+
 def _hub_error(repo: str, exc: Exception) -> ModelLoadError:
     from huggingface_hub import errors as hf_errors
 
-    if isinstance(exc, hf_errors.GatedRepoError):
+    offline = hub_offline_reason()
+    if offline is not None and not isinstance(exc, (hf_errors.GatedRepoError, hf_errors.RepositoryNotFoundError)):
+        why = f"the hub cannot be used ({offline}) and the checkpoint is not in the local cache"
+    elif isinstance(exc, hf_errors.GatedRepoError):
         why = "the repository is gated: accept its licence on huggingface.co and log in (hf auth login)"
     elif isinstance(exc, hf_errors.RepositoryNotFoundError):
         why = "no such repository on the hub (or it is private)"
@@ -214,8 +249,9 @@ def read_config(source: ModelSource, *, local_files_only: bool | None = None) ->
     else:
         from huggingface_hub import hf_hub_download
 
+        local_files_only = _local_only(source, local_files_only)
         try:
-            path = Path(hf_hub_download(source.location, "config.json", local_files_only=bool(local_files_only)))
+            path = Path(hf_hub_download(source.location, "config.json", local_files_only=local_files_only))
         except Exception as exc:  # every hub failure becomes one clear message
             raise _hub_error(source.location, exc) from exc
     try:
@@ -260,8 +296,9 @@ def ssm_layout(config) -> dict:
     config: a config.json dict, or a loaded model's config object (preferred: a dict re-parsed here
     goes through transformers' strict field validation, which rejects some serialised values, e.g.
     NemotronH's default time_step_limit (0, inf) written as JSON).
-    Returns {"layer_kind", "num_layers", "ssm_layers", "state_shape": (heads, rows, state_dim)} where
-    ssm_layers are the layers transformers builds as "linear_attention" (Mamba-2, GDN or KDA mixers).
+    Returns {"layer_kind", "num_layers", "ssm_layers", "state_shape": (heads, rows, state_dim), "groups"}
+    where ssm_layers are the layers transformers builds as "linear_attention" (Mamba-2, GDN or KDA mixers)
+    and groups the Mamba-2 B/C groups, the GDN key heads, or the KDA heads (each head has its own q / k).
     """
     from transformers import AutoConfig, PretrainedConfig
 
@@ -277,11 +314,20 @@ def ssm_layout(config) -> dict:
     ssm = tuple(i for i, t in enumerate(types) if t == "linear_attention")
     if arch.layer_kind == "mamba2":
         shape = (text.mamba_num_heads, text.mamba_head_dim, text.ssm_state_size)
+        groups = text.n_groups
     elif arch.layer_kind == "kda":
         shape = (text.linear_num_heads, text.linear_head_dim, text.linear_head_dim)
+        groups = text.linear_num_heads
     else:
         shape = (text.linear_num_value_heads, text.linear_value_head_dim, text.linear_key_head_dim)
-    return {"layer_kind": arch.layer_kind, "num_layers": len(types), "ssm_layers": ssm, "state_shape": shape}
+        groups = text.linear_num_key_heads
+    return {
+        "layer_kind": arch.layer_kind,
+        "num_layers": len(types),
+        "ssm_layers": ssm,
+        "state_shape": shape,
+        "groups": int(groups),
+    }
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -357,6 +403,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     source = resolve_model(spec)
+    local_files_only = _local_only(source, local_files_only)
     config = read_config(source, local_files_only=local_files_only)
     arch = detect_architecture(config)
     notes: list[str] = []
@@ -389,6 +436,7 @@ def load_model(
         raise ModelLoadError(f"cannot load {source.location}: {exc}") from exc
     if device_map is None and dev.type != "cpu":
         model.to(dev)
+    use_torch_path_on_cpu(model)  # fla & co. may be importable without a GPU: CPU tensors take the torch path
     model.eval()
     tokenizer = load_tokenizer(source, config, local_files_only=local_files_only) if with_tokenizer else None
     return LoadedModel(model, tokenizer, config, arch, source, dev, dt, notes)

@@ -267,6 +267,15 @@ class _Emulation:
         return torch.where(self.masks[i][:, t, None, None, None], stored, s)
 
 
+def _engine_step(runner, i: int):
+    """The engine profile's step object of variant i (`ssmquant.engines.emulation`), None for `ideal`."""
+    if runner.variants[i].engine == "ideal":
+        return None
+    from ..engines.emulation import Mamba2EngineStep
+
+    return Mamba2EngineStep(runner, i)
+
+
 class _Mamba2Emulation(_Emulation):
     def start(self):
         inp, heads = self.inputs, self.inputs.num_heads
@@ -291,6 +300,8 @@ class _Mamba2Emulation(_Emulation):
             self.held = [torch.zeros(bsz, dtype=torch.int64, device=inp.device) for _ in self.variants]
             self.buf_idx = [torch.zeros(bsz, cap, dtype=torch.int64, device=inp.device) for _ in self.variants]
             self.cap = cap
+        # a variant under an engine profile other than `ideal` steps as that engine computes
+        self.engine = [_engine_step(self, i) for i in range(len(self.variants))]
 
     def ref_step(self, t):
         x = self.x[:, t]
@@ -300,6 +311,9 @@ class _Mamba2Emulation(_Emulation):
         return self.s_ref, y
 
     def variant_step(self, i, t):
+        if self.engine[i] is not None:
+            self.s_var[i], y = self.engine[i].step(t)
+            return self.s_var[i], y
         if self.form == "literal":
             return self._literal_step(i, t)
         s, y = mamba2_advance(

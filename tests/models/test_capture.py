@@ -211,7 +211,7 @@ def test_micro_batched_prefill_gives_the_same_inputs(fixture, request):
         capture_inputs(loaded, ids, lambda i, x: None, micro_batch=0)
 
 
-def test_prefill_memory_estimate_sizes_micro_batches():
+def test_prefill_memory_estimate_sizes_micro_batches(monkeypatch):
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
     from ssmquant.models.capture import auto_micro_batch, prefill_bytes_per_sequence
@@ -220,7 +220,12 @@ def test_prefill_memory_estimate_sizes_micro_batches():
         net = NemotronHForCausalLM(NemotronHConfig(num_hidden_layers=1, hybrid_override_pattern="M"))
     # Nemotron-H-8B's mixer (128 heads, state 128, chunk 128) at 2048 tokens: 16 chunks of 128 x 128 x 128 x 128
     assert prefill_bytes_per_sequence(net, 2048) == 2 * 16 * 128 * 128 * 128 * 128 * 4  # 16 GiB
-    assert auto_micro_batch(net, 8, 2048, torch.device("cpu")) == 8  # CPU memory is not sized here
+    per_seq = prefill_bytes_per_sequence(net, 2048)
+    monkeypatch.setattr("ssmquant.sizing.free_bytes", lambda device: 10 * per_seq)
+    assert auto_micro_batch(net, 8, 2048, torch.device("cpu")) == 5  # half the free memory: 5 sequences
+    assert auto_micro_batch(net, 4, 2048, torch.device("cpu")) == 4
+    monkeypatch.setattr("ssmquant.sizing.free_bytes", lambda device: per_seq)
+    assert auto_micro_batch(net, 8, 2048, torch.device("cpu")) == 1  # never fewer than one sequence
 
 
 def test_kda_gates_and_normalisation(glm5_next_dir, kimi_linear_dir):

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ssmquant.models.torch_path import use_torch_path_on_cpu
 from ssmquant.replay import GDNInputs, KDAInputs, Mamba2Inputs, reference_decode
 
 transformers = pytest.importorskip("transformers")
@@ -171,6 +172,7 @@ def tiny_gdn_model(kind):
     else:
         cfg = transformers.Qwen3NextConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
         model = transformers.Qwen3NextForCausalLM(cfg)
+    use_torch_path_on_cpu(model)  # the oracle is transformers' torch path, also where fla is installed
     return model.float().eval()
 
 
