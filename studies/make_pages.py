@@ -230,7 +230,7 @@ def load_run(data: pathlib.Path, rel: str):
 
 
 def layer_dims(model: str) -> dict:
-    """heads H, rows d, state_dim n, groups G (Mamba-2 B/C groups; GDN key heads) of a preset or shipped model."""
+    """heads H, rows d, state_dim n, groups G (Mamba-2 B/C groups; GDN / KDA key heads) of a preset or shipped model."""
     cfg_path = ROOT / "ssmquant" / "assets" / model / "config.json"
     if cfg_path.is_file():
         c = json.loads(cfg_path.read_text())
@@ -242,6 +242,9 @@ def layer_dims(model: str) -> dict:
                 "n": c["ssm_state_size"],
                 "G": c["n_groups"],
             }
+        if "linear_num_heads" in c:  # KDA (kimi_linear): one head count, key dim = value dim
+            h, d = c["linear_num_heads"], c["linear_head_dim"]
+            return {"kind": "kda", "H": h, "d": d, "n": d, "G": h}
         return {
             "kind": "gdn",
             "H": c["linear_num_value_heads"],
@@ -252,6 +255,8 @@ def layer_dims(model: str) -> dict:
     sh = get_preset(model).shape
     if hasattr(sh, "state_size"):
         return {"kind": "mamba2", "H": sh.num_heads, "d": sh.head_dim, "n": sh.state_size, "G": sh.n_groups}
+    if sh.kind == "kda":
+        return {"kind": "kda", "H": sh.num_heads, "d": sh.head_dim, "n": sh.head_dim, "G": sh.num_heads}
     return {"kind": "gdn", "H": sh.num_value_heads, "d": sh.value_head_dim, "n": sh.key_head_dim, "G": sh.num_key_heads}
 
 

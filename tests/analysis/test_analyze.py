@@ -140,6 +140,24 @@ def test_library_call_and_progress():
     assert r.summary.loc[0, "variant"] == "int8@replay4" and r.source["layer_kind"] == "gdn"
 
 
+def test_library_call_on_a_kda_preset():
+    r = analyze(
+        AnalyzeConfig(
+            model="kimi-linear-48b-a3b",
+            synthetic=True,
+            layers=[1],
+            steps=8,
+            batch=1,
+            formats=["int8"],
+            schemes=["conventional", "replay4"],
+        )
+    )
+    assert r.source["layer_kind"] == "kda" and r.source["state_shape"] == [32, 128, 128]
+    s = r.summary.set_index("variant")
+    assert (s.kind == "kda").all()
+    assert 0 < s.loc["int8@replay4", "out_rel_err"] < s.loc["int8@conventional", "out_rel_err"]
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

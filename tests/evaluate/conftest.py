@@ -10,12 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.models.conftest import _NEMOTRON, _QWEN_TEXT, _save
+from tests.models.conftest import _KDA_TEXT, _NEMOTRON, _QWEN_TEXT, _save
 
 BYTE_VOCAB = 256
 # time_step_min as the real models set it: NemotronH's prefill clamps dt at it and its decode path does not.
 NEMOTRON = dict(_NEMOTRON, vocab_size=BYTE_VOCAB, time_step_min=1e-3)
 QWEN = dict(_QWEN_TEXT, vocab_size=BYTE_VOCAB)
+KDA = dict(_KDA_TEXT, vocab_size=BYTE_VOCAB)
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +33,30 @@ def qwen_byte_dir(tmp_path_factory):
 
     torch.manual_seed(12)
     return _save(Qwen3_5ForCausalLM(Qwen3_5TextConfig(**QWEN)), tmp_path_factory.mktemp("e2e_qwen"), 12)
+
+
+@pytest.fixture(scope="session")
+def kimi_byte_dir(tmp_path_factory):
+    """A KDA model (KimiLinearForCausalLM: 3 KDA + 1 MLA) with a byte vocabulary."""
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    torch.manual_seed(13)
+    cfg = KimiLinearConfig(
+        **KDA,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    return _save(KimiLinearForCausalLM(cfg), tmp_path_factory.mktemp("e2e_kimi"), 13)
+
+
+@pytest.fixture(scope="session")
+def kimi(kimi_byte_dir):
+    from ssmquant.models import load_model
+
+    return load_model(kimi_byte_dir, device="cpu")
 
 
 @pytest.fixture(scope="session")

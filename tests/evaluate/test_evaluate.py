@@ -101,6 +101,22 @@ def test_qwen35_gdn_model(qwen):
     assert (kl[:8] == 0).all() and kl[8] > 0
 
 
+def test_kda_model_teacher_forcing_and_write_cadence(kimi):
+    """KDA's cache keeps [Dk, Dv] per head like GDN's: the stored state is transposed into rows and back."""
+    ids = calibration_batch(2, 25, tokenizer=kimi.tokenizer, split="heldout")
+    with torch.inference_mode():
+        full = kimi.model(input_ids=ids).logits[:, :-1].float()
+        run = TeacherForced(kimi.model, ids)
+        steps = torch.stack([run.step(t) for t in range(24)], 1)
+    assert float((steps - full).norm() / full.norm()) < 1e-4
+    r = evaluate(kimi, ["fp32@conventional", "nvfp4@conventional", "int8@replay8"], steps=24, batch=2, seed=1)
+    assert r.source["layer_kind"] == "kda" and r.source["architecture"] == "KimiLinearForCausalLM"
+    s = r.summary.set_index("variant")
+    assert s.loc["fp32@conventional", "kl_mean"] == 0.0 and s.loc["nvfp4@conventional", "kl_mean"] > 0
+    kl = _per_variant(r, "int8@replay8").kl.to_numpy()
+    assert (kl[:8] == 0).all() and kl[8] > 0
+
+
 def test_bad_inputs_give_clear_errors(nemotron, tmp_path):
     with pytest.raises(EvalError, match="unknown format 'fp7'.*accepted encodings"):
         evaluate(nemotron, ["fp7@conventional"], steps=4, batch=1)
