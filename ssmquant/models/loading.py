@@ -37,6 +37,7 @@ SHIPPED_MODELS: dict[str, str] = {
     # trained by studies/tiny_models/train.py (model cards in each directory)
     "tiny-nemotron": "assets/tiny-nemotron",
     "tiny-qwen": "assets/tiny-qwen",
+    "tiny-kda": "assets/tiny-kda",
 }
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent

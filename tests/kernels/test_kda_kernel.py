@@ -22,6 +22,10 @@ GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
 pytestmark = pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
 SLACK = 0.10
+# The FP32 reference itself runs the reductions S k and S q every step in another order on the GPU, and the
+# KDA decay is per key channel: at the full GLM shapes on an H200 one output norm of 24576 (a tiny one,
+# 1.07e-8) differed by 2.0e-5 relative (2026-11-30); 1e-4 bounds that float noise.
+REF_RTOL = 1e-4
 
 
 def small_or_full():
@@ -49,7 +53,7 @@ def test_kda_kernel_matches_naive_reference():
     got = emulate_triton(inp, parse_variants(variants)).double().cpu().numpy()  # every step
     for i, name in enumerate(variants):
         try:
-            assert_metrics_close(ref.mean[i], got[i], SLACK, pooled=True)
+            assert_metrics_close(ref.mean[i], got[i], SLACK, pooled=True, ref_rtol=REF_RTOL)
         except AssertionError as err:
             raise AssertionError(f"kda {name}: {err}") from None
     assert (got[variants.index("fp32@conventional"), ..., 0] == 0).all()

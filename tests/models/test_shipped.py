@@ -13,8 +13,8 @@ from ssmquant.models.text import CORPUS_PATH
 SHIPPED = sorted(SHIPPED_MODELS)
 
 
-def test_both_shipped_models_are_installed():
-    assert set(available_shipped_models()) == {"tiny-nemotron", "tiny-qwen"}
+def test_the_shipped_models_are_installed():
+    assert set(available_shipped_models()) == {"tiny-nemotron", "tiny-qwen", "tiny-kda"}
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -42,7 +42,12 @@ def test_shipped_model_reproduces_its_recorded_heldout_loss(name, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "name,kind,layers", [("tiny-nemotron", "mamba2", (0, 2, 4, 6, 8)), ("tiny-qwen", "gdn", (0, 1, 2, 4, 5, 6))]
+    "name,kind,layers",
+    [
+        ("tiny-nemotron", "mamba2", (0, 2, 4, 6, 8)),
+        ("tiny-qwen", "gdn", (0, 1, 2, 4, 5, 6)),
+        ("tiny-kda", "kda", (0, 1, 2, 4, 5, 6)),
+    ],
 )
 def test_shipped_model_layout(name, kind, layers):
     layout = ssm_layout(load_model(name, device="cpu", with_tokenizer=False).model.config)
