@@ -7,7 +7,7 @@ import pathlib
 import pandas as pd
 
 from studies.common.context import load_runs
-from studies.common.page import SUPERSEDED
+from studies.common.page import NONE_USED, SUPERSEDED
 from studies.common.tables import env_text, markdown, short_source
 
 
@@ -24,11 +24,11 @@ def write_index(data: pathlib.Path, out: pathlib.Path, answers: list[dict]) -> N
                     "steps x sequences": f"{s.get('steps')} x {s.get('batch', 1) * len(s.get('seeds', [0]))}",
                     "hardware / versions": env_text(prov.get("environment", {})),
                     "scale": prov.get("scale"),
-                    "elapsed s": prov.get("elapsed_s"),
+                    "wall-clock s": prov.get("elapsed_s"),
                 }
             )
     runs = pd.DataFrame(rows)
-    total = runs["elapsed s"].sum() if len(runs) else 0
+    total = runs["wall-clock s"].sum() if len(runs) else 0
     page = [
         "# Studies",
         "",
@@ -38,7 +38,9 @@ def write_index(data: pathlib.Path, out: pathlib.Path, answers: list[dict]) -> N
         "rebuilds every page from them on CPU in seconds; `python -m studies.run` re-runs the simulations.",
         "",
         f"Scale of the committed data: `{', '.join(sorted(x for x in scales if x))}` "
-        f"(CPU, 2 cores, {total:.0f} s of runs in all). " + SUPERSEDED + ".",
+        f"(CPU; {total:.0f} s of wall-clock time in all, on a 2-core machine shared with other jobs, so the times "
+        "below are not speed measurements). " + SUPERSEDED + NONE_USED + ", except the biased ratios kept, labelled, in "
+        "the closing-note table of study 1.",
         "",
         "| study | answer (computed from the data) |",
         "|---|---|",
@@ -56,7 +58,7 @@ def write_index(data: pathlib.Path, out: pathlib.Path, answers: list[dict]) -> N
         "## Commands",
         "",
         "```bash",
-        "python -m studies.run --scale cpu       # every simulation -> studies/<study>/data/ (about 40 CPU-minutes)",
+        "python -m studies.run --scale cpu       # every simulation -> studies/<study>/data/ (about 30 CPU-minutes)",
         "python studies/make_pages.py            # every page, table and plot from studies/<study>/data/ (seconds)",
         "SCALE=smoke python -m studies.run --data /tmp/smoke && python studies/make_pages.py --data /tmp/smoke",
         "python -m studies.run --scale gpu --device cuda   # the long horizons on a GPU (defined, not run here)",

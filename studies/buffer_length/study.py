@@ -38,7 +38,7 @@ def collect(ctx: Context) -> None:
         variants = [f"{f}@{s}" for f in formats for s in SCHEMES]
         ctx.run_and_store(
             STUDY,
-            RunSpec(model, model, variants, steps, batch, seeds=seeds, layers=layers, synthetic=synthetic),
+            RunSpec(model, model, variants, steps, batch, seeds, layers, synthetic, keep_windows=False),
         )
 
 

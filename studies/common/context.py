@@ -46,17 +46,17 @@ class Context:
         self.log(f"[{study}] {spec.name} ...")
         t0 = time.time()
         res = run(spec, device=self.device, backend=self.backend, log=self.log)
-        store(self.folder(study), spec.name, res, self.scale)
+        store(self.folder(study), spec.name, res, self.scale, spec.keep_windows)
         self.timings[f"{study}/{spec.name}"] = round(time.time() - t0, 1)
         return res
 
 
-def store(folder: pathlib.Path, name: str, res: RunResult, scale: str) -> None:
+def store(folder: pathlib.Path, name: str, res: RunResult, scale: str, keep_windows: bool = True) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "runs").mkdir(exist_ok=True)
     tables = {
         "sequences": res.sequences,
-        "windows": res.windows[WINDOW_COLUMNS],
+        "windows": res.windows[WINDOW_COLUMNS] if keep_windows else None,
         "heads": res.heads,
         "decays": res.decays,
         "seqwindows": res.sequence_windows,

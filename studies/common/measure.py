@@ -140,7 +140,8 @@ class RunSpec:
     synthetic / profile: synthetic inputs with that dynamics profile (`ssmquant.models.synthetic`);
     seeds: one run per seed (text: the passages; synthetic: another draw of the layer's parameters);
     head_variants: variants whose per-head sums are kept; decays: keep per-head decay statistics;
-    sequence_windows: keep each sequence's window errors (`sequence_window_frame`).
+    sequence_windows: keep each sequence's window errors (`sequence_window_frame`); keep_windows: store
+    the pooled window table (drift curves and growth fits) with the run's data.
     """
 
     name: str
@@ -155,6 +156,7 @@ class RunSpec:
     head_variants: list[str] = field(default_factory=list)
     decays: bool = False
     sequence_windows: bool = False
+    keep_windows: bool = True
 
 
 @dataclass

@@ -7,22 +7,24 @@ from .measure import HORIZON_FRACTION
 from .stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 
 SUPERSEDED = (
-    "**Superseded figures.** The earlier version of the studies (one H200 run, 2026-11-29, 8192- and "
-    "32768-step horizons) recorded one decode step in every `steps // 1024`: 8 or 32 steps, a multiple of "
-    "replay16's flush period, so every recorded replay step was a flush step, the minimum of the replay "
-    "error cycle. Those figures under-reported replay's error and are "
-    "superseded by this page; none of them is used here"
+    "**Superseded figures.** The earlier version of the studies (2026-11-29) recorded one decode step in every "
+    "`steps // 1024`: 8 or 32 steps in its H200 runs (8192- and 32768-step horizons), a multiple of replay16's "
+    "flush period, so every recorded replay step was a flush step, the minimum of the replay error cycle (4 in "
+    "its CPU tiny-qwen run); its calibration scored a single step, also a flush step. Those figures "
+    "under-reported replay's error and are superseded"
 )
+NONE_USED = "; no number from them is used here"
 
 
-def scale_note(scales: set, extra: str = "") -> str:
+def scale_note(scales: set, extra: str = NONE_USED) -> str:
+    """The page's scale and what it supersedes; `extra` ends the superseded sentence (default: none used)."""
     s = ", ".join(sorted(x for x in scales if x)) or "n/a"
     text = (
         f"**Scale of this page: `{s}`** (`python -m studies.run --scale {s}`; 2 CPU cores, the torch "
         "reference backend). Every decode step is measured; errors are pooled over windows of whole flush "
         "cycles, never sampled."
     )
-    return text + " " + SUPERSEDED + (f" {extra}" if extra else ".")
+    return text + " " + SUPERSEDED + extra + "."
 
 
 def method_note() -> str:

@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
@@ -25,6 +26,9 @@ def theme() -> None:
 
 
 def save_fig(fig, folder: pathlib.Path, name: str) -> str:
+    for ax in fig.axes:  # minor tick labels of a log axis spanning less than a decade overlap
+        if ax.get_xscale() == "log":
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     fig.savefig(folder / name, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return name

@@ -9,7 +9,7 @@ import pathlib
 import numpy as np
 import pandas as pd
 
-from .stats import Interval
+from .stats import Interval, PermutationResult
 
 # An error above this (the error exceeds the signal) or a non-finite one: the variant diverged, and a ratio
 # against it is reported as "diverged", not as a number.
@@ -82,6 +82,15 @@ def ratio_ci(interval: Interval | None, numerator_err=None) -> str:
     if interval is None or not np.isfinite(interval.estimate):
         return "n/a"
     return f"{interval.estimate:.3g}x [{interval.low:.3g}, {interval.high:.3g}]"
+
+
+def p_text(test: PermutationResult) -> str:
+    """A permutation p-value, saying when it is the smallest value the test can give."""
+    if not np.isfinite(test.p_value):
+        return "p = n/a"
+    floor = " (the test's floor: no relabelling as extreme)" if test.p_value <= test.p_floor * (1 + 1e-9) else ""
+    what = "every relabelling" if test.method == "exact" else "random relabellings"
+    return f"p = {test.p_value:.2g}{floor}, {test.method} ({test.permutations} {what})"
 
 
 def markdown(df: pd.DataFrame) -> str:

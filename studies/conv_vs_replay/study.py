@@ -501,7 +501,11 @@ def page(data: pathlib.Path, out: pathlib.Path) -> dict:
     page_lines = [
         "# Study 1: conventional vs replay decoding, per format",
         "",
-        scale_note(scales, "; the closing-note table below keeps them, labelled, next to the corrected ones."),
+        scale_note(
+            scales,
+            "; the closing-note table below keeps their conventional / replay16 ratios, labelled as the biased "
+            "sampled figures, next to the corrected ones",
+        ),
         "",
         "**Question.** Stored in FP8 / INT8 / NVFP4 (BF16 and FP16 as references), with round-to-nearest-even "
         "or stochastic rounding, does the error of an SSM layer's state and output stay bounded over the decode, "

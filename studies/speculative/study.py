@@ -14,10 +14,11 @@ from studies.common.measure import RunSpec
 from studies.common.page import method_note, reproduce, scale_note
 from studies.common.plots import save_fig, sns, subplots
 from studies.common.stats import rank_correlation_test
-from studies.common.tables import ci, num, ratio_ci, run_line, save_table, settings_text, short_source, span
+from studies.common.tables import ci, num, p_text, ratio_ci, run_line, save_table, settings_text, short_source, span
 
 STUDY = "speculative"
-SPEC = ["replay16"] + [f"spec16x{t}:p{p}" for t in (2, 4, 6) for p in ("1.0", "0.8", "0.5")]
+# canonical scheme names (full acceptance "spec16x2:p1.0" is named "spec16x2"), as the variants carry them
+SPEC = [parse_scheme(s).name for s in ["replay16"] + [f"spec16x{t}:p{p}" for t in (2, 4, 6) for p in ("1.0", "0.8", "0.5")]]
 SCALES = {
     "smoke": {"tiny-nemotron": (False, [0], ["fp8_e4m3"], 48, 2, [0])},
     "cpu": {
@@ -36,7 +37,7 @@ def collect(ctx: Context) -> None:
         variants = [f"{f}@{s}" for f in formats for s in SPEC]
         ctx.run_and_store(
             STUDY,
-            RunSpec(model, model, variants, steps, batch, seeds=seeds, layers=layers, synthetic=synthetic),
+            RunSpec(model, model, variants, steps, batch, seeds, layers, synthetic, keep_windows=False),
         )
 
 
@@ -112,8 +113,7 @@ def page(data: pathlib.Path, out: pathlib.Path) -> dict:
                 f"**{model}, {enc}**: speculative schedules flush {span(sp['flushes per 1000 tokens'], '')} times per "
                 f"1000 tokens (replay16: {num(fl['replay16']['flushes per 1000 tokens'])}); their error is "
                 f"{span(sp['vs replay16'])} replay16's (interval above 1 for {higher} of {len(sp)}); Spearman "
-                f"rho(flush rate, error) = {test.statistic:.2f}, permutation p = {test.p_value:.2g} "
-                f"({test.method}, {test.permutations} relabellings of {len(t)} schedules)"
+                f"rho(flush rate, error) over the {len(t)} schedules = {test.statistic:.2f}, permutation {p_text(test)}"
             )
     tab = pd.DataFrame(rows)
     md = save_table(tab, folder, "speculative", pd.DataFrame(shown))
