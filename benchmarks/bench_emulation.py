@@ -1,13 +1,15 @@
 """Throughput of the fused Triton decode emulation against its peers, on one GPU.
 
-For Mamba-2 at Nemotron-3-Nano shapes (H=64, P=64, N=128, G=8) and GDN at Qwen3.5-9B shapes
-(32 value heads, 16 key heads, Dk=Dv=128), batch 16, T=4096 steps, for fp8_e4m3, int8 and nvfp4 under
-conventional and replay16 decoding, it measures in one run:
+For Mamba-2 at Nemotron-3-Nano shapes (H=64, P=64, N=128, G=8), GDN at Qwen3.5-9B shapes
+(32 value heads, 16 key heads, Dk=Dv=128) and KDA at GLM-5.3-Flash shapes (64 heads, Dk=Dv=128),
+batch 16, T=4096 steps, for fp8_e4m3, int8 and nvfp4 under conventional and replay16 decoding, it
+measures in one run:
 
 - triton: `emulate_triton_steps` (one launch for all T steps, the FP32 reference and the emulated state
   on chip, metrics every step); "simulate G/s" times the whole `simulate` call as analyze runs it
   (input validation, the kernel and the reduction into window statistics, windows of 16 steps);
-- eager: the naive reference's per-step function (`mamba2_emulation_step` / `gdn_emulation_step`) in
+- eager: the naive reference's per-step function (`mamba2_emulation_step` / `gdn_emulation_step` /
+  `kda_emulation_step`) in
   a Python loop, the state round-tripping through memory every step;
 - compiled: the same per-step function under torch.compile (measured for the variants listed in
   COMPILE_VARIANTS: each compile costs tens of seconds).
@@ -16,7 +18,7 @@ Throughput is in G state-element-steps/s = batch x heads x rows x state_dim x st
 Peers run fewer steps (their cost per step is constant) and are reported per step. The table is
 printed last and written to benchmarks/results/emulation.md with the GPU name, versions and date.
 
-    python benchmarks/bench_emulation.py [--steps 4096] [--batch 16] [--peer-steps 64] [--quick]
+    python benchmarks/bench_emulation.py [--steps 4096] [--batch 16] [--peer-steps 64] [--kinds mamba2,gdn,kda]
 """
 
 from __future__ import annotations
@@ -37,18 +39,21 @@ sys.path.insert(0, str(ROOT))
 import triton  # noqa: E402
 
 from ssmquant.kernels import emulate_triton_steps  # noqa: E402
-from ssmquant.replay import GDNInputs, Mamba2Inputs, parse_variant, simulate  # noqa: E402
+from ssmquant.replay import GDNInputs, KDAInputs, Mamba2Inputs, parse_variant, simulate  # noqa: E402
 from ssmquant.replay.naive import (  # noqa: E402
     StateStore,
     _buffer_round,
     gdn_emulation_step,
+    kda_emulation_step,
     mamba2_emulation_step,
 )
-from ssmquant.replay.reference import expand_groups, gdn_decays, mamba2_decays  # noqa: E402
+from ssmquant.replay.reference import expand_groups, gdn_decays, kda_decays, mamba2_decays  # noqa: E402
 
 FORMATS = ["fp8_e4m3", "int8", "nvfp4"]
 SCHEMES = ["conventional", "replay16"]
-COMPILE_VARIANTS = {("mamba2", "fp8_e4m3@conventional"), ("gdn", "fp8_e4m3@conventional")}
+COMPILE_VARIANTS = {(kind, "fp8_e4m3@conventional") for kind in ("mamba2", "gdn", "kda")}
+KINDS = ("mamba2", "gdn", "kda")
+LAYER_NAMES = {"mamba2": "Mamba-2 (Nemotron-3-Nano)", "gdn": "GDN (Qwen3.5-9B)", "kda": "KDA (GLM-5.3-Flash)"}
 
 # Estimated FP32 / integer operations per element-step of the kernel (no FMA fusion), for the floor.
 # reference + variant update (3 + 3), two output dots (2 + 2), metrics (5), amax (2), encode/decode:
@@ -60,6 +65,10 @@ OPS_PER_ELEMENT_STEP = {
     ("gdn", "fp8_e4m3"): (28, 10),
     ("gdn", "int8"): (28, 10),
     ("gdn", "nvfp4"): (34, 12),
+    # KDA: GDN's work; the decay is one multiply per element either way (a vector over Dk instead of a scalar)
+    ("kda", "fp8_e4m3"): (28, 10),
+    ("kda", "int8"): (28, 10),
+    ("kda", "nvfp4"): (34, 12),
 }
 # H200 SXM: 132 SMs x 128 FP32 lanes x ~1.98 GHz = 33.4 T FP32 instructions/s; integer ops ~half rate.
 FP32_INSTR_PER_S = 132 * 128 * 1.98e9
@@ -86,6 +95,25 @@ def qwen9b_inputs(batch, steps, device):
     gate = -torch.nn.functional.softplus(torch.randn(batch, steps, hv, generator=g) - 3.0)
     beta = torch.sigmoid(torch.randn(batch, steps, hv, generator=g))
     return GDNInputs(q=q, k=k, v=v, g=gate, beta=beta).to(device)
+
+
+def glm53_flash_inputs(batch, steps, device):
+    """GLM-5.3-Flash's KDA layer: 64 heads, Dk = Dv = 128, gate -5 sigmoid(f) with per-channel biases.
+
+    Drawn on the device (the CPU would take minutes for these 2 G-element tensors)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    h, d = 64, 128
+    q = torch.nn.functional.normalize(torch.randn(batch, steps, h, d, generator=g, device=device), dim=-1) / d**0.5
+    k = torch.nn.functional.normalize(torch.randn(batch, steps, h, d, generator=g, device=device), dim=-1)
+    v = torch.randn(batch, steps, h, d, generator=g, device=device).bfloat16()
+    bias = torch.linspace(-9.0, 0.0, h * d, device=device).reshape(h, d)
+    gate = -5.0 * torch.sigmoid(torch.randn(batch, steps, h, d, generator=g, device=device) * 0.5 + bias)
+    beta = torch.sigmoid(torch.randn(batch, steps, h, generator=g, device=device))
+    return KDAInputs(q=q, k=k, v=v, g=gate, beta=beta)
+
+
+INPUTS = {"mamba2": nano_inputs, "gdn": qwen9b_inputs, "kda": glm53_flash_inputs}
+STEP_FNS = {"mamba2": mamba2_emulation_step, "gdn": gdn_emulation_step, "kda": kda_emulation_step}
 
 
 def cuda_time(fn, reps: int) -> float:
@@ -142,7 +170,7 @@ def peer_loop(kind, inputs, variant, steps, step_fn):
             return m
 
     else:
-        alpha = gdn_decays(inputs)
+        alpha = kda_decays(inputs) if kind == "kda" else gdn_decays(inputs)
         q = expand_groups(inputs.q.float(), heads)
         k = expand_groups(inputs.k.float(), heads)
         kb = expand_groups(_buffer_round(inputs.k.float(), buf), heads)
@@ -181,19 +209,23 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "emulation.md"))
     ap.add_argument("--sweep", action="store_true", help="also time tilings (BLOCK_P, num_warps) of fp8 conventional")
     ap.add_argument("--sweep-only", action="store_true", help="only the tiling sweep")
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated layer kinds among {', '.join(KINDS)}")
     args = ap.parse_args()
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not kinds or any(k not in KINDS for k in kinds):
+        sys.exit(f"--kinds takes a comma-separated subset of {', '.join(KINDS)}, got {args.kinds!r}")
     if not torch.cuda.is_available():
         sys.exit("bench_emulation.py needs a CUDA GPU")
     dev = "cuda"
     if args.sweep:
-        sweep(args, dev)
+        sweep(args, dev, kinds)
         if args.sweep_only:
             return
     rows = []
-    for kind, make in (("mamba2", nano_inputs), ("gdn", qwen9b_inputs)):
-        inputs = make(args.batch, args.steps, dev)
+    for kind in kinds:
+        inputs = INPUTS[kind](args.batch, args.steps, dev)
         elems = math.prod(inputs.state_shape)
-        step_fn = mamba2_emulation_step if kind == "mamba2" else gdn_emulation_step
+        step_fn = STEP_FNS[kind]
         for fmt in FORMATS:
             for scheme in SCHEMES:
                 name = f"{fmt}@{scheme}"
@@ -222,7 +254,7 @@ def main():
                 floor_rate = 1 / max(fp_ops / FP32_INSTR_PER_S, int_ops / INT_INSTR_PER_S) / 1e9
                 rows.append(
                     {
-                        "layer": "Mamba-2 (Nemotron-3-Nano)" if kind == "mamba2" else "GDN (Qwen3.5-9B)",
+                        "layer": LAYER_NAMES[kind],
                         "variant": name,
                         "kernel ms": t_kernel * 1e3,
                         "kernel G/s": kernel_rate,
@@ -236,6 +268,8 @@ def main():
                     }
                 )
                 print(f"{kind} {name}: kernel {kernel_rate:.0f} G/s, eager {eager_rate:.1f} G/s", flush=True)
+        del inputs
+        torch.cuda.empty_cache()
     write_table(rows, args)
 
 
@@ -248,11 +282,11 @@ def drain(slices) -> None:
 SWEEP = [(8, 1), (16, 1), (32, 2), (64, 4), (128, 8)]
 
 
-def sweep(args, dev):
+def sweep(args, dev, kinds):
     """Time fp8_e4m3 conventional at several tilings (printed, not written)."""
     variant = parse_variant("fp8_e4m3@conventional")
-    for kind, make in (("mamba2", nano_inputs), ("gdn", qwen9b_inputs)):
-        inputs = make(args.batch, min(args.steps, 1024), dev)
+    for kind in kinds:
+        inputs = INPUTS[kind](args.batch, min(args.steps, 1024), dev)
         elems = math.prod(inputs.state_shape) * inputs.steps
         for block_p, warps in SWEEP:
             if block_p > inputs.rows:
@@ -284,7 +318,8 @@ def write_table(rows, args):
         f"metrics recorded every step. G/s = G state-element-steps per second. "
         f"Floor: estimated FP32/int operations per element-step against the GPU's instruction rates "
         f"(see OPS_PER_ELEMENT_STEP in the script); an estimate, not a measurement.\n\n"
-        f"Command: `python benchmarks/bench_emulation.py --steps {args.steps} --batch {args.batch} --peer-steps {args.peer_steps}`\n\n"
+        f"Command: `python benchmarks/bench_emulation.py --steps {args.steps} --batch {args.batch} "
+        f"--peer-steps {args.peer_steps} --kinds {args.kinds}`\n\n"
     )
     cols = list(rows[0].keys())
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from . import __version__
+from .sizing import CPU_DEFAULTS, GPU_DEFAULTS
+
+INTERRUPTED = 128 + 2  # the shell's status for a command ended by SIGINT
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """Ctrl-C ends a command with status 130 (as the shell reports a SIGINT), not click's 1 ("Aborted!").
+    Outputs are written atomically, so an interrupted run leaves no output directory behind."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\nInterrupted.", err=True)
+            ctx.exit(INTERRUPTED)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ssmquant")
 def main():
     """Can the SSM state of a hybrid LLM be stored in FP8, INT8 or NVFP4? Measure it, calibrate it, export it."""
@@ -27,12 +44,93 @@ def formats_cmd(shape: str):
     click.echo(formats_table(parse_shape(shape)))
 
 
-def _silence_transformers() -> None:
-    """--quiet: keep transformers' informational warnings and loading bars off the terminal."""
+def _silence() -> None:
+    """--quiet: keep transformers' informational warnings and loading bars, modelopt's version warning and
+    flash-linear-attention's CPU notice off the terminal."""
+    import warnings
+
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message=r".*is not tested with current version of modelopt.*")
+    warnings.filterwarnings("ignore", message=r"Triton is not supported on current platform.*")
+
+
+def _info(line: str) -> None:
+    """A status line (defaults taken, estimates) on stderr, beside the progress bars; stdout holds results."""
+    click.echo(line, err=True)
+
+
+def _default_help(command: str, name: str, what: str) -> str:
+    return f"{what} [default: {GPU_DEFAULTS[command][name]} on a GPU, {CPU_DEFAULTS[command][name]} on CPU]"
+
+
+def _sizes(command: str, device: str, given: dict, quiet: bool) -> dict:
+    """Fill the sizes the user left out with the defaults for the device the run computes on, and say so."""
+    from .analysis.sources import SourceError, resolve_device
+    from .sizing import default_sizes, describe_defaults
+
+    if all(v is not None for v in given.values()):
+        return given
+    try:
+        dev = resolve_device(device)
+    except SourceError as err:
+        raise click.ClickException(str(err)) from None
+    defaults = default_sizes(command, dev)
+    chosen = {k: defaults[k] if v is None else v for k, v in given.items()}
+    if not quiet:
+        _info(describe_defaults(command, dev, {k: chosen[k] for k, v in given.items() if v is None}))
+    return chosen
+
+
+class _Bar:
+    """A tqdm bar created at the first update (so that nothing is drawn before the work starts) and closed
+    by ``close`` (so that an error message starts on its own line)."""
+
+    def __init__(self, quiet: bool, unit: str, desc: str):
+        self.quiet, self.unit, self.desc, self.bar = quiet, unit, desc, None
+
+    def update(self, done: int, total: int, postfix: str | None = None) -> None:
+        if self.quiet:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit=self.unit, desc=self.desc, leave=True)
+        self.bar.total = total
+        self.bar.n = done
+        if postfix is not None:
+            self.bar.set_postfix_str(postfix)
+        self.bar.refresh()
+
+    def info(self, line: str) -> None:
+        """A status line, above the bar when one is drawn."""
+        if self.bar is None:
+            _info(line)
+        else:
+            self.bar.write(line, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _errors() -> tuple[type[Exception], ...]:
+    """The exceptions that carry a user-facing message: printed as one `Error:` line, no traceback."""
+    from .analysis import AnalyzeError, SourceError
+    from .formats import FormatError
+    from .models import CaptureError, ModelLoadError, TextError
+    from .replay.inputs import InputError
+    from .replay.simulate import BackendError
+    from .report.files import OutputError
+    from .sizing import SizingError
+
+    return (
+        AnalyzeError, SourceError, OutputError, FormatError, InputError, SizingError, BackendError, CaptureError,
+        TextError, ModelLoadError,
+    )  # fmt: skip
 
 
 def _csv(value: str | None, name: str) -> list[str] | None:
@@ -93,8 +191,8 @@ def _layers(value: str | None) -> list[int] | None:
     "--buffer-len", default=16, show_default=True, type=int, help="Replay buffer length L for a bare 'replay'."
 )
 @click.option("--rounding", default="rne", show_default=True, help="rne, sr or rne,sr.")
-@click.option("--steps", default=4096, show_default=True, type=int, help="Decode steps (tokens per sequence).")
-@click.option("--batch", default=8, show_default=True, type=int, help="Sequences.")
+@click.option("--steps", default=None, type=int, help=_default_help("analyze", "steps", "Decode steps (tokens per sequence)."))
+@click.option("--batch", default=None, type=int, help=_default_help("analyze", "batch", "Sequences."))
 @click.option("--layers", default=None, help="Comma-separated decoder-layer indices of SSM layers (default: all).")
 @click.option("--device", default="auto", show_default=True, help="auto, cuda or cpu.")
 @click.option(
@@ -118,6 +216,12 @@ def _layers(value: str | None) -> list[int] | None:
     type=int,
     help="Seed for text selection, synthetic inputs and stochastic rounding.",
 )
+@click.option(
+    "--engine",
+    default="ideal",
+    show_default=True,
+    help="Engine profile(s) whose arithmetic is emulated: ideal, flashinfer, or ideal,flashinfer side by side.",
+)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
@@ -138,18 +242,20 @@ def analyze_cmd(
     backend,
     record_every,
     seed,
+    engine,
     out_dir,
     force,
     no_plots,
     quiet,
 ):
     """Per-layer error of each state format over the decode horizon: tables, JSON, plots."""
-    from .analysis import AnalyzeConfig, AnalyzeError, SourceError, analyze, default_model
-    from .formats import FormatError
-    from .replay.inputs import InputError
-    from .report.files import OutputError, check_out_dir, write_analysis
+    from .analysis import AnalyzeConfig, analyze, default_model
+    from .report.files import check_out_dir, write_analysis
     from .report.tables import memory_text, summary_table
 
+    if quiet:
+        _silence()
+    sizes = _sizes("analyze", device, {"steps": steps, "batch": batch}, quiet)
     cfg = AnalyzeConfig(
         model=model or default_model(),
         synthetic=synthetic,
@@ -159,37 +265,29 @@ def analyze_cmd(
         schemes=_csv(schemes, "--schemes"),
         buffer_len=buffer_len,
         rounding=_csv(rounding, "--rounding"),
-        steps=steps,
-        batch=batch,
+        steps=sizes["steps"],
+        batch=sizes["batch"],
         layers=_layers(layers),
         device=device,
         backend=backend,
         seed=seed,
         record_every=record_every,
+        engines=_csv(engine, "--engine"),
     )
-    if quiet:
-        _silence_transformers()
+    bar = _Bar(quiet, "layer", "analyze")
     try:
         check_out_dir(out_dir, force)
-        bar = None
-        if not quiet:
-            from tqdm import tqdm
-
-            bar = tqdm(total=0, unit="layer", desc="analyze", leave=True)
-
-        def progress(done, total, layer):
-            if bar is not None:
-                bar.total = total
-                bar.n = done
-                bar.set_postfix_str("" if layer is None else f"layer {layer}")
-                bar.refresh()
-
-        result = analyze(cfg, progress=progress)
-        if bar is not None:
-            bar.close()
+        result = analyze(
+            cfg,
+            progress=lambda done, total, layer: bar.update(done, total, "" if layer is None else f"layer {layer}"),
+            notify=None if quiet else bar.info,
+        )
+        bar.close()
         path = write_analysis(result, out_dir, force=force, plots=not no_plots)
-    except (AnalyzeError, SourceError, OutputError, FormatError, InputError) as err:
+    except _errors() as err:
         raise click.ClickException(str(err)) from None
+    finally:
+        bar.close()
     if not quiet:
         src = result.source
         click.echo(f"\n{src['model']} ({src['kind']} data: {src.get('note', '')})")
@@ -241,8 +339,8 @@ def presets_cmd():
     "--buffer-len", default=16, show_default=True, type=int, help="Replay buffer length L for a bare 'replay'."
 )
 @click.option("--rounding", default=None, help="rne, sr or rne,sr. [default: rne]")
-@click.option("--steps", default=512, show_default=True, type=int, help="Decode steps (tokens per sequence).")
-@click.option("--batch", default=4, show_default=True, type=int, help="Held-out sequences decoded together.")
+@click.option("--steps", default=None, type=int, help=_default_help("eval", "steps", "Decode steps (tokens per sequence)."))
+@click.option("--batch", default=None, type=int, help=_default_help("eval", "batch", "Held-out sequences decoded together."))
 @click.option("--device", default="auto", show_default=True, help="auto, cuda, cuda:N or cpu.")
 @click.option(
     "--text",
@@ -275,16 +373,20 @@ def eval_cmd(
     """End to end: decode held-out text with each variant's stored SSM state; KL, top-1 agreement, loss change vs FP32."""
     from .analysis import default_model
     from .evaluate import EvalError, evaluate, parse_eval_variants, summary_text, variant_grid, write_eval
-    from .report.files import OutputError, check_out_dir
+    from .report.files import check_out_dir
 
     if variants is not None and (formats or schemes or rounding):
         raise click.UsageError("give either --variants or --formats/--schemes/--rounding, not both")
+    if quiet:
+        _silence()
     if model is None:
         from .models import available_shipped_models
 
         if not available_shipped_models():
             raise click.UsageError("no shipped model is installed; pass --model with a checkpoint directory or hub id")
         model = default_model()
+    sizes = _sizes("eval", device, {"steps": steps, "batch": batch}, quiet)
+    bar = _Bar(quiet, "step", "eval (reference + variants) x steps")
     try:
         check_out_dir(out_dir, force)
         if variants is not None:
@@ -297,32 +399,23 @@ def eval_cmd(
                 buffer_len,
                 seed,
             )
-        bar = None
-        if not quiet:
-            from tqdm import tqdm
-
-            bar = tqdm(total=0, unit="step", desc="eval (reference + variants) x steps", leave=True)
-
-        def progress(done, total):
-            if bar is not None:
-                bar.total = total
-                bar.update(done - bar.n)
-
         result = evaluate(
             model,
             chosen,
-            steps=steps,
-            batch=batch,
+            steps=sizes["steps"],
+            batch=sizes["batch"],
             seed=seed,
             device=device,
             text_path=text,
-            progress=progress,
+            progress=bar.update,
+            notify=None if quiet else bar.info,
         )
-        if bar is not None:
-            bar.close()
+        bar.close()
         path = write_eval(result, out_dir, force, plots=not no_plots)
-    except (EvalError, OutputError) as err:
+    except (EvalError, *_errors()) as err:
         raise click.ClickException(str(err)) from None
+    finally:
+        bar.close()
     if not quiet:
         src = result.source
         click.echo(f"\n{src['model']} ({src['kind']}: {src['note']})")
@@ -362,9 +455,12 @@ class _BudgetNotMet(click.ClickException):
     "step (_max).",
 )
 @click.option(
-    "--horizon", default=4096, show_default=True, type=int, help="Decode steps; the budget holds over the last window."
+    "--horizon",
+    default=None,
+    type=int,
+    help=_default_help("calibrate", "horizon", "Decode steps; the budget holds over the last window."),
 )
-@click.option("--batch", default=4, show_default=True, type=int, help="Calibration sequences.")
+@click.option("--batch", default=None, type=int, help=_default_help("calibrate", "batch", "Calibration sequences."))
 @click.option("--heldout-batch", default=None, type=int, help="Held-out sequences for verification. [default: --batch]")
 @click.option("--candidates", default="fp8_e4m3,int8,nvfp4", show_default=True, help="Candidate formats.")
 @click.option(
@@ -434,13 +530,14 @@ def calibrate_cmd(
     quiet,
 ):
     """Choose per SSM layer the cheapest state storage within an error budget; write a verified recipe."""
-    from .analysis import SourceError, default_model
+    from .analysis import default_model
     from .calibrate import BudgetError, CalibrateConfig, CalibrateError, calibrate, write_recipe
     from .calibrate.summary import summary_text
-    from .formats import FormatError
-    from .replay.inputs import InputError
-    from .report.files import OutputError, check_out_dir
+    from .report.files import check_out_dir
 
+    if quiet:
+        _silence()
+    sizes = _sizes("calibrate", device, {"horizon": horizon, "batch": batch}, quiet)
     try:
         lens = [int(v) for v in _csv(buffer_lens, "--buffer-lens")]
     except ValueError:
@@ -452,8 +549,8 @@ def calibrate_cmd(
         text=text,
         budget=budget,
         metric=metric,
-        horizon=horizon,
-        batch=batch,
+        horizon=sizes["horizon"],
+        batch=sizes["batch"],
         heldout_batch=heldout_batch,
         candidates=_csv(candidates, "--candidates"),
         schemes=_csv(schemes, "--schemes"),
@@ -470,29 +567,28 @@ def calibrate_cmd(
         seed=seed,
         verify=not no_verify,
     )
-    bars = {}
+    bars: dict[str, _Bar] = {}
 
     def progress(stage, done, total, layer):
-        if quiet:
-            return
         if stage not in bars:
-            from tqdm import tqdm
-
             for b in bars.values():
                 b.close()
-            bars[stage] = tqdm(total=total, unit="layer", desc=stage, leave=True)
-        bar = bars[stage]
-        bar.n = done
-        bar.set_postfix_str("" if layer is None else f"layer {layer}")
-        bar.refresh()
+            bars[stage] = _Bar(quiet, "layer", stage)
+        bars[stage].update(done, total, "" if layer is None else f"layer {layer}")
+
+    def notify(line):
+        drawn = [b for b in bars.values() if b.bar is not None]
+        (drawn[-1].info if drawn else _info)(line)
 
     try:
         check_out_dir(out_dir, force)
-        result = calibrate(cfg, progress=progress)
+        result = calibrate(cfg, progress=progress, notify=None if quiet else notify)
+        for b in bars.values():
+            b.close()
         path = write_recipe(result, out_dir, force=force)
     except BudgetError as err:
         raise _BudgetNotMet(str(err)) from None
-    except (CalibrateError, SourceError, OutputError, FormatError, InputError) as err:
+    except (CalibrateError, *_errors()) as err:
         raise click.ClickException(str(err)) from None
     finally:
         for b in bars.values():
@@ -516,13 +612,35 @@ def calibrate_cmd(
     type=int,
     help="Draft tokens per step of the deployment (checked against the replay buffer length).",
 )
-@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
-def export_cmd(recipe_dir, target, out_dir, num_speculative_tokens, force):
+@click.option(
+    "--engine-version",
+    default=None,
+    help="Engine version the export is checked for: a release whose source the engine facts cover, or a build "
+    "with open PRs (vLLM 0.33.0+pr52962). [default: the newest release covered]",
+)
+@click.option(
+    "--gpu",
+    default=None,
+    help="GPU the export is checked for, as its compute capability: sm80, sm90, sm100, sm120, ... "
+    "[default: the local GPU, else sm90]",
+)
+@click.option(
+    "--force", is_flag=True, help="Replace a non-empty output directory (--out or the default RECIPE_DIR/export-TARGET)."
+)
+def export_cmd(recipe_dir, target, out_dir, num_speculative_tokens, engine_version, gpu, force):
     """Turn a recipe into the files vLLM, TensorRT-LLM or FlashInfer take, and report what they cannot take."""
     from .export import ExportError, export
 
     try:
-        result = export(recipe_dir, target, out_dir, num_speculative_tokens=num_speculative_tokens, force=force)
+        result = export(
+            recipe_dir,
+            target,
+            out_dir,
+            num_speculative_tokens=num_speculative_tokens,
+            force=force,
+            engine_version=engine_version,
+            gpu=gpu,
+        )
     except ExportError as err:
         raise click.ClickException(str(err)) from None
     for line in result.report_lines():

@@ -26,7 +26,7 @@ def tm():
     return mod
 
 
-@pytest.mark.parametrize("arch", ["tiny-nemotron", "tiny-qwen"])
+@pytest.mark.parametrize("arch", ["tiny-nemotron", "tiny-qwen", "tiny-kda"])
 def test_config_builds_within_budget(tm, arch):
     model = tm.build_model(arch, seed=0)
     params = tm.param_breakdown(model)
@@ -39,6 +39,10 @@ def test_config_builds_within_budget(tm, arch):
     if arch == "tiny-nemotron":
         assert (cfg.mamba_head_dim, cfg.ssm_state_size) == (64, 128)
         assert cfg.mamba_num_heads % cfg.n_groups == 0 and cfg.n_groups >= 1
+    elif arch == "tiny-kda":
+        # GLM-5.3-Flash's pattern: attention at every 4th layer, KDA elsewhere
+        assert all((t == "full_attention") == ((i + 1) % 4 == 0) for i, t in enumerate(types))
+        assert cfg.linear_head_dim == 64 and cfg.linear_num_heads >= 2
     else:
         assert all((t == "full_attention") == ((i + 1) % 4 == 0) for i, t in enumerate(types))
         assert cfg.linear_num_value_heads > cfg.linear_num_key_heads
@@ -71,7 +75,7 @@ def test_lr_schedule(tm):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["tiny-nemotron", "tiny-qwen"])
+@pytest.mark.parametrize("arch", ["tiny-nemotron", "tiny-qwen", "tiny-kda"])
 def test_smoke_run_end_to_end(tm, arch, tmp_path):
     text = (REPO / "ssmquant" / "models" / "data" / "corpus.txt").read_bytes()
     data = tmp_path / "data"

@@ -27,8 +27,9 @@ from ..provenance import environment
 from ..replay import Trace, cycle_window, parse_scheme, simulate
 from ..replay.schemes import SchemeError
 from ..replay.variants import Variant, VariantError
-from .fit import fit_power_law
-from .sources import LayerSource, SourceError, open_source, resolve_device
+from ..sizing import format_seconds
+from .fit import DIVERGED, MIN_FORECAST_R2, fit_power_law, forecast_columns
+from .sources import LayerSource, SourceError, check_backend, open_source, plan_layers, resolve_device
 
 FORECAST_STEPS = (32768, 131072)
 ROUNDINGS = ("rne", "sr")
@@ -59,6 +60,7 @@ class AnalyzeConfig:
     backend: str = "auto"
     seed: int = 0
     record_every: int | None = None  # window length; None: whole flush cycles, at most 1024 windows
+    engines: list[str] = field(default_factory=lambda: ["ideal"])  # engine profiles (ssmquant.engines.profiles)
 
 
 def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
@@ -71,7 +73,7 @@ def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
     variants, seen = [], set()
     try:
         schemes = [parse_scheme(s, default_buffer_len=cfg.buffer_len) for s in cfg.schemes]
-        for spec, r, scheme in itertools.product(cfg.formats, cfg.rounding, schemes):
+        for spec, r, scheme, engine in itertools.product(cfg.formats, cfg.rounding, schemes, cfg.engines):
             fmt = parse(spec)
             if fmt.scale_mode.value == "static":
                 raise AnalyzeError(
@@ -81,7 +83,7 @@ def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
                 if fmt.encoding is Encoding.FP32:
                     continue
                 fmt = parse(f"{fmt.name}:sr") if fmt.rounding.value == "rne" else fmt
-            v = Variant(fmt, scheme, seed=cfg.seed)
+            v = Variant(fmt, scheme, seed=cfg.seed, engine=engine)
             if v.name not in seen:
                 seen.add(v.name)
                 variants.append(v)
@@ -120,7 +122,8 @@ class AnalysisResult:
             "summary": _records(self.summary),
             "memory": _records(self.memory),
             "forecast_note": "forecast_* columns extrapolate the power-law fit err(t) ~ a t^b beyond the "
-            "measured horizon; they are forecasts, not measurements",
+            "measured horizon; they are forecasts, not measurements. A forecast is null where its *_status is "
+            f"'unreliable' (fit r^2 below {MIN_FORECAST_R2}) or 'diverged' (relative error reaches {DIVERGED})",
         }
 
 
@@ -165,6 +168,7 @@ def summarize_layer(layer: int, kind: str, trace: Trace, variants: list[Variant]
                 "variant": v.name,
                 "format": v.format.name,
                 "scheme": v.scheme.name,
+                "engine": v.engine,
                 "horizon": int(trace.steps[h]),
                 "horizon_window_start": int(trace.window_starts[h]),
                 "state_rel_err": float(state[i, h]),
@@ -178,8 +182,9 @@ def summarize_layer(layer: int, kind: str, trace: Trace, variants: list[Variant]
                 "growth_a_out": fit_out.a,
                 "fit_r2_out": fit_out.r2,
                 "growth_b_state": fit_state.b,
-                **{f"forecast_out_{s // 1024}k": fit_out.predict(s) for s in FORECAST_STEPS},
-                **{f"forecast_state_{s // 1024}k": fit_state.predict(s) for s in FORECAST_STEPS},
+                "fit_r2_state": fit_state.r2,
+                **forecast_columns("out", fit_out, FORECAST_STEPS, float(out[i, -1])),
+                **forecast_columns("state", fit_state, FORECAST_STEPS, float(state[i, -1])),
             }
         )
     return rows
@@ -235,17 +240,23 @@ def memory_table(source: LayerSource, variants: list[Variant], num_layers: int) 
     return pd.DataFrame(rows)
 
 
-def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
-    """Run the analysis. progress: optional callable(done_layers, total_layers, layer_index) for a bar.
+def analyze(cfg: AnalyzeConfig, *, progress=None, notify=None) -> AnalysisResult:
+    """Run the analysis. progress: optional callable(done_layers, total_layers, layer_index) for a bar;
+    notify: optional callable(line) that receives the time estimate before the emulation starts (the
+    estimate is measured only when notify is given) and, after the first layer, what it implies for the rest.
 
-    Raises AnalyzeError / SourceError with a message naming the problem; NaN/Inf in captured inputs
-    raise InputError naming the layer and step.
+    Raises AnalyzeError / SourceError with a message naming the problem, SizingError (before any layer
+    runs) when the run's memory estimate exceeds the free memory; NaN/Inf in captured inputs raise
+    InputError naming the layer and step.
     """
     t0 = time.time()
     if cfg.steps < 1 or cfg.batch < 1:
         raise AnalyzeError(f"--steps and --batch must be >= 1, got steps={cfg.steps}, batch={cfg.batch}")
+    if cfg.record_every is not None and cfg.record_every < 1:
+        raise AnalyzeError(f"--record-every must be >= 1 (keep every k-th step), got {cfg.record_every}")
     variants = build_variants(cfg)
     device = resolve_device(cfg.device)
+    chosen_backend = check_backend(cfg.backend, device)
     record_every = cfg.record_every or cycle_window([flush_cycle(v) for v in variants], cfg.steps, MAX_RECORDED_STEPS)
     if not 1 <= record_every <= cfg.steps:
         raise AnalyzeError(f"--record-every must lie in [1, --steps={cfg.steps}], got {record_every}")
@@ -263,12 +274,23 @@ def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
     t_loaded = time.time()
     layers = source.select(cfg.layers)
     source.check_formats([v.format for v in variants])
+    per_step = plan_layers(
+        source, layers, variants, steps=cfg.steps, batch=cfg.batch, device=device, backend=chosen_backend,
+        recorded=cfg.steps // record_every, measure_time=notify is not None,
+    )  # fmt: skip
+    if per_step is not None:
+        notify(
+            f"estimate: about {format_seconds(per_step * cfg.steps * len(layers))} to emulate {len(layers)} layers x "
+            f"{len(variants)} variants x {cfg.steps} steps x batch {cfg.batch} (torch backend, "
+            f"{1e3 * per_step:.3g} ms per layer-step measured on this machine; loading and capture not included)"
+        )
     traces, heads, summary = [], [], []
     if progress:
         progress(0, len(layers), None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     waited = emulated = 0.0  # seconds waiting for the next layer's captured inputs / emulating
+    t_layers = time.perf_counter()
     layer_iter = enumerate(source.iter_layers(layers), start=1)
     while True:
         t_wait = time.time()
@@ -291,9 +313,11 @@ def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
         heads.append(head_table(layer, trace))
         summary.extend(summarize_layer(layer, source.layer_kind, trace, variants))
         del inputs
+        if notify is not None and n == 1 and len(layers) > 1:
+            first = time.perf_counter() - t_layers
+            notify(f"the first layer took {format_seconds(first)}: about {format_seconds(first * (len(layers) - 1))} more")
         if progress:
             progress(n, len(layers), layer)
-    backend = "triton" if (cfg.backend == "auto" and device.type == "cuda") else cfg.backend
     stages = {
         "load_s": round(t_loaded - t0, 3),
         # capture runs in a worker thread beside the emulation: this is the time spent waiting for it
@@ -316,7 +340,7 @@ def analyze(cfg: AnalyzeConfig, *, progress=None) -> AnalysisResult:
         heads=pd.concat(heads, ignore_index=True),
         summary=pd.DataFrame(summary),
         memory=memory_table(source, variants, len(source.layers)),
-        environment=environment(device, backend="torch" if backend == "auto" else backend),
+        environment=environment(device, backend=chosen_backend),
         elapsed_s=time.time() - t0,
         stages=stages,
     )

@@ -26,7 +26,10 @@ from ..models import (
     synthetic_layers,
 )
 from ..models.synthetic import PROFILES
+from ..models.text import TextError, load_text, split_bounds, text_origin, text_phrase
 from ..replay.inputs import LayerInputs
+from ..replay.simulate import BACKENDS, triton_interpreting
+from ..sizing import analyze_memory, check_memory, layer_dims, probe_step_seconds
 
 
 class SourceError(ValueError):
@@ -38,8 +41,10 @@ class LayerSource:
     """A model's SSM layers and a way to get their inputs, one layer at a time.
 
     kind: "shipped" | "checkpoint" | "synthetic"; name: the model's name; layers: the decoder-layer
-    indices of its SSM layers; layer_kind: "mamba2" | "gdn"; state_shape: (heads, rows, state_dim);
-    describe: the provenance dict written into report.json.
+    indices of its SSM layers; layer_kind: "mamba2" | "gdn" | "kda"; state_shape: (heads, rows, state_dim);
+    describe: the provenance dict written into report.json; groups: Mamba-2 B/C groups, GDN key heads or
+    KDA heads (None: unknown, taken as heads by the estimates); prefill: the checkpoint's config when capture
+    runs a prefill (for the memory estimate), None for synthetic inputs.
     """
 
     kind: str
@@ -49,6 +54,8 @@ class LayerSource:
     state_shape: tuple[int, int, int]
     describe: dict = field(default_factory=dict)
     _iterate: object = None
+    groups: int | None = None
+    prefill: dict | None = None
 
     def iter_layers(self, layers: list[int]) -> Iterator[tuple[int, LayerInputs]]:
         """Yield (layer index, inputs) for the requested layers, streaming (one layer alive at a time)."""
@@ -61,6 +68,12 @@ class LayerSource:
                 fmt.bytes_per_state(self.state_shape)
             except FormatError as err:
                 raise SourceError(f"{fmt.name} cannot store {self.name}'s state {self.state_shape}: {err}") from None
+
+    @property
+    def dims(self):
+        """The layer sizes (``calibrate.settings.LayerDims``) the memory and time estimates read."""
+        heads, rows, state_dim = self.state_shape
+        return layer_dims(self.layer_kind, heads, rows, state_dim, self.groups or heads)
 
     def select(self, layers: list[int] | None) -> list[int]:
         """Validate a layer selection (decoder-layer indices) against this model's SSM layers."""
@@ -85,6 +98,38 @@ def resolve_device(device: str) -> torch.device:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SourceError("--device cuda was requested but no CUDA GPU is available; use --device cpu or auto")
     return torch.device(device)
+
+
+def check_backend(backend: str, device: torch.device) -> str:
+    """The backend a run on ``device`` uses ("torch" or "triton"), checked before any work starts."""
+    if backend not in BACKENDS:
+        raise SourceError(f"unknown backend {backend!r}; accepted: {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend == "triton" and device.type != "cuda" and not triton_interpreting():
+        raise SourceError(
+            f"--backend triton needs a CUDA GPU and this run is on {device}; use --backend auto or torch "
+            "(or set TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter, slowly)"
+        )
+    return backend
+
+
+def check_text(text_path: str | None, *, batch: int, length: int, split: str) -> str:
+    """The text (``--text`` or the shipped corpus), checked before any model loads: it must be text and its
+    ``split`` must hold ``batch`` x ``length`` bytes (a token covers at least one byte; the exact check on
+    tokens follows in ``select_sequences``). Raises SourceError naming the file and the numbers."""
+    try:
+        text = load_text(text_path)
+    except TextError as err:
+        raise SourceError(str(err)) from None
+    start, stop = split_bounds(len(text.encode("utf-8")), split)
+    if (stop - start) // length < batch:
+        name = "the shipped corpus" if text_path is None else f"text file {str(text_path)!r}"
+        raise SourceError(
+            f"{batch} sequences of {length} tokens need at least {batch * length} bytes in the {split} split of "
+            f"{name}, which has {stop - start}; lower --steps or --batch, or pass a longer text (--text)"
+        )
+    return text
 
 
 def open_source(
@@ -120,6 +165,11 @@ def open_source(
             ) from None
         if text_path is not None:
             raise SourceError("--text applies to real or shipped models; synthetic inputs use no text")
+        if synthetic_profile != "init" and preset.layer_kind == "kda":
+            raise SourceError(
+                f"--synthetic-profile {synthetic_profile} is defined for Mamba-2 and GDN presets; {preset.name} is a "
+                "KDA preset: use --synthetic-profile init"
+            )
 
         def iterate(layers):
             return synthetic_layers(
@@ -139,16 +189,29 @@ def open_source(
             else f"synthetic inputs with the preset's exact shapes, the family's initialisation distributions "
             f"changed by the '{profile.name}' stress profile ({profile.description}); no trained weights, no text",
         }
+        groups = preset.shape.n_groups if preset.layer_kind == "mamba2" else preset.shape.num_key_heads
         return LayerSource(
-            "synthetic", preset.name, list(preset.ssm_layers), preset.layer_kind, preset.state_shape, describe, iterate
+            "synthetic",
+            preset.name,
+            list(preset.ssm_layers),
+            preset.layer_kind,
+            preset.state_shape,
+            describe,
+            iterate,
+            groups=groups,
         )
 
+    text = check_text(text_path, batch=batch, length=steps, split=split)
     try:
         loaded = load_model(model, device=device)
     except ModelLoadError as err:
         raise SourceError(str(err)) from None
     layout = ssm_layout(loaded.model.config)
-    ids, text_meta = capture_text_batch(loaded, batch=batch, steps=steps, seed=seed, split=split, text_path=text_path)
+    try:
+        ids, text_meta = capture_text_batch(loaded, batch=batch, steps=steps, seed=seed, split=split, text=text)
+    except TextError as err:
+        raise SourceError(str(err)) from None
+    text_meta["text"]["origin"] = text_origin(text_path)
     shipped = loaded.source.kind == "shipped"
     describe = {
         "kind": "shipped" if shipped else "checkpoint",
@@ -158,9 +221,9 @@ def open_source(
         "weights_dtype": str(loaded.dtype).replace("torch.", ""),
         **text_meta,
         "note": (
-            "a tiny hybrid model trained for ssmquant (real trained weights) on held-out public-domain text"
+            ("a tiny hybrid model trained for ssmquant (real trained weights) on " + text_phrase(text_path))
             if shipped
-            else "inputs captured from the checkpoint's prefill over calibration text"
+            else f"inputs captured from the checkpoint's prefill over {text_phrase(text_path)}"
         ),
     }
 
@@ -175,7 +238,41 @@ def open_source(
         tuple(layout["state_shape"]),
         describe,
         iterate,
+        groups=layout.get("groups"),
+        prefill=loaded.model.config.get_text_config().to_dict(),
     )
+
+
+def plan_layers(
+    source: LayerSource,
+    layers: list[int],
+    variants,
+    *,
+    steps: int,
+    batch: int,
+    device: torch.device,
+    backend: str,
+    recorded: int,
+    measure_time: bool = False,
+    variants_at_once: int | None = None,
+) -> float | None:
+    """Check, before any layer runs, that emulating ``layers`` one at a time fits in memory.
+
+    Raises SizingError with the estimate and the largest --steps that fits. ``variants_at_once``: how many
+    variants one emulation call holds (default all of ``variants``). When ``measure_time`` and the torch
+    backend runs, returns the seconds per decode step of one layer for ``variants`` measured on this
+    machine (``sizing.probe_step_seconds``); else None.
+    """
+    dims = source.dims
+    at_once = len(variants) if variants_at_once is None else variants_at_once
+    est = analyze_memory(
+        dims, batch=batch, steps=steps, variants=at_once, recorded=recorded, device=device, backend=backend,
+        prefill=source.prefill, capture_device=device,
+    )  # fmt: skip
+    check_memory(est, batch=batch, steps=steps)
+    if not measure_time or backend != "torch" or not layers:
+        return None
+    return probe_step_seconds(dims, variants, batch, steps, record_every=max(1, steps // recorded), device=device)
 
 
 def default_model() -> str:

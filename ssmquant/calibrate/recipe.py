@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import __version__
-from .settings import METRICS, CalibrateError, LayerDims, Setting, other_metric
+from .settings import METRICS, CalibrateError, LayerDims, Setting, other_metric, setting_bytes
 
 SCHEMA_VERSION = 1
 RECIPE_KIND = "ssmquant.ssm_state_recipe"
@@ -287,8 +287,35 @@ def _setting(d, where: str) -> Setting:
         raise RecipeError(f"{CONFIG_NAME}: {where}: {err}") from None
 
 
+def _fail(msg: str):
+    raise RecipeError(f"{CONFIG_NAME}: {msg}")
+
+
+def _int_list(d: dict, key: str, where: str, minimum: int = 0) -> list[int]:
+    values = _need(d, key, list, where)
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in values):
+        _fail(f"{where}.{key} must be a list of integers >= {minimum}, got {values}")
+    if len(set(values)) != len(values):
+        _fail(f"{where}.{key} lists a value twice: {values}")
+    return values
+
+
+def _error_value(d: dict, key: str, where: str) -> float | None:
+    v = d.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0):
+        _fail(f"{where}.{key} must be a relative error >= 0 or null, got {v!r}")
+    return v
+
+
 def validate_document(doc: dict) -> None:
-    """Check a recipe document against schema version 1; raise RecipeError naming the first problem."""
+    """Check a recipe document against schema version 1; raise RecipeError naming the first problem.
+
+    Every field is checked for its type and range, and fields that depend on each other must agree: each
+    setting's fields with its format and scheme; each layer's bytes with its setting and the model's dims;
+    every meets_budget flag with the errors and the budget; the layers with model.calibrated_layers and
+    model.ssm_layers; the global setting with its status and the uniform settings; the verification with
+    the layers' decisions.
+    """
     if not isinstance(doc, dict):
         raise RecipeError(f"{CONFIG_NAME} must hold a JSON object, got {type(doc).__name__}")
     version = doc.get("schema_version")
@@ -299,60 +326,144 @@ def validate_document(doc: dict) -> None:
             "wrote the recipe"
         )
     if doc.get("kind") != RECIPE_KIND:
-        raise RecipeError(f"{CONFIG_NAME}: kind must be {RECIPE_KIND!r}, got {doc.get('kind')!r}")
+        _fail(f"kind must be {RECIPE_KIND!r}, got {doc.get('kind')!r}")
     _need(doc, "producer", dict, "the document")
     model = _need(doc, "model", dict, "the document")
     kind = _need(model, "layer_kind", str, "model")
-    if kind not in ("mamba2", "gdn"):
-        raise RecipeError(f"{CONFIG_NAME}: model.layer_kind must be 'mamba2' or 'gdn', got {kind!r}")
+    if kind not in ("mamba2", "gdn", "kda"):
+        _fail(f"model.layer_kind must be 'mamba2', 'gdn' or 'kda', got {kind!r}")
     dims = _need(model, "dims", dict, "model")
     for k in ("heads", "rows", "state_dim", "groups"):
         v = _need(dims, k, int, "model.dims")
         if v < 1:
-            raise RecipeError(f"{CONFIG_NAME}: model.dims.{k} must be >= 1, got {v}")
-    _need(model, "ssm_layers", list, "model")
+            _fail(f"model.dims.{k} must be >= 1, got {v}")
+    if dims.get("kind", kind) != kind:
+        _fail(f"model.dims.kind is {dims.get('kind')!r} but model.layer_kind is {kind!r}")
+    layer_dims = LayerDims(kind, dims["heads"], dims["rows"], dims["state_dim"], dims["groups"])
+    ssm_layers = _int_list(model, "ssm_layers", "model")
+    calibrated = _int_list(model, "calibrated_layers", "model")
+    if not set(calibrated) <= set(ssm_layers):
+        _fail(f"model.calibrated_layers {calibrated} are not all in model.ssm_layers {ssm_layers}")
     budget = _need(doc, "budget", dict, "the document")
-    if budget.get("metric") not in METRICS:
-        raise RecipeError(f"{CONFIG_NAME}: budget.metric must be one of {', '.join(METRICS)}, got {budget.get('metric')!r}")
+    metric = budget.get("metric")
+    if metric not in METRICS:
+        _fail(f"budget.metric must be one of {', '.join(METRICS)}, got {metric!r}")
     value = _need(budget, "value", (int, float), "budget")
     if not math.isfinite(value) or value <= 0:
-        raise RecipeError(f"{CONFIG_NAME}: budget.value must be a finite number > 0, got {value}")
-    _need(budget, "horizon", int, "budget")
+        _fail(f"budget.value must be a finite number > 0, got {value}")
+    if _need(budget, "horizon", int, "budget") < 1:
+        _fail(f"budget.horizon must be >= 1, got {budget['horizon']}")
+    count_buffer = _validate_search(doc.get("search"))
+
+    def meets(err, flag, where):
+        if not isinstance(flag, bool):
+            _fail(f"{where}.meets_budget must be true or false, got {flag!r}")
+        if err is not None and flag != (err <= value):
+            _fail(f"{where}.meets_budget is {flag} but its {metric} {err} against the budget {value} says {not flag}")
+
     layers = _need(doc, "layers", list, "the document")
     if not layers:
-        raise RecipeError(f"{CONFIG_NAME}: layers is empty")
-    seen = set()
+        _fail("layers is empty")
+    seen, decisions = set(), {}
     for i, entry in enumerate(layers):
         where = f"layers[{i}]"
         layer = _need(entry, "layer", int, where)
         if layer in seen:
-            raise RecipeError(f"{CONFIG_NAME}: layer {layer} appears twice in layers")
+            _fail(f"layer {layer} appears twice in layers")
         seen.add(layer)
         s = _setting(_need(entry, "setting", dict, where), f"{where}.setting")
-        _need(entry, "bytes_per_sequence", dict, where)
-        _need(entry, "calibration_error", dict, where)
+        decisions[layer] = s.name
+        nbytes = _need(entry, "bytes_per_sequence", dict, where)
+        want = setting_bytes(s, layer_dims, count_buffer=count_buffer)
+        for part in ("state", "buffer", "total"):
+            got = _need(nbytes, part, int, f"{where}.bytes_per_sequence")
+            if got != want[part]:
+                _fail(
+                    f"{where}.bytes_per_sequence.{part} is {got} but {s.name!r} on a layer of dims "
+                    f"{layer_dims.state_shape} (groups {layer_dims.groups}) takes {want[part]}"
+                )
+        cal = _need(entry, "calibration_error", dict, where)
+        for q in METRICS:
+            _error_value(cal, q, f"{where}.calibration_error")
+        if "meets_budget" in entry:
+            meets(cal.get(metric), entry["meets_budget"], where)
+        held = entry.get("heldout_error")
+        if held is not None:
+            for q in METRICS:
+                _error_value(_need(entry, "heldout_error", dict, where), q, f"{where}.heldout_error")
         ref = entry.get("state_scale")
         if s.is_static and ref != scale_name(layer):
-            raise RecipeError(f"{CONFIG_NAME}: {where} is static but state_scale is {ref!r}, not {scale_name(layer)!r}")
+            _fail(f"{where} is static but state_scale is {ref!r}, not {scale_name(layer)!r}")
         if not s.is_static and ref is not None:
-            raise RecipeError(f"{CONFIG_NAME}: {where} has dynamic scales but names a state_scale tensor {ref!r}")
-    glob = _need(doc, "global", dict, "the document")
-    if glob.get("status") not in ("meets_budget", "closest", "none"):
-        raise RecipeError(
-            f"{CONFIG_NAME}: global.status must be meets_budget, closest or none, got {glob.get('status')!r}"
-        )
-    if glob.get("setting") is not None:
-        _setting(glob["setting"], "global.setting")
+            _fail(f"{where} has dynamic scales but names a state_scale tensor {ref!r}")
+    if sorted(seen) != sorted(calibrated):
+        _fail(f"layers hold decisions for {sorted(seen)} but model.calibrated_layers is {sorted(calibrated)}")
+
+    uniform = {}
     for i, u in enumerate(_need(doc, "uniform_settings", list, "the document")):
-        _setting(_need(u, "setting", dict, f"uniform_settings[{i}]"), f"uniform_settings[{i}].setting")
-        _need(u, "errors", dict, f"uniform_settings[{i}]")
-        _need(u, "bytes_per_sequence", int, f"uniform_settings[{i}]")
+        where = f"uniform_settings[{i}]"
+        s = _setting(_need(u, "setting", dict, where), f"{where}.setting")
+        uniform[s.name] = u
+        errors = _need(u, "errors", dict, where)
+        bad = sorted(k for k in errors if not str(k).isdigit() or int(k) not in seen)
+        if bad:
+            _fail(f"{where}.errors names layers {bad} that the recipe did not calibrate ({sorted(seen)})")
+        for k in errors:
+            _error_value(errors, k, f"{where}.errors")
+        if _need(u, "bytes_per_sequence", int, where) < 0:
+            _fail(f"{where}.bytes_per_sequence must be >= 0")
         if u.get("role") not in ("candidate", "fallback"):
-            raise RecipeError(f"{CONFIG_NAME}: uniform_settings[{i}].role must be candidate or fallback")
+            _fail(f"{where}.role must be candidate or fallback")
+        if "meets_budget" in u:
+            meets(_error_value(u, "max_error", where), u["meets_budget"], where)
+
+    glob = _need(doc, "global", dict, "the document")
+    status = glob.get("status")
+    if status not in ("meets_budget", "closest", "none"):
+        _fail(f"global.status must be meets_budget, closest or none, got {status!r}")
+    g = glob.get("setting")
+    if (g is None) != (status == "none"):
+        _fail(f"global.status is {status!r} but global.setting is {'missing' if g is None else 'set'}")
+    if "meets_budget" in glob and glob["meets_budget"] != (status == "meets_budget"):
+        _fail(f"global.meets_budget is {glob['meets_budget']} but global.status is {status!r}")
+    if g is not None:
+        name = _setting(g, "global.setting").name
+        if name not in uniform:
+            _fail(f"global.setting {name!r} is not one of uniform_settings")
+
     v = doc.get("verification")
     if v is not None:
-        _need(v, "per_layer", list, "verification")
-        _need(v, "passed", bool, "verification")
+        per_layer = _need(v, "per_layer", list, "verification")
+        passed = _need(v, "passed", bool, "verification")
+        for i, r in enumerate(per_layer):
+            where = f"verification.per_layer[{i}]"
+            layer = _need(r, "layer", int, where)
+            if layer not in decisions:
+                _fail(f"{where}.layer {layer} has no decision in layers")
+            if r.get("setting") != decisions[layer]:
+                _fail(f"{where}.setting is {r.get('setting')!r} but layer {layer} decides {decisions[layer]!r}")
+            meets(_error_value(r, metric, where), r.get("meets_budget"), where)
+        if passed != all(r["meets_budget"] for r in per_layer):
+            _fail(f"verification.passed is {passed} but its per_layer meets_budget flags say otherwise")
+
+
+def _validate_search(search) -> bool:
+    """Types of the search block (informational, but a recipe's record of how it was made); returns
+    whether the layers' byte totals count the replay ring (its objective)."""
+    if search is None:
+        return True
+    if not isinstance(search, dict):
+        _fail(f"search must be an object, got {type(search).__name__}")
+    for key in ("candidates", "schemes", "roundings", "calibration", "calibration_granularity", "engine_fallbacks"):
+        if key in search and (not isinstance(search[key], list) or not all(isinstance(x, str) for x in search[key])):
+            _fail(f"search.{key} must be a list of strings, got {search[key]!r}")
+    if "buffer_lens" in search:
+        _int_list(search, "buffer_lens", "search", minimum=1)
+    objectives = {"bytes per sequence: state + replay ring": True, "bytes per sequence: state": False}
+    objective = search.get("objective", "bytes per sequence: state + replay ring")
+    if objective not in objectives:
+        _fail(f"search.objective must be one of {list(objectives)}, got {objective!r}")
+    return objectives[objective]
 
 
 @dataclass

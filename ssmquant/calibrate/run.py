@@ -21,13 +21,22 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 import torch
 
-from ..analysis.sources import LayerSource, SourceError, open_source, resolve_device
+from ..analysis.sources import LayerSource, SourceError, check_backend, open_source, plan_layers, resolve_device
 from ..formats import FormatError
 from ..models.text import TextError
 from ..provenance import DEFAULT_PACKAGES, environment
 from ..replay import BACKENDS
 from ..replay.inputs import InputError
-from .choose import BudgetError, best_table, choose_global, choose_layer, evaluate_layer, uniform_table
+from ..sizing import format_seconds
+from .choose import (
+    MAX_VARIANTS_PER_CALL,
+    BudgetError,
+    best_table,
+    choose_global,
+    choose_layer,
+    evaluate_layer,
+    uniform_table,
+)
 from .scales import calibrate_scales, required_percentiles, scale_keys
 from .settings import (
     CalibrateError,
@@ -35,6 +44,7 @@ from .settings import (
     Setting,
     build_settings,
     metric_quantity,
+    parse_method,
 )
 from .stats import DEFAULT_PERCENTILES, StateStats, collect_stats
 from .verify import synthetic_heldout_source, verify_layers
@@ -143,13 +153,17 @@ def calibrate(
     progress=None,
     source: LayerSource | None = None,
     heldout_source: LayerSource | None = None,
+    notify=None,
 ) -> CalibrationResult:
-    """Run a calibration. progress: optional callable(stage, done, total, layer), stage "calibrate" | "verify".
+    """Run a calibration. progress: optional callable(stage, done, total, layer), stage "calibrate" | "verify";
+    notify: optional callable(line) that receives the time estimate before the first layer (measured only
+    when given) and, after the first layer, the time that layer took and what it implies for the rest.
 
     source / heldout_source: LayerSources to use instead of opening cfg.model (tests, custom data); the
     held-out source must yield different sequences of the same layers.
     Raises CalibrateError (bad settings), BudgetError (no candidate within the budget: `.table` holds the
-    best achievable error per layer), SourceError / InputError (data).
+    best achievable error per layer), SourceError / InputError (data), SizingError (the memory estimate
+    exceeds the free memory; raised before the first layer).
     """
     t0 = time.time()
     cfg.validate()
@@ -175,10 +189,12 @@ def calibrate(
     all_settings = settings + fallbacks
     keys = scale_keys(settings)
     device = resolve_device(cfg.device)
+    chosen_backend = check_backend(cfg.backend, device)
     if source is None:
         source = _open(cfg, device, "calibration", cfg.batch, cfg.seed)
     layers = source.select(cfg.layers)
     source.check_formats([s.format for s in all_settings])
+    _plan(cfg, source, layers, all_settings, device, chosen_backend, notify)
     percentiles = sorted(set(DEFAULT_PERCENTILES) | set(required_percentiles(keys)))
 
     evals, stats, dims = [], {}, None
@@ -188,6 +204,7 @@ def calibrate(
     by_name = {s.name: s for s in all_settings}
     if progress:
         progress("calibrate", 0, len(layers), None)
+    t_layers = time.perf_counter()
     for n, (layer, inputs) in enumerate(source.iter_layers(layers), start=1):
         inputs = inputs.to(device)
         try:
@@ -221,6 +238,12 @@ def calibrate(
                 chosen_scales[layer] = scales[decisions[layer].scale_key].cpu()
         del inputs, scales
         _free()
+        if notify is not None and n == 1 and len(layers) > 1:
+            first = time.perf_counter() - t_layers
+            notify(
+                f"the first layer took {format_seconds(first)}: about {format_seconds(first * (len(layers) - 1))} "
+                f"more for the other {len(layers) - 1} layers" + (", then the verification" if cfg.verify else "")
+            )
         if progress:
             progress("calibrate", n, len(layers), layer)
     evaluations = pd.concat(evals, ignore_index=True)
@@ -310,7 +333,6 @@ def calibrate(
             progress=vprog,
         )
         verification["data"] = heldout_desc
-    backend = "triton" if (cfg.backend == "auto" and device.type == "cuda") else cfg.backend
     return CalibrationResult(
         config=cfg,
         source=source_desc,
@@ -330,9 +352,42 @@ def calibrate(
         global_status=status,
         verification=verification,
         environment=environment(
-            device, packages=(*DEFAULT_PACKAGES, "modelopt"), backend="torch" if backend == "auto" else backend
+            device, packages=(*DEFAULT_PACKAGES, "modelopt"), backend=chosen_backend
         ),
         elapsed_s=time.time() - t0,
+    )
+
+
+# For the time estimate only: settings re-simulated per layer on held-out data (the decision, the global
+# and the engines' picks), and what the statistics cost in settings (one FP32 reference decode, with top-k).
+VERIFIED_PER_LAYER = 3
+STATS_COST = 2
+
+
+def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, device, backend, notify) -> None:
+    """Refuse a run that will not fit in memory; send the time estimate to ``notify`` (torch backend)."""
+    dynamic = [s.variant(seed=cfg.seed) for s in settings if not s.is_static]
+    hb = cfg.heldout_batch or cfg.batch
+    # verification of synthetic data draws calibration + held-out sequences and slices (verify.py)
+    held = hb + (cfg.batch if cfg.synthetic else 0) if cfg.verify else 0
+    batch = max(cfg.batch, held)
+    per_step = plan_layers(
+        source, layers, dynamic, steps=cfg.horizon, batch=batch, device=device, backend=backend, recorded=1,
+        measure_time=notify is not None and bool(dynamic), variants_at_once=min(len(settings), MAX_VARIANTS_PER_CALL),
+    )  # fmt: skip
+    if per_step is None:
+        return
+    per_step *= cfg.batch / batch
+    per_setting = per_step / len(dynamic)  # seconds per layer-step of one setting at the calibration batch
+    work = len(settings) + STATS_COST + (VERIFIED_PER_LAYER * hb / cfg.batch if cfg.verify else 0)
+    total = per_setting * work * cfg.horizon * len(layers)
+    mse = any(parse_method(k[1]).kind == "mse" for k in scale_keys(settings))
+    notify(
+        f"estimate: about {format_seconds(total)} to evaluate {len(layers)} layers x {len(settings)} settings x "
+        f"{cfg.horizon} steps x batch {cfg.batch}" + (f" and verify on {hb} held-out sequences" if cfg.verify else "")
+        + f" (torch backend, {1e3 * per_setting:.3g} ms per setting and layer-step measured on this machine; "
+        "loading and capture not included"
+        + ("; the MSE scale search comes on top: timed on the first layer" if mse else "") + ")"
     )
 
 

@@ -15,8 +15,10 @@ Bytes per sequence and layer (what `calibrate` minimises, see README.md "Objecti
   sequences (4 bytes per row, ~3% of an fp8 state with N = 128): static scales saturate on data louder than
   the calibration data, so a static setting should win on accuracy, not on this small saving;
 - buffer: the replay ring an engine keeps per sequence, L + T rows (T = tokens per decode call, 1 + draft
-  tokens) of the buffered inputs in the buffer dtype (Mamba-2: x [H, P] and B [G, N]; GDN: u [Hv, Dv] and
-  k [Hk, Dk]) plus the per-head FP32 scalar (dt or g). Conventional decoding keeps no ring.
+  tokens) of the buffered inputs in the buffer dtype (Mamba-2: x [H, P] and B [G, N]; GDN and KDA: u [Hv, Dv]
+  and k [Hk, Dk]) plus the gate in FP32: one scalar per head (dt or g), KDA's g one per key channel [Hv, Dk]
+  (vLLM's GLM-5.3-Flash RecoverSSM record keeps exp(g) in FP32; Kimi-K3's keeps the raw gate in the
+  activation dtype). Conventional decoding keeps no ring.
 """
 
 from __future__ import annotations
@@ -217,7 +219,11 @@ class Setting:
 
     @classmethod
     def from_dict(cls, d: dict) -> Setting:
-        """Rebuild from `to_dict` output (validates; raises CalibrateError naming the bad field)."""
+        """Rebuild from `to_dict` output (validates; raises CalibrateError naming the bad field).
+
+        format and scheme (and calibration, calibration_granularity) define the setting; every other field
+        present must agree with them, so that a hand-edited field can never be silently ignored.
+        """
         if not isinstance(d, dict):
             raise CalibrateError(f"a setting must be an object, got {type(d).__name__}")
         for key in ("format", "scheme"):
@@ -234,6 +240,16 @@ class Setting:
             raise CalibrateError(f"invalid setting {d.get('name', d)!r}: {err}") from None
         if "name" in d and d["name"] != s.name:
             raise CalibrateError(f"setting name {d['name']!r} does not match its fields ({s.name!r})")
+        canonical = s.to_dict()
+        unknown = sorted(set(d) - set(canonical))
+        if unknown:
+            raise CalibrateError(f"setting {s.name!r} has unknown fields {unknown}; its fields are {list(canonical)}")
+        for key, want in canonical.items():
+            if key in d and (d[key] != want or type(d[key]) is not type(want)):
+                raise CalibrateError(
+                    f"setting {s.name!r}: {key} is {d[key]!r} but its format {s.format.name!r} and scheme "
+                    f"{s.scheme.name!r} give {want!r}; fix or remove the field (format and scheme decide)"
+                )
         return s
 
     @classmethod
@@ -261,7 +277,7 @@ class LayerDims:
     """Sizes of one SSM layer that its per-sequence footprint depends on.
 
     kind "mamba2": heads H, rows P (head_dim), state_dim N, groups G (B/C groups);
-    kind "gdn": heads Hv, rows Dv, state_dim Dk, groups Hk (key heads).
+    kind "gdn" / "kda": heads Hv, rows Dv, state_dim Dk, groups Hk (key heads).
     """
 
     kind: str
@@ -307,8 +323,9 @@ def buffer_bytes(scheme: Scheme, dims: LayerDims) -> int:
     if r == 0:
         return 0
     e = _BUFFER_BYTES[scheme.buffer_dtype]
-    vectors = dims.heads * dims.rows + dims.groups * dims.state_dim  # x and B (Mamba-2) / u and k (GDN)
-    return r * (vectors * e + dims.heads * 4)
+    vectors = dims.heads * dims.rows + dims.groups * dims.state_dim  # x and B (Mamba-2) / u and k (GDN, KDA)
+    gates = dims.heads * (dims.state_dim if dims.kind == "kda" else 1)  # FP32: per head, KDA per key channel
+    return r * (vectors * e + gates * 4)
 
 
 def setting_bytes(setting: Setting, dims: LayerDims, *, count_buffer: bool = True) -> dict[str, int]:

@@ -21,8 +21,8 @@ from fractions import Fraction
 
 import torch
 
-from ..replay.inputs import LayerInputs, Mamba2Inputs
-from ..replay.reference import expand_groups, gdn_decays, gdn_delta, mamba2_decays, mamba2_step
+from ..replay.inputs import KDAInputs, LayerInputs, Mamba2Inputs
+from ..replay.reference import expand_groups, gdn_decays, gdn_delta, kda_decay, kda_decays, mamba2_decays, mamba2_step
 from .settings import CalibrateError
 
 DEFAULT_PERCENTILES = (99.0, 99.9, 99.99)
@@ -53,10 +53,11 @@ def iter_reference_states(inputs: LayerInputs, *, every: int = 1) -> Iterator[tu
             if (t + 1) % every == 0:
                 yield t + 1, state
     else:
-        alpha_all = gdn_decays(inputs)  # [B, T, Hv]
+        # GDN: alpha [B, T, Hv, 1] broadcasts over Dk; KDA: one decay per key channel [B, T, Hv, Dk]
+        alpha_all = kda_decays(inputs) if isinstance(inputs, KDAInputs) else gdn_decays(inputs)[..., None]
         for t in range(steps):
             k = expand_groups(inputs.k[:, t : t + 1].float(), heads)[:, 0]  # [B, Hv, Dk]
-            state = alpha_all[:, t, :, None, None] * state
+            state = kda_decay(state, alpha_all[:, t])
             u = gdn_delta(state, k, inputs.v[:, t].float(), inputs.beta[:, t].float())
             state = state + u[:, :, :, None] * k[:, :, None, :]
             if (t + 1) % every == 0:

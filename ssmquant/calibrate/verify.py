@@ -17,7 +17,7 @@ import torch
 
 from ..analysis.sources import LayerSource
 from ..replay import simulate
-from ..replay.inputs import GDNInputs, LayerInputs, Mamba2Inputs
+from ..replay.inputs import GDNInputs, KDAInputs, LayerInputs, Mamba2Inputs
 from .settings import Setting, horizon_errors, horizon_window
 
 
@@ -29,9 +29,9 @@ def slice_batch(inputs: LayerInputs, start: int, stop: int) -> LayerInputs:
 
     if isinstance(inputs, Mamba2Inputs):
         fields = dict(x=cut(inputs.x), dt=cut(inputs.dt), B=cut(inputs.B), C=cut(inputs.C))
-    elif isinstance(inputs, GDNInputs):
+    elif isinstance(inputs, (GDNInputs, KDAInputs)):
         fields = dict(q=cut(inputs.q), k=cut(inputs.k), v=cut(inputs.v), g=cut(inputs.g), beta=cut(inputs.beta))
-    else:  # pragma: no cover - LayerInputs is one of the two
+    else:  # pragma: no cover - LayerInputs is one of the three
         raise TypeError(f"unknown inputs {type(inputs).__name__}")
     return dataclasses.replace(
         inputs, **fields, initial_state=cut(inputs.initial_state), meta={**inputs.meta, "sequences": [start, stop]}

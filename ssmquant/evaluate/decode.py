@@ -4,7 +4,8 @@ Each ``TeacherForced`` run owns one cache. Step t feeds token t of every sequenc
 one-token forward with ``use_cache=True`` and returns the logits that predict token t + 1. The first step
 runs on an empty cache (the mixers take their chunked path for that one token and allocate the cache);
 every later step takes the mixers' single-token decode path (NemotronH: ``mamba2_selective_state_update``;
-Qwen3.5 / Qwen3-Next: ``torch_recurrent_gated_delta_rule``, or the kernels transformers picked for them).
+Qwen3.5 / Qwen3-Next: ``torch_recurrent_gated_delta_rule``; GLM-5.3-Flash / Kimi-Linear:
+``recurrent_kimi_delta_attention``; or the kernels transformers picked for them).
 """
 
 from __future__ import annotations

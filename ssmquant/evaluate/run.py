@@ -30,10 +30,11 @@ import torch
 from .. import __version__
 from ..formats import FormatError, ScaleMode, StateFormat, parse
 from ..models import ByteTokenizer, LoadedModel, ModelLoadError, TextError, load_model, ssm_layout
-from ..models.text import CORPUS_PATH, calibration_batch, load_text, split_bounds
+from ..models.text import calibration_batch, load_text, split_bounds, text_origin, text_phrase
 from ..provenance import environment
 from ..replay.schemes import DEFAULT_BUFFER_LEN
 from ..replay.variants import Variant, VariantError, check_variants_fit, parse_variant, parse_variants
+from ..sizing import SizingError, check_memory, eval_memory, format_seconds, layer_dims
 from .decode import TeacherForced
 from .metrics import LN2, compare_step, horizon_window, positions_frame, reference_step, summary_rows
 from .states import EvalError, StateWriter, prepare_states, ssm_layers
@@ -219,6 +220,7 @@ def _threads(n: int):
 
 def _source(loaded: LoadedModel, text_path, seed: int, batch: int, length: int) -> dict:
     shipped = loaded.source.kind == "shipped"
+    heldout = "held-out split of " + ("the shipped corpus" if text_path is None else text_phrase(text_path))
     return {
         "kind": "shipped" if shipped else "checkpoint",
         "model": loaded.source.name,
@@ -227,15 +229,15 @@ def _source(loaded: LoadedModel, text_path, seed: int, batch: int, length: int) 
         "layer_kind": loaded.arch.layer_kind,
         "weights_dtype": str(loaded.dtype).replace("torch.", ""),
         "text": {
-            "origin": str(text_path) if text_path is not None else f"shipped:{CORPUS_PATH.name}",
+            "origin": text_origin(text_path),
             "split": "heldout",
             "seed": seed,
             "batch": batch,
             "length": length,
         },
-        "note": "a tiny hybrid model trained for ssmquant (real trained weights) on held-out public-domain text"
+        "note": f"a tiny hybrid model trained for ssmquant (real trained weights), decoded over the {heldout}"
         if shipped
-        else "a checkpoint decoded token by token over held-out text",
+        else f"a checkpoint decoded token by token over the {heldout}",
     }
 
 
@@ -271,6 +273,7 @@ def evaluate(
     horizon_fraction: float = DEFAULT_HORIZON_FRACTION,
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> EvalResult:
     """Teacher-forced decoding of ``batch`` held-out sequences for ``steps`` tokens, FP32 state vs each variant.
 
@@ -280,10 +283,11 @@ def evaluate(
     drawn from the held-out split of the text (``text_path`` or the shipped corpus) with ``seed``; the last
     token is only a target. ``seed`` also seeds stochastic rounding of string variants. ``threads``: CPU
     threads for the decode loop (default: 1 for models under 100M parameters, else torch's setting).
-    ``progress(done, total)`` is called after every forward (total = (1 + variants) x steps).
+    ``progress(done, total)`` is called after every forward (total = (1 + variants) x steps); ``notify(line)``
+    receives a time estimate measured on the first decode steps.
 
     Raises EvalError naming the problem (bad variant, too little held-out text for ``steps``, unknown
-    device, a model whose cache holds no SSM state, ...).
+    device, a model whose cache holds no SSM state, a run whose memory estimate exceeds the free memory...).
     """
     t0 = time.time()
     steps = _check_int("steps", steps)
@@ -315,6 +319,10 @@ def evaluate(
             f"the model's SSM mixers sit at layers {[layer.index for layer in layers]} but its config says "
             f"{list(layout['ssm_layers'])}"
         )
+    try:
+        check_memory(_memory(net, layout, batch, steps, len(vlist), loaded.device), batch=batch, steps=steps)
+    except SizingError as err:
+        raise EvalError(str(err)) from None
 
     try:
         ids = calibration_batch(batch, steps + 1, tokenizer=loaded.tokenizer, text=text, seed=seed, split="heldout")
@@ -346,6 +354,15 @@ def evaluate(
             ref = TeacherForced(net, ids)
             runs = [TeacherForced(net, ids) for _ in vlist]
             for t in range(steps):
+                if t == 1:
+                    t1 = time.perf_counter()
+                elif t == 3 and notify is not None and steps > 8:
+                    per_step = (time.perf_counter() - t1) / 2
+                    notify(
+                        f"estimate: about {format_seconds(per_step * steps)} for {1 + len(vlist)} runs (FP32 state + "
+                        f"{len(vlist)} variants) x {steps} decode steps ({1e3 * per_step:.3g} ms per step, measured "
+                        "on the first steps)"
+                    )
                 logits = ref.step(t)
                 if t == 0:
                     notes += prepare_states(ref.cache, layers, batch, state_shape)
@@ -428,6 +445,23 @@ def evaluate(
         notes=notes,
         elapsed_s=time.time() - t0,
     )
+
+
+def _memory(net, layout: dict, batch: int, steps: int, variants: int, device):
+    """``sizing.eval_memory`` for a loaded model: its SSM layers, attention KV cache and vocabulary."""
+    text = net.config.get_text_config()
+    types = list(getattr(text, "layer_types", None) or [])
+    attention = sum(1 for t in types if "attention" in t and t != "linear_attention")
+    heads = getattr(text, "num_attention_heads", 1) or 1
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    elem = next(net.parameters()).element_size()
+    heads_, rows, state_dim = layout["state_shape"]
+    return eval_memory(
+        layer_dims(layout["layer_kind"], heads_, rows, state_dim, layout.get("groups") or heads_),
+        batch=batch, steps=steps, variants=variants, ssm_layers=len(layout["ssm_layers"]), attention_layers=attention,
+        kv_per_token=2 * kv_heads * head_dim * elem, vocab=int(text.vocab_size), device=device,
+    )  # fmt: skip
 
 
 def summary_text(result: EvalResult, max_rows: int = 60) -> str:

@@ -5,16 +5,17 @@ the model's forward fills (a ``DynamicCache`` whose SSM layers are ``LinearAtten
 API this module uses:
 
 - ``cache.get_recurrent_state(layer_idx)``: the tensor that the next decode step reads, updates and stores
-  back (NemotronH's Mamba-2 mixer updates it in place; the GDN mixers of Qwen3.5 / Qwen3-Next pass it as
-  ``initial_state`` and write the result back with ``update_recurrent_state``);
+  back (NemotronH's Mamba-2 mixer updates it in place; the GDN mixers of Qwen3.5 / Qwen3-Next and the KDA
+  mixers of GLM-5.3-Flash / Kimi-Linear pass it as ``initial_state`` and write the result back with
+  ``update_recurrent_state``);
 - ``cache.update_recurrent_state(state, layer_idx)``: copies ``state`` into that tensor (in place).
 
 Caches of earlier 5.x releases without ``get_recurrent_state`` are read through the storage that getter
 returns, ``cache.layers[layer_idx].recurrent_states[0]`` (only 5.24 was run here).
 
 Layouts: Mamba-2 ``[B, H, P, N]`` (head_dim rows, state columns: already ssmquant's
-``[..., rows, state_dim]``); GDN ``[B, Hv, Dk, Dv]``, transposed here to ``[B, Hv, Dv, Dk]`` so that a row
-is a value channel reduced over the key dim, as DESIGN.md's formats expect.
+``[..., rows, state_dim]``); GDN and KDA ``[B, H, Dk, Dv]``, transposed here to ``[B, H, Dv, Dk]`` so that a
+row is a value channel reduced over the key dim, as DESIGN.md's formats expect.
 
 Nothing else of the cache is touched: the conv states (the last ``conv_kernel`` inputs of each SSM
 layer) and the attention layers' KV cache stay exactly as the model wrote them.
@@ -49,7 +50,7 @@ def layer_seed(seed: int, layer: int) -> int:
 
 @dataclass(frozen=True)
 class SSMLayer:
-    """One SSM layer: decoder-layer index and kind ("mamba2" | "gdn")."""
+    """One SSM layer: decoder-layer index and kind ("mamba2" | "gdn" | "kda")."""
 
     index: int
     kind: str
@@ -66,14 +67,17 @@ def ssm_layers(net: torch.nn.Module) -> list[SSMLayer]:
     return layers
 
 
+_KEY_MAJOR = ("gdn", "kda")  # kinds whose transformers cache keeps [Dk, Dv] per head
+
+
 def to_rows(state: torch.Tensor, kind: str) -> torch.Tensor:
-    """Cached state -> ssmquant's [B, H, rows, state_dim] (a view): Mamba-2 as is, GDN [B,H,Dk,Dv] -> [B,H,Dv,Dk]."""
-    return state.transpose(-1, -2) if kind == "gdn" else state
+    """Cached state -> ssmquant's [B, H, rows, state_dim] (a view): Mamba-2 as is, GDN/KDA [B,H,Dk,Dv] transposed."""
+    return state.transpose(-1, -2) if kind in _KEY_MAJOR else state
 
 
 def from_rows(state: torch.Tensor, kind: str) -> torch.Tensor:
     """Inverse of ``to_rows``: [B, H, rows, state_dim] -> the cache's layout (a view)."""
-    return state.transpose(-1, -2) if kind == "gdn" else state
+    return state.transpose(-1, -2) if kind in _KEY_MAJOR else state
 
 
 def get_state(cache, layer: SSMLayer, step: int) -> torch.Tensor:

@@ -1,29 +1,45 @@
-"""What each serving engine can take today (DESIGN.md section 6), as checks on one setting.
+"""Which measured settings an engine runs, at one version on one GPU, and how it runs them.
 
-`violations(target, setting, layer_kind)` lists, as (rule, message) pairs, every reason why `target`
-cannot run a setting as measured. Rules, by id:
+`Target` is a deployment: engine, version (a release whose source was read, or a build with open PRs),
+GPU compute capability, draft tokens per step, and the layer sizes. `violations(target, setting, kind)`
+lists every reason why the target cannot run `setting` as measured, each citing an engine fact
+(`facts.py`) with the engine's own words; [] means it runs. `runtime(...)` says how a runnable setting
+runs there (backend, replay window, ring rows, flags and environment the engine needs), and
+`engine_bytes(...)` its bytes per sequence in the engine's own buffers.
 
-- nvfp4:        no engine stores NVFP4 state.
-- static:       no engine takes static (calibrated) state scales; FlashInfer writes its int8/fp8 state_scale
-                at every checkpoint write (dynamic).
-- granularity:  FlashInfer's state_scale is one FP32 scale per row (cache, nheads, head_dim); per-head or
-                grouped dynamic scales are not taken.
-- dtype:        the engine has no knob for this state dtype (TensorRT-LLM: float32/float16/bfloat16 only).
-- 8bit_replay:  int8/fp8_e4m3 state exists only in FlashInfer's ReplaySSM kernel (checkpointing_ssu), so it
-                needs replay decoding (vLLM: --mamba-backend flashinfer --use-replayssm).
-- layer_kind:   ReplaySSM (vLLM, TensorRT-LLM, FlashInfer) and FlashInfer's mamba kernels are Mamba-2 only;
-                a GDN layer decodes conventionally in a float dtype.
-- buffer_len:   FlashInfer's replay window is at most 16 tokens; TensorRT-LLM's history is fixed at 16.
-- spec_buffer:  speculative replay needs buffer length >= 1 + draft tokens.
-- sr:           vLLM and TensorRT-LLM apply stochastic rounding only when writing an fp16 state.
+Rule ids (the `rule` of a Violation):
 
-The table is data so that it can follow the engines as they change; every message names the engine knob.
+- nvfp4, static, granularity: what no engine takes (NVFP4 state, static scales, scales coarser than a row)
+- dtype:       the engine (version) has no knob or kernel for this state dtype
+- unreleased:  the setting runs only on a build with open pull requests (see facts.BUILDS)
+- 8bit_replay: int8 / fp8_e4m3 state exists only under FlashInfer's replay kernel (checkpointing_ssu)
+- layer_kind:  not for this kind of layer (ReplaySSM is Mamba-2 only in vLLM, ...)
+- scheme:      the engine does not decode this way at this version (replay without drafts on TensorRT-LLM, ...)
+- buffer_len, spec_buffer: the replay window the engine has or allows differs from the setting's
+- sr:          stochastic rounding is not applied to this state dtype / backend
+- gpu:         not on this GPU
+- shape:       the kernel does not take these layer sizes
 """
 
 from __future__ import annotations
 
-TARGETS = ("vllm", "trtllm", "flashinfer")
-TARGET_NAMES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "flashinfer": "FlashInfer"}
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .facts import (
+    DEFAULT_GPU,
+    ENGINE_NAMES,
+    ENGINES,
+    FACTS,
+    VERSIONS,
+    VLLM_PR_BUILD,
+    build,
+    check_version,
+    parse_gpu,
+)
+
+TARGETS = ENGINES
+TARGET_NAMES = ENGINE_NAMES
 FLOAT_ENCODINGS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 EIGHT_BIT_ENCODINGS = ("int8", "fp8_e4m3")
 TORCH_DTYPES = {
@@ -33,12 +49,27 @@ TORCH_DTYPES = {
     "int8": "torch.int8",
     "fp8_e4m3": "torch.float8_e4m3fn",
 }
-# vLLM's --mamba-ssm-cache-dtype values: upstream takes the floats; int8 / fp8_e4m3 come with FlashInfer
-# ReplaySSM (pending upstream).
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "fp8_e4m3": 1}
+# vLLM builds with #52962 take these --mamba-ssm-cache-dtype strings (vLLM's STR_DTYPE_TO_TORCH_DTYPE names)
 VLLM_DTYPES = {**FLOAT_ENCODINGS, "int8": "int8", "fp8_e4m3": "fp8_e4m3"}
-FLASHINFER_MAX_WINDOW = 16
-TRTLLM_REPLAY_HISTORY = 16
-DEFAULT_PHILOX_ROUNDS = 10
+FLASHINFER_MAX_WINDOW = 16  # checkpointing_ssu: max_window <= 16
+TRTLLM_MIN_REPLAY_HISTORY = 16  # MIN_REPLAY_HISTORY_SIZE
+DEFAULT_PHILOX_ROUNDS = 10  # TensorRT-LLM's and FlashInfer's default; what vLLM's 0 resolves to
+FLASHINFER_8BIT_HEAD_DIM, FLASHINFER_8BIT_D_STATE = 64, 128
+# The one state dtype each engine keeps for a KDA layer (GLM-5.3-Flash, Kimi-Linear, Kimi-K3), read from:
+# - vLLM: vllm/model_executor/layers/mamba/mamba_utils.py `MambaStateDtypeCalculator.kda_state_dtype` returns
+#   torch.float32 for the recurrent state whatever --mamba-ssm-cache-dtype says;
+# - TensorRT-LLM: tensorrt_llm/_torch/models/modeling_kimi_linear.py (Kimi-K3): "a delta-rule recurrent slot of
+#   [num_heads, head_dim, head_dim] fp32";
+# - FlashInfer: flashinfer/kda_kernels/recurrent_kda.py ("State: [N,HV,V,K] bf16") and
+#   kda_decode_wy_output_only.py ("bf16 I/O and state").
+# These hold for the versions the other facts cover; they are not (yet) versioned facts of facts.py.
+KDA_STATE_DTYPE = {"vllm": "fp32", "trtllm": "fp32", "flashinfer": "bf16"}
+# vLLM's KDA replay is RecoverSSM (cache_config.use_kda_recoverssm; vllm/models/kimi_k3/nvidia/ops/recoverssm.py):
+# a speculative verify window of 1 + num_speculative_tokens tokens against one checkpoint, u_t recorded in FP32
+# and the raw k | gate in the activation dtype, the accepted tokens folded into the checkpoint after every round.
+# FlashInfer's output-only KDA verify (kda_wy_output_only) takes windows of 1..16 tokens.
+FLASHINFER_KDA_MAX_WINDOW = 16
 
 
 class UnknownTargetError(ValueError):
@@ -52,99 +83,478 @@ def check_target(target: str) -> str:
     return t
 
 
-def violations(target: str, setting, layer_kind: str, draft_tokens: int | None = None) -> list[tuple[str, str]]:
-    """Why `target` cannot take `setting` (a calibrate Setting or anything with its attributes); [] if it can.
+@dataclass(frozen=True)
+class Target:
+    """A deployment to check settings against.
 
-    layer_kind: "mamba2" | "gdn"; draft_tokens: speculative draft tokens per step in deployment (None: the
-    setting's own, 0 unless its scheme is spec).
+    draft_tokens: speculative draft tokens per step (None: each setting's own, 0 unless it is a spec
+    scheme); dims: the layer sizes (None skips the rules on sizes).
     """
-    t = check_target(target)
-    name = TARGET_NAMES[t]
-    enc, kind = setting.encoding, setting.scheme_kind
-    L = setting.buffer_len
-    T = setting.draft_tokens if draft_tokens is None else int(draft_tokens)
-    replay = kind in ("replay", "spec")
-    out: list[tuple[str, str]] = []
-    if enc == "nvfp4":
-        out.append(("nvfp4", "no engine stores NVFP4 SSM state (vLLM, TensorRT-LLM and FlashInfer take none)"))
-    if setting.scale_mode == "static":
-        out.append(
-            (
-                "static",
-                "no engine takes static (calibrated) SSM-state scales: FlashInfer recomputes state_scale "
-                "from the row amax at every checkpoint write",
-            )
-        )
-    if enc in EIGHT_BIT_ENCODINGS + ("nvfp4",) and setting.granularity != "row":
-        out.append(
-            (
-                "granularity",
-                f"{setting.granularity} scales are not taken: FlashInfer's state_scale is one FP32 scale per row "
-                "(cache, nheads, head_dim)",
-            )
-        )
-    if layer_kind == "gdn":
-        if t == "flashinfer":
-            out.append(
-                (
-                    "layer_kind",
-                    "flashinfer.mamba.selective_state_update / checkpointing_ssu are Mamba-2 kernels; "
-                    "FlashInfer has no SSM-state knobs for Gated DeltaNet layers",
-                )
-            )
-        if replay:
-            out.append(
-                ("layer_kind", f"{name}'s ReplaySSM covers Mamba-2 layers only; GDN layers decode conventionally")
-            )
-        if enc in EIGHT_BIT_ENCODINGS:
-            out.append(("dtype", f"{name} has no int8/fp8_e4m3 state for GDN layers (FlashInfer ReplaySSM is Mamba-2)"))
-    if enc in EIGHT_BIT_ENCODINGS:
-        if t == "trtllm":
-            out.append(
-                (
-                    "dtype",
-                    f"TensorRT-LLM has kernel support for {enc} SSM state but no config knob: "
-                    "kv_cache_config.mamba_ssm_cache_dtype takes auto, float32, float16, bfloat16",
-                )
-            )
-        elif not replay and layer_kind == "mamba2":
-            how = "--mamba-backend flashinfer --use-replayssm" if t == "vllm" else "checkpointing_ssu(state_scale=...)"
-            out.append(
-                (
-                    "8bit_replay",
-                    f"{enc} state exists only in FlashInfer's ReplaySSM kernel ({how}); conventional decoding "
-                    "stores a float state",
-                )
-            )
-    if replay:
-        if t == "trtllm" and L != TRTLLM_REPLAY_HISTORY:
-            out.append(
-                (
-                    "buffer_len",
-                    f"TensorRT-LLM's replay history is fixed at {TRTLLM_REPLAY_HISTORY} tokens "
-                    f"(TRTLLM_USE_MAMBA_REPLAY=1); the setting uses L={L}",
-                )
-            )
-        flashinfer_path = t == "flashinfer" or (t == "vllm" and enc in EIGHT_BIT_ENCODINGS)
-        if flashinfer_path and L > FLASHINFER_MAX_WINDOW:
-            out.append(
-                (
-                    "buffer_len",
-                    f"FlashInfer buffer length must be <= {FLASHINFER_MAX_WINDOW} (checkpointing_ssu max_window); "
-                    f"the setting uses L={L}",
-                )
-            )
-        if T and (t == "trtllm" and TRTLLM_REPLAY_HISTORY < 1 + T or t != "trtllm" and L < 1 + T):
-            eff = TRTLLM_REPLAY_HISTORY if t == "trtllm" else L
-            out.append(("spec_buffer", f"speculative replay needs buffer length >= 1 + draft tokens: L={eff}, T={T}"))
-    if setting.rounding == "sr" and t in ("vllm", "trtllm") and enc != "fp16":
-        knob = "--enable-mamba-cache-stochastic-rounding" if t == "vllm" else "mamba_ssm_stochastic_rounding"
-        out.append(
-            ("sr", f"{name} applies stochastic rounding ({knob}) only when writing an fp16 SSM state, not {enc}")
-        )
+
+    engine: str
+    version: str
+    gpu: int
+    draft_tokens: int | None = None
+    dims: object | None = None
+
+    @classmethod
+    def make(cls, engine: str, version: str | None = None, gpu=None, draft_tokens: int | None = None, dims=None):
+        """Validated Target; version None: the newest release read; gpu None: sm90."""
+        e = check_target(engine)
+        if draft_tokens is not None and (isinstance(draft_tokens, bool) or int(draft_tokens) != draft_tokens):
+            raise ValueError(f"draft tokens must be an integer >= 0, got {draft_tokens!r}")
+        if draft_tokens is not None and draft_tokens < 0:
+            raise ValueError(f"draft tokens must be an integer >= 0, got {draft_tokens!r}")
+        return cls(e, check_version(e, version), parse_gpu(DEFAULT_GPU if gpu is None else gpu), draft_tokens, dims)
+
+    @property
+    def name(self) -> str:
+        return ENGINE_NAMES[self.engine]
+
+    @property
+    def label(self) -> str:
+        """'vLLM 0.33.0 on sm90'."""
+        return f"{self.name} {self.version} on sm{self.gpu}"
+
+    @property
+    def build(self):
+        return build(self.engine, self.version)
+
+    def holds(self, fact_id: str) -> bool:
+        return FACTS[fact_id].holds(self.version)
+
+    def at_least(self, version: str) -> bool:
+        order = VERSIONS[self.engine]
+        return order.index(self.version) >= order.index(version)
+
+    def drafts(self, setting) -> int:
+        return setting.draft_tokens if self.draft_tokens is None else int(self.draft_tokens)
+
+
+class Violation(NamedTuple):
+    rule: str
+    message: str
+    fact: str | None
+
+
+def _v(rule: str, fact_id: str | None, detail: str, quote: bool = True, **fmt) -> Violation:
+    """A violation: `detail`, then the engine's own words (its quote, formatted with `fmt` if given; what the
+    fact says where it has no quote or `quote` is False) and where they were read."""
+    if fact_id is None:
+        return Violation(rule, detail, None)
+    f = FACTS[fact_id]
+    words = f'"{f.quote.format(**fmt) if fmt else f.quote}"' if f.quote and quote else f"({f.says})"
+    return Violation(rule, f"{detail}: {words} {f.cite()}", fact_id)
+
+
+@dataclass
+class Runtime:
+    """How a target runs a setting it takes.
+
+    backend: vLLM "triton" | "flashinfer"; FlashInfer: the kernel function; TensorRT-LLM: "replay" |
+    "conventional". window: logical replay window L (0: conventional); ring_rows: rows the engine allocates
+    per sequence and layer; tokens: tokens per decode call (1 + drafts); env: environment variables the
+    engine needs; prefix_caching: False where it must be off (vLLM), None where untouched; facts: ids
+    relied on.
+    """
+
+    backend: str
+    window: int
+    ring_rows: int
+    tokens: int
+    env: dict[str, str] = field(default_factory=dict)
+    prefix_caching: bool | None = None
+    facts: list[str] = field(default_factory=list)
+
+    @property
+    def replay(self) -> bool:
+        return self.window > 0
+
+
+def _replay(setting) -> bool:
+    return setting.scheme_kind in ("replay", "spec")
+
+
+def violations(target, setting, layer_kind: str, draft_tokens=None, *, version=None, gpu=None, dims=None):
+    """Why `target` cannot run `setting` as measured, as Violations (rule, message, fact id); [] if it can.
+
+    target: a Target, or an engine name ("vllm" | "trtllm" | "flashinfer") completed by version (None: the
+    newest release read), gpu (None: sm90), draft_tokens and dims. layer_kind: "mamba2" | "gdn" | "kda".
+    """
+    if not isinstance(target, Target):
+        target = Target.make(target, version, gpu, draft_tokens, dims)
+    out: list[Violation] = []
+    _common(target, setting, out)
+    if layer_kind == "kda":
+        _kda(target, setting, out)
+        return out
+    {"vllm": _vllm, "trtllm": _trtllm, "flashinfer": _flashinfer}[target.engine](target, setting, layer_kind, out)
     return out
 
 
 def takeable_by_any(setting, layer_kind: str) -> bool:
-    """True when at least one engine can run `setting` as measured."""
+    """True when at least one engine's newest release runs `setting` as measured on sm90 (sizes unchecked)."""
     return any(not violations(t, setting, layer_kind) for t in TARGETS)
+
+
+# -- rules ------------------------------------------------------------------------------------------------
+_DTYPE_FACT = {"vllm": "vllm.state_dtype", "trtllm": "trtllm.state_dtype", "flashinfer": "flashinfer.cssu_dtypes"}
+
+
+def _common(t: Target, s, out: list) -> None:
+    if s.encoding == "nvfp4":
+        fmt = {"value": "'nvfp4'"} if t.engine == "vllm" else {}
+        detail = f"{t.name} stores no NVFP4 SSM state (no engine does)"
+        out.append(_v("nvfp4", _DTYPE_FACT[t.engine], detail, quote=t.engine != "flashinfer", **fmt))
+    if s.scale_mode == "static":
+        out.append(
+            _v(
+                "static",
+                "flashinfer.scale" if t.engine != "trtllm" else None,
+                f"{t.name} takes no static (calibrated) SSM-state scales: 8-bit state scales are recomputed from "
+                "the row amax at every checkpoint write",
+            )
+        )
+    if s.encoding in EIGHT_BIT_ENCODINGS + ("nvfp4",) and s.granularity != "row" and t.engine != "trtllm":
+        out.append(
+            _v(
+                "granularity",
+                "flashinfer.cssu_dtypes",
+                f"{s.granularity} scales are not taken: the 8-bit state scale is one FP32 value per row "
+                "(cache, nheads, head_dim)",
+            )
+        )
+
+
+def _flashinfer_8bit_shape(t: Target, s, out: list) -> None:
+    """FlashInfer's 8-bit replay kernel: head_dim 64, d_state 128, 2-byte inputs and ring (also for vLLM #52962)."""
+    d = t.dims
+    if d is not None and (d.rows != FLASHINFER_8BIT_HEAD_DIM or d.state_dim != FLASHINFER_8BIT_D_STATE):
+        out.append(
+            _v(
+                "shape",
+                "flashinfer.cssu_8bit_shape",
+                f"FlashInfer's 8-bit replay kernel takes head_dim {FLASHINFER_8BIT_HEAD_DIM} and d_state "
+                f"{FLASHINFER_8BIT_D_STATE} only; this layer has head_dim {d.rows}, d_state {d.state_dim}",
+            )
+        )
+    if s.scheme.buffer_dtype not in ("bf16", "fp16"):
+        out.append(
+            _v(
+                "shape",
+                "flashinfer.cssu_8bit_shape",
+                f"FlashInfer's 8-bit replay kernel needs 2-byte inputs and keeps its ring in the input dtype; the "
+                f"setting buffers {s.scheme.buffer_dtype}",
+            )
+        )
+
+
+def _window(t: Target, s, T: int, fact: str, out: list) -> None:
+    L = s.buffer_len
+    if L > FLASHINFER_MAX_WINDOW:
+        out.append(
+            _v("buffer_len", fact, f"FlashInfer buffer length must be <= {FLASHINFER_MAX_WINDOW}; the setting uses L={L}")
+        )
+    if T and L < 1 + T:
+        out.append(
+            _v("spec_buffer", fact, f"speculative replay needs buffer length >= 1 + draft tokens: L={L}, T={T}")
+        )
+
+
+def _kda(t: Target, s, out: list) -> None:
+    """What each engine keeps for a Kimi Delta Attention layer (KDA_STATE_DTYPE and the notes beside it)."""
+    enc, want, replay = s.encoding, KDA_STATE_DTYPE[t.engine], _replay(s)
+    L, T = s.buffer_len, t.drafts(s)
+    if enc != want:
+        where = {
+            "vllm": "MambaStateDtypeCalculator.kda_state_dtype: --mamba-ssm-cache-dtype does not apply",
+            "trtllm": "the Kimi-K3 KDA runtime's recurrent slot",
+            "flashinfer": "recurrent_kda / kda_wy_output_only",
+        }[t.engine]
+        out.append(_v("dtype", None, f"{t.name} keeps KDA state in {want} only ({where}); the setting stores {enc}"))
+    if not replay:
+        return
+    if t.engine == "vllm":
+        if s.scheme_kind != "spec" or L != 1 + T:
+            out.append(
+                _v(
+                    "layer_kind",
+                    None,
+                    "vLLM's KDA replay is RecoverSSM (use_kda_recoverssm): speculative decoding only, a window of "
+                    f"1 + draft tokens folded into the checkpoint every round, i.e. spec{1 + max(T, 1)}x{max(T, 1)}; "
+                    f"the setting uses {s.scheme_kind} with L={L}",
+                )
+            )
+        elif s.scheme.buffer_dtype != "fp32":
+            out.append(
+                _v(
+                    "layer_kind",
+                    None,
+                    "vLLM's RecoverSSM records u_t in FP32 (and k, gate as the model's activations): measure with an "
+                    f"fp32 buffer (spec{L}x{T}:fp32), not {s.scheme.buffer_dtype}",
+                )
+            )
+    elif t.engine == "flashinfer":
+        if s.scheme_kind != "spec":
+            out.append(_v("layer_kind", None, "FlashInfer's KDA replay is the speculative verify kda_wy_output_only only"))
+        elif L > FLASHINFER_KDA_MAX_WINDOW:
+            out.append(_v("layer_kind", None, f"kda_wy_output_only takes at most {FLASHINFER_KDA_MAX_WINDOW} tokens, L={L}"))
+    else:
+        out.append(
+            _v(
+                "layer_kind",
+                None,
+                "TensorRT-LLM's Mamba replay (TRTLLM_USE_MAMBA_REPLAY) covers Mamba-2 / GDN layers; its Kimi-K3 KDA "
+                "runtime verifies draft tokens with deferred state promotion, not from a checkpoint and input buffer",
+            )
+        )
+
+
+def _vllm(t: Target, s, kind: str, out: list) -> None:
+    enc, T, replay, sr = s.encoding, t.drafts(s), _replay(s), s.rounding == "sr"
+    pr_build = t.version == VLLM_PR_BUILD
+    eight = enc in EIGHT_BIT_ENCODINGS
+    if eight and not pr_build:
+        out.append(_v("dtype", "vllm.state_dtype", f"vLLM {t.version} has no {enc} SSM state", value=repr(enc)))
+        if kind == "mamba2" and replay:
+            out.append(
+                _v(
+                    "unreleased",
+                    "vllm.pr_8bit",
+                    f"{enc} state under FlashInfer ReplaySSM runs only on unreleased vLLM code (PR #52962): "
+                    f"--engine-version {VLLM_PR_BUILD}",
+                )
+            )
+    if eight and pr_build:
+        if kind != "mamba2" or not replay:
+            out.append(
+                _v("8bit_replay", "vllm.pr_8bit", f"{enc} state exists only under FlashInfer ReplaySSM (Mamba-2)")
+            )
+        else:
+            _flashinfer_8bit_shape(t, s, out)
+    if sr:
+        if kind != "mamba2":
+            out.append(_v("sr", "vllm.sr_mamba_only", "vLLM has no stochastic rounding for Gated DeltaNet state"))
+        elif pr_build and enc == "fp8_e4m3":
+            if not replay:
+                out.append(_v("sr", "vllm.pr_sr", "fp8_e4m3 stochastic rounding needs FlashInfer ReplaySSM"))
+        elif enc != "fp16":
+            fact = "vllm.pr_sr" if pr_build else "vllm.sr_fp16"
+            out.append(_v("sr", fact, f"vLLM rounds stochastically only into a float16 SSM state, not {enc}"))
+    if not replay:
+        return
+    if kind != "mamba2":
+        out.append(_v("layer_kind", "vllm.replay_arch", "vLLM's ReplaySSM covers Mamba-2 (NemotronH) layers only"))
+        return
+    if not t.holds("vllm.replay_flags"):
+        out.append(_v("scheme", "vllm.replay_flags", f"vLLM {t.version} has no ReplaySSM"))
+        return
+    if T:
+        if t.holds("vllm.spec_refused_027"):
+            out.append(_v("scheme", "vllm.spec_refused_027", "vLLM's ReplaySSM refuses speculative decoding here"))
+        elif t.holds("vllm.spec_refused_029"):
+            out.append(_v("scheme", "vllm.spec_refused_029", "vLLM's ReplaySSM refuses speculative decoding here"))
+    backend = _vllm_backend(t, s)
+    if backend == "triton":
+        if sr and t.gpu // 10 != 10:
+            out.append(
+                _v(
+                    "gpu",
+                    "vllm.sr_triton_sm10x",
+                    f"stochastic rounding on vLLM's Triton ReplaySSM (the only backend for L={s.buffer_len} at "
+                    f"{t.version}) needs an SM 10.x GPU, not sm{t.gpu}",
+                )
+            )
+    else:
+        _window(t, s, T, "vllm.spec_fi" if T else "vllm.fi_max_window", out)
+
+
+def _vllm_backend(t: Target, s) -> str:
+    """vLLM Mamba backend: FlashInfer where a rule needs it and it runs the setting, else Triton (module doc)."""
+    fi_replay = t.at_least("0.30.0")  # FlashInfer ReplaySSM backend
+    if not _replay(s):
+        return "flashinfer" if s.rounding == "sr" and t.gpu // 10 != 10 else "triton"
+    if not fi_replay:
+        return "triton"
+    needs_fi = s.encoding in EIGHT_BIT_ENCODINGS or t.drafts(s) > 0 or (s.rounding == "sr" and t.gpu // 10 != 10)
+    # FlashInfer needs no Model Runner V1 switch, so it is preferred whenever its window fits
+    return "flashinfer" if needs_fi or s.buffer_len <= FLASHINFER_MAX_WINDOW else "triton"
+
+
+def _trtllm(t: Target, s, kind: str, out: list) -> None:
+    enc, T, sr = s.encoding, t.drafts(s), s.rounding == "sr"
+    if enc in EIGHT_BIT_ENCODINGS:
+        out.append(_v("dtype", "trtllm.state_dtype", f"TensorRT-LLM has no config knob for {enc} SSM state"))
+    if sr and enc != "fp16":
+        out.append(_v("sr", "trtllm.sr", f"TensorRT-LLM rounds stochastically only into a float16 SSM state, not {enc}"))
+    if kind != "mamba2":
+        if sr:
+            out.append(
+                _v("sr", "trtllm.sr", "TensorRT-LLM documents stochastic rounding for Mamba SSM state updates only")
+            )
+        if _replay(s):
+            out.append(_v("layer_kind", "trtllm.gdn_replay", "GDN replay settings are not exported to TensorRT-LLM"))
+        return
+    if not _replay(s):
+        return
+    if not T:
+        out.append(
+            _v("scheme", "trtllm.replay_spec_only", f"TensorRT-LLM does not replay {s.scheme.name} without draft tokens")
+        )
+        return
+    hist = max(TRTLLM_MIN_REPLAY_HISTORY, 1 + T)
+    if s.buffer_len != hist:
+        out.append(
+            _v(
+                "buffer_len",
+                "trtllm.replay_history",
+                f"TensorRT-LLM's replay history with {T} draft tokens is max(16, 1 + {T}) = {hist} tokens; the "
+                f"setting uses L={s.buffer_len}",
+            )
+        )
+    if t.gpu < 80:
+        out.append(_v("gpu", "trtllm.replay_gates", f"TensorRT-LLM replays on SM >= 80 only, not sm{t.gpu}"))
+    if sr and enc == "fp16" and (t.gpu < 100 or t.gpu >= 120):
+        out.append(
+            _v(
+                "gpu",
+                "trtllm.replay_sr_sm",
+                f"on sm{t.gpu} TensorRT-LLM turns replay off for float16 + stochastic rounding and stores the state "
+                "every token",
+            )
+        )
+
+
+def _flashinfer(t: Target, s, kind: str, out: list) -> None:
+    enc, T, sr = s.encoding, t.drafts(s), s.rounding == "sr"
+    if t.gpu < 80:
+        out.append(_v("gpu", "flashinfer.sm80", f"FlashInfer's Mamba kernels are not built for sm{t.gpu}"))
+    if kind != "mamba2":
+        _flashinfer_gdn(t, s, out)
+        return
+    if not _replay(s):
+        if enc in EIGHT_BIT_ENCODINGS:
+            out.append(
+                _v(
+                    "8bit_replay",
+                    "flashinfer.ssu_dtypes",
+                    f"{enc} state exists only in FlashInfer's replay kernel checkpointing_ssu(state_scale=...); "
+                    "selective_state_update has none",
+                )
+            )
+        if sr and enc != "fp16":
+            out.append(
+                _v("sr", "flashinfer.ssu_sr", f"selective_state_update rounds stochastically only into float16, not {enc}")
+            )
+        return
+    _window(t, s, T, "flashinfer.cssu_window", out)
+    if sr and enc in ("bf16", "fp32"):
+        out.append(
+            _v(
+                "sr",
+                "flashinfer.cssu_sr",
+                f"checkpointing_ssu accepts rand_seed with {enc} state but rounds it to nearest",
+            )
+        )
+    if enc in EIGHT_BIT_ENCODINGS:
+        _flashinfer_8bit_shape(t, s, out)
+
+
+def _flashinfer_gdn(t: Target, s, out: list) -> None:
+    enc = s.encoding
+    if _replay(s):
+        out.append(
+            _v(
+                "scheme",
+                "flashinfer.gdn_replay",
+                f"FlashInfer's GDN replay commits every verify step into a float32 checkpoint; {s.scheme.name} "
+                "is not what it runs",
+            )
+        )
+    if enc not in ("fp32", "bf16"):
+        out.append(_v("dtype", "flashinfer.gdn_decode", f"FlashInfer's GDN decode keeps float32 or bfloat16 state, not {enc}"))
+    if s.rounding == "sr":
+        out.append(_v("sr", "flashinfer.gdn_decode", "FlashInfer's GDN decode has no stochastic rounding"))
+    if t.gpu < 90:
+        out.append(_v("gpu", "flashinfer.gdn_decode", f"FlashInfer's GDN decode needs SM 90+, not sm{t.gpu}"))
+    d = t.dims
+    if d is not None:
+        K, V = d.state_dim, d.rows
+        if enc == "bf16" and (K, V) != (128, 128):
+            out.append(_v("shape", "flashinfer.gdn_decode", f"bfloat16 GDN state needs K = V = 128, not K={K}, V={V}"))
+        if enc == "fp32" and (K < 128 or V < 128 or V % 8):
+            out.append(
+                _v("shape", "flashinfer.gdn_decode", f"float32 GDN state needs K, V >= 128 and V % 8 == 0, not K={K}, V={V}")
+            )
+
+
+# -- how a runnable setting runs ------------------------------------------------------------------------
+def runtime(target: Target, setting, layer_kind: str) -> Runtime:
+    """How `target` runs `setting` (which must have no violations): backend, window, ring, env, prefix caching."""
+    s, T = setting, target.drafts(setting)
+    tokens = 1 + T
+    e = target.engine
+    if e == "vllm":
+        backend = _vllm_backend(target, s)
+        if not _replay(s):
+            facts = ["vllm.state_dtype"] + (["vllm.sr_fp16", "vllm.sr_triton_sm10x"] if s.rounding == "sr" else [])
+            return Runtime(backend, 0, 0, tokens, facts=facts)
+        L = s.buffer_len
+        if backend == "flashinfer":
+            facts = ["vllm.fi_replay_no_prefix", "vllm.fi_max_window", "vllm.ring"] + (["vllm.spec_fi"] if T else [])
+            return Runtime(backend, L, L + tokens, tokens, prefix_caching=False, facts=facts)
+        env = {"VLLM_USE_V2_MODEL_RUNNER": "0"} if target.holds("vllm.triton_replay_v1") else {}
+        facts = ["vllm.ring"] + (["vllm.triton_replay_v1"] if env else [])
+        facts += ["vllm.replay_triton_only"] if target.holds("vllm.replay_triton_only") else []
+        return Runtime(backend, L, L, tokens, env=env, facts=facts)
+    if e == "trtllm":
+        env_key = "TRTLLM_USE_MAMBA_REPLAY" if layer_kind == "mamba2" else "TRTLLM_USE_GDN_REPLAY"
+        if not _replay(s):
+            env = {env_key: "0"} if T else {}
+            facts = ["trtllm.replay_gates"] if layer_kind == "mamba2" else ["trtllm.gdn_replay"]
+            return Runtime("conventional", 0, 0, tokens, env=env, facts=facts)
+        hist = max(TRTLLM_MIN_REPLAY_HISTORY, tokens)
+        return Runtime(
+            "replay",
+            hist,
+            2 * hist,
+            tokens,
+            env={env_key: "1"},
+            facts=["trtllm.replay_gates", "trtllm.replay_history"],
+        )
+    if layer_kind != "mamba2":
+        return Runtime("flashinfer.gated_delta_rule_decode_pretranspose", 0, 0, tokens, facts=["flashinfer.gdn_decode"])
+    if not _replay(s):
+        return Runtime("flashinfer.mamba.selective_state_update", 0, 0, tokens, facts=["flashinfer.ssu_dtypes"])
+    L = s.buffer_len
+    facts = ["flashinfer.cssu_window", "flashinfer.tie_hdim"]
+    if s.encoding in EIGHT_BIT_ENCODINGS:
+        facts += ["flashinfer.cssu_8bit_shape", "flashinfer.scale"]
+    return Runtime("flashinfer.mamba.checkpointing_ssu", L, L + tokens, tokens, facts=facts)
+
+
+def engine_bytes(target: Target, setting, layer_kind: str, dims, rt: Runtime | None = None) -> dict[str, int]:
+    """Bytes per sequence and SSM layer in the engine's own buffers: {"state", "scales", "ring", "slot", "total"}.
+
+    state: the state tensor [heads, rows, state_dim]; scales: 8-bit decode scales, FP32 per row; ring: the
+    replay buffers the engine allocates (vLLM / FlashInfer: x, B and dt rows; TensorRT-LLM: two buffers of
+    x, B, dt and dA_cumsum); slot: per-sequence bookkeeping (FlashInfer ring_start and
+    prev_num_accepted_tokens; TensorRT-LLM prev_num_accepted_tokens and cache_buf_idx, shared by all
+    layers but counted here per layer). Buffered inputs are in the setting's buffer dtype (the model's
+    activation dtype in the engines).
+    """
+    rt = runtime(target, setting, layer_kind) if rt is None else rt
+    s = setting
+    state = dims.heads * dims.rows * dims.state_dim * ELEMENT_BYTES[s.encoding]
+    scales = dims.heads * dims.rows * 4 if s.encoding in EIGHT_BIT_ENCODINGS else 0
+    act = {"bf16": 2, "fp16": 2, "fp32": 4}[s.scheme.buffer_dtype]
+    ring = slot = 0
+    if rt.replay:
+        vectors = (dims.heads * dims.rows + dims.groups * dims.state_dim) * act
+        if target.engine == "trtllm":
+            ring = rt.ring_rows * (vectors + 2 * dims.heads * 4)  # old_x, old_B, old_dt, old_dA_cumsum
+            slot = 2 * 4
+        else:
+            ring = rt.ring_rows * (vectors + dims.heads * 4)  # x, B, dt
+            slot = 2 * 4 if target.engine == "flashinfer" else 0
+    return {"state": state, "scales": scales, "ring": ring, "slot": slot, "total": state + scales + ring + slot}

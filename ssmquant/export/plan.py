@@ -1,12 +1,14 @@
 """Which measured setting an engine runs for a recipe, and what of the recipe it cannot take.
 
 Engines take one setting for the whole model, so the export picks one uniform setting (measured on every
-calibrated layer, README.md) that the target can run (`engines.violations` is empty) and that meets the
-budget: the recipe's global setting when the target takes it, else the cheapest such setting (ties: lower
-worst-layer error). Every difference between the recipe's per-layer decisions and that setting is a
-dropped setting, reported with its reason and its measured cost (bytes per sequence and error, per layer,
-on calibration data, and on held-out data where the recipe verified it). No takeable setting within the
-budget: ExportError naming why.
+calibrated layer, README.md) that the target (engine, version, GPU, draft tokens, layer sizes) can run
+(`engines.violations` is empty) and that meets the budget: the recipe's global setting when the target
+takes it, else the cheapest such setting (ties: lower worst-layer error). Every difference between the
+recipe's per-layer decisions and that setting is a dropped setting, reported with its reason (the
+engine's own constraint) and its measured cost (bytes per sequence and error, per layer, on calibration
+data, and on held-out data where the recipe verified it). No runnable setting within the budget:
+ExportError quoting the engine's constraints and naming the nearest runnable setting with its measured
+cost.
 """
 
 from __future__ import annotations
@@ -16,10 +18,22 @@ from dataclasses import dataclass, field
 
 from ..calibrate.recipe import Recipe
 from ..calibrate.settings import Setting
-from .engines import TARGET_NAMES, check_target, violations
+from .engines import (
+    EIGHT_BIT_ENCODINGS,
+    TARGET_NAMES,
+    Runtime,
+    Target,
+    UnknownTargetError,
+    check_target,
+    engine_bytes,
+    runtime,
+    violations,
+)
+from .facts import VLLM_PR_BUILD, EngineVersionError, resolve_gpu
 
-_DTYPE_RULES = ("nvfp4", "dtype", "8bit_replay", "layer_kind")
-_SCHEME_RULES = ("buffer_len", "spec_buffer", "layer_kind", "8bit_replay")
+_DTYPE_RULES = ("nvfp4", "dtype", "unreleased", "8bit_replay", "layer_kind", "shape")
+_SCHEME_RULES = ("buffer_len", "spec_buffer", "layer_kind", "8bit_replay", "scheme", "gpu", "unreleased")
+_SR_RULES = ("sr", "gpu")
 PER_LAYER_REASON = "engines take one setting for all layers; this layer's own choice differs from the exported one"
 
 
@@ -61,7 +75,9 @@ class Dropped:
 
 @dataclass
 class ExportPlan:
-    """target; setting: what the engine runs; entry: its uniform_settings entry; dropped; notes."""
+    """target: engine name; deployment: engine, version, GPU, drafts, sizes; setting: what the engine runs;
+    entry: its uniform_settings entry; runtime: how the engine runs it; engine_bytes: per layer and sequence
+    in the engine's buffers (engines.engine_bytes); dropped; notes."""
 
     target: str
     setting: Setting
@@ -71,6 +87,16 @@ class ExportPlan:
     dropped: list[Dropped]
     notes: list[str]
     heldout: dict | None  # held-out numbers of the exported setting, when the recipe verified it
+    deployment: Target | None = None
+    runtime: Runtime | None = None
+    engine_bytes: dict | None = None
+    num_ssm_layers: int = 0
+
+    @property
+    def other_notes(self) -> list[str]:
+        """The notes after the 'checked for' line and the unreleased-build label (files print those first)."""
+        skip = 1 + (self.deployment is not None and self.deployment.build is not None)
+        return self.notes[skip:]
 
 
 def _f(x) -> str:
@@ -89,9 +115,23 @@ def _messages(msgs: list[tuple[str, str]], rules) -> list[str]:
     return [m for r, m in msgs if r in rules]
 
 
-def plan_export(recipe: Recipe, target: str, *, num_speculative_tokens: int | None = None) -> ExportPlan:
-    """Choose the setting `target` runs for `recipe` and list what is dropped (module docstring)."""
-    t = check_target(target)
+def plan_export(
+    recipe: Recipe,
+    target: str,
+    *,
+    num_speculative_tokens: int | None = None,
+    engine_version: str | None = None,
+    gpu: str | int | None = None,
+) -> ExportPlan:
+    """Choose the setting `target` runs for `recipe` and list what is dropped (module docstring).
+
+    engine_version: a release whose source was read or a build with open PRs (facts.VERSIONS; None: the
+    newest release); gpu: "sm90" etc. (None: the local GPU, else sm90 with a note).
+    """
+    try:
+        t = check_target(target)
+    except UnknownTargetError as err:
+        raise ExportError(str(err)) from None
     name = TARGET_NAMES[t]
     if num_speculative_tokens is not None and (
         isinstance(num_speculative_tokens, bool)
@@ -99,10 +139,15 @@ def plan_export(recipe: Recipe, target: str, *, num_speculative_tokens: int | No
         or num_speculative_tokens < 0
     ):
         raise ExportError(f"--num-speculative-tokens must be an integer >= 0, got {num_speculative_tokens!r}")
+    try:
+        cc, gpu_note = resolve_gpu(gpu)
+        dep = Target.make(t, engine_version, cc, num_speculative_tokens, recipe.dims)
+    except EngineVersionError as err:
+        raise ExportError(str(err)) from None
     kind, metric, budget = recipe.layer_kind, recipe.metric, recipe.budget
     T = num_speculative_tokens
     uniform = recipe.uniform
-    takeable = [u for u in uniform if not violations(t, u.setting, kind, T)]
+    takeable = [u for u in uniform if not violations(dep, u.setting, kind)]
     feasible = [u for u in takeable if u.entry["meets_budget"]]
     glob = recipe.global_setting
     pick = next((u for u in feasible if glob is not None and u.setting.name == glob.name), None)
@@ -110,7 +155,7 @@ def plan_export(recipe: Recipe, target: str, *, num_speculative_tokens: int | No
     if pick is None and feasible:
         pick = min(feasible, key=lambda u: (u.entry["bytes_per_sequence"], u.entry["max_error"], u.setting.name))
     if pick is None:
-        raise ExportError(_unsatisfiable(recipe, t, T, takeable))
+        raise ExportError(_unsatisfiable(recipe, dep, takeable))
     chosen = pick.setting
     draft = chosen.draft_tokens if T is None else T
     per_layer = recipe.layers
@@ -125,7 +170,7 @@ def plan_export(recipe: Recipe, target: str, *, num_speculative_tokens: int | No
         s = d.setting
         if s.name == chosen.name:
             continue
-        msgs = violations(t, s, kind, T)
+        msgs = [(v.rule, v.message) for v in violations(dep, s, kind)]
 
         def add(what, rules, d=d, msgs=msgs):
             reasons = _messages(msgs, rules) or [PER_LAYER_REASON]
@@ -140,7 +185,7 @@ def plan_export(recipe: Recipe, target: str, *, num_speculative_tokens: int | No
         if s.scheme.name != chosen.scheme.name:
             add(f"{s.scheme.name} decoding (-> {chosen.scheme.name})", _SCHEME_RULES)
         if s.rounding != chosen.rounding:
-            add(f"{s.rounding} rounding (-> {chosen.rounding})", ("sr",))
+            add(f"{s.rounding} rounding (-> {chosen.rounding})", _SR_RULES)
     dropped = []
     for (what, reason), decs in groups.items():
         errors = []
@@ -170,7 +215,7 @@ def plan_export(recipe: Recipe, target: str, *, num_speculative_tokens: int | No
             )
         )
     if glob is not None and glob.name != chosen.name:
-        reasons = [m for _, m in violations(t, glob, kind, T)] or [
+        reasons = [v.message for v in violations(dep, glob, kind)] or [
             f"it does not meet the budget on every layer (worst {metric} {_f(recipe.config['global'].get('max_error'))})"
         ]
         g = recipe.config["global"]
@@ -194,7 +239,9 @@ def plan_export(recipe: Recipe, target: str, *, num_speculative_tokens: int | No
         )
 
     # -- notes ---------------------------------------------------------------------------------------
-    notes = []
+    notes = [f"checked for {dep.label}" + (f" ({gpu_note})" if gpu_note else "")]
+    if dep.build is not None:
+        notes.append(dep.build.label(t))
     model = recipe.config["model"]
     missing = [x for x in model["ssm_layers"] if x not in model["calibrated_layers"]]
     if missing:
@@ -217,10 +264,17 @@ def plan_export(recipe: Recipe, target: str, *, num_speculative_tokens: int | No
         notes.append("the recipe's per-layer decisions did not all meet the budget on held-out data (see the recipe)")
     if pick.entry.get("role") == "fallback":
         notes.append(f"{chosen.name} is an engine fallback measured by calibrate, not one of its --candidates")
-    if chosen.encoding in ("int8", "fp8_e4m3") and t == "vllm":
+    if chosen.draft_tokens != draft and chosen.scheme_kind != "conventional":
         notes.append(
-            f"vLLM takes {chosen.encoding} SSM state only through FlashInfer ReplaySSM (--mamba-backend flashinfer "
-            "--use-replayssm), pending upstream: use a vLLM build that has it"
+            f"{chosen.name} was measured with {chosen.draft_tokens} draft tokens per step; the deployment drafts "
+            f"{draft}, so the engine's flushes fall at other steps than measured"
+        )
+    if t == "vllm" and dep.version != VLLM_PR_BUILD and any(
+        v.rule == "unreleased" for u in uniform for v in violations(dep, u.setting, kind)
+    ):
+        notes.append(
+            f"settings with {'/'.join(EIGHT_BIT_ENCODINGS)} state run only on unreleased vLLM code: "
+            f"--engine-version {VLLM_PR_BUILD} (PR #52962, open)"
         )
     if chosen.rounding == "sr":
         notes.append(
@@ -230,34 +284,49 @@ def plan_export(recipe: Recipe, target: str, *, num_speculative_tokens: int | No
     heldout = None
     if vsel is not None:
         heldout = {"max_error": vsel.get("max_error"), "meets_budget": vsel.get("meets_budget")}
-    return ExportPlan(t, chosen, pick.entry, from_global, draft, dropped, notes, heldout)
+    rt = runtime(dep, chosen, kind)
+    per_layer_bytes = engine_bytes(dep, chosen, kind, recipe.dims, rt)
+    return ExportPlan(
+        t, chosen, pick.entry, from_global, draft, dropped, notes, heldout, dep, rt, per_layer_bytes,
+        len(model["ssm_layers"]),
+    )  # fmt: skip
 
 
-def _unsatisfiable(recipe: Recipe, t: str, T: int | None, takeable) -> str:
-    name = TARGET_NAMES[t]
+def _unsatisfiable(recipe: Recipe, dep: Target, takeable) -> str:
+    """The refusal: each measured setting with the engine's constraints, then the nearest runnable setting."""
     kind, metric, budget = recipe.layer_kind, recipe.metric, recipe.budget
-    lines = [f"{name} cannot run this recipe within the budget {metric} <= {budget:g}:"]
-    seen = set()
+    lines = [f"{dep.label} cannot run this recipe within the budget {metric} <= {budget:g}:"]
+    seen, rules = set(), set()
     glob = recipe.global_setting
-    for s in ([glob] if glob is not None else []) + [d.setting for d in recipe.layers]:
+    settings = [glob] if glob is not None else []
+    settings += [d.setting for d in recipe.layers] + [u.setting for u in recipe.uniform]
+    for s in settings:
         if s.name in seen:
             continue
         seen.add(s.name)
-        msgs = violations(t, s, kind, T)
+        msgs = violations(dep, s, kind)
+        rules.update(v.rule for v in msgs)
         if msgs:
-            lines.append(f"  - {s.name}: " + "; ".join(dict.fromkeys(m for _, m in msgs)))
+            lines.append(f"  - {s.name}: " + "; ".join(dict.fromkeys(v.message for v in msgs)))
     if takeable:
         best = min(takeable, key=lambda u: u.entry["max_error"] if u.entry["max_error"] is not None else math.inf)
+        e = best.entry
+        rt_bytes = engine_bytes(dep, best.setting, kind, recipe.dims)["total"] * len(recipe.config["model"]["ssm_layers"])
         lines.append(
-            f"  - of the measured settings {name} can take, none meets the budget; the closest is {best.setting.name} "
-            f"(worst-layer {metric} {_f(best.entry['max_error'])})"
+            f"Nearest runnable setting: {best.setting.name}, measured worst-layer {metric} {_f(e['max_error'])} "
+            f"(budget {budget:g}, not met), {e['bytes_per_sequence']:,} bytes per sequence over the calibrated "
+            f"layers ({rt_bytes:,} in {dep.name}'s buffers over all SSM layers)."
         )
     else:
-        lines.append(f"  - the recipe measured no setting that {name} can take")
+        lines.append(f"The recipe measured no setting that {dep.label} can run.")
     hint = {
-        "trtllm": "float state (--candidates or --engine-fallbacks fp16,bf16) under conventional or replay16",
-        "vllm": "float state, or int8/fp8_e4m3 under replay with --buffer-lens <= 16 (Mamba-2)",
-        "flashinfer": "float state, or int8/fp8_e4m3 under replay with --buffer-lens <= 16 (Mamba-2 only)",
-    }[t]
-    lines.append(f"Re-run `ssmquant calibrate` with settings {name} takes: {hint}.")
+        "trtllm": "float state (--candidates or --engine-fallbacks fp16,bf16) under conventional decoding, or "
+        "spec<max(16, 1+T)>x<T> with draft tokens",
+        "vllm": "float state (--engine-fallbacks fp16,bf16), conventional or replay with --buffer-lens <= 16",
+        "flashinfer": "float state, or int8/fp8_e4m3 under replay with --buffer-lens <= 16 (Mamba-2, head_dim 64, "
+        "d_state 128); GDN: fp32/bf16 conventional",
+    }[dep.engine]
+    lines.append(f"Re-run `ssmquant calibrate` with settings {dep.name} runs: {hint}.")
+    if "unreleased" in rules:
+        lines.append(f"Or export for the unreleased build: --engine-version {VLLM_PR_BUILD}.")
     return "\n".join(lines)

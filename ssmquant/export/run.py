@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..calibrate.recipe import RecipeError, load_recipe
 from .engines import TARGET_NAMES, UnknownTargetError, check_target
+from .facts import FACTS
 from .plan import ExportError, ExportPlan, plan_export
 from .targets import WRITERS
 
@@ -28,7 +29,8 @@ class ExportResult:
         """Human-readable report: the setting, then each dropped setting with its measured cost, then notes."""
         p = self.plan
         lines = [
-            f"{TARGET_NAMES[p.target]}: {p.setting.name} ({'the recipe global setting' if p.from_global else 'chosen for this engine'})"
+            f"{p.deployment.label}: {p.setting.name} "
+            f"({'the recipe global setting' if p.from_global else 'chosen for this engine'})"
         ]
         for d in p.dropped:
             lines += d.lines(self.metric)
@@ -41,14 +43,24 @@ def default_out_dir(recipe_dir, target: str) -> pathlib.Path:
 
 
 def export(
-    recipe_dir, target: str, out_dir=None, *, num_speculative_tokens: int | None = None, force: bool = False
+    recipe_dir,
+    target: str,
+    out_dir=None,
+    *,
+    num_speculative_tokens: int | None = None,
+    force: bool = False,
+    engine_version: str | None = None,
+    gpu: str | int | None = None,
 ) -> ExportResult:
     """Write `target`'s files for the recipe in `recipe_dir` (atomically) and return what was written.
 
-    target: "vllm" | "trtllm" | "flashinfer"; out_dir: default RECIPE_DIR/export-<target> (replaced on
-    re-export); num_speculative_tokens: draft tokens of the deployment, checked against the buffer length.
-    Raises ExportError: unknown target (lists the known ones), bad recipe, or nothing the target can run
-    within the budget (with the reasons).
+    target: "vllm" | "trtllm" | "flashinfer"; out_dir: default RECIPE_DIR/export-<target>; an existing
+    non-empty out_dir, the default one included, is replaced only with ``force``; num_speculative_tokens:
+    draft tokens of the deployment, checked against the buffer length; engine_version: a version the engine
+    facts cover (None: the newest release read); gpu: "sm90" etc. (None: the local GPU, else sm90 with a
+    note). Raises ExportError: unknown target, version or GPU (lists the accepted ones), bad recipe, or
+    nothing the target can run within the budget (with the engine's constraints and the nearest runnable
+    setting).
     """
     from ..report.files import OutputError, write_atomically
 
@@ -60,11 +72,32 @@ def export(
         recipe = load_recipe(recipe_dir)
     except RecipeError as err:
         raise ExportError(str(err)) from None
-    plan = plan_export(recipe, t, num_speculative_tokens=num_speculative_tokens)
+    plan = plan_export(recipe, t, num_speculative_tokens=num_speculative_tokens, engine_version=engine_version, gpu=gpu)
     files = WRITERS[t](plan, recipe)
+    dep, rt = plan.deployment, plan.runtime
     result_files = sorted(files) + [SUMMARY_NAME, REPORT_NAME]
     report = {
         "target": t,
+        "engine": {
+            "name": dep.name,
+            "version": dep.version,
+            "gpu": f"sm{dep.gpu}",
+            "unreleased": None if dep.build is None else dep.build.label(t),
+        },
+        "runtime": {
+            "backend": rt.backend,
+            "replay_window": rt.window,
+            "ring_rows": rt.ring_rows,
+            "tokens_per_call": rt.tokens,
+            "env": rt.env,
+            "prefix_caching": rt.prefix_caching,
+        },
+        "engine_bytes_per_sequence": {
+            "per_layer": plan.engine_bytes,
+            "ssm_layers": plan.num_ssm_layers,
+            "total": plan.engine_bytes["total"] * plan.num_ssm_layers,
+        },
+        "facts": {f: _fact_dict(FACTS[f]) for f in rt.facts},
         "recipe": str(recipe.path),
         "setting": plan.setting.to_dict(),
         "from_global": plan.from_global,
@@ -81,10 +114,7 @@ def export(
         "notes": plan.notes,
         "files": result_files,
     }
-    if out_dir is None:
-        out, force = default_out_dir(recipe.path, t), True
-    else:
-        out = pathlib.Path(out_dir)
+    out = default_out_dir(recipe.path, t) if out_dir is None else pathlib.Path(out_dir)
     result = ExportResult(out, result_files, plan, recipe.metric)
 
     def fill(tmp: pathlib.Path):
@@ -102,18 +132,53 @@ def export(
     return result
 
 
+def _fact_dict(f) -> dict:
+    return {"says": f.says, "quote": f.quote, "versions": f.range, "sources": [str(x) for x in f.sources]}
+
+
 def _summary(result: ExportResult, recipe, files: dict[str, str]) -> str:
     p = result.plan
+    dep, rt, b = p.deployment, p.runtime, p.engine_bytes
     name = TARGET_NAMES[p.target]
+    n = p.num_ssm_layers
     lines = [
         f"# {name} export of {recipe.config['model'].get('name')}",
+        "",
+        f"Checked for **{dep.label}** with {p.draft_tokens} draft tokens per step"
+        + (f"; {dep.build.label(p.target)}" if dep.build is not None else "")
+        + ".",
         "",
         f"Recipe: `{recipe.path}` (schema {recipe.config['schema_version']}); budget {recipe.metric} <= "
         f"{recipe.budget:g} at step {recipe.config['budget']['horizon']}.",
         "",
         f"{name} runs **{p.setting.name}** on every SSM layer: worst calibrated layer {recipe.metric} "
         f"{p.entry['max_error']:.4g}, {p.entry['bytes_per_sequence']:,} bytes per sequence over the "
-        f"{len(recipe.config['model']['calibrated_layers'])} calibrated layers.",
+        f"{len(recipe.config['model']['calibrated_layers'])} calibrated layers (ssmquant's count).",
+        "",
+        "## How the engine runs it",
+        "",
+        f"- kernel / backend: `{rt.backend}`",
+        "- decoding: " + (f"replay, window {rt.window}, ring of {rt.ring_rows} rows" if rt.replay else "conventional")
+        + f", {rt.tokens} token(s) per decode call",
+    ]
+    if rt.prefix_caching is False:
+        lines.append("- prefix caching: off (`--no-enable-prefix-caching`)")
+    lines += [f"- environment: `{k}={v}`" for k, v in rt.env.items()]
+    lines += [
+        "",
+        f"## Bytes per sequence in {name}'s buffers",
+        "",
+        "| per SSM layer | state | scales | ring | slot bookkeeping | total |",
+        "|---|---|---|---|---|---|",
+        f"| bytes | {b['state']:,} | {b['scales']:,} | {b['ring']:,} | {b['slot']:,} | {b['total']:,} |",
+        "",
+        f"Over the model's {n} SSM layers: **{b['total'] * n:,} bytes per sequence**.",
+        "",
+        "## Engine facts relied on",
+        "",
+    ]
+    lines += [f"- {FACTS[f].says} {FACTS[f].cite()}" for f in rt.facts]
+    lines += [
         "",
         "## Not consumed by the engine",
         "",
@@ -125,6 +190,6 @@ def _summary(result: ExportResult, recipe, files: dict[str, str]) -> str:
             lines += [f"  {x.strip()}" for x in out[1:]]
     else:
         lines.append("Nothing: the recipe's decisions are consumed as they are.")
-    lines += ["", "## Notes", ""] + [f"- {n}" for n in p.notes]
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in p.other_notes]
     lines += ["", "## Files", ""] + [f"- `{f}`" for f in sorted(files)]
     return "\n".join(lines) + "\n"

@@ -8,7 +8,7 @@
 """
 
 from .codec import QuantizedState, dequantize, group_amax, group_shape, quantize, scales_from_amax
-from .grids import E2M1, E4M3, FP16, INT8, FloatGrid, Rounding, round_integer, round_to_bf16, round_to_grid
+from .grids import E2M1, E4M3, FP16, INT8, INT16, FloatGrid, Rounding, round_integer, round_to_bf16, round_to_grid
 from .random import random_bits, stream_key, uniform_from_bits
 from .spec import (
     ENCODING_NAMES,
@@ -30,6 +30,7 @@ __all__ = [
     "ENCODING_NAMES",
     "FP16",
     "INT8",
+    "INT16",
     "NVFP4_BLOCK",
     "PER_HEAD",
     "PER_ROW",

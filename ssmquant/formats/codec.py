@@ -2,7 +2,7 @@
 
 Scale arithmetic (shared bit for bit with the Triton helpers and with nvidia-modelopt):
 
-- fp8_e4m3 / int8, per scale group: encode multiplier m = max_code / amax (one FP32 division), stored
+- fp8_e4m3 / int8 / int16, per scale group: encode multiplier m = max_code / amax (one FP32 division), stored
   scale s = 1 / m; codes = round(clamp(x * m)); decode x~ = code * s. A static scale s gives m = 1 / s.
   An all-zero group (amax = 0) stores s = 1 and zero codes.
 - nvfp4: second-level FP32 scale s2 = amax / (6 * 448) per scale group (static: given); per 16-element
@@ -24,6 +24,7 @@ from .grids import (
     E4M3_MIN_SUBNORMAL,
     FP16,
     INT8,
+    INT16,
     Rounding,
     e2m1_code,
     e2m1_value,
@@ -39,7 +40,7 @@ class QuantizedState:
     """An encoded state.
 
     - codes: element codes, shape of the state [..., rows, state_dim]: float32 (fp32), bfloat16,
-      float16, float8_e4m3fn (fp8_e4m3), int8, or uint8 4-bit E2M1 codes, one per element (nvfp4;
+      float16, float8_e4m3fn (fp8_e4m3), int8, int16, or uint8 4-bit E2M1 codes, one per element (nvfp4;
       `bytes_per_state` counts them packed two per byte)
     - scale: FP32 decode scales [..., rows // group_rows] (second-level scale for nvfp4), or None
     - block_scale: nvfp4 only, float8_e4m3fn [..., rows, state_dim // 16]
@@ -188,7 +189,7 @@ def encode(
         return Encoded(round_to_grid(x, FP16, rnd, uniform), None, None)
 
     rows = x.shape[-2]
-    if enc in (Encoding.FP8_E4M3, Encoding.INT8):
+    if enc in (Encoding.FP8_E4M3, Encoding.INT8, Encoding.INT16):
         if static_scale is None:
             mult, dec = scales_from_amax(fmt, group_amax(fmt, x))
         else:
@@ -197,7 +198,8 @@ def encode(
         v = x * expand_groups(fmt, mult, rows)
         if enc is Encoding.FP8_E4M3:
             return Encoded(round_to_grid(v, E4M3, rnd, uniform), dec, None)
-        return Encoded(round_to_grid(v, INT8, rnd, uniform), dec, None)
+        grid = INT8 if enc is Encoding.INT8 else INT16
+        return Encoded(round_to_grid(v, grid, rnd, uniform), dec, None)
 
     # nvfp4
     if static_scale is None:
@@ -246,6 +248,8 @@ def quantize(
         return QuantizedState(fmt, e.values.to(torch.float8_e4m3fn), e.group_scale.clone())
     if enc is Encoding.INT8:
         return QuantizedState(fmt, e.values.to(torch.int8), e.group_scale.clone())
+    if enc is Encoding.INT16:
+        return QuantizedState(fmt, e.values.to(torch.int16), e.group_scale.clone())
     return QuantizedState(fmt, e2m1_code(e.values), e.group_scale.clone(), e.block_scale.to(torch.float8_e4m3fn))
 
 
@@ -254,6 +258,6 @@ def dequantize(q: QuantizedState) -> torch.Tensor:
     fmt, enc = q.format, q.format.encoding
     if not enc.scaled:
         return q.codes.float()
-    if enc in (Encoding.FP8_E4M3, Encoding.INT8):
+    if enc in (Encoding.FP8_E4M3, Encoding.INT8, Encoding.INT16):
         return Encoded(q.codes.float(), q.scale, None).decode(fmt)
     return Encoded(e2m1_value(q.codes), q.scale, q.block_scale.float()).decode(fmt)

@@ -50,10 +50,14 @@ FP16 = FloatGrid("fp16", mantissa_bits=10, min_exponent=-14, max_value=65504.0, 
 # INT8 as a grid: spacing 2^(max(e, 7) - 7) = 1 for every |v| < 256, saturating at 127. Rounding it like
 # the float grids (on |v|, sign restored) keeps one rounding routine, and one SR convention, for all.
 INT8 = FloatGrid("int8", mantissa_bits=7, min_exponent=7, max_value=127.0, saturating=True)
+# INT16 likewise (spacing 1 for |v| < 65536, saturating at 32767): FlashInfer's scaled int16 state of
+# selective_state_update (conversion.cuh `convertAndStore(int16_t*)`: clamp to +-32767, `__float2int_rn`).
+INT16 = FloatGrid("int16", mantissa_bits=15, min_exponent=15, max_value=32767.0, saturating=True)
 
 E4M3_MAX = E4M3.max_value
 E2M1_MAX = E2M1.max_value
 INT8_MAX = 127.0
+INT16_MAX = 32767.0
 # Magnitudes of E2M1, in code order 0..7 (a code is sign << 3 | index).
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # The smallest positive E4M3 value (a subnormal); NVFP4 block scales are clamped to at least this.

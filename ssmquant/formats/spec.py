@@ -35,22 +35,28 @@ class Encoding(enum.Enum):
     FP8_E4M3 = "fp8_e4m3"
     INT8 = "int8"
     NVFP4 = "nvfp4"
+    INT16 = "int16"
 
     @property
     def bits(self) -> int:
-        return {"fp32": 32, "bf16": 16, "fp16": 16, "fp8_e4m3": 8, "int8": 8, "nvfp4": 4}[self.value]
+        return {"fp32": 32, "bf16": 16, "fp16": 16, "fp8_e4m3": 8, "int8": 8, "nvfp4": 4, "int16": 16}[self.value]
 
     @property
     def scaled(self) -> bool:
-        """True when elements are stored with FP32 scales (fp8_e4m3, int8, nvfp4)."""
-        return self in (Encoding.FP8_E4M3, Encoding.INT8, Encoding.NVFP4)
+        """True when elements are stored with FP32 scales (fp8_e4m3, int8, int16, nvfp4)."""
+        return self in (Encoding.FP8_E4M3, Encoding.INT8, Encoding.INT16, Encoding.NVFP4)
 
     @property
     def max_code(self) -> float:
         """Largest magnitude of the element grid that the per-group scale maps amax onto."""
-        from .grids import E2M1_MAX, E4M3_MAX, INT8_MAX
+        from .grids import E2M1_MAX, E4M3_MAX, INT8_MAX, INT16_MAX
 
-        return {Encoding.FP8_E4M3: E4M3_MAX, Encoding.INT8: INT8_MAX, Encoding.NVFP4: E2M1_MAX * E4M3_MAX}[self]
+        return {
+            Encoding.FP8_E4M3: E4M3_MAX,
+            Encoding.INT8: INT8_MAX,
+            Encoding.INT16: INT16_MAX,
+            Encoding.NVFP4: E2M1_MAX * E4M3_MAX,
+        }[self]
 
 
 # Aliases accepted by `parse` for the encoding part.
@@ -65,6 +71,7 @@ _ENCODING_ALIASES = {
     "fp8": Encoding.FP8_E4M3,
     "e4m3": Encoding.FP8_E4M3,
     "int8": Encoding.INT8,
+    "int16": Encoding.INT16,
     "nvfp4": Encoding.NVFP4,
 }
 

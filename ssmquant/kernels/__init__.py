@@ -1,4 +1,4 @@
-"""Triton kernels: fused multi-step decode emulation of Mamba-2 and Gated DeltaNet layers.
+"""Triton kernels: fused multi-step decode emulation of Mamba-2, Gated DeltaNet and KDA layers.
 
 `emulate_triton` is the backend that `ssmquant.replay.simulate(..., backend="triton")` dispatches to;
 it trusts inputs already validated by `simulate`. Shared rounding helpers live in `rounding.py`; each
@@ -12,10 +12,12 @@ import torch
 import triton
 
 from ..formats import Rounding, ScaleMode
-from ..replay.inputs import LayerInputs, Mamba2Inputs
-from ..replay.reference import gdn_decays, mamba2_decays
+from ..replay.inputs import KDAInputs, LayerInputs, Mamba2Inputs
+from ..replay.reference import gdn_decays, kda_decays, mamba2_decays
+from ..replay.trace import METRIC_BUFFER_BYTES
 from ..replay.variants import Variant
 from .gdn import gdn_launch
+from .kda import kda_launch
 from .mamba2 import mamba2_launch
 from .quantize import fake_quant_triton, group_rows_for_kernel
 from .rounding import FORMAT_CODES
@@ -23,9 +25,6 @@ from .rounding import FORMAT_CODES
 __all__ = ["emulate_triton", "emulate_triton_steps", "fake_quant_triton", "plan_blocks"]
 
 _BUFFER_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
-# Per-step metrics of one launch are [T, b, H, row blocks, 4] fp32; the batch is cut into slices so that
-# this buffer stays under the budget whatever T x batch (the window statistics are reduced per slice).
-METRIC_BUFFER_BYTES = 1 << 30
 # State elements per thread and per state tile: the reference and the emulated state (2 x 64 registers)
 # plus temporaries fit without spilling. Measured on an H200 (benchmarks/results/emulation.md): one warp
 # per 16 x 128 tile ran fastest for both layer kinds; twice that spilled and ran 2-30x slower.
@@ -90,6 +89,16 @@ def emulate_triton_steps(
         )
         launch = mamba2_launch
         per_sequence = {"x", "dt", "a", "bm", "cm"}
+    elif isinstance(inputs, KDAInputs):
+        shared = dict(
+            q=inputs.q.contiguous(),
+            k=inputs.k.contiguous(),
+            v=inputs.v.contiguous(),
+            alpha=kda_decays(inputs).contiguous(),  # [B, T, Hv, Dk]
+            beta=inputs.beta.float().contiguous(),
+        )
+        launch = kda_launch
+        per_sequence = set(shared)
     else:
         shared = dict(
             q=inputs.q.contiguous(),
@@ -101,6 +110,11 @@ def emulate_triton_steps(
         launch = gdn_launch
         per_sequence = set(shared)
     for i, variant in enumerate(variants):
+        if variant.engine != "ideal":  # an engine profile: its own kernel (mamba2_engine.py)
+            from .mamba2_engine import engine_steps
+
+            yield from engine_steps(inputs, variant, i, shared, s0, metric_budget)
+            continue
         fmt = variant.format
         block_p, num_warps = tiling or plan_blocks(variant, rows, sdim)
         group = None if fmt.granularity.rows is None else group_rows_for_kernel(fmt, rows, block_p)

@@ -16,7 +16,7 @@ import triton.language as tl
 from ..formats import Encoding
 
 # constexpr codes of the element encodings
-FMT_FP32, FMT_BF16, FMT_FP16, FMT_FP8, FMT_INT8, FMT_NVFP4 = 0, 1, 2, 3, 4, 5
+FMT_FP32, FMT_BF16, FMT_FP16, FMT_FP8, FMT_INT8, FMT_NVFP4, FMT_INT16 = 0, 1, 2, 3, 4, 5, 6
 FORMAT_CODES = {
     Encoding.FP32: FMT_FP32,
     Encoding.BF16: FMT_BF16,
@@ -24,6 +24,7 @@ FORMAT_CODES = {
     Encoding.FP8_E4M3: FMT_FP8,
     Encoding.INT8: FMT_INT8,
     Encoding.NVFP4: FMT_NVFP4,
+    Encoding.INT16: FMT_INT16,
 }
 
 # random-bit mixer constants (see ssmquant.formats.random)
@@ -65,7 +66,7 @@ def uniform_from_bits(bits):
 def round_to_grid(
     v, u, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr, SATURATE: tl.constexpr, SR: tl.constexpr
 ):
-    """Round FP32 values to a sign-magnitude float grid (E4M3, E2M1, FP16, the INT8 grid), exactly.
+    """Round FP32 values to a sign-magnitude float grid (E4M3, E2M1, FP16, the INT8 / INT16 grids), exactly.
 
     Mirrors `ssmquant.formats.grids.round_to_grid`: clamp |v| (saturating grids), spacing
     2^(max(e, EMIN) - MBITS), round |v| / spacing to an integer (RNE via the 2^23 trick, or up iff
@@ -119,6 +120,8 @@ def round_element(v, u, bits, FMT: tl.constexpr, SR: tl.constexpr):
         return round_to_grid(v, u, 7, 7, 127.0, True, SR)
     elif FMT == 5:
         return round_to_grid(v, u, 1, 0, 6.0, True, SR)
+    elif FMT == 6:
+        return round_to_grid(v, u, 15, 15, 32767.0, True, SR)
     else:
         return v
 
@@ -164,7 +167,7 @@ def fake_quant_tile(
         u = uniform_from_bits(bits)
     if FMT == 1 or FMT == 2:
         return round_element(s, u, bits, FMT, SR)
-    elif FMT == 3 or FMT == 4:
+    elif FMT == 3 or FMT == 4 or FMT == 6:
         if STATIC:
             dec = static_scale
             mult = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), dec)
@@ -172,8 +175,10 @@ def fake_quant_tile(
             amax = group_reduce_max(tl.abs(s), BN, BR, GROUP)
             if FMT == 3:
                 max_code = tl.full([BR], 448.0, tl.float32)
-            else:
+            elif FMT == 4:
                 max_code = tl.full([BR], 127.0, tl.float32)
+            else:
+                max_code = tl.full([BR], 32767.0, tl.float32)
             mult = tl.math.div_rn(max_code, tl.where(amax == 0.0, 1.0, amax))
             mult = tl.where(amax == 0.0, 1.0, mult)
             dec = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), mult)

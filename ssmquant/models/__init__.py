@@ -2,7 +2,7 @@
 
 Public API (see ``ssmquant/models/README.md``):
 
-- presets: ``get_preset``, ``list_presets``, ``presets_frame``, ``Preset``, ``Mamba2Shape``, ``GDNShape``
+- presets: ``get_preset``, ``list_presets``, ``presets_frame``, ``Preset``, ``Mamba2Shape``, ``GDNShape``, ``KDAShape``
 - synthetic inputs: ``synthetic_inputs``, ``synthetic_layers``
 - loading: ``resolve_model``, ``load_model``, ``detect_architecture``, ``read_config``, ``ssm_layout``,
   ``SHIPPED_MODELS``, ``available_shipped_models``
@@ -40,6 +40,7 @@ from .loading import (
 from .presets import (
     PRESETS,
     GDNShape,
+    KDAShape,
     Mamba2Shape,
     Preset,
     PresetError,
@@ -65,6 +66,7 @@ __all__ = [
     "CORPUS_PATH",
     "CaptureError",
     "GDNShape",
+    "KDAShape",
     "LoadedModel",
     "Mamba2Shape",
     "ModelLoadError",

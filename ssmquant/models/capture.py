@@ -10,25 +10,36 @@ except the gated norm and out_proj:
 - Qwen3.5, Qwen3.5-MoE, Qwen3-Next (``modeling_qwen3_5.py``, ``modeling_qwen3_5_moe.py``,
   ``modeling_qwen3_next.py``): ``*GatedDeltaNet.forward`` calls ``torch_chunk_gated_delta_rule(q, k, v,
   g=g, beta=beta, initial_state=..., use_qk_l2norm_in_kernel=True)`` with q, k, v after the conv and
-  SiLU, g = -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b).
+  SiLU, g = -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b);
+- GLM-5.3-Flash and Kimi-Linear (``modeling_glm5_next.py``, ``modeling_kimi_linear.py``, 5.24):
+  ``Glm5NextTextLinearAttention.forward`` / ``KimiLinearDeltaAttention.forward`` call
+  ``chunk_kimi_delta_attention(q, k, v, g=g, beta=beta, initial_state=..., use_qk_l2norm_in_kernel=True)``
+  with q, k, v after the conv and SiLU, g the per-key-channel log decays of the forget gate (fp32) and
+  beta = sigmoid(b).
 
 Capture replaces that module-global name for the duration of a prefill with a wrapper that records the
 arguments and then calls the original. The original is whatever transformers picked
 (``use_kernel_func_from_hub_with_fallback``: mamba_ssm / FLA when installed, else the torch
 reference), so capture works with or without those packages and never changes what the model computes.
 From the arguments the wrapper derives exactly what the recurrence consumes, in fp32 as the kernels
-do: dt = clamp(softplus(dt_raw + dt_bias), dt_limit); q = l2norm(q) / sqrt(Dk), k = l2norm(k).
+do: dt = clamp(softplus(dt_raw + dt_bias), dt_limit); q = l2norm(q) / sqrt(Dk), k = l2norm(k) (each family's own
+l2norm formula: GDN x * rsqrt(sum x^2 + eps), KDA x / sqrt(sum x^2 + eps)).
 Forward pre-hooks on the mixers tell the wrapper which layer is running.
 
 Memory stays bounded: each layer's inputs are handed to a callback (``capture_inputs``) or yielded
 (``iter_capture``) as soon as the layer has run, moved to ``device`` (CPU by default); nothing else is
 kept. The prefill stops right after the last requested layer. The prefill runs the model without its
-LM head and without a cache.
+LM head and without a cache. Where the prefill of the whole batch would not fit in GPU memory (the torch
+reference scan of Mamba-2, which transformers falls back to without mamba_ssm, materialises
+[batch, chunks, chunk, chunk, heads, state] products: 128 GiB for Nemotron-H-8B at 8 x 2048 tokens), it
+runs in micro-batches of sequences (``micro_batch``); every layer's parts are joined along the batch
+before the layer is handed on, so that callers see one batch either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import queue
@@ -40,13 +51,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..replay.inputs import GDNInputs, InputError, Mamba2Inputs
-from .loading import LoadedModel
+from ..replay.inputs import GDNInputs, InputError, KDAInputs, Mamba2Inputs
+from .loading import KNOWN_LAYER_KINDS, LoadedModel
+from .torch_path import use_torch_path_on_cpu
 
-LayerInputs = Mamba2Inputs | GDNInputs
+LayerInputs = Mamba2Inputs | GDNInputs | KDAInputs
 
 # The module-level functions the mixers call, per layer kind.
-INTERCEPTED_FUNCTIONS = {"mamba2": "mamba2_chunk_scan", "gdn": "torch_chunk_gated_delta_rule"}
+INTERCEPTED_FUNCTIONS = {
+    "mamba2": "mamba2_chunk_scan",
+    "gdn": "torch_chunk_gated_delta_rule",
+    "kda": "chunk_kimi_delta_attention",
+}
 L2NORM_EPS = 1e-6  # transformers' l2norm default, as the GDN mixers call it
 
 _CAPTURE_LOCK = threading.Lock()
@@ -67,28 +83,65 @@ class _ConsumerClosed(Exception):
 @dataclass(frozen=True)
 class SSMMixer:
     layer: int
-    kind: str  # "mamba2" | "gdn"
+    kind: str  # "mamba2" | "gdn" | "kda"
     module: torch.nn.Module
 
 
 def find_ssm_mixers(model: torch.nn.Module) -> dict[int, SSMMixer]:
     """The SSM mixers of a transformers model, by decoder-layer index.
 
-    Mamba-2: modules whose class name ends in ``Mamba2Mixer``; GDN: in ``GatedDeltaNet``.
+    Mamba-2: modules whose class name ends in ``Mamba2Mixer``; GDN: in ``GatedDeltaNet``; KDA: in
+    ``DeltaAttention`` or ``LinearAttention`` with a per-channel ``forget_gate`` (``KimiLinearDeltaAttention``,
+    ``Glm5NextTextLinearAttention``). A layer that the config types "linear_attention" but whose mixer is
+    none of these is refused, naming its class and the known kinds.
     """
     found: dict[int, SSMMixer] = {}
     for _, mod in model.named_modules():
-        cls = type(mod).__name__
-        kind = "mamba2" if cls.endswith("Mamba2Mixer") else "gdn" if cls.endswith("GatedDeltaNet") else None
+        kind = _mixer_kind(mod)
         if kind is None:
             continue
+        cls = type(mod).__name__
         layer = getattr(mod, "layer_idx", None)
         if layer is None:
             raise CaptureError(f"{cls} has no layer_idx; cannot tell which layer it is")
         if layer in found:
             raise CaptureError(f"two SSM mixers claim layer {layer} ({cls})")
         found[int(layer)] = SSMMixer(int(layer), kind, mod)
+    _refuse_unknown_linear_layers(model, found)
     return dict(sorted(found.items()))
+
+
+def _mixer_kind(mod: torch.nn.Module) -> str | None:
+    cls = type(mod).__name__
+    if cls.endswith("Mamba2Mixer"):
+        return "mamba2"
+    if cls.endswith("GatedDeltaNet"):
+        return "gdn"
+    if cls.endswith(("DeltaAttention", "LinearAttention")) and hasattr(mod, "forget_gate"):
+        return "kda"
+    return None
+
+
+def _refuse_unknown_linear_layers(model: torch.nn.Module, found: dict[int, SSMMixer]) -> None:
+    """Raise if the config types a layer "linear_attention" and no known mixer sits at it."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    types = list(getattr(text, "layer_types", None) or [])
+    missing = [i for i, t in enumerate(types) if t == "linear_attention" and i not in found]
+    if not missing:
+        return
+    at = {
+        type(m).__name__
+        for _, m in model.named_modules()
+        if getattr(m, "layer_idx", None) == missing[0] and not isinstance(m.layer_idx, bool)
+    }
+    raise CaptureError(
+        f"layer {missing[0]} is a linear-attention layer (config layer_types) but its mixer "
+        f"({', '.join(sorted(at)) or 'no module with that layer_idx'}) is of no layer kind ssmquant knows; known "
+        "kinds: " + "; ".join(f"{k}: {v}" for k, v in KNOWN_LAYER_KINDS.items())
+    )
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -139,7 +192,35 @@ def _gdn_inputs(a: dict) -> dict:
     }
 
 
-_PER_STEP = {"mamba2": ("x", "dt", "B", "C"), "gdn": ("q", "k", "v", "g", "beta")}
+def _kda_l2norm(x: torch.Tensor) -> torch.Tensor:
+    # transformers' KDA l2norm (models/glm5_next `l2norm`, "to match original triton"): x / sqrt(sum(x^2) + eps)
+    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + L2NORM_EPS)
+
+
+def _kda_inputs(a: dict) -> dict:
+    """Recurrence inputs from the arguments of ``chunk_kimi_delta_attention`` (the q/k/v are fp32-cast there)."""
+    q, k = a["query"].float(), a["key"].float()
+    if a.get("use_qk_l2norm_in_kernel"):
+        q, k = _kda_l2norm(q), _kda_l2norm(k)
+    q = q * q.shape[-1] ** -0.5
+    init = a.get("initial_state")
+    return {
+        "q": q,
+        "k": k,
+        "v": a["value"],
+        "g": a["g"].float(),
+        "beta": a["beta"],
+        # transformers keeps [B, H, Dk, Dv]; KDAInputs keeps [B, H, Dv, Dk]
+        "initial_state": None if init is None else init.float().transpose(-1, -2),
+    }
+
+
+_PER_STEP = {
+    "mamba2": ("x", "dt", "B", "C"),
+    "gdn": ("q", "k", "v", "g", "beta"),
+    "kda": ("q", "k", "v", "g", "beta"),
+}
+_INPUT_CLASSES = {"mamba2": Mamba2Inputs, "gdn": GDNInputs, "kda": KDAInputs}
 
 
 def _finish(kind: str, t: dict, steps: int, device, dtype, meta: dict) -> LayerInputs:
@@ -154,11 +235,46 @@ def _finish(kind: str, t: dict, steps: int, device, dtype, meta: dict) -> LayerI
         else:
             v = v.to(device=device, copy=True)
         out[name] = v
-    cls = Mamba2Inputs if kind == "mamba2" else GDNInputs
+    cls = _INPUT_CLASSES[kind]
     try:
         return cls(**out, meta=dict(meta)).validate()
     except InputError as exc:  # e.g. an overflow in a low-precision model: say which layer
         raise CaptureError(f"layer {meta.get('layer')}: the captured inputs are invalid: {exc}") from exc
+
+
+def _concat_batch(kind: str, parts: list[LayerInputs], meta: dict) -> LayerInputs:
+    """Join the micro-batches of one layer along the batch (per-step tensors; per-head ones are shared)."""
+    if len(parts) == 1:
+        return parts[0]
+    joined = {name: torch.cat([getattr(p, name) for p in parts]) for name in _PER_STEP[kind]}
+    return dataclasses.replace(parts[0], **joined, meta=dict(meta))
+
+
+def prefill_bytes_per_sequence(net: torch.nn.Module, tokens: int) -> int:
+    """Estimated peak GPU bytes of one sequence's prefill beyond the weights: the Mamba-2 torch scan's
+    [chunks, chunk, chunk, heads, state] fp32 products (two alive at once); 0 for other mixers, whose
+    chunked scans stay small. An estimate for sizing micro-batches, not a measurement."""
+    cfg = getattr(net, "config", None)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    chunk = getattr(cfg, "chunk_size", None)
+    heads = getattr(cfg, "mamba_num_heads", None)
+    state = getattr(cfg, "ssm_state_size", None)
+    if not (chunk and heads and state):
+        return 0
+    chunks = -(-tokens // chunk)
+    return 2 * chunks * chunk * chunk * heads * state * 4
+
+
+def auto_micro_batch(net: torch.nn.Module, batch: int, tokens: int, device: torch.device) -> int:
+    """Sequences per prefill pass so that the estimated prefill peak fits in half the free memory of the
+    device the prefill runs on (GPU memory, or the host's available memory for the CPU)."""
+    from ..sizing import free_bytes
+
+    per_seq = prefill_bytes_per_sequence(net, tokens)
+    free = free_bytes(device) if per_seq else None
+    if free is None:
+        return batch
+    return max(1, min(batch, int(0.5 * free) // per_seq))
 
 
 class _State:
@@ -176,7 +292,7 @@ class _State:
 
 def _make_wrapper(original: Callable, kind: str, state: _State) -> Callable:
     sig = inspect.signature(original)  # follows functools.wraps to the torch reference's signature
-    build = _mamba2_inputs if kind == "mamba2" else _gdn_inputs
+    build = {"mamba2": _mamba2_inputs, "gdn": _gdn_inputs, "kda": _kda_inputs}[kind]
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
@@ -257,15 +373,19 @@ def capture_inputs(
     dtype: torch.dtype | None = None,
     meta: dict | None = None,
     stop_early: bool = True,
+    micro_batch: int | None = None,
 ) -> list[int]:
     """Run the prefill of ``input_ids`` [B, T] and call ``on_layer(layer_idx, inputs)`` for each SSM layer.
 
-    ``inputs`` is a Mamba2Inputs / GDNInputs of the first ``steps`` tokens (default all T), in the form
+    ``inputs`` is a Mamba2Inputs / GDNInputs / KDAInputs of the first ``steps`` tokens (default all T), in the form
     the recurrence consumes (module docstring), on ``device``. ``dtype=None`` keeps what the model
     computes: x, B, C, v, beta in the model's activation dtype; dt, q, k, g, A, D in fp32 (derived in
     fp32 as the kernels do). A dtype casts the per-step tensors. ``layers`` selects decoder layers
     (default all SSM layers). ``meta`` is merged into every layer's meta (with "source", "model",
-    "layer", "tokens"). Returns the captured layer indices in order.
+    "layer", "tokens"). ``micro_batch``: sequences per prefill pass (default: as many as fit, see
+    ``auto_micro_batch``); with several passes each layer is handed on after the last pass reaches it, its
+    parts joined along the batch (host memory then holds the earlier passes' inputs of every layer).
+    Returns the captured layer indices in order.
     Raises CaptureError for more steps than tokens (both numbers), unknown layers, or layers whose
     inputs were never intercepted.
     """
@@ -288,11 +408,12 @@ def capture_inputs(
             f"requested {steps} steps but the prefill captures only {tokens} tokens per sequence; "
             f"pass sequences of at least {steps} tokens or ask for at most {tokens} steps"
         )
+    use_torch_path_on_cpu(net)
     mixers = find_ssm_mixers(net)
     if not mixers:
         raise CaptureError(
-            f"{type(net).__name__} has no Mamba-2 or Gated DeltaNet mixer "
-            "(is it a NemotronH / Qwen3.5 / Qwen3-Next model?)"
+            f"{type(net).__name__} has no Mamba-2, Gated DeltaNet or Kimi Delta Attention mixer "
+            "(is it a NemotronH / Qwen3.5 / Qwen3-Next / GLM-5.3-Flash / Kimi-Linear model?)"
         )
     wanted = list(mixers) if layers is None else [int(i) for i in layers]
     unknown = [i for i in wanted if i not in mixers]
@@ -304,22 +425,41 @@ def capture_inputs(
         order.append(layer)
         on_layer(layer, inputs)
 
-    full_meta = dict(base_meta, **(meta or {}), tokens=tokens, steps=steps, batch=int(input_ids.shape[0]))
-    state = _State(wanted, record, steps, torch.device(device), dtype, full_meta, stop_early)
+    batch = int(input_ids.shape[0])
+    full_meta = dict(base_meta, **(meta or {}), tokens=tokens, steps=steps, batch=batch)
     # The decoder stack alone: the LM head's logits (B x T x vocab) are not needed.
     body = getattr(net, "base_model", net)
     embed = net.get_input_embeddings() if hasattr(net, "get_input_embeddings") else None
     ids = input_ids.to(embed.weight.device) if embed is not None else input_ids
+    if micro_batch is None:
+        micro_batch = auto_micro_batch(net, batch, tokens, ids.device)
+    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+        raise CaptureError(f"micro_batch must be a positive integer, got {micro_batch!r}")
+    starts = list(range(0, batch, micro_batch))
+    held: dict[int, list[LayerInputs]] = {i: [] for i in wanted}
+    kinds = {i: mixers[i].kind for i in wanted}
+
+    def hold(layer, inputs):
+        held[layer].append(inputs)
+
+    def last_pass(layer, inputs):
+        record(layer, _concat_batch(kinds[layer], [*held.pop(layer), inputs], dict(inputs.meta, batch=batch)))
+
     if not _CAPTURE_LOCK.acquire(blocking=False):
         raise CaptureError("another capture is running in this process; captures cannot overlap")
     was_training = net.training
     try:
         net.eval()  # NemotronH takes a fused training-only path otherwise
-        with torch.no_grad(), _intercept({i: mixers[i] for i in wanted}, state):
-            try:
-                body(input_ids=ids, use_cache=False)
-            except _AllLayersCaptured:
-                pass
+        for start in starts:
+            last = start == starts[-1]
+            state = _State(wanted, last_pass if last else hold, steps, torch.device(device), dtype, full_meta, stop_early)
+            with torch.no_grad(), _intercept({i: mixers[i] for i in wanted}, state):
+                try:
+                    body(input_ids=ids[start : start + micro_batch], use_cache=False)
+                except _AllLayersCaptured:
+                    pass
+            if not last and state.done != set(wanted):
+                break  # reported as missing below
     finally:
         net.train(was_training)
         _CAPTURE_LOCK.release()

@@ -18,6 +18,7 @@ ignored on purpose).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import torch
 
 from .presets import Preset, PresetError, get_preset, list_presets
 from .text import ByteTokenizer
+from .torch_path import use_torch_path_on_cpu
 
 # name -> checkpoint directory relative to the ``ssmquant`` package (e.g. "assets/tiny-nemotron-h").
 # Entries whose directory is absent are not offered (see ``available_shipped_models``).
@@ -55,8 +57,8 @@ class ArchInfo:
 
     architecture: str
     model_type: str
-    family: str  # "nemotron_h" | "qwen3_5" | "qwen3_5_moe" | "qwen3_next"
-    layer_kind: str  # "mamba2" | "gdn"
+    family: str  # "nemotron_h" | "qwen3_5" | "qwen3_5_moe" | "qwen3_next" | "glm5_next" | "kimi_linear"
+    layer_kind: str  # "mamba2" | "gdn" | "kda"
 
 
 # architecture class name -> (family, layer kind). Names as transformers 5.x spells them.
@@ -67,6 +69,8 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3_5MoeForCausalLM": ("qwen3_5_moe", "gdn"),
     "Qwen3_5MoeForConditionalGeneration": ("qwen3_5_moe", "gdn"),
     "Qwen3NextForCausalLM": ("qwen3_next", "gdn"),
+    "Glm5NextForConditionalGeneration": ("glm5_next", "kda"),
+    "KimiLinearForCausalLM": ("kimi_linear", "kda"),
 }
 # model_type -> (family, layer kind, the architecture assumed when `architectures` is absent)
 SUPPORTED_MODEL_TYPES: dict[str, tuple[str, str, str]] = {
@@ -76,7 +80,18 @@ SUPPORTED_MODEL_TYPES: dict[str, tuple[str, str, str]] = {
     "qwen3_5_moe": ("qwen3_5_moe", "gdn", "Qwen3_5MoeForConditionalGeneration"),
     "qwen3_5_moe_text": ("qwen3_5_moe", "gdn", "Qwen3_5MoeForCausalLM"),
     "qwen3_next": ("qwen3_next", "gdn", "Qwen3NextForCausalLM"),
+    "glm5_next": ("glm5_next", "kda", "Glm5NextForConditionalGeneration"),
+    "kimi_linear": ("kimi_linear", "kda", "KimiLinearForCausalLM"),
 }
+# The layer kinds ssmquant emulates, and the transformers mixers of each (named in refusals).
+KNOWN_LAYER_KINDS = {
+    "mamba2": "Mamba-2 (NemotronH)",
+    "gdn": "Gated DeltaNet (Qwen3.5, Qwen3-Next)",
+    "kda": "Kimi Delta Attention (GLM-5.3-Flash, Kimi-Linear)",
+}
+# Families whose published checkpoint is an image-text-to-text model: transformers maps them to no
+# AutoModelForCausalLM class (5.24 maps glm5_next only in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING).
+_IMAGE_TEXT_FAMILIES = {"glm5_next"}
 
 
 @dataclass(frozen=True)
@@ -177,10 +192,43 @@ def resolve_model(spec: str | os.PathLike | Preset) -> ModelSource:
 # -- config and architecture ---------------------------------------------------------------------
 
 
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+@functools.lru_cache(maxsize=1)
+def hub_offline_reason() -> str | None:
+    """Why the Hugging Face Hub cannot be used now, or None when it answers.
+
+    ``HF_HUB_OFFLINE`` set, or one request to the endpoint (``HF_ENDPOINT``; proxies from the environment)
+    that fails within HUB_PROBE_TIMEOUT_S. Checked once per process, so that an unreachable hub costs
+    seconds, not huggingface_hub's retries with back-off (~25 s per file).
+    """
+    import requests
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    try:
+        requests.head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S, allow_redirects=False)
+    except requests.RequestException as exc:
+        return f"{constants.ENDPOINT} does not answer ({type(exc).__name__})"
+    return None
+
+
+def _local_only(source: ModelSource, local_files_only: bool | None) -> bool:
+    """Hub files come from the local cache only when asked, or when the hub cannot be reached."""
+    if local_files_only is not None or source.is_local:
+        return bool(local_files_only)
+    return hub_offline_reason() is not None
+
+
 def _hub_error(repo: str, exc: Exception) -> ModelLoadError:
     from huggingface_hub import errors as hf_errors
 
-    if isinstance(exc, hf_errors.GatedRepoError):
+    offline = hub_offline_reason()
+    if offline is not None and not isinstance(exc, (hf_errors.GatedRepoError, hf_errors.RepositoryNotFoundError)):
+        why = f"the hub cannot be used ({offline}) and the checkpoint is not in the local cache"
+    elif isinstance(exc, hf_errors.GatedRepoError):
         why = "the repository is gated: accept its licence on huggingface.co and log in (hf auth login)"
     elif isinstance(exc, hf_errors.RepositoryNotFoundError):
         why = "no such repository on the hub (or it is private)"
@@ -201,8 +249,9 @@ def read_config(source: ModelSource, *, local_files_only: bool | None = None) ->
     else:
         from huggingface_hub import hf_hub_download
 
+        local_files_only = _local_only(source, local_files_only)
         try:
-            path = Path(hf_hub_download(source.location, "config.json", local_files_only=bool(local_files_only)))
+            path = Path(hf_hub_download(source.location, "config.json", local_files_only=local_files_only))
         except Exception as exc:  # every hub failure becomes one clear message
             raise _hub_error(source.location, exc) from exc
     try:
@@ -225,6 +274,15 @@ def detect_architecture(config: dict) -> ArchInfo:
     if not archs and model_type in SUPPORTED_MODEL_TYPES:
         family, kind, arch = SUPPORTED_MODEL_TYPES[model_type]
         return ArchInfo(arch, model_type, family, kind)
+    text = config.get("text_config") or config
+    types = text.get("layer_types") or config.get("layer_types") or []
+    if "linear_attention" in types or text.get("linear_attn_config"):
+        raise UnsupportedArchitectureError(
+            f"{archs[0] if archs else model_type or 'this checkpoint'} has linear-attention layers of a kind ssmquant "
+            f"does not know (architectures {archs or 'none'}, model_type {model_type or 'none'!r}); known kinds: "
+            + "; ".join(f"{k}: {v}" for k, v in KNOWN_LAYER_KINDS.items())
+            + f"; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     raise UnsupportedArchitectureError(
         f"unsupported architecture: the config declares architectures {archs or 'none'} and model_type "
         f"{model_type or 'none'!r}; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)} "
@@ -238,8 +296,9 @@ def ssm_layout(config) -> dict:
     config: a config.json dict, or a loaded model's config object (preferred: a dict re-parsed here
     goes through transformers' strict field validation, which rejects some serialised values, e.g.
     NemotronH's default time_step_limit (0, inf) written as JSON).
-    Returns {"layer_kind", "num_layers", "ssm_layers", "state_shape": (heads, rows, state_dim)} where
-    ssm_layers are the layers transformers builds as "linear_attention" (Mamba-2 or GDN mixers).
+    Returns {"layer_kind", "num_layers", "ssm_layers", "state_shape": (heads, rows, state_dim), "groups"}
+    where ssm_layers are the layers transformers builds as "linear_attention" (Mamba-2, GDN or KDA mixers)
+    and groups the Mamba-2 B/C groups, the GDN key heads, or the KDA heads (each head has its own q / k).
     """
     from transformers import AutoConfig, PretrainedConfig
 
@@ -255,9 +314,20 @@ def ssm_layout(config) -> dict:
     ssm = tuple(i for i, t in enumerate(types) if t == "linear_attention")
     if arch.layer_kind == "mamba2":
         shape = (text.mamba_num_heads, text.mamba_head_dim, text.ssm_state_size)
+        groups = text.n_groups
+    elif arch.layer_kind == "kda":
+        shape = (text.linear_num_heads, text.linear_head_dim, text.linear_head_dim)
+        groups = text.linear_num_heads
     else:
         shape = (text.linear_num_value_heads, text.linear_value_head_dim, text.linear_key_head_dim)
-    return {"layer_kind": arch.layer_kind, "num_layers": len(types), "ssm_layers": ssm, "state_shape": shape}
+        groups = text.linear_num_key_heads
+    return {
+        "layer_kind": arch.layer_kind,
+        "num_layers": len(types),
+        "ssm_layers": ssm,
+        "state_shape": shape,
+        "groups": int(groups),
+    }
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -330,9 +400,10 @@ def load_model(
     single GPU; else CPU with fp32 weights. ``device_map`` overrides the placement.
     Raises ModelLoadError / UnsupportedArchitectureError with what to do instead.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     source = resolve_model(spec)
+    local_files_only = _local_only(source, local_files_only)
     config = read_config(source, local_files_only=local_files_only)
     arch = detect_architecture(config)
     notes: list[str] = []
@@ -352,7 +423,8 @@ def load_model(
     if device_map is not None:
         kwargs["device_map"] = device_map
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.location, **kwargs)
+        auto = AutoModelForImageTextToText if arch.family in _IMAGE_TEXT_FAMILIES else AutoModelForCausalLM
+        model = auto.from_pretrained(source.location, **kwargs)
     except torch.cuda.OutOfMemoryError as exc:
         raise ModelLoadError(
             f"{source.name} does not fit in GPU memory ({exc}); install accelerate so that it loads with "
@@ -364,6 +436,7 @@ def load_model(
         raise ModelLoadError(f"cannot load {source.location}: {exc}") from exc
     if device_map is None and dev.type != "cpu":
         model.to(dev)
+    use_torch_path_on_cpu(model)  # fla & co. may be importable without a GPU: CPU tensors take the torch path
     model.eval()
     tokenizer = load_tokenizer(source, config, local_files_only=local_files_only) if with_tokenizer else None
     return LoadedModel(model, tokenizer, config, arch, source, dev, dt, notes)

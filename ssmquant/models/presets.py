@@ -4,7 +4,13 @@ Every number here comes from the model's published ``config.json`` (read through
 see ``sources`` on each preset and ``ssmquant/models/README.md``), or, where the config does not set a
 field, from the default that transformers' config class applies when it loads that checkpoint; such
 fields are named in the preset's ``notes``. Init distributions of ``A_log`` / ``dt_bias`` are the ones
-transformers' ``_init_weights`` of the family uses (NemotronH, Qwen3.5, Qwen3-Next).
+transformers' ``_init_weights`` of the family uses (NemotronH, Qwen3.5, Qwen3-Next, Glm5Next, KimiLinear).
+
+Kimi-K3 (Kimi Delta Attention, served with vLLM's RecoverSSM) has no preset: its KDA head count is not
+in any public source read here. TensorRT-LLM's ``tensorrt_llm/_torch/models/modeling_kimi_linear.py``
+documents 93 decoder layers (69 KDA, 24 MLA) and an FP32 [H, V, K] state, and FlashInfer's KDA WY kernel
+(``flashinfer/kda_kernels/kda_decode_wy_output_only.py``, "the Kimi K3 contract") needs K = V = 128; the
+number of heads per layer is unknown.
 
 A preset needs no weights: it is what ``synthetic_inputs`` and the ``presets`` command work from.
 """
@@ -109,25 +115,78 @@ class GDNShape:
 
 
 @dataclass(frozen=True)
+class KDAShape:
+    """Kimi Delta Attention mixer shape and init (GLM-5.3-Flash ``glm5_next``, Kimi-Linear ``kimi_linear``).
+
+    - num_heads H (q, k, v and state heads alike), head_dim D (key dim = value dim = D), conv_kernel
+      (the short conv on q, k, v; no bias)
+    - gate_lower_bound: GLM-5.3-Flash's "safe gate" g = lower_bound * sigmoid(exp(A_log) * (f + dt_bias))
+      in [lower_bound, 0] (fp32 sigmoid saturates); None for Kimi-Linear's g = -exp(A_log) * softplus(f + dt_bias)
+    - dt_bias [H * D] init: softplus^-1(dt), dt log-uniform in [time_step_min, time_step_max], floored;
+      A_log [H]: zeros with the lower-bound gate, log(U(1, 16)) without (transformers'
+      Glm5NextPreTrainedModel / KimiLinearPreTrainedModel._init_weights, "following FLA")
+    """
+
+    num_heads: int
+    head_dim: int
+    conv_kernel: int
+    gate_lower_bound: float | None
+    time_step_min: float = 1e-3
+    time_step_max: float = 1e-1
+    time_step_floor: float = 1e-4
+    a_init_low: float = 1.0
+    a_init_high: float = 16.0
+    use_conv_bias: bool = False
+
+    kind = "kda"
+
+    @property
+    def a_log_init(self) -> str:
+        return "0" if self.gate_lower_bound is not None else "log(U(1, 16))"
+
+    @property
+    def dt_bias_init(self) -> str:
+        return "softplus^-1(clamp(exp(U(log time_step_min, log time_step_max)), time_step_floor)), per key channel"
+
+    @property
+    def num_key_heads(self) -> int:
+        return self.num_heads
+
+    @property
+    def rows(self) -> int:
+        """Rows of a per-head state, stored [Dv, Dk] (the value dim)."""
+        return self.head_dim
+
+    @property
+    def state_dim(self) -> int:
+        """Reduction dim of a per-head state (the key dim)."""
+        return self.head_dim
+
+    @property
+    def state_heads(self) -> int:
+        return self.num_heads
+
+
+@dataclass(frozen=True)
 class Preset:
     """One real model: where its SSM layers are and what shape their state has.
 
     ``ssm_layers`` are 0-based decoder-layer indices (the ``layer_idx`` of transformers' mixers).
     ``layer_pattern`` is the per-layer pattern: NemotronH's ``hybrid_override_pattern`` (M Mamba-2,
-    * attention, E MoE, - MLP), and for the Qwen families "L" (linear attention, GDN) / "F" (full
-    attention) built from ``full_attention_interval``.
+    * attention, E MoE, - MLP), and for the Qwen, GLM and Kimi families "L" (linear attention: GDN or
+    KDA) / "F" (full attention: Qwen's gated attention, GLM's DSA, Kimi's MLA).
     """
 
     name: str
     hf_repo: str
     architecture: str
     model_type: str
-    layer_kind: str  # "mamba2" | "gdn"
+    layer_kind: str  # "mamba2" | "gdn" | "kda"
     num_layers: int
     ssm_layers: tuple[int, ...]
     layer_pattern: str
     hidden_size: int
-    shape: Mamba2Shape | GDNShape
+    shape: Mamba2Shape | GDNShape | KDAShape
     initializer_range: float = 0.02
     ssm_cache_dtype: str | None = None  # the checkpoint's own default state dtype, where the config sets one
     sources: tuple[str, ...] = ()
@@ -141,7 +200,7 @@ class Preset:
             raise PresetError(
                 f"{self.name}: pattern has {len(self.layer_pattern)} layers, num_layers is {self.num_layers}"
             )
-        ssm_char = "M" if self.layer_kind == "mamba2" else "L"
+        ssm_char = "M" if self.layer_kind == "mamba2" else "L"  # GDN and KDA are "linear_attention" layers
         derived = tuple(i for i, c in enumerate(self.layer_pattern) if c == ssm_char)
         if derived != self.ssm_layers:
             raise PresetError(f"{self.name}: ssm_layers {self.ssm_layers} disagree with the pattern {derived}")
@@ -159,13 +218,13 @@ class Preset:
     def state_shape(self) -> tuple[int, int, int]:
         """(heads, rows, state_dim) of one layer's state for one sequence, as in the Inputs classes.
 
-        Mamba-2: (H, head_dim P, state_size N); GDN: (Hv, Dv, Dk) -- the [Dv, Dk] layout of GDNInputs.
+        Mamba-2: (H, head_dim P, state_size N); GDN / KDA: (Hv, Dv, Dk) -- the [Dv, Dk] layout of their Inputs.
         """
         return (self.shape.state_heads, self.shape.rows, self.shape.state_dim)
 
     @property
     def groups(self) -> int:
-        """B/C groups (Mamba-2) or key heads (GDN): how many distinct B / k vectors a step has."""
+        """B/C groups (Mamba-2) or key heads (GDN, KDA): how many distinct B / k vectors a step has."""
         return self.shape.n_groups if isinstance(self.shape, Mamba2Shape) else self.shape.num_key_heads
 
     def state_elements_per_layer(self) -> int:
@@ -281,6 +340,39 @@ def _qwen(
         hidden_size=hidden,
         shape=GDNShape(num_value_heads=v_heads, num_key_heads=16, key_head_dim=128, value_head_dim=128, conv_kernel=4),
         ssm_cache_dtype=ssm_cache_dtype,
+        sources=sources,
+        notes=notes,
+    )
+
+
+def _kda(
+    name: str,
+    hf_repo: str,
+    *,
+    architecture: str,
+    model_type: str,
+    full_attention: tuple[int, ...],
+    layers: int,
+    heads: int,
+    hidden: int,
+    gate_lower_bound: float | None,
+    sources: tuple[str, ...],
+    notes: tuple[str, ...] = (),
+) -> Preset:
+    pattern = "".join("F" if i in full_attention else "L" for i in range(layers))
+    return Preset(
+        name=name,
+        hf_repo=hf_repo,
+        architecture=architecture,
+        model_type=model_type,
+        layer_kind="kda",
+        num_layers=layers,
+        ssm_layers=tuple(i for i, c in enumerate(pattern) if c == "L"),
+        layer_pattern=pattern,
+        hidden_size=hidden,
+        shape=KDAShape(num_heads=heads, head_dim=128, conv_kernel=4, gate_lower_bound=gate_lower_bound),
+        # vLLM keeps KDA state in FP32 whatever its cache dtype knobs (MambaStateDtypeCalculator.kda_state_dtype)
+        ssm_cache_dtype="float32",
         sources=sources,
         notes=notes,
     )
@@ -473,13 +565,61 @@ _PRESETS: tuple[Preset, ...] = (
         ),
         notes=(_QWEN_COMMON_NOTE, "the config sets no mamba_ssm_dtype (state dtype left to the engine)"),
     ),
+    _kda(
+        "glm-5.3-flash",
+        "zai-org/GLM-5.3-Flash",
+        architecture="Glm5NextForConditionalGeneration",
+        model_type="glm5_next",
+        # Glm5NextTextConfig: layer i is KDA unless i % 4 == 3 (DSA, "indexed_attention")
+        full_attention=tuple(i for i in range(45) if i % 4 == 3),
+        layers=45,
+        heads=64,
+        hidden=4096,
+        gate_lower_bound=-5.0,
+        sources=(
+            _HF.format("zai-org/GLM-5.3-Flash"),
+            "transformers 5.24 Glm5NextTextConfig (models/glm5_next/configuration_glm5_next.py), documented "
+            "against zai-org/GLM-5.3-Flash: 45 layers, hidden 4096, linear_num_heads 64, linear_head_dim 128, "
+            "linear_conv_kernel_dim 4, linear_lower_bound -5.0, KDA at every layer with i % 4 != 3",
+            "DESIGN.md section 6",
+        ),
+        notes=(
+            "no public copy of the published config.json was found: the shapes are transformers' config "
+            "defaults for this checkpoint (unverified against the file itself)",
+            "the MTP layer (layers.45, ignored by transformers on load) is not counted",
+        ),
+    ),
+    _kda(
+        "kimi-linear-48b-a3b",
+        "moonshotai/Kimi-Linear-48B-A3B-Instruct",
+        architecture="KimiLinearForCausalLM",
+        model_type="kimi_linear",
+        # linear_attn_config.full_attn_layers [4, 8, 12, 16, 20, 24, 27], 1-indexed
+        full_attention=(3, 7, 11, 15, 19, 23, 26),
+        layers=27,
+        heads=32,
+        hidden=2304,
+        gate_lower_bound=None,
+        sources=(
+            _HF.format("moonshotai/Kimi-Linear-48B-A3B-Instruct"),
+            "a public copy of that config.json (the NVFP4 re-quantisation Firworks/Kimi-Linear-48B-A3B-Instruct-"
+            "nvfp4 keeps it): num_hidden_layers 27, hidden_size 2304, linear_attn_config {num_heads 32, head_dim "
+            "128, short_conv_kernel_size 4, kda_layers [1-3, 5-7, ..., 25, 26], full_attn_layers [4, 8, 12, 16, "
+            "20, 24, 27]}, no gate_lower_bound",
+            "DESIGN.md section 6",
+        ),
+        notes=(
+            "kda_layers / full_attn_layers are 1-indexed in the config; KimiLinearConfig converts them to "
+            "layer_types, which the preset follows (0-based)",
+        ),
+    ),
 )
 
 PRESETS: dict[str, Preset] = {p.name: p for p in _PRESETS}
 
 
 def list_presets() -> list[str]:
-    """Names of all presets, in table order (Nemotron family first, then Qwen)."""
+    """Names of all presets, in table order (Nemotron family first, then Qwen, then the KDA models)."""
     return list(PRESETS)
 
 

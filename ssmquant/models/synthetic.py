@@ -32,6 +32,18 @@ Gated DeltaNet (Qwen3.5 / Qwen3-Next init)
     q, k = l2norm(conv-SiLU output) (eps 1e-6, as transformers / FLA), q scaled by 1/sqrt(Dk);
     v = the conv-SiLU output (the model's own v; not a plain normal).
 
+Kimi Delta Attention (GLM-5.3-Flash / Kimi-Linear init, transformers' Glm5Next / KimiLinear _init_weights)
+    q, k, v = the conv-SiLU outputs (conv without bias), q and k L2-normalised as transformers' KDA
+    l2norm does (x / sqrt(sum x^2 + 1e-6)), q scaled by 1/sqrt(Dk). The forget gate is a low-rank pair
+    f = f_b(f_a(h)) (hidden -> head_dim -> H * Dk): with both weights N(0, initializer_range^2) its
+    pre-activation is N(0, sigma_f^2), sigma_f = initializer_range * sqrt(head_dim) * sigma. dt_bias, one
+    per key channel, is softplus^-1(dt) with dt log-uniform in [1e-3, 1e-1] (floored at 1e-4).
+    GLM-5.3-Flash (gate_lower_bound -5): A_log = 0, g = -5 * sigmoid(f + dt_bias); Kimi-Linear:
+    A = exp(A_log) ~ U(1, 16) (stratified across heads, as for GDN), g = -A * softplus(f + dt_bias).
+    So every head mixes key channels with half-lives from about one step to a few hundred steps;
+    ``long_memory_fraction`` does not apply (it shapes GDN's per-head gates only). beta = sigmoid(b),
+    b ~ N(0, sigma^2), in the activation dtype.
+
 Dynamics profiles (``profile=``; ``PROFILES``; labelled in ``meta["profile"]`` and in every report)
     ``init`` (the default) is the law above. The other profiles change it, on purpose, towards the
     properties that let rounding errors persist in trained models, which the isotropic init law lacks
@@ -52,11 +64,12 @@ Dynamics profiles (``profile=``; ``PROFILES``; labelled in ``meta["profile"]`` a
       the rows of the state) amplified ``outlier_gain`` times (a parameter of the layer);
     - ``persistent``: all three together.
 
-    These are synthetic stress profiles, not measurements of any trained checkpoint.
+    These are synthetic stress profiles, not measurements of any trained checkpoint. They are defined
+    for Mamba-2 and GDN presets; KDA presets take ``init`` only.
 
 Dtypes follow what a model hands to its recurrence kernel: x, B, C (Mamba-2) and v, beta (GDN) in
 ``dtype`` (the activation dtype, bf16 by default); dt after softplus and clamp, q and k after the L2
-norm, g, and A, D in fp32, because the kernels (mamba_ssm, FLA, vLLM, transformers' torch path for GDN)
+norm, g (both kinds), and A, D in fp32, because the kernels (mamba_ssm, FLA, vLLM, transformers' torch path for GDN)
 derive those in fp32 from the activations.
 
 Seeding: one generator per (seed, layer), so every layer is reproducible on its own and two layers
@@ -73,8 +86,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..replay.inputs import GDNInputs, Mamba2Inputs
-from .presets import GDNShape, Mamba2Shape, Preset, PresetError, get_preset
+from ..replay.inputs import GDNInputs, KDAInputs, Mamba2Inputs
+from .presets import GDNShape, KDAShape, Mamba2Shape, Preset, PresetError, get_preset
 
 _ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Half-life range (steps) of the long-memory GDN heads (see the module docstring).
@@ -359,6 +372,44 @@ def _gdn(preset: Preset, shape: GDNShape, batch, steps, gen, device, dtype, sigm
     )
 
 
+def _kda_l2norm(x: torch.Tensor) -> torch.Tensor:
+    # transformers' KDA l2norm (models/glm5_next `l2norm`): x / sqrt(sum(x^2) + eps), in fp32
+    x = x.float()
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def _kda(preset: Preset, shape: KDAShape, batch, steps, gen, device, dtype, sigma) -> dict:
+    h, d = shape.num_heads, shape.head_dim
+    lo, hi = math.log(shape.time_step_min), math.log(shape.time_step_max)
+    dt0 = torch.exp(torch.rand(h * d, generator=gen, device=device) * (hi - lo) + lo).clamp(min=shape.time_step_floor)
+    dt_bias = (dt0 + torch.log(-torch.expm1(-dt0))).reshape(h, d)  # inverse softplus, per key channel
+    if shape.gate_lower_bound is not None:
+        a_param = torch.ones(h, device=device)  # exp(A_log), A_log = 0
+    else:
+        bands = torch.randperm(h, generator=gen, device=device).float()
+        u = (bands + torch.rand(h, generator=gen, device=device)) / h
+        a_param = shape.a_init_low + (shape.a_init_high - shape.a_init_low) * u
+    qkv = _post_conv(batch, steps, 3 * h * d, shape, sigma, gen, device, torch.float32)
+    q, k, v = torch.split(qkv, [h * d] * 3, dim=-1)
+    q = _kda_l2norm(q.reshape(batch, steps, h, d)) * d**-0.5
+    k = _kda_l2norm(k.reshape(batch, steps, h, d))
+    sigma_f = preset.initializer_range * math.sqrt(d) * sigma  # f_b(f_a(h)), both N(0, initializer_range^2)
+    f = torch.randn(batch, steps, h, d, generator=gen, device=device) * sigma_f + dt_bias
+    if shape.gate_lower_bound is not None:
+        g = shape.gate_lower_bound * torch.sigmoid(a_param[:, None] * f)
+    else:
+        g = -a_param[:, None] * F.softplus(f)
+    b_in = torch.randn(batch, steps, h, generator=gen, device=device) * sigma
+    return dict(
+        q=q,
+        k=k,
+        v=v.reshape(batch, steps, h, d).to(dtype),
+        g=g,
+        beta=torch.sigmoid(b_in.to(dtype)),
+        params={"A_log": torch.log(a_param).cpu(), "dt_bias": dt_bias.reshape(-1).cpu(), "gate_sigma": sigma_f},
+    )
+
+
 def synthetic_inputs(
     preset: Preset | str,
     layer: int,
@@ -370,18 +421,20 @@ def synthetic_inputs(
     dtype: torch.dtype = torch.bfloat16,
     long_memory_fraction: float = 0.25,
     profile: SyntheticProfile | str = "init",
-) -> Mamba2Inputs | GDNInputs:
+) -> Mamba2Inputs | GDNInputs | KDAInputs:
     """Synthetic decode inputs of SSM layer ``layer`` (a decoder-layer index) of ``preset``.
 
     Shapes (B = batch, T = steps):
     - Mamba-2: x [B, T, H, P], dt [B, T, H], B/C [B, T, G, N], A [H], D [H]
     - GDN:     q/k [B, T, Hk, Dk], v [B, T, Hv, Dv], g/beta [B, T, Hv]
+    - KDA:     q/k [B, T, H, Dk], v [B, T, H, Dv], g [B, T, H, Dk], beta [B, T, H]
     Distributions follow the family's initialisation (module docstring, README). ``dtype`` is the
     activation dtype (x, B, C, v, beta); dt, q, k, g, A, D are fp32. ``long_memory_fraction`` (GDN
-    only) is the share of value heads given a nearly-closed gate. ``profile``: a name in PROFILES (or a
-    SyntheticProfile); "init" is the init law, the others are labelled stress profiles (module docstring)
-    that change the decays, keys and value rows and keep every other draw of the init law. Seeded per
-    (seed, layer). ``meta["source"]`` is always "synthetic", ``meta["profile"]`` the profile's name and
+    only; KDA's init already spans short and long channels) is the share of value heads given a
+    nearly-closed gate. ``profile``: a name in PROFILES (or a SyntheticProfile); "init" is the init law,
+    the others are labelled stress profiles (module docstring; Mamba-2 and GDN presets) that change the
+    decays, keys and value rows and keep every other draw of the init law. Seeded per (seed, layer).
+    ``meta["source"]`` is always "synthetic", ``meta["profile"]`` the profile's name and
     ``meta["distribution"]`` says whether it is the init law; ``meta["params"]`` holds the drawn A_log /
     dt_bias (and, for a stress profile, its slow-decay heads and the number of outlier rows).
     """
@@ -417,6 +470,20 @@ def synthetic_inputs(
             meta["params"] = t.pop("params")
             meta["long_memory_fraction"] = float(long_memory_fraction)
             return GDNInputs(**t, meta=meta).validate()
+        if isinstance(preset.shape, KDAShape):
+            if not profile.is_init:
+                raise ValueError(
+                    f"synthetic profile {profile.name!r} is defined for Mamba-2 and GDN presets; {preset.name} is a "
+                    "KDA preset: use profile 'init'"
+                )
+            t = _kda(preset, preset.shape, batch, steps, gen, device, dtype, sigma)
+            meta["params"] = t.pop("params")
+            meta["gate"] = (
+                f"{preset.shape.gate_lower_bound:g} * sigmoid(exp(A_log) * (f + dt_bias))"
+                if preset.shape.gate_lower_bound is not None
+                else "-exp(A_log) * softplus(f + dt_bias)"
+            )
+            return KDAInputs(**t, meta=meta).validate()
     raise PresetError(f"preset {preset.name} has an unknown layer kind {preset.layer_kind!r}")
 
 

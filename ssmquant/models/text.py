@@ -13,6 +13,7 @@ Selection (``select_sequences``) is defined on the token stream, so it does not 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,10 @@ import torch
 HELDOUT_FRACTION = 0.2
 SPLITS = ("calibration", "heldout")
 CORPUS_PATH = Path(__file__).resolve().parent / "data" / "corpus.txt"
+# A text file may hold a few undecodable bytes (a stray Latin-1 character); more than this share of
+# invalid UTF-8 or control characters (NUL, ESC, ... not tab / newline / form feed) means it is not text.
+MAX_NON_TEXT_FRACTION = 0.01
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 
 
 class TextError(ValueError):
@@ -30,7 +35,8 @@ class TextError(ValueError):
 def load_text(path: str | os.PathLike | None = None) -> str:
     """The calibration text: ``path`` (the user's ``--text FILE``) or the shipped corpus when None.
 
-    Read as UTF-8 (undecodable bytes replaced). Raises TextError when the file is missing or empty.
+    Read as UTF-8 (undecodable bytes replaced). Raises TextError when the file is missing, empty, or not
+    text (``check_is_text``).
     """
     if path is None:
         if not CORPUS_PATH.is_file():
@@ -42,10 +48,38 @@ def load_text(path: str | os.PathLike | None = None) -> str:
         p = Path(path).expanduser()
         if not p.is_file():
             raise TextError(f"text file {str(p)!r} does not exist (or is not a file)")
-    text = p.read_text(encoding="utf-8", errors="replace")
+    raw = p.read_bytes()
+    text = raw.decode("utf-8", errors="replace")
     if not text.strip():
         raise TextError(f"text file {str(p)!r} is empty")
+    check_is_text(raw, text, str(p))
     return text
+
+
+def check_is_text(raw: bytes, text: str, name: str) -> None:
+    """Raise TextError when more than MAX_NON_TEXT_FRACTION of the characters of ``raw`` (decoded as
+    ``text`` with replacement) are invalid UTF-8 or control characters: a binary file, or another encoding."""
+    invalid = text.count("\ufffd") - raw.count("\ufffd".encode())
+    control = len(_CONTROL.findall(text))
+    share = (invalid + control) / max(1, len(text))
+    if share > MAX_NON_TEXT_FRACTION:
+        raise TextError(
+            f"text file {name!r} does not look like text: {100 * share:.0f}% of its characters are invalid UTF-8 "
+            f"({invalid}) or control characters ({control}); pass a UTF-8 text file (convert another encoding "
+            "with e.g. iconv -t utf-8)"
+        )
+
+
+def text_origin(path) -> str:
+    """How outputs name the text: the user's file, or the shipped corpus."""
+    return str(path) if path is not None else f"shipped:{CORPUS_PATH.name}"
+
+
+def text_phrase(path) -> str:
+    """The text in words, for a console header: the user's file by name, or the shipped corpus."""
+    if path is None:
+        return "held-out public-domain text (the shipped corpus)"
+    return f"the text of {Path(str(path)).name}"
 
 
 @dataclass(frozen=True)

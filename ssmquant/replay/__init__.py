@@ -5,7 +5,7 @@
 >>> trace.to_frame()      # variant, step (window end), window_start, {state,out}_rel_err[_max|_last], SNR
 """
 
-from .inputs import GDNInputs, InputError, LayerInputs, Mamba2Inputs
+from .inputs import GDNInputs, InputError, KDAInputs, LayerInputs, Mamba2Inputs
 from .naive import EmulationResult, emulate
 from .reference import reference_decode
 from .schemes import Scheme, SchemeError, SchemeKind, parse_scheme
@@ -20,6 +20,7 @@ __all__ = [
     "EmulationResult",
     "GDNInputs",
     "InputError",
+    "KDAInputs",
     "LayerInputs",
     "Mamba2Inputs",
     "Scheme",

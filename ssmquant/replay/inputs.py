@@ -1,6 +1,7 @@
-"""Per-layer decode inputs of Mamba-2 and Gated DeltaNet, in the exact form the recurrences consume.
+"""Per-layer decode inputs of Mamba-2, Gated DeltaNet and Kimi Delta Attention, in the exact form the
+recurrences consume.
 
-Both containers hold the inputs of one SSM layer for a batch of sequences over T decode steps, time
+The containers hold the inputs of one SSM layer for a batch of sequences over T decode steps, time
 second (as transformers' mixers produce them). Tensors may be bf16 (as a model computes them) or
 fp32; the recurrences compute in fp32. `validate()` is the one place where shapes, dtypes, devices and
 finiteness are checked; everything downstream trusts a validated container.
@@ -153,21 +154,11 @@ class Mamba2Inputs:
 
 
 @dataclass
-class GDNInputs:
-    """Decode inputs of one Gated DeltaNet layer.
+class _DeltaRuleInputs:
+    """Fields, shapes and checks shared by the gated delta rules (GDN, KDA); only the gate differs.
 
-    Shapes (B batch, T steps, Hk key heads, Hv value heads, Dk key dim, Dv value dim; value head h
-    uses key head h // (Hv // Hk), as in transformers' `repeat_interleave`):
-
-    - q:    [B, T, Hk, Dk]  L2-normalised and scaled by 1/sqrt(Dk)
-    - k:    [B, T, Hk, Dk]  L2-normalised
-    - v:    [B, T, Hv, Dv]
-    - g:    [B, T, Hv]      log decay g = -exp(A_log) * softplus(a + dt_bias) <= 0
-    - beta: [B, T, Hv]      sigmoid(b) in (0, 1)
-    - initial_state: optional [B, Hv, Dv, Dk] state before step 0 (zeros if None)
-
-    The state is stored transposed to [Dv, Dk] (transformers keeps [Dk, Dv]): rows are value channels
-    and the scale reduction runs over Dk, which is DESIGN.md's "row" of a GDN state.
+    Value head h uses key head h // (Hv // Hk), as in transformers' `repeat_interleave`. Subclasses
+    define `kind` and `_check_gate`.
     """
 
     q: torch.Tensor
@@ -177,8 +168,6 @@ class GDNInputs:
     beta: torch.Tensor
     initial_state: torch.Tensor | None = None
     meta: dict = field(default_factory=dict)
-
-    kind = "gdn"
 
     @property
     def batch(self) -> int:
@@ -215,7 +204,7 @@ class GDNInputs:
     def device(self) -> torch.device:
         return self.v.device
 
-    def validate(self) -> GDNInputs:
+    def validate(self):
         """Check shapes, dtypes, device and finiteness; return self. Raises InputError naming the problem."""
         if not isinstance(self.v, torch.Tensor) or self.v.ndim != 4:
             raise InputError(f"v must be a 4-D tensor [B, T, Hv, Dv], got {getattr(self.v, 'shape', self.v)}")
@@ -231,17 +220,18 @@ class GDNInputs:
         _check("q", self.q, (b, t, hk, dk), dev)
         _check("k", self.k, (b, t, hk, dk), dev)
         _check("v", self.v, (b, t, hv, dv), dev)
-        _check("g", self.g, (b, t, hv), dev)
+        self._check_gate(b, t, hv, dk, dev)
         _check("beta", self.beta, (b, t, hv), dev)
         if self.initial_state is not None:
             _check("initial_state", self.initial_state, (b, hv, dv, dk), dev, time_major=False)
-        if bool((self.g > 0).any()):
-            raise InputError("g must be <= 0 (it is the log of the decay exp(g) in (0, 1])")
         if bool(((self.beta < 0) | (self.beta > 1)).any()):
             raise InputError("beta must lie in [0, 1] (it is sigmoid(b))")
         return self
 
-    def slice_steps(self, start: int, stop: int) -> GDNInputs:
+    def _check_gate(self, b: int, t: int, hv: int, dk: int, dev: torch.device) -> None:
+        raise NotImplementedError
+
+    def slice_steps(self, start: int, stop: int):
         """Inputs of steps [start, stop) (same initial state)."""
         return dataclasses.replace(
             self,
@@ -252,7 +242,7 @@ class GDNInputs:
             beta=self.beta[:, start:stop],
         )
 
-    def to(self, device: torch.device | str) -> GDNInputs:
+    def to(self, device: torch.device | str):
         def mv(t):
             return None if t is None else t.to(device)
 
@@ -267,4 +257,73 @@ class GDNInputs:
         )
 
 
-LayerInputs = Mamba2Inputs | GDNInputs
+@dataclass
+class GDNInputs(_DeltaRuleInputs):
+    """Decode inputs of one Gated DeltaNet layer.
+
+    Shapes (B batch, T steps, Hk key heads, Hv value heads, Dk key dim, Dv value dim; value head h
+    uses key head h // (Hv // Hk), as in transformers' `repeat_interleave`):
+
+    - q:    [B, T, Hk, Dk]  L2-normalised and scaled by 1/sqrt(Dk)
+    - k:    [B, T, Hk, Dk]  L2-normalised
+    - v:    [B, T, Hv, Dv]
+    - g:    [B, T, Hv]      log decay g = -exp(A_log) * softplus(a + dt_bias) <= 0
+    - beta: [B, T, Hv]      sigmoid(b) in (0, 1)
+    - initial_state: optional [B, Hv, Dv, Dk] state before step 0 (zeros if None)
+
+    The state is stored transposed to [Dv, Dk] (transformers keeps [Dk, Dv]): rows are value channels
+    and the scale reduction runs over Dk, which is DESIGN.md's "row" of a GDN state.
+    """
+
+    kind = "gdn"
+
+    def _check_gate(self, b: int, t: int, hv: int, dk: int, dev: torch.device) -> None:
+        _check("g", self.g, (b, t, hv), dev)
+        if bool((self.g > 0).any()):
+            raise InputError("g must be <= 0 (it is the log of the decay exp(g) in (0, 1])")
+
+
+@dataclass
+class KDAInputs(_DeltaRuleInputs):
+    """Decode inputs of one Kimi Delta Attention layer (GLM-5.3-Flash, Kimi-Linear, Kimi-K3).
+
+    KDA is the gated delta rule of GDN with a decay per key channel instead of one per head: the same
+    fields and shapes as GDNInputs except the gate (B batch, T steps, Hk key heads, Hv value heads,
+    Dk key dim, Dv value dim; the real models have Hk = Hv):
+
+    - q:    [B, T, Hk, Dk]  L2-normalised and scaled by 1/sqrt(Dk)
+    - k:    [B, T, Hk, Dk]  L2-normalised
+    - v:    [B, T, Hv, Dv]
+    - g:    [B, T, Hv, Dk]  log decays <= 0, one per key channel: GLM-5.3-Flash's
+                            lower_bound * sigmoid(exp(A_log) * (f + dt_bias)) in [-5, 0], Kimi-Linear's
+                            -exp(A_log) * softplus(f + dt_bias)
+    - beta: [B, T, Hv]      sigmoid(b) in (0, 1)
+    - initial_state: optional [B, Hv, Dv, Dk] state before step 0 (zeros if None)
+
+    The state is kept [Dv, Dk] per head (transformers keeps [Dk, Dv]; vLLM's and FlashInfer's KDA
+    caches keep [V, K], this layout): a row is one value channel over the key channels, which decay at
+    their own rates.
+    """
+
+    kind = "kda"
+
+    def validate(self) -> KDAInputs:
+        """Check shapes, dtypes, device and finiteness; return self. Raises InputError naming the problem."""
+        if isinstance(self.g, torch.Tensor) and self.g.ndim == 3:
+            raise InputError(
+                f"g has shape {tuple(self.g.shape)}, one decay per head: that is Gated DeltaNet (use GDNInputs); "
+                "KDA takes one log decay per key channel, g [B, T, Hv, Dk]"
+            )
+        return super().validate()
+
+    def _check_gate(self, b: int, t: int, hv: int, dk: int, dev: torch.device) -> None:
+        _check("g", self.g, (b, t, hv, dk), dev)
+        if bool((self.g > 0).any()):
+            idx = tuple(int(i) for i in (self.g > 0).nonzero()[0])
+            raise InputError(
+                f"g must be <= 0 (log decays, exp(g) in (0, 1]); got {float(self.g[idx]):.4g} at batch {idx[0]}, "
+                f"step {idx[1]}, head {idx[2]}, key channel {idx[3]}"
+            )
+
+
+LayerInputs = Mamba2Inputs | GDNInputs | KDAInputs

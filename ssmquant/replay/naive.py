@@ -7,8 +7,17 @@ Two forms, equal in exact arithmetic (tests prove they agree in FP32):
   rounded) inputs; at a write step S~ is replaced by its stored (rounded) value.
 - literal form (`form="literal"`): the engines' checkpoint-plus-buffer computation. Mamba-2 outputs
   come from the output-only form y_t = abar_t (S0 C_t) + sum_j s_jt (B_j . C_t) x_j + D x_t; GDN
-  rebuilds the state from the checkpoint and the buffered (u_j, k_j, g_j) at every step. The
-  checkpoint is rewritten (and rounded) at write steps from the rebuilt state.
+  rebuilds the state from the checkpoint and the buffered (u_j, k_j, g_j) at every step, and KDA
+  the same with g_j a vector over the key channels. The checkpoint is rewritten (and rounded) at
+  write steps from the rebuilt state.
+
+What a KDA replay buffer holds follows the engines' RecoverSSM records: the corrected values
+u_j = beta_j (v_j - S k_j), the normalised key k_j and the gate (vLLM
+vllm/models/kimi_k3/nvidia/ops/recoverssm.py, `_kda_recoverssm_verify_kernel`: u in an fp32 record,
+raw k | raw gate in the activation dtype; FlashInfer flashinfer/kda_kernels/kda_decode_wy_output_only.py,
+grouped emit path: u and the normalised k in bf16, the raw gate as given). The gate is recomputed from
+the model's own activation in both, so it is never rounded here; u and k are rounded to the scheme's
+buffer dtype (":fp32" reproduces vLLM's records, the default bf16 FlashInfer's).
 
 Conventional decoding is the state form with a write after every step and no buffer rounding. The
 output at step t is computed from the unrounded new state (a decode kernel computes y from the state
@@ -28,12 +37,14 @@ import torch
 from ..formats import Encoding, Rounding, StateFormat
 from ..formats.codec import element_index, encode
 from ..formats.random import keyed_bits, stream_key, uniform_from_bits
-from .inputs import LayerInputs, Mamba2Inputs
+from .inputs import KDAInputs, LayerInputs, Mamba2Inputs
 from .reference import (
     expand_groups,
     gdn_decays,
     gdn_delta,
     gdn_output,
+    kda_decay,
+    kda_decays,
     mamba2_decays,
     mamba2_output,
     mamba2_step,
@@ -130,6 +141,18 @@ def gdn_advance(s, alpha, k, v, beta, q, buffer_dtype: torch.dtype = torch.float
     return s, gdn_output(s, q)
 
 
+def kda_advance(s, alpha, k, v, beta, q, buffer_dtype: torch.dtype = torch.float32):
+    """One Kimi Delta Attention step from state s [B, H, Dv, Dk]: returns (new state, y [B, H, Dv]).
+
+    alpha [B, H, Dk] (per-key-channel decay exp(g)); beta [B, H]; k (as buffered), q [B, H, Dk];
+    v [B, H, Dv]; u is stored in `buffer_dtype` before it updates the state, as for GDN.
+    """
+    s = kda_decay(s, alpha)
+    u = _buffer_round(gdn_delta(s, k, v, beta), buffer_dtype)
+    s = s + u[..., None] * k[:, :, None, :]
+    return s, gdn_output(s, q)
+
+
 def mamba2_emulation_step(s_ref, s_var, a, dt, x, xb, b, bb, c, d, write, store, key):
     """One decode step of the FP32 reference and one variant (state form), Mamba-2.
 
@@ -156,6 +179,19 @@ def gdn_emulation_step(s_ref, s_var, alpha, q, k, kb, v, beta, write, store, key
     return s_ref, s_var, _metrics(s_var, s_ref, y_var, y_ref)
 
 
+def kda_emulation_step(s_ref, s_var, alpha, q, k, kb, v, beta, write, store, key, buffer_dtype):
+    """One decode step of the FP32 reference and one variant (state form), Kimi Delta Attention.
+
+    s_ref, s_var [B, H, Dv, Dk]; alpha [B, H, Dk]; beta [B, H]; q, k, kb (buffered k) [B, H, Dk];
+    v [B, H, Dv]; write bool [B]; buffer_dtype: the dtype u is buffered in. Returns (s_ref, s_var,
+    metrics [B, H, 4]).
+    """
+    s_ref, y_ref = kda_advance(s_ref, alpha, k, v, beta, q)
+    s_var, y_var = kda_advance(s_var, alpha, kb, v, beta, q, buffer_dtype)
+    s_var = torch.where(write[:, None, None, None], store(s_var, key), s_var)
+    return s_ref, s_var, _metrics(s_var, s_ref, y_var, y_ref)
+
+
 def emulate(
     inputs: LayerInputs,
     variants: list[Variant],
@@ -166,14 +202,16 @@ def emulate(
 ) -> EmulationResult:
     """Run the FP32 reference and every variant over all T steps of one layer, in torch.
 
-    inputs: Mamba2Inputs or GDNInputs (validated here). Returns an EmulationResult whose metrics hold
-    every step ([V, T, B, H, 4]).
+    inputs: Mamba2Inputs, GDNInputs or KDAInputs (validated here). Returns an EmulationResult whose
+    metrics hold every step ([V, T, B, H, 4]).
     """
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     inputs.validate()
     if isinstance(inputs, Mamba2Inputs):
         runner = _Mamba2Emulation(inputs, variants, form)
+    elif isinstance(inputs, KDAInputs):
+        runner = _KDAEmulation(inputs, variants, form)
     else:
         runner = _GDNEmulation(inputs, variants, form)
     return runner.run(return_outputs, return_states)
@@ -229,6 +267,15 @@ class _Emulation:
         return torch.where(self.masks[i][:, t, None, None, None], stored, s)
 
 
+def _engine_step(runner, i: int):
+    """The engine profile's step object of variant i (`ssmquant.engines.emulation`), None for `ideal`."""
+    if runner.variants[i].engine == "ideal":
+        return None
+    from ..engines.emulation import Mamba2EngineStep
+
+    return Mamba2EngineStep(runner, i)
+
+
 class _Mamba2Emulation(_Emulation):
     def start(self):
         inp, heads = self.inputs, self.inputs.num_heads
@@ -253,6 +300,8 @@ class _Mamba2Emulation(_Emulation):
             self.held = [torch.zeros(bsz, dtype=torch.int64, device=inp.device) for _ in self.variants]
             self.buf_idx = [torch.zeros(bsz, cap, dtype=torch.int64, device=inp.device) for _ in self.variants]
             self.cap = cap
+        # a variant under an engine profile other than `ideal` steps as that engine computes
+        self.engine = [_engine_step(self, i) for i in range(len(self.variants))]
 
     def ref_step(self, t):
         x = self.x[:, t]
@@ -262,6 +311,9 @@ class _Mamba2Emulation(_Emulation):
         return self.s_ref, y
 
     def variant_step(self, i, t):
+        if self.engine[i] is not None:
+            self.s_var[i], y = self.engine[i].step(t)
+            return self.s_var[i], y
         if self.form == "literal":
             return self._literal_step(i, t)
         s, y = mamba2_advance(
@@ -377,6 +429,72 @@ class _GDNEmulation(_Emulation):
         prev = self._rebuild(i, s0, held)  # S_{t-1} from checkpoint + buffer
         k = self.kb[i][:, t]
         decayed = self.alpha[:, t, :, None, None] * prev
+        u = _buffer_round(gdn_delta(decayed, k, self.v[:, t], self.beta[:, t]), self.buf_dtype[i])
+        self.buf_idx[i][ar, held] = t
+        self.u_buf[i][ar, held] = u
+        held = held + 1
+        rebuilt = self._rebuild(i, s0, held)
+        y = gdn_output(rebuilt, self.q[:, t])
+        flush = self.masks[i][:, t]
+        stored = self.write(i, t, rebuilt)
+        self.s_var[i] = torch.where(flush[:, None, None, None], stored, s0)
+        self.held[i] = torch.where(flush, 0, held)
+        return stored, y
+
+
+class _KDAEmulation(_GDNEmulation):
+    """GDN's emulation with the decay applied per key channel: alpha and g are [B, T, H, Dk]."""
+
+    def start(self):
+        super().start()
+        self.alpha = kda_decays(self.inputs)  # [B, T, Hv, Dk]
+
+    def ref_step(self, t):
+        self.s_ref, y = kda_advance(
+            self.s_ref, self.alpha[:, t], self.k[:, t], self.v[:, t], self.beta[:, t], self.q[:, t]
+        )
+        return self.s_ref, y
+
+    def variant_step(self, i, t):
+        if self.form == "literal":
+            return self._literal_step(i, t)
+        s, y = kda_advance(
+            self.s_var[i],
+            self.alpha[:, t],
+            self.kb[i][:, t],
+            self.v[:, t],
+            self.beta[:, t],
+            self.q[:, t],
+            self.buf_dtype[i],
+        )
+        self.s_var[i] = self.write(i, t, s)
+        return self.s_var[i], y
+
+    def _rebuild(self, i, s0, held):
+        """State from checkpoint + the first `held` buffered entries: [B, H, Dv, Dk].
+
+        S = diag(exp(G_h)) S0 + sum_j u_j (k_j * exp(G_h - G_j))^T, G the running per-key-channel sum of
+        the buffered g (vLLM's RecoverSSM commit folds the same terms, one step at a time).
+        """
+        bsz = self.inputs.batch
+        ar = torch.arange(bsz, device=s0.device)
+        j = torch.arange(self.cap, device=s0.device)
+        valid = j[None, :] < held[:, None]  # [B, cap]
+        idx = self.buf_idx[i]
+        g_buf = torch.where(valid[..., None, None], self.g[ar[:, None], idx], 0.0)  # [B, cap, H, Dk]
+        big_g = torch.cumsum(g_buf, 1)
+        g_h = torch.where(held[:, None, None] > 0, big_g[ar, (held - 1).clamp(min=0)], 0.0)  # [B, H, Dk]
+        w = torch.where(valid[..., None, None], torch.exp(g_h[:, None] - big_g), 0.0)  # [B, cap, H, Dk]
+        k_buf = self.kb[i][ar[:, None], idx]  # [B, cap, H, Dk]
+        return kda_decay(s0, torch.exp(g_h)) + torch.einsum("bjhv,bjhk->bhvk", self.u_buf[i], w * k_buf)
+
+    def _literal_step(self, i, t):
+        bsz = self.inputs.batch
+        ar = torch.arange(bsz, device=self.s0.device)
+        s0, held = self.s_var[i], self.held[i]
+        prev = self._rebuild(i, s0, held)  # S_{t-1} from checkpoint + buffer
+        k = self.kb[i][:, t]
+        decayed = kda_decay(prev, self.alpha[:, t])
         u = _buffer_round(gdn_delta(decayed, k, self.v[:, t], self.beta[:, t]), self.buf_dtype[i])
         self.buf_idx[i][ar, held] = t
         self.u_buf[i][ar, held] = u

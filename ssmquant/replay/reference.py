@@ -1,16 +1,18 @@
-"""Plain FP32 decode recurrences of Mamba-2 and Gated DeltaNet (no storage format, no scheme).
+"""Plain FP32 decode recurrences of Mamba-2, Gated DeltaNet and Kimi Delta Attention (no format, no scheme).
 
 These are the ground truth that every emulated variant is compared with, and the functions that the
 oracle tests check against transformers' own decode paths. The per-step arithmetic is shared with the
-emulating references in `naive.py` through `mamba2_step` / `gdn_step`, so that a variant in format
-fp32 reproduces this reference bit for bit.
+emulating references in `naive.py` through `mamba2_step`, `gdn_delta` / `gdn_output` and `kda_decay`,
+so that a variant in format fp32 reproduces this reference bit for bit. KDA is GDN's delta rule with
+the decay applied per key channel (the last dim of our [Dv, Dk] state), as transformers'
+`recurrent_kimi_delta_attention` (models/glm5_next, models/kimi_linear, 5.24) does it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .inputs import GDNInputs, LayerInputs, Mamba2Inputs
+from .inputs import GDNInputs, KDAInputs, LayerInputs, Mamba2Inputs
 
 
 def expand_groups(t: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -30,6 +32,19 @@ def mamba2_decays(inputs: Mamba2Inputs) -> torch.Tensor:
 def gdn_decays(inputs: GDNInputs) -> torch.Tensor:
     """Per-step decay alpha_t = exp(g_t), fp32 [B, T, Hv] (see `mamba2_decays`)."""
     return torch.exp(inputs.g.float())
+
+
+def kda_decays(inputs: KDAInputs) -> torch.Tensor:
+    """Per-step, per-key-channel decay exp(g_t), fp32 [B, T, Hv, Dk] (see `mamba2_decays`)."""
+    return torch.exp(inputs.g.float())
+
+
+def kda_decay(state: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """diag(alpha) S in transformers' [Dk, Dv] layout, i.e. our [Dv, Dk] state scaled along its last dim.
+
+    state [B, H, Dv, Dk], alpha [B, H, Dk] -> [B, H, Dv, Dk].
+    """
+    return state * alpha[:, :, None, :]
 
 
 def mamba2_step(state: torch.Tensor, a: torch.Tensor, dtx: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -67,7 +82,7 @@ def reference_decode(
 
     Returns (y, final_state, states):
     - Mamba-2: y [B, T, H, P] (including the D skip term), final_state [B, H, P, N]
-    - GDN:     y [B, T, Hv, Dv], final_state [B, Hv, Dv, Dk] (transformers' [Dk, Dv] transposed)
+    - GDN/KDA: y [B, T, Hv, Dv], final_state [B, Hv, Dv, Dk] (transformers' [Dk, Dv] transposed)
     - states:  [B, T, H, rows, state_dim] after every step when return_states, else None.
     The inputs are validated here.
     """
@@ -94,13 +109,13 @@ def reference_decode(
             if states is not None:
                 states[:, t] = state
     else:
-        alpha_all = gdn_decays(inputs)
+        alpha_all = kda_decays(inputs) if isinstance(inputs, KDAInputs) else gdn_decays(inputs)[..., None]
         q_all = expand_groups(inputs.q.float(), heads)
         k_all = expand_groups(inputs.k.float(), heads)
         v_all = inputs.v.float()
         beta_all = inputs.beta.float()
         for t in range(steps):
-            state = alpha_all[:, t, :, None, None] * state
+            state = kda_decay(state, alpha_all[:, t])  # GDN: alpha [B, H, 1] broadcasts over Dk
             u = gdn_delta(state, k_all[:, t], v_all[:, t], beta_all[:, t])
             state = state + u[:, :, :, None] * k_all[:, t, :, None, :]
             ys[:, t] = gdn_output(state, q_all[:, t])

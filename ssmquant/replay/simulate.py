@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from .inputs import LayerInputs
 from .naive import emulate
 from .trace import Trace, WindowAccumulator
-from .variants import Variant, check_variants_fit, parse_variants
+from .variants import Variant, VariantError, check_variants_fit, parse_variants
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -35,6 +36,34 @@ def resolve_backend(backend: str, inputs: LayerInputs) -> str:
     return backend
 
 
+def with_engine(variants: list[Variant], engine: str | None) -> list[Variant]:
+    """Variants that name no engine profile get `engine` (None: unchanged)."""
+    if engine is None:
+        return variants
+    from ..engines.profiles import EngineError, check_engine
+
+    try:
+        check_engine(engine)
+    except EngineError as err:
+        raise VariantError(str(err)) from None
+    return [dataclasses.replace(v, engine=engine) if v.engine == "ideal" else v for v in variants]
+
+
+def check_engines(variants: list[Variant], inputs: LayerInputs, form: str) -> None:
+    """Refuse a variant its engine profile cannot emulate, quoting the engine's constraint."""
+    from ..engines.profiles import EngineError, check_variant
+
+    for v in variants:
+        if v.engine == "ideal":
+            continue
+        if form != "state":
+            raise VariantError(f"variant {v.name!r}: engine profiles emulate the engine's own form; use form='state'")
+        try:
+            check_variant(v.engine, v.format, v.scheme, inputs.kind, inputs.state_shape)
+        except EngineError as err:
+            raise VariantError(f"variant {v.name!r}: {err}") from None
+
+
 def simulate(
     inputs: LayerInputs,
     variants: list[Variant | str] | str,
@@ -42,6 +71,7 @@ def simulate(
     backend: str = "torch",
     record_every: int = 1,
     form: str = "state",
+    engine: str | None = None,
 ) -> Trace:
     """Emulate every variant's stored state over the T decode steps of one layer.
 
@@ -50,14 +80,16 @@ def simulate(
     "torch" (naive reference), "triton" (fused kernels) or "auto"; record_every: the window length W:
     every step is measured and each window of W consecutive steps (1..W, W+1..2W, ..., the last one
     shorter if T is not a multiple of W) keeps the mean, max and last value of the per-step errors
-    (`trace.py`); form: "state" or "literal" (torch backend only; see `naive.py`).
+    (`trace.py`); form: "state" or "literal" (torch backend only; see `naive.py`); engine: the engine
+    profile ("ideal" or "flashinfer", `ssmquant.engines.profiles`) of every variant that names none.
 
     Returns a Trace of window statistics ([V, R, B, H, 4] means and last values, per-pooling maxima)
     with `rel_err(..., stat=)` and `to_frame()` for a long pandas table.
     """
-    variants = parse_variants(variants)
+    variants = with_engine(parse_variants(variants), engine)
     inputs.validate()
     check_variants_fit(variants, inputs.state_shape)
+    check_engines(variants, inputs, form)
     chosen = resolve_backend(backend, inputs)
     if record_every < 1 or record_every > inputs.steps:
         raise ValueError(f"record_every must lie in [1, steps={inputs.steps}], got {record_every}")
@@ -68,6 +100,7 @@ def simulate(
         "backend": chosen,
         "record_every": record_every,
         "form": form,
+        "engines": sorted({v.engine for v in variants}),
         **inputs.meta,
     }
     if chosen == "triton" and form != "state":

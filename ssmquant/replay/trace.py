@@ -30,6 +30,9 @@ import torch
 METRIC_NAMES = ("state_err2", "state_ref2", "out_err2", "out_ref2")
 QUANTITIES = ("state", "out")
 STATS = ("mean", "max", "last")
+# The Triton backend's per-step metrics of one launch are [T, b, H, row blocks, 4] fp32; the batch is cut
+# into slices so that this buffer stays under the budget whatever T x batch.
+METRIC_BUFFER_BYTES = 1 << 30
 # pooling name -> (per_batch, per_head)
 POOLINGS = {"all": (False, False), "head": (False, True), "batch": (True, False), "batch_head": (True, True)}
 
@@ -251,6 +254,7 @@ class Trace:
 
 
 __all__ = [
+    "METRIC_BUFFER_BYTES",
     "METRIC_NAMES",
     "POOLINGS",
     "QUANTITIES",

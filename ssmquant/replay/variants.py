@@ -1,7 +1,8 @@
 """A variant is one emulated way of keeping the state: a storage format under a decoding scheme.
 
-String form: "<format>@<scheme>", e.g. "fp8_e4m3@conventional", "int8:sr@replay16",
-"nvfp4:head@spec16x4:p0.8". A bare format means conventional decoding.
+String form: "<format>@<scheme>[~<engine>]", e.g. "fp8_e4m3@conventional", "int8:sr@replay16",
+"nvfp4:head@spec16x4:p0.8", "int8@replay16~flashinfer". A bare format means conventional decoding;
+no engine means the `ideal` profile (`ssmquant.engines.profiles`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class Variant:
 
     static_scale: FP32 decode scales for ':static' formats, shape [H, rows // group_rows] or with a
     leading batch dim (see `ssmquant.formats.quantize`); the second-level scale for nvfp4.
+    engine: the engine profile whose arithmetic is emulated ("ideal" or "flashinfer"; see
+    `ssmquant.engines.profiles`).
     """
 
     format: StateFormat
@@ -31,8 +34,15 @@ class Variant:
     seed: int = 0
     static_scale: torch.Tensor | None = field(default=None, compare=False, repr=False)
     label: str | None = None
+    engine: str = "ideal"
 
     def __post_init__(self):
+        from ..engines.profiles import EngineError, check_engine
+
+        try:
+            check_engine(self.engine)
+        except EngineError as err:
+            raise VariantError(str(err)) from None
         static = self.format.scale_mode is ScaleMode.STATIC
         if static and self.static_scale is None:
             raise VariantError(f"variant {self.name!r} uses a static format: pass static_scale")
@@ -46,6 +56,8 @@ class Variant:
         base = f"{self.format.name}@{self.scheme.name}"
         if self.format.rounding is Rounding.SR and self.seed:
             base += f"#seed{self.seed}"
+        if self.engine != "ideal":
+            base += f"~{self.engine}"
         return base
 
     def __str__(self) -> str:
@@ -80,13 +92,14 @@ def parse_variant(spec: str | Variant, *, seed: int = 0, default_buffer_len: int
         return spec
     if not isinstance(spec, str):
         raise VariantError(f"variant must be a string like 'int8:sr@replay16', got {spec!r}")
+    spec, _, engine = spec.partition("~")
     fmt_part, sep, scheme_part = spec.partition("@")
     try:
         fmt = parse(fmt_part)
         scheme = parse_scheme(scheme_part, default_buffer_len=default_buffer_len) if sep else Scheme.conventional()
     except (FormatError, SchemeError) as err:
         raise VariantError(f"invalid variant {spec!r}: {err}") from err
-    return Variant(fmt, scheme, seed=seed)
+    return Variant(fmt, scheme, seed=seed, engine=engine.strip().lower() or "ideal")
 
 
 def parse_variants(specs, *, seed: int = 0) -> list[Variant]:

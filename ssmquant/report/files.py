@@ -49,22 +49,63 @@ def read_table(directory: pathlib.Path, stem: str) -> pd.DataFrame:
 
 
 def check_out_dir(out_dir, force: bool) -> pathlib.Path:
-    """Refuse a non-empty existing directory unless force."""
-    out = pathlib.Path(out_dir)
+    """Refuse, before any work, a DIR that cannot be written: a non-empty existing directory (unless
+    force), a path that is a file, or one whose nearest existing parent is not a writable directory
+    (the run creates DIR beside its temporary sibling there, and renames it into place)."""
+    out = pathlib.Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise OutputError(f"--out {out} exists and is not empty; pass --force to replace it, or choose another DIR")
+    parent = out.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"--out {out} cannot be created: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"--out {out} cannot be created: {parent} is not writable; choose another DIR")
     return out
 
 
+def current_umask() -> int:
+    """The process umask (read without changing it where /proc allows)."""
+    try:
+        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(root: pathlib.Path) -> None:
+    """Give ``root`` and everything under it the modes a plain mkdir / open would: 0777 / 0666 (0777 for
+    executables) less the umask. Temporary directories are created 0700 and safetensors files 0600,
+    which would hide results from colleagues on a shared machine."""
+    mask = current_umask()
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        full = 0o777 if (path.is_dir() or mode & 0o111) else 0o666
+        path.chmod(full & ~mask)
+
+
 def write_atomically(out_dir, force: bool, fill) -> pathlib.Path:
-    """Create out_dir by calling fill(tmp_dir) on a temporary sibling, then renaming it into place."""
+    """Create out_dir by calling fill(tmp_dir) on a temporary sibling, then renaming it into place; its
+    files and directories get the modes the user's umask gives (``follow_umask``). A file-system error
+    (permissions changed since the check, disk full) becomes an OutputError naming DIR; nothing is left."""
     out = check_out_dir(out_dir, force).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as err:
+        raise OutputError(f"--out {out} cannot be created: {err.strerror or err}") from None
     try:
         fill(tmp)
+        follow_umask(tmp)
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             out.rename(old)
@@ -72,6 +113,9 @@ def write_atomically(out_dir, force: bool, fill) -> pathlib.Path:
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputError(f"cannot write --out {out}: {err}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -5,7 +5,8 @@
 - heatmap.png: layers x variants, output error at the horizon (log colour scale);
 - heads.png: per-head output error at the horizon for the worst layer, per variant.
 
-Every title names the model, the data source and the settings.
+Every title names the model, the data source and the settings; every plot lists the variants in the
+run's order (``variant_order``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
 
@@ -50,6 +52,31 @@ def _split_variant(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(format=parts[0], scheme=parts[1])
 
 
+def variant_order(summary: pd.DataFrame) -> list[str]:
+    """The run's variant order (formats x roundings x schemes, as the user listed them): one order for
+    the terminal table, summary.csv and every plot."""
+    return list(dict.fromkeys(summary["variant"]))
+
+
+def _levels(order: list[str]) -> tuple[list[str], list[str]]:
+    """(formats, schemes) in the order the variants list them."""
+    parts = [v.split("@", 1) for v in order]
+    return list(dict.fromkeys(p[0] for p in parts)), list(dict.fromkeys(p[1] if len(p) > 1 else "" for p in parts))
+
+
+def first_write(scheme: str) -> int:
+    """The 1-based step of a scheme's first state write (1 conventional, L replay(L)); 1 when unknown."""
+    from ..replay import parse_scheme
+    from ..replay.schemes import SchemeError
+
+    try:
+        sch = parse_scheme(scheme)
+    except SchemeError:
+        return 1
+    mask = sch.write_mask(1, 4 * sch.buffer_len)[0]
+    return int(mask.nonzero()[0, 0]) + 1 if bool(mask.any()) else 1
+
+
 def pick_layers(summary: pd.DataFrame) -> tuple[int, int]:
     """(worst, median) layer by the largest output error at the horizon over variants."""
     per_layer = summary.groupby("layer")["out_rel_err"].max().sort_values()
@@ -58,41 +85,101 @@ def pick_layers(summary: pd.DataFrame) -> tuple[int, int]:
     return worst, median
 
 
+_DASHES = ["-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3))]
+
+
 def drift_plot(traces: pd.DataFrame, summary: pd.DataFrame, report: dict, path: pathlib.Path) -> None:
-    worst, median = pick_layers(summary)
-    layers = [worst] if worst == median else [worst, median]
-    fig, axes = plt.subplots(2, len(layers), figsize=(6.5 * len(layers), 9), squeeze=False, sharex=True)
-    data = _split_variant(traces[traces.layer.isin(layers)])
-    for col, layer in enumerate(layers):
-        for row, (metric, label) in enumerate((("out_rel_err", "output"), ("state_rel_err", "state"))):
-            ax = axes[row, col]
-            d = data[(data.layer == layer) & (data[metric] > 0) & np.isfinite(data[metric])]
-            if d.empty:
-                ax.text(0.5, 0.5, "zero error (fp32)", ha="center", transform=ax.transAxes)
-            else:
-                sns.lineplot(data=d, x="step", y=metric, hue="format", style="scheme", ax=ax, linewidth=1.2)
-                ax.set_xscale("log")
-                ax.set_yscale("log")
-            which = "worst" if layer == worst else "median"
-            ax.set_title(f"layer {layer} ({which}): {label} error")
-            ax.set_xlabel("decode step")
-            ax.set_ylabel(f"relative {label} error ||e|| / ||ref||")
-            ax.grid(True, which="both", alpha=0.3)
-            if ax.get_legend() is not None:
-                ax.legend(fontsize=8, title="format / scheme", title_fontsize=8)
-    fig.suptitle(f"Error drift over the decode horizon\n{subtitle(report)}", fontsize=11)
-    fig.tight_layout()
+    _save(drift_figure(traces, summary, report), path)
+
+
+def heatmap_plot(summary: pd.DataFrame, report: dict, path: pathlib.Path) -> None:
+    _save(heatmap_figure(summary, report), path)
+
+
+def _save(fig, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def heatmap_plot(summary: pd.DataFrame, report: dict, path: pathlib.Path) -> None:
-    table = summary.pivot_table(index="layer", columns="variant", values="out_rel_err", aggfunc="first")
+def drift_figure(traces: pd.DataFrame, summary: pd.DataFrame, report: dict):
+    """Output (top) and state (bottom) error vs step, log-log, for the worst and the median layer.
+
+    One legend for the figure. Colour = format, line style = scheme; formats are drawn widest first, so
+    curves that coincide (replay before its first flush, where only the input buffer is rounded) stay
+    visible as nested stripes, and each replay scheme's first flush is marked. Exactly-zero errors (no
+    place on a log axis) are drawn as triangles on the bottom edge.
+    """
+    worst, median = pick_layers(summary)
+    layers = [worst] if worst == median else [worst, median]
+    order = variant_order(summary)
+    formats, schemes = _levels(order)
+    colours = dict(zip(formats, sns.color_palette("deep", len(formats))))
+    dashes = {sch: _DASHES[i % len(_DASHES)] for i, sch in enumerate(schemes)}
+    widths = dict(zip(formats, np.linspace(2.6, 1.0, len(formats)) if len(formats) > 1 else [1.4]))
+    flushes = {sch: first_write(sch) for sch in schemes if first_write(sch) > 1}
+    fig, axes = plt.subplots(
+        2, len(layers), figsize=(6.2 * len(layers) + 2.4, 9), squeeze=False, sharex=True, layout="constrained"
+    )
+    data = _split_variant(traces[traces.layer.isin(layers)])
+    marker_sizes = dict(zip(formats, np.linspace(70, 22, len(formats)) if len(formats) > 1 else [36]))
+    zeros_drawn = False
+    for col, layer in enumerate(layers):
+        for row, (metric, label) in enumerate((("out_rel_err", "output"), ("state_rel_err", "state"))):
+            ax = axes[row, col]
+            d = data[data.layer == layer]
+            positive = d[(d[metric] > 0) & np.isfinite(d[metric])]
+            which = "worst" if layer == worst else "median"
+            ax.set_title(f"layer {layer} ({which}): {label} error")
+            ax.set_xlabel("decode step" if row == 1 else "")
+            ax.set_ylabel(f"relative {label} error ||e|| / ||ref||")
+            if positive.empty:
+                ax.text(0.5, 0.5, "zero error at every step", ha="center", transform=ax.transAxes)
+                continue
+            for v in order:
+                f, sch = v.split("@", 1) if "@" in v else (v, "")
+                dv = positive[positive.variant == v]
+                ax.plot(dv.step, dv[metric], color=colours[f], linestyle=dashes[sch], linewidth=widths[f])
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.grid(True, which="both", alpha=0.3)
+            floor = ax.get_ylim()[0]
+            for v in order:
+                z = d[(d.variant == v) & (d[metric] == 0)]
+                if len(z):
+                    f = v.split("@", 1)[0]
+                    ax.scatter(z.step, np.full(len(z), floor), marker="v", s=marker_sizes[f], color=colours[f],
+                               clip_on=False, zorder=5)  # fmt: skip
+                    zeros_drawn = True
+            ax.set_ylim(bottom=floor)
+            for sch, step in flushes.items():
+                ax.axvline(step, color="0.45", linestyle=dashes[sch], linewidth=0.9, alpha=0.7)
+    handles = [Line2D([], [], color=colours[f], linewidth=2.2, label=f) for f in formats]
+    handles += [Line2D([], [], color="0.3", linestyle=dashes[s], linewidth=1.4, label=s or "conventional") for s in schemes]
+    if zeros_drawn:
+        handles.append(Line2D([], [], color="0.3", marker="v", linestyle="none", label="error exactly 0"))
+    for sch, step in flushes.items():
+        handles.append(Line2D([], [], color="0.45", linestyle=dashes[sch], linewidth=0.9, label=f"{sch}: 1st flush, step {step}"))
+    fig.legend(handles=handles, loc="outside right upper", title="format / scheme", fontsize=9, title_fontsize=9)
+    note = ""
+    if flushes:
+        note = "\nbefore a replay scheme's first flush only its input buffer is rounded: its curves coincide for all formats"
+    fig.suptitle(f"Error drift over the decode horizon\n{subtitle(report)}{note}", fontsize=11)
+    return fig
+
+
+def heatmap_figure(summary: pd.DataFrame, report: dict):
+    """Layers x variants, output error at the horizon, log colour scale, variants in the run's order."""
+    order = variant_order(summary)
+    table = summary.pivot_table(index="layer", columns="variant", values="out_rel_err", aggfunc="first")[order]
+    table.columns = [v.replace("@", "\n@") for v in order]  # two short lines instead of long rotated labels
     positive = table.where(table > 0)
-    fig, ax = plt.subplots(figsize=(1.3 * len(table.columns) + 3, 0.35 * len(table) + 2.5))
+    fig, ax = plt.subplots(
+        figsize=(1.25 * len(table.columns) + 3.2, 0.42 * len(table) + 2.6), layout="constrained"
+    )
     finite = positive.stack()
+    label = "relative output error"
     if finite.empty:
-        sns.heatmap(table, annot=True, fmt=".1e", cmap="viridis", ax=ax, cbar_kws={"label": "relative output error"})
+        sns.heatmap(table, annot=True, fmt=".1e", cmap="viridis", ax=ax, cbar_kws={"label": label})
     else:
         norm = LogNorm(vmin=float(finite.min()), vmax=float(finite.max()))
         sns.heatmap(
@@ -103,36 +190,40 @@ def heatmap_plot(summary: pd.DataFrame, report: dict, path: pathlib.Path) -> Non
             norm=norm,
             ax=ax,
             annot_kws={"fontsize": 7},
-            cbar_kws={"label": "relative output error (log scale)"},
+            cbar_kws={"label": f"{label} (log scale)"},
         )
-    ax.set_xlabel("variant (format@scheme)")
+    ax.tick_params(axis="x", rotation=0, labelsize=8)
+    ax.tick_params(axis="y", rotation=0)
+    ax.set_xlabel("variant (format @ scheme)")
     ax.set_ylabel("SSM layer (decoder index)")
     horizon = int(summary["horizon"].max())
     ax.set_title(f"Output error at step {horizon}, per layer and variant\n{subtitle(report)}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def heads_plot(heads: pd.DataFrame, summary: pd.DataFrame, report: dict, path: pathlib.Path) -> None:
     worst, _ = pick_layers(summary)
     d = heads[(heads.layer == worst) & (heads.step == heads.step.max())]
     d = _split_variant(d[d.out_rel_err > 0])
-    fig, ax = plt.subplots(figsize=(max(7, 1.2 * d.variant.nunique() + 3), 5))
+    order = [v for v in variant_order(summary) if v in set(d.variant)]
+    formats, _ = _levels(variant_order(summary))
+    fig, ax = plt.subplots(figsize=(max(7, 1.2 * len(order) + 3), 5), layout="constrained")
     if d.empty:
         ax.text(0.5, 0.5, "zero error (fp32)", ha="center", transform=ax.transAxes)
     else:
-        sns.boxplot(data=d, x="variant", y="out_rel_err", hue="format", ax=ax, fliersize=0, legend=False)
-        sns.stripplot(data=d, x="variant", y="out_rel_err", color="k", size=2.5, alpha=0.6, ax=ax)
+        sns.boxplot(data=d, x="variant", y="out_rel_err", hue="format", order=order, hue_order=formats,
+                    palette=dict(zip(formats, sns.color_palette("deep", len(formats)))), ax=ax, fliersize=0,
+                    legend=False)  # fmt: skip
+        sns.stripplot(data=d, x="variant", y="out_rel_err", order=order, color="k", size=2.5, alpha=0.6, ax=ax)
         ax.set_yscale("log")
     ax.set_xlabel("variant (format@scheme)")
     ax.set_ylabel("relative output error per head")
     ax.tick_params(axis="x", rotation=30)
+    plt.setp(ax.get_xticklabels(), ha="right", rotation_mode="anchor")
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.set_title(
         f"Per-head output error at step {int(heads.step.max())}, worst layer {worst}\n{subtitle(report)}", fontsize=10
     )
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

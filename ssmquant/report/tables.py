@@ -14,6 +14,7 @@ _SCALE_NOTE = {
     Encoding.FP16: "none",
     Encoding.FP8_E4M3: "FP32 per row, amax/448",
     Encoding.INT8: "FP32 per row, amax/127",
+    Encoding.INT16: "FP32 per row, amax/32767",
     Encoding.NVFP4: "E4M3 per 16 elements x FP32 per row",
 }
 
@@ -55,8 +56,18 @@ def formats_table(shape: tuple[int, ...]) -> str:
     return title + "\n" + df.to_string(index=False)
 
 
+def forecast_text(value: float, status: str) -> str:
+    """A forecast cell: the number when its fit is reliable, else why it is withheld."""
+    if status == "ok":
+        return f"{value:.2e}"
+    return {"diverged": ">=1 diverged", "unreliable": "unreliable"}.get(status, status)
+
+
 def summary_table(summary: pd.DataFrame, max_rows: int = 60) -> str:
-    """The per layer x variant summary for the terminal (forecast columns labelled as forecasts)."""
+    """The per layer x variant summary for the terminal: errors at the horizon, the growth fit with its r^2
+    and its forecasts, withheld where the fit is unreliable or the error diverges (``analysis.fit``)."""
+    from ..analysis.fit import DIVERGED, MIN_FORECAST_R2
+
     cols = {
         "layer": "layer",
         "variant": "variant",
@@ -65,18 +76,23 @@ def summary_table(summary: pd.DataFrame, max_rows: int = 60) -> str:
         "worst_head": "worst head",
         "worst_head_out_rel_err": "its out err",
         "growth_b_out": "growth b",
-        "forecast_out_32k": "out err @32K (forecast)",
-        "forecast_out_128k": "out err @128K (forecast)",
+        "fit_r2_out": "fit r2",
     }
     df = summary[list(cols)].rename(columns=cols)
+    for k in ("32k", "128k"):
+        df[f"out err @{k.upper()} (forecast)"] = [
+            forecast_text(v, st) for v, st in zip(summary[f"forecast_out_{k}"], summary[f"forecast_out_{k}_status"])
+        ]
     horizon = int(summary["horizon"].max()) if len(summary) else 0
-    fmt = {c: (lambda v: f"{v:.2e}") for c in df.columns if "err" in c}
+    fmt = {c: (lambda v: f"{v:.2e}") for c in ("out err", "state err", "its out err")}
     fmt["growth b"] = lambda v: f"{v:+.2f}"
+    fmt["fit r2"] = lambda v: f"{v:.2f}"
     text = df.head(max_rows).to_string(index=False, formatters=fmt, na_rep="—")
     more = f"\n... {len(df) - max_rows} more rows in summary.csv" if len(df) > max_rows else ""
     return (
         f"Relative errors at step {horizon} (output and state), worst head, growth exponent b of err ~ a t^b "
-        f"fitted past the first flush, and the fit's forecasts:\n{text}{more}"
+        f"fitted past the first flush with its r2, and the fit's forecasts (withheld as 'unreliable' where "
+        f"r2 < {MIN_FORECAST_R2}, as 'diverged' where the error reaches {DIVERGED:g}):\n{text}{more}"
     )
 
 

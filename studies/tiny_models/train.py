@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Train the two tiny byte-level hybrid language models that ssmquant ships.
+"""Train the three tiny byte-level hybrid language models that ssmquant ships.
 
     python studies/tiny_models/train.py --arch tiny-nemotron --minutes 6 --out ssmquant/assets/tiny-nemotron
     python studies/tiny_models/train.py --arch tiny-qwen     --minutes 6 --out ssmquant/assets/tiny-qwen
+    python studies/tiny_models/train.py --arch tiny-kda      --minutes 5 --out ssmquant/assets/tiny-kda
     python studies/tiny_models/train.py --arch tiny-qwen --smoke --out /tmp/smoke-qwen     # CPU check, seconds
     python studies/tiny_models/train.py --report DIR        # rebuild model_card.md and the plots from DIR's files
     python studies/tiny_models/train.py --check-eval DIR    # recompute eval.json's number on CPU and compare
@@ -13,12 +14,16 @@ Models (``configs/*.json`` hold the Hugging Face configs; the classes are the on
   hidden 256, 8 heads x head_dim 64 x state 128 per Mamba-2 layer, 2 groups.
 - ``tiny-qwen``: ``Qwen3_5ForCausalLM`` (text only), 8 layers, full attention at every 4th layer, Gated
   DeltaNet with 2 key heads / 4 value heads of 64 x 64, hidden 256, SwiGLU MLP 288, tied embeddings.
+- ``tiny-kda``: ``KimiLinearForCausalLM``, 8 layers in GLM-5.3-Flash's pattern (three Kimi Delta Attention
+  layers, then one attention layer: MLA without positional encoding), KDA with 4 heads x 64 x 64 and
+  Kimi-Linear's softplus gate, hidden 256, dense SwiGLU MLP 256, untied embeddings.
 
 Vocabulary: 256 ids, token id = byte value (ssmquant's ``ByteTokenizer``); no special tokens.
 
 Training: random windows (seeded) of ``--seq-len + 1`` bytes of ``data/train.txt``, AdamW, linear warmup then
 cosine decay over the budget (``--minutes`` of wall clock, or ``--steps``), bf16 autocast on CUDA with
-fp32 master weights. The SSM recurrences (``mamba2_chunk_scan``, ``torch_chunk_gated_delta_rule``) run with
+fp32 master weights. The SSM recurrences (``mamba2_chunk_scan``, ``torch_chunk_gated_delta_rule``,
+``chunk_kimi_delta_attention``) run with
 autocast off, in fp32 (TF32 matmuls on the GPU), as the fused kernels accumulate them. Without mamba_ssm,
 NemotronH's reference ``mamba2_chunk_scan`` is used, unless ``--scan einsum`` (the default) swaps in the
 same algorithm written with einsum contractions (as transformers >= 5.24 writes it; 5.17 materialises
@@ -55,7 +60,7 @@ REPO = HERE.parents[1]
 DATA_DIR = HERE / "data"
 CORPUS_TXT = REPO / "ssmquant" / "models" / "data" / "corpus.txt"
 CONFIG_DIR = HERE / "configs"
-ARCHS = ("tiny-nemotron", "tiny-qwen")
+ARCHS = ("tiny-nemotron", "tiny-qwen", "tiny-kda")
 VOCAB = 256
 LN2 = math.log(2.0)
 
@@ -89,7 +94,14 @@ def arch_config(name: str) -> dict:
 
 def build_model(name: str, seed: int) -> torch.nn.Module:
     """A freshly initialised model (fp32, CPU) of the architecture ``name``, seeded."""
-    from transformers import NemotronHConfig, NemotronHForCausalLM, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    from transformers import (
+        KimiLinearConfig,
+        KimiLinearForCausalLM,
+        NemotronHConfig,
+        NemotronHForCausalLM,
+        Qwen3_5ForCausalLM,
+        Qwen3_5TextConfig,
+    )
 
     cfg = arch_config(name)
     kwargs = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type")}
@@ -97,6 +109,10 @@ def build_model(name: str, seed: int) -> torch.nn.Module:
         config, cls = NemotronHConfig(**kwargs), NemotronHForCausalLM
     elif cfg["model_type"] == "qwen3_5_text":
         config, cls = Qwen3_5TextConfig(**kwargs), Qwen3_5ForCausalLM
+    elif cfg["model_type"] == "kimi_linear":
+        # transformers' KimiLinear init is FLA's already (A_log = log U(1, 16), dt = softplus(dt_bias)
+        # log-uniform in [1e-3, 1e-1] per key channel): no re-initialisation needed
+        config, cls = KimiLinearConfig(**kwargs), KimiLinearForCausalLM
     else:
         raise SystemExit(f"{name}: unsupported model_type {cfg['model_type']!r}")
     config.architectures = list(cfg["architectures"])
@@ -128,7 +144,8 @@ def init_gdn_like_fla(model, seed: int, dt_min=0.001, dt_max=0.1, dt_floor=1e-4)
 
 
 def family(model) -> str:
-    return "nemotron_h" if model.config.model_type == "nemotron_h" else "qwen3_5"
+    t = model.config.model_type
+    return t if t in ("nemotron_h", "kimi_linear") else "qwen3_5"
 
 
 def ssm_layer_indices(model) -> list[int]:
@@ -138,7 +155,7 @@ def ssm_layer_indices(model) -> list[int]:
 def ssm_mixers(model) -> dict[int, torch.nn.Module]:
     """layer index -> the Mamba-2 / Gated DeltaNet mixer module of that layer."""
     layers = model.model.layers
-    attr = "mixer" if family(model) == "nemotron_h" else "linear_attn"
+    attr = {"nemotron_h": "mixer", "qwen3_5": "linear_attn", "kimi_linear": "self_attn"}[family(model)]
     return {i: getattr(layers[i], attr) for i in ssm_layer_indices(model)}
 
 
@@ -148,6 +165,10 @@ def ssm_function_site(model):
         from transformers.models.nemotron_h import modeling_nemotron_h as mod
 
         return mod, "mamba2_chunk_scan"
+    if family(model) == "kimi_linear":
+        from transformers.models.kimi_linear import modeling_kimi_linear as mod
+
+        return mod, "chunk_kimi_delta_attention"
     from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
 
     return mod, "torch_chunk_gated_delta_rule"
@@ -465,8 +486,9 @@ def fixed_slice_eval(model, text_bytes: bytes | None = None, device="cpu") -> di
 def capture_decays(model):
     """Record the per-step decay a_t of every SSM head while the model runs.
 
-    Mamba-2: ln a_t = clamp(softplus(dt_raw + dt_bias), dt_limit) * A_h; GDN: ln a_t = g_t.
-    Yields a dict layer -> list of ln a_t tensors [tokens, heads] (float64, CPU), one per call.
+    Mamba-2: ln a_t = clamp(softplus(dt_raw + dt_bias), dt_limit) * A_h; GDN: ln a_t = g_t; KDA: ln a_t = g_t
+    per key channel. Yields a dict layer -> list of ln a_t tensors [tokens, heads] (KDA: [tokens, heads x
+    key channels], head-major) (float64, CPU), one per call.
     """
     mod, name = ssm_function_site(model)
     current = {"layer": None}
@@ -486,7 +508,8 @@ def capture_decays(model):
             lo, hi = a.get("dt_limit", (0.0, float("inf")))
             log_a = torch.clamp(dt, min=lo, max=hi) * a["A"].float()  # [b, T, H]
         else:
-            log_a = a["g"].float()  # [b, T, Hv]
+            log_a = a["g"].float()  # GDN [b, T, Hv]; KDA [b, T, H, Dk] -> flattened to H * Dk channels
+            log_a = log_a.reshape(*log_a.shape[:2], -1)
         acc.setdefault(current["layer"], []).append(log_a.reshape(-1, log_a.shape[-1]).double().cpu())
         return orig(*args, **kwargs)
 
@@ -499,6 +522,10 @@ def capture_decays(model):
     finally:
         for h in hooks:
             h.remove()
+
+
+def _sig(xs: list[float]) -> list[float]:
+    return [float(f"{x:.6g}") for x in xs]
 
 
 def _half_life(log_a: float) -> float:
@@ -518,14 +545,14 @@ def decay_summary(acc: dict) -> dict:
         la = torch.cat(acc[layer])  # [tokens, heads]
         med = la.median(0).values
         mean_log = la.mean(0)
-        st = {
-            "mean_a": la.exp().mean(0).tolist(),
-            "median_a": med.exp().tolist(),
-            "mean_log_a": mean_log.tolist(),
-            "half_life_typical": [_half_life(m) for m in med.tolist()],
-            "half_life_mean": [_half_life(m) for m in mean_log.tolist()],
-            "frac_a_gt_0.99": (la > math.log(0.99)).double().mean(0).tolist(),
-            "frac_a_gt_0.999": (la > math.log(0.999)).double().mean(0).tolist(),
+        st = {  # 6 significant digits: KDA lists one entry per key channel (1536 for tiny-kda)
+            "mean_a": _sig(la.exp().mean(0).tolist()),
+            "median_a": _sig(med.exp().tolist()),
+            "mean_log_a": _sig(mean_log.tolist()),
+            "half_life_typical": _sig([_half_life(m) for m in med.tolist()]),
+            "half_life_mean": _sig([_half_life(m) for m in mean_log.tolist()]),
+            "frac_a_gt_0.99": _sig((la > math.log(0.99)).double().mean(0).tolist()),
+            "frac_a_gt_0.999": _sig((la > math.log(0.999)).double().mean(0).tolist()),
             "tokens": la.shape[0],
         }
         layers[str(layer)] = st
@@ -535,8 +562,9 @@ def decay_summary(acc: dict) -> dict:
     n = len(srt)
     return {
         "definition": (
-            "per head, over every position of the evaluation slice (8 x 1024 bytes of corpus.txt): a_t = "
-            "exp(dt_t * A) for Mamba-2 (dt = clamp(softplus(dt_raw + dt_bias), time_step_min)), exp(g_t) for GDN; "
+            "per head (KDA: per head and key channel), over every position of the evaluation slice (8 x 1024 bytes "
+            "of corpus.txt): a_t = exp(dt_t * A) for Mamba-2 (dt = clamp(softplus(dt_raw + dt_bias), time_step_min)), "
+            "exp(g_t) for GDN and KDA; "
             "half_life_typical = ln 2 / -median(ln a_t), half_life_mean = ln 2 / -mean(ln a_t), in tokens"
         ),
         "layers": layers,
@@ -773,6 +801,7 @@ def train(args) -> Path:
         "weights_bytes": weights.stat().st_size,
         "ssm_layers": ssm_layer_indices(model),
         "layer_types": list(model.config.layer_types),
+        "kda_heads": getattr(model.config, "linear_num_heads", None) if family(model) == "kimi_linear" else None,
         "args": {k: v for k, v in vars(args).items()},
         "versions": versions(device),
         "ssm_training_path": ssm_path,
@@ -978,16 +1007,43 @@ def plot_decays(out: Path, info: dict) -> str | None:
         ax.set_xticks(info["ssm_layers"])
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    kind = (
-        "Mamba-2, a_t = exp(dt_t A)"
-        if info["architecture"].startswith("Nemotron")
-        else "Gated DeltaNet, a_t = exp(g_t)"
-    )
-    fig.suptitle(f"{info['name']}: per-head decay on the held-out slice ({kind}), one dot per head")
+    kind = {
+        "mamba2": "Mamba-2, a_t = exp(dt_t A)",
+        "gdn": "Gated DeltaNet, a_t = exp(g_t)",
+        "kda": "Kimi Delta Attention, a_t = exp(g_t) per key channel",
+    }[layer_kind(info)]
+    unit = "key channel" if layer_kind(info) == "kda" else "head"
+    fig.suptitle(f"{info['name']}: per-{unit} decay on the held-out slice ({kind}), one dot per {unit}")
     fig.tight_layout()
     fig.savefig(out / "decays.png", dpi=120)
     plt.close(fig)
     return "decays.png"
+
+
+def layer_kind(info: dict) -> str:
+    """"mamba2" | "gdn" | "kda" from a run_info's architecture."""
+    arch = info["architecture"]
+    return "mamba2" if arch.startswith("Nemotron") else "kda" if arch.startswith("KimiLinear") else "gdn"
+
+
+def _channel_decay_table(info: dict) -> str:
+    """KDA: per layer and head, the spread of the typical half-lives over the head's key channels."""
+    rows = [
+        "| layer | head | typical half-life over the key channels, tokens: min / 10% / median / 90% / max | "
+        "channels with a_t > 0.99 on most steps |",
+        "|---|---|---|---|",
+    ]
+    for layer, st in info["decays"]["layers"].items():
+        hl = torch.tensor(st["half_life_typical"], dtype=torch.float64)
+        frac = torch.tensor(st["frac_a_gt_0.99"], dtype=torch.float64)
+        heads = info["kda_heads"]
+        for h, (hh, ff) in enumerate(zip(hl.view(heads, -1), frac.view(heads, -1))):
+            q = torch.quantile(hh, torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0], dtype=torch.float64))
+            rows.append(
+                f"| {layer} | {h} | {' / '.join(format(float(v), '.3g') for v in q)} | "
+                f"{int((ff > 0.5).sum())} of {hh.numel()} |"
+            )
+    return "\n".join(rows)
 
 
 def _decay_table(info: dict) -> str:
@@ -1019,7 +1075,8 @@ def write_report(out: Path) -> Path:
     decay_png = plot_decays(out, info)
     cfg = json.loads((out / "config.json").read_text())
     tr, a, p = info["training"], info["args"], info["params"]
-    nemotron = info["architecture"].startswith("Nemotron")
+    kind = layer_kind(info)
+    nemotron = kind == "mamba2"
     if nemotron:
         pattern = "".join(
             {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}[t] for t in info["layer_types"]
@@ -1033,6 +1090,16 @@ def write_report(out: Path) -> Path:
             f"encoding, as in Nemotron-H); MLP {cfg['intermediate_size']}; untied embeddings"
         )
         state = f"{cfg['mamba_num_heads']} x {cfg['mamba_head_dim']} x {cfg['ssm_state_size']}"
+    elif kind == "kda":
+        arch = (
+            f"`KimiLinearForCausalLM` (`kimi_linear`), {len(info['layer_types'])} layers in GLM-5.3-Flash's pattern: "
+            f"Kimi Delta Attention at {info['ssm_layers']}, attention (MLA, no positional encoding) at every 4th "
+            f"layer; hidden {cfg['hidden_size']}; KDA: {cfg['linear_num_heads']} heads x {cfg['linear_head_dim']} "
+            f"(key dim = value dim), conv {cfg['linear_conv_kernel_dim']}, Kimi-Linear's forget gate "
+            f"g = -exp(A_log) softplus(f + dt_bias) per key channel; MLA {cfg['num_attention_heads']} heads, "
+            f"kv_lora_rank {cfg['kv_lora_rank']}; dense SwiGLU MLP {cfg['intermediate_size']}; untied embeddings"
+        )
+        state = f"{cfg['linear_num_heads']} x {cfg['linear_head_dim']} x {cfg['linear_head_dim']}"
     else:
         arch = (
             f"`Qwen3_5ForCausalLM` (text only, `qwen3_5_text`), {len(info['layer_types'])} layers, Gated DeltaNet at "
@@ -1043,6 +1110,7 @@ def write_report(out: Path) -> Path:
             f"RoPE on 25% of the head dim); SwiGLU MLP {cfg['intermediate_size']}; tied embeddings"
         )
         state = f"{cfg['linear_num_value_heads']} x {cfg['linear_key_head_dim']} x {cfg['linear_value_head_dim']}"
+
     hf = info.get("heldout_final", {})
     dec, dec0 = info.get("decays"), info["init"]["decays"]
     v = info["versions"]
@@ -1123,33 +1191,36 @@ def write_report(out: Path) -> Path:
         "shipped weights on CPU and reproduce its number within 1e-3 nats per byte.",
         "",
     ]
+    units = "key channels" if kind == "kda" else "heads"
     if dec:
         lines += [
             "## SSM decays: do long-memory heads exist?",
             "",
-            "Per head, over every position of the evaluation slice (8 x 1024 bytes of corpus.txt, held-out text): "
-            + (
-                "a_t = exp(dt_t * A_h), dt_t = clamp(softplus(dt_raw + dt_bias), time_step_min)"
-                if nemotron
-                else "a_t = exp(g_t), g_t = -exp(A_log) * softplus(a_t + dt_bias)"
-            )
+            ("Per head and key channel" if kind == "kda" else "Per head")
+            + ", over every position of the evaluation slice (8 x 1024 bytes of corpus.txt, held-out text): "
+            + {
+                "mamba2": "a_t = exp(dt_t * A_h), dt_t = clamp(softplus(dt_raw + dt_bias), time_step_min)",
+                "gdn": "a_t = exp(g_t), g_t = -exp(A_log) * softplus(a_t + dt_bias)",
+                "kda": "a_t = exp(g_t), g_t = -exp(A_log) * softplus(f_t + dt_bias), one per key channel (KDA's "
+                "state column k decays by its own a_t[k]; the counts below are of key channels)",
+            }[kind]
             + ". Typical half-life = ln 2 / -median(ln a_t): how many tokens a typical step's decay takes to halve the "
             "state; the geometric-mean half-life ln 2 / -mean(ln a_t) is dominated by the rare strong resets "
             "(a_t near 0) of selective heads, so a head can hold its state on most steps (P(a_t > 0.99) high) and "
             "still have a short geometric-mean half-life.",
             "",
-            f"- Trained: {dec['num_heads']} heads; typical half-life median {dec['typical_half_life_median']:.3g}, "
+            f"- Trained: {dec['num_heads']} {units}; typical half-life median {dec['typical_half_life_median']:.3g}, "
             f"range {dec['typical_half_life_min']:.3g} .. {dec['typical_half_life_max']:.3g} tokens; "
-            f"{dec['heads_typical_half_life_gt_100']} heads above {LONG_HALF_LIFE:.0f} tokens, "
+            f"{dec['heads_typical_half_life_gt_100']} {units} above {LONG_HALF_LIFE:.0f} tokens, "
             f"{dec['heads_typical_half_life_gt_1000']} above {VERY_LONG_HALF_LIFE:.0f}; "
-            f"{dec['heads_mostly_a_gt_0.99']} heads with a_t > 0.99 on most steps.",
+            f"{dec['heads_mostly_a_gt_0.99']} {units} with a_t > 0.99 on most steps.",
             f"- At initialisation: median {dec0['typical_half_life_median']:.3g}, range "
             f"{dec0['typical_half_life_min']:.3g} .. {dec0['typical_half_life_max']:.3g}; "
             f"{dec0['heads_typical_half_life_gt_100']} above {LONG_HALF_LIFE:.0f}, "
             f"{dec0['heads_typical_half_life_gt_1000']} above {VERY_LONG_HALF_LIFE:.0f}; "
             f"{dec0['heads_mostly_a_gt_0.99']} with a_t > 0.99 on most steps.",
             "",
-            _decay_table(info),
+            _channel_decay_table(info) if kind == "kda" else _decay_table(info),
             "",
         ]
         if decay_png:
@@ -1169,6 +1240,18 @@ def write_report(out: Path) -> Path:
             "groups), heads sharing B/C within groups, conv 4, chunk 128, the dt initialisation, attention without "
             "positional encoding. Changed: 8 heads and 2 groups per layer; dense relu^2 MLP layers (Nemotron-H style) "
             "instead of Nemotron-3's MoE layers, whose routing would add nothing to the SSM dynamics at this size.",
+        ]
+    elif kind == "kda":
+        lines += [
+            "- Kept from GLM-5.3-Flash: three KDA layers to one attention layer, KDA state [value, key] per head with "
+            "key dim = value dim, conv 4 on q/k/v, per-key-channel forget gate, attention without positional "
+            "encoding. Kept from Kimi-Linear: the class (`KimiLinearForCausalLM`, which transformers loads with "
+            "`AutoModelForCausalLM`), MLA attention, and its forget gate -exp(A_log) softplus(f + dt_bias), which "
+            "has no lower bound: GLM-5.3-Flash's gate is -5 sigmoid(exp(A_log)(f + dt_bias)) (its transformers "
+            "class, `Glm5NextForConditionalGeneration`, carries a vision tower, hyper-connections and the DSA "
+            "indexer). Changed: 4 heads x 64 instead of 64 x 128, dense SwiGLU MLPs instead of MoE.",
+            "- Initialisation: transformers' KimiLinear init, which is flash-linear-attention's (A ~ U(1, 16), "
+            "dt = softplus(dt_bias) log-uniform in [0.001, 0.1] per key channel).",
         ]
     else:
         lines += [

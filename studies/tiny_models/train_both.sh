@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Train tiny-nemotron and tiny-qwen concurrently on one GPU, then summarise and pack the results.
+# Train tiny-nemotron and tiny-qwen (or the models named in $TINY_NAMES, e.g. TINY_NAMES=tiny-kda) concurrently
+# on one GPU, then summarise and pack the results.
 #
 #   bash studies/tiny_models/train_both.sh [MINUTES]        # from the repository root; MINUTES default 6
+#   TINY_NAMES=tiny-kda bash studies/tiny_models/train_both.sh 5
 #
 # Needs studies/tiny_models/data/{train,heldout}.txt (python studies/tiny_models/get_corpus.py).
 # Writes ssmquant/assets/tiny-{nemotron,qwen}/ (weights + config + model card + logs + plots + eval.json),
@@ -14,6 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 MINUTES="${1:-6}"
+read -r -a NAMES <<< "${TINY_NAMES:-tiny-nemotron tiny-qwen}"
 shift || true
 PY="${PYTHON:-python3}"
 # where the checkpoints and the committed record go (overridable for a dry run: TINY_ASSETS=/tmp/a ...)
@@ -36,7 +39,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null ||
 
 start=$(date +%s)
 pids=()
-for name in tiny-nemotron tiny-qwen; do
+for name in "${NAMES[@]}"; do
   "$PY" studies/tiny_models/train.py --arch "$name" --minutes "$MINUTES" --cpu-threads 6 \
     --out "$ASSETS/$name" --results-dir "$RESULTS/$name" "$@" > "$LOGS/$name.log" 2>&1 &
   pids+=($!)
@@ -49,21 +52,23 @@ while kill -0 "${pids[@]}" 2>/dev/null; do
   sleep 5
   n=$(( n + 1 ))
   if (( n % 12 == 0 )); then
-    for name in tiny-nemotron tiny-qwen; do
+    for name in "${NAMES[@]}"; do
       echo "[$(( $(date +%s) - start )) s] $name: $(grep -v 'falling back' "$LOGS/$name.log" | tail -n 1 | cut -c1-160)"
     done
   fi
 done
 rc=0
-for i in 0 1; do
-  wait "${pids[$i]}" || rc=$?
+for pid in "${pids[@]}"; do
+  wait "$pid" || rc=$?
 done
-echo "both finished after $(( $(date +%s) - start )) s (exit status $rc)"
+echo "all finished after $(( $(date +%s) - start )) s (exit status $rc)"
 
-ASSETS="$ASSETS" "$PY" - <<'EOF' | tee "$LOGS/summary.txt"
+SUMMARY="$LOGS/summary.txt"
+[ "${NAMES[*]}" = "tiny-nemotron tiny-qwen" ] || SUMMARY="$LOGS/summary-${NAMES[*]// /-}.txt"
+NAMES="${NAMES[*]}" ASSETS="$ASSETS" "$PY" - <<'EOF' | tee "$SUMMARY"
 import json, os
 from pathlib import Path
-for name in ("tiny-nemotron", "tiny-qwen"):
+for name in os.environ["NAMES"].split():
     d = Path(os.environ["ASSETS"]) / name
     try:
         info = json.loads((d / "run_info.json").read_text())
@@ -73,6 +78,7 @@ for name in ("tiny-nemotron", "tiny-qwen"):
     tr, hf = info["training"], info.get("heldout_final", {})
     ev = json.loads((d / "eval.json").read_text()) if (d / "eval.json").is_file() else {}
     dec = info.get("decays", {})
+    unit = "key channels" if name == "tiny-kda" else "SSM heads"
     print(f"{name}: {info['params']['total']:,} params; model.safetensors {info['weights_bytes']:,} bytes; "
           f"{tr['steps']} steps, {tr['tokens'] / 1e6:.1f} M tokens ({tr['epochs']:.2f} epochs) in {tr['train_seconds']:.0f} s, "
           f"{tr['tokens_per_second']:,.0f} tok/s, peak GPU {tr['peak_gpu_memory_gib']} GiB")
@@ -80,7 +86,7 @@ for name in ("tiny-nemotron", "tiny-qwen"):
           f"unigram {info['unigram']['heldout_bpb']:.3f}; eval.json slice {ev.get('bits_per_byte', float('nan')):.4f} "
           f"(gpu cross-check diff {ev.get('crosscheck', {}).get('abs_diff_vs_cpu')})")
     if dec:
-        print(f"  SSM heads: {dec['num_heads']}, typical half-life median {dec['typical_half_life_median']:.3g}, "
+        print(f"  {unit}: {dec['num_heads']}, typical half-life median {dec['typical_half_life_median']:.3g}, "
               f"max {dec['typical_half_life_max']:.3g}; >100 tokens: {dec['heads_typical_half_life_gt_100']}, "
               f">1000: {dec['heads_typical_half_life_gt_1000']}, mostly a>0.99: {dec['heads_mostly_a_gt_0.99']}; "
               f"reload exact: {info.get('reload_exact')}; errors: {'yes' if 'finish_error' in info else 'no'}")
@@ -90,17 +96,18 @@ EOF
 
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
-  cp "$LOGS"/tiny-nemotron.log "$LOGS"/tiny-qwen.log "$LOGS"/summary.txt "$OUT"/ 2>/dev/null
+  for name in "${NAMES[@]}"; do cp "$LOGS/$name.log" "$OUT"/ 2>/dev/null; done
+  cp "$SUMMARY" "$OUT"/ 2>/dev/null
   # paths inside the tarballs are relative to the repository root (absolute ones lose their leading /).
   # The checkpoints (~16 MB of weights) and the record without weights go in separate tarballs, so that each
   # stays under the device tool's 16 MiB per file.
   paths=()
-  for p in "$ASSETS/tiny-nemotron" "$ASSETS/tiny-qwen" "$LOGS"; do
+  for p in "${NAMES[@]/#/$ASSETS/}" "$LOGS"; do
     [ -e "$p" ] && paths+=("$p")
   done
   tar czf "$OUT/tiny_models.tar.gz" "${paths[@]}"
   paths=()
-  for p in "$RESULTS/tiny-nemotron" "$RESULTS/tiny-qwen"; do
+  for p in "${NAMES[@]/#/$RESULTS/}"; do
     [ -e "$p" ] && paths+=("$p")
   done
   [ ${#paths[@]} -gt 0 ] && tar czf "$OUT/tiny_models_results.tar.gz" "${paths[@]}"

@@ -1,97 +1,319 @@
-"""Each engine constraint (DESIGN.md section 6), violated, gives its message; takeable settings give none."""
+"""Engine rules: each test names the engine fact it encodes (facts.py cites where it was read).
+
+The fixes of issue 13 are marked "fix N". Layer sizes are Nemotron-3-Nano's (64 heads x 64 x 128, 8 groups)
+unless a test is about sizes.
+"""
 
 import pytest
 
 from ssmquant.calibrate import Setting
-from ssmquant.export import TARGETS, UnknownTargetError, check_target, takeable_by_any, violations
+from ssmquant.calibrate.settings import LayerDims
+from ssmquant.export import (
+    FACTS,
+    TARGETS,
+    VERSIONS,
+    EngineVersionError,
+    Target,
+    UnknownTargetError,
+    check_target,
+    engine_bytes,
+    runtime,
+    takeable_by_any,
+    violations,
+)
+from ssmquant.export.facts import DEFAULT_VERSION, VLLM_PR_BUILD, parse_gpu, resolve_gpu
+
+NANO = LayerDims("mamba2", 64, 64, 128, 8)
+QWEN = LayerDims("gdn", 32, 128, 128, 16)
 
 
-def rules(target, name, kind="mamba2", draft=None):
-    return {r: m for r, m in violations(target, Setting.parse(name), kind, draft)}
+def target(engine, version=None, gpu=90, drafts=None, dims=NANO):
+    return Target.make(engine, version, gpu, drafts, dims)
+
+
+def rules(tgt, name, kind="mamba2"):
+    return {v.rule: v.message for v in violations(tgt, Setting.parse(name), kind)}
+
+
+def ok(tgt, name, kind="mamba2"):
+    return violations(tgt, Setting.parse(name), kind) == []
+
+
+# -- facts as data ---------------------------------------------------------------------------------------
+def test_every_fact_has_a_source_and_a_range_inside_the_versions_read():
+    for f in FACTS.values():
+        assert f.engine in TARGETS and f.sources and f.says
+        order = VERSIONS[f.engine]
+        assert f.since is None or f.since in order, f.id
+        assert f.until is None or f.until in order, f.id
+        assert any(f.holds(v) for v in order), f.id  # a fact that holds nowhere is dead data
+        assert f.cite().startswith("[") and f.sources[0].repo in f.cite()
+
+
+def test_versions_default_to_the_newest_release_never_to_a_build():
+    assert DEFAULT_VERSION["vllm"] == "0.33.0" and VERSIONS["vllm"][-1] == VLLM_PR_BUILD
+    assert target("vllm").version == "0.33.0" and target("vllm").build is None
+    assert "#52962" in target("vllm", VLLM_PR_BUILD).build.label("vllm")
+    with pytest.raises(EngineVersionError, match=r"vLLM version '0.25.1' is not covered.*accepted: 0.25.0, 0.26.0"):
+        target("vllm", "0.25.1")
+
+
+def test_gpu_is_a_compute_capability():
+    assert parse_gpu("sm90") == 90 and parse_gpu("sm_100a") == 100 and parse_gpu("SM120") == 120
+    with pytest.raises(EngineVersionError, match="unknown GPU 'h100'; give its compute capability as smXY"):
+        parse_gpu("h100")
+    cc, note = resolve_gpu(None)
+    assert (note is None) or (cc == 90 and "checked for sm90" in note) or note.startswith("checked for the local GPU")
+
+
+def test_unknown_target_lists_the_known_ones():
+    with pytest.raises(UnknownTargetError, match="unknown export target 'sglang'; known targets: vllm, trtllm, flashinfer"):
+        check_target("sglang")
+
+
+@pytest.mark.parametrize("engine", TARGETS)
+def test_no_engine_takes_nvfp4_static_scales_or_grouped_scales(engine):
+    t = target(engine, VLLM_PR_BUILD if engine == "vllm" else None)
+    assert "stores no NVFP4 SSM state" in rules(t, "nvfp4@replay16")["nvfp4"]
+    assert "takes no static (calibrated) SSM-state scales" in rules(t, "int8:static[mse]@replay16")["static"]
+    if engine != "trtllm":  # TensorRT-LLM refuses the dtype itself
+        assert "one FP32 value per row" in rules(t, "int8:head@replay16")["granularity"]
+
+
+# -- fix 1: TensorRT-LLM replay ---------------------------------------------------------------------------
+def test_fix1_trtllm_replays_only_with_speculative_decoding():
+    """trtllm.replay_spec_only: "Replay kernel requires speculative decoding; using non-replay path"."""
+    m = rules(target("trtllm"), "fp16@replay16")["scheme"]
+    assert "Replay kernel requires speculative decoding; using non-replay path" in m
+    assert ok(target("trtllm"), "fp16@conventional")
+
+
+def test_fix1_trtllm_replay_history_is_max_16_or_tokens_per_step():
+    """trtllm.replay_history: history = max(16, 1 + draft tokens), so the draft count is not capped at 15."""
+    assert ok(target("trtllm"), "fp16@spec16x4")
+    assert ok(target("trtllm"), "fp16@spec21x20")  # 20 drafts: history 21
+    m = rules(target("trtllm", drafts=20), "fp16@spec16x3")["buffer_len"]  # the deployment drafts 20
+    assert "max(16, 1 + 20) = 21 tokens; the setting uses L=16" in m
+    assert "max(16, 1 + 3) = 16" in rules(target("trtllm", drafts=3), "fp16@replay8")["buffer_len"]
+
+
+def test_fix1_trtllm_only_zero_disables_replay():
+    """trtllm.replay_gates: TRTLLM_USE_MAMBA_REPLAY defaults to "1"; conventional under drafts needs "0"."""
+    conv = Setting.parse("bf16@conventional")
+    assert runtime(target("trtllm", drafts=3), conv, "mamba2").env == {"TRTLLM_USE_MAMBA_REPLAY": "0"}
+    assert runtime(target("trtllm"), conv, "mamba2").env == {}  # no drafts: replay never runs
+    rt = runtime(target("trtllm"), Setting.parse("bf16@spec16x3"), "mamba2")
+    assert rt.env == {"TRTLLM_USE_MAMBA_REPLAY": "1"} and (rt.window, rt.ring_rows, rt.tokens) == (16, 32, 4)
+    gdn = runtime(target("trtllm", drafts=2, dims=QWEN), conv, "gdn")
+    assert gdn.env == {"TRTLLM_USE_GDN_REPLAY": "0"}
+
+
+def test_fix1_trtllm_fp16_stochastic_rounding_keeps_replay_only_on_sm100_to_119():
+    """trtllm.replay_sr_sm: "Replay kernel Philox requires 100 <= sm < 120"; sm80 is the replay floor."""
+    name = "fp16:sr@spec16x3"
+    assert "turns replay off for float16 + stochastic rounding" in rules(target("trtllm", gpu=90), name)["gpu"]
+    assert ok(target("trtllm", gpu=100), name) and ok(target("trtllm", gpu=103), name)
+    assert "gpu" in rules(target("trtllm", gpu=120), name)
+    assert ok(target("trtllm", gpu=90), "fp16:sr@conventional")
+    assert "replays on SM >= 80 only" in rules(target("trtllm", gpu=75), "bf16@spec16x3")["gpu"]
+
+
+def test_fix1_trtllm_gdn_replay_is_not_exported():
+    """trtllm.gdn_replay: GDN replay exists (TRTLLM_USE_GDN_REPLAY) but its window was not read."""
+    assert "TRTLLM_USE_GDN_REPLAY" in rules(target("trtllm", dims=QWEN), "bf16@spec16x3", "gdn")["layer_kind"]
+    assert ok(target("trtllm", dims=QWEN), "bf16@conventional", "gdn")
+
+
+def test_trtllm_has_no_knob_for_8bit_state_and_rounds_only_fp16():
+    """trtllm.state_dtype / trtllm.sr: Literal["auto", "float16", "bfloat16", "float32"]; SR float16 only."""
+    m = rules(target("trtllm"), "int8@spec16x3")["dtype"]
+    assert 'Literal["auto", "float16", "bfloat16", "float32"]' in m
+    assert "Only applicable with float16 cache dtype" in rules(target("trtllm"), "bf16:sr@conventional")["sr"]
+
+
+# -- fix 2: vLLM 8-bit state ------------------------------------------------------------------------------
+@pytest.mark.parametrize("version", ["0.25.0", "0.30.0", "0.33.0"])
+def test_fix2_vllm_releases_reject_8bit_state_at_argument_parsing(version):
+    """vllm.state_dtype: MambaDType = auto|float32|float16|bfloat16; int8 fails argument parsing."""
+    r = rules(target("vllm", version), "fp8_e4m3@replay16")
+    assert "invalid choice: 'fp8_e4m3' (choose from 'auto', 'bfloat16', 'float16', 'float32')" in r["dtype"]
+    assert f"--engine-version {VLLM_PR_BUILD}" in r["unreleased"] and "#52962" in r["unreleased"]
+
+
+def test_fix2_vllm_pr_build_takes_8bit_only_under_flashinfer_replay():
+    """vllm.pr_8bit: INT8 / FP8 E4M3 under FlashInfer ReplaySSM only (open PR #52962)."""
+    t = target("vllm", VLLM_PR_BUILD)
+    assert ok(t, "int8@replay16") and ok(t, "fp8_e4m3:sr@replay16")
+    assert runtime(t, Setting.parse("int8@replay16"), "mamba2").backend == "flashinfer"
+    assert "only under FlashInfer ReplaySSM" in rules(t, "int8@conventional")["8bit_replay"]
+    assert "describes no stochastic rounding for int8" not in rules(t, "int8:sr@replay16")["sr"]
+    assert "Preserve stochastic rounding for FP8" in rules(t, "int8:sr@replay16")["sr"]
+    assert "head_dim 64 and d_state 128 only" in rules(target("vllm", VLLM_PR_BUILD, dims=LayerDims("mamba2", 8, 8, 32, 1)), "int8@replay16")["shape"]
+
+
+def test_fix2_vllm_flashinfer_replay_backend_from_0_30_triton_only_before():
+    """vllm.replay_triton_only (0.27.0 to 0.29.0) and vllm.replay_flags (none before 0.27.0)."""
+    s = Setting.parse("bf16@replay16")
+    assert runtime(target("vllm", "0.29.0"), s, "mamba2").backend == "triton"
+    rt = runtime(target("vllm", "0.30.0"), s, "mamba2")
+    assert rt.backend == "flashinfer" and rt.prefix_caching is False and rt.ring_rows == 17
+    assert "has no ReplaySSM" in rules(target("vllm", "0.26.0"), "bf16@replay16")["scheme"]
+
+
+def test_vllm_triton_replay_needs_model_runner_v1_from_0_30():
+    """vllm.triton_replay_v1: "Triton ReplaySSM requires Model Runner V1" while V2 is the default."""
+    rt = runtime(target("vllm", "0.33.0"), Setting.parse("bf16@replay32"), "mamba2")
+    assert rt.backend == "triton" and rt.env == {"VLLM_USE_V2_MODEL_RUNNER": "0"} and rt.ring_rows == 32
+    assert runtime(target("vllm", "0.29.0"), Setting.parse("bf16@replay32"), "mamba2").env == {}
+
+
+# -- fix 3: vLLM stochastic rounding on Triton needs compute capability 10.x --------------------------------
+def test_fix3_vllm_triton_stochastic_rounding_needs_sm10x():
+    """vllm.sr_triton_sm10x: "with triton backend requires compute capability 10.0"; FlashInfer has no such check."""
+    s = Setting.parse("fp16:sr@conventional")
+    assert runtime(target("vllm", gpu=90), s, "mamba2").backend == "flashinfer"
+    assert runtime(target("vllm", gpu=100), s, "mamba2").backend == "triton"
+    assert runtime(target("vllm", gpu=90), Setting.parse("fp16:sr@replay16"), "mamba2").backend == "flashinfer"
+    # before 0.30.0 ReplaySSM is Triton-only, so SR replay needs an SM 10.x GPU
+    assert "needs an SM 10.x GPU, not sm90" in rules(target("vllm", "0.29.0", gpu=90), "fp16:sr@replay16")["gpu"]
+    assert ok(target("vllm", "0.29.0", gpu=100), "fp16:sr@replay16")
+    assert "requires the SSM cache to be float16" in rules(target("vllm"), "bf16:sr@conventional")["sr"]
+
+
+# -- fix 4: vLLM ReplaySSM with speculative decoding ---------------------------------------------------------
+def test_fix4_vllm_speculative_replay_refused_before_0_32():
+    """vllm.spec_refused_027 / vllm.spec_refused_029: refused until 0.31.0 ("RecoverSSM is only supported ...")."""
+    assert "does not support speculative decoding" in rules(target("vllm", "0.28.0", drafts=3), "bf16@replay16")["scheme"]
+    assert "RecoverSSM is only supported for Kimi-K3 KDA" in rules(target("vllm", "0.31.0", drafts=3), "bf16@spec16x3")["scheme"]
+
+
+def test_fix4_vllm_speculative_replay_from_0_32_on_flashinfer():
+    """vllm.spec_fi: FlashInfer backend, --replayssm-buffer-len >= 1 + num_speculative_tokens, no prefix caching."""
+    t = target("vllm", "0.32.0", drafts=3)
+    assert ok(t, "bf16@spec16x3")
+    rt = runtime(t, Setting.parse("bf16@spec16x3"), "mamba2")
+    assert rt.backend == "flashinfer" and rt.prefix_caching is False and rt.ring_rows == 16 + 1 + 3
+    m = rules(target("vllm", drafts=4), "bf16@replay4")["spec_buffer"]
+    assert m.startswith("speculative replay needs buffer length >= 1 + draft tokens: L=4, T=4")
+    assert "<= 16" in rules(target("vllm", drafts=3), "bf16@replay32")["buffer_len"]
+
+
+# -- fix 5: FlashInfer stochastic rounding ----------------------------------------------------------------------
+def test_fix5_flashinfer_replay_rounds_bf16_and_fp32_to_nearest_despite_rand_seed():
+    """flashinfer.cssu_sr: kPhiloxF16 = PHILOX_ROUNDS > 0 && state_t == __half; 8-bit SR exists."""
+    assert "rounds it to nearest" in rules(target("flashinfer"), "bf16:sr@replay16")["sr"]
+    assert ok(target("flashinfer"), "fp16:sr@replay16") and ok(target("flashinfer"), "fp8_e4m3:sr@replay16")
+
+
+def test_fix5_flashinfer_selective_state_update_rounds_stochastically_into_fp16_only():
+    """flashinfer.ssu_sr: cvt_rs_f16_f32 is written into the state element; other dtypes fail to compile."""
+    assert "cvt_rs_f16_f32" in rules(target("flashinfer"), "bf16:sr@conventional")["sr"]
+    assert ok(target("flashinfer"), "fp16:sr@conventional")
+
+
+# -- fix 6: FlashInfer 8-bit constraints ----------------------------------------------------------------------
+@pytest.mark.parametrize("dims", [LayerDims("mamba2", 8, 32, 128, 1), LayerDims("mamba2", 8, 64, 64, 1)])
+def test_fix6_flashinfer_8bit_needs_head_dim_64_and_d_state_128(dims):
+    """flashinfer.cssu_8bit_shape: static_assert D_PER_CTA == 64; row offsets row << 7 (d_state 128)."""
+    m = rules(target("flashinfer", dims=dims), "int8@replay16")["shape"]
+    assert f"head_dim {dims.rows}, d_state {dims.state_dim}" in m and "row_lo << 7" in m
+    assert ok(target("flashinfer"), "int8@replay16")
+    assert ok(target("flashinfer", dims=dims), "bf16@replay16")  # the float kernel takes these sizes
+
+
+def test_fix6_flashinfer_8bit_needs_a_2_byte_ring_in_the_input_dtype():
+    """flashinfer.cssu_8bit_shape: static_assert sizeof(input_t) == 2; x_cache.dtype must match x.dtype."""
+    assert "buffers fp32" in rules(target("flashinfer"), "int8@replay16:fp32")["shape"]
+
+
+def test_fix6_flashinfer_window_and_8bit_only_in_replay():
+    """flashinfer.cssu_window (max_window <= 16, T <= L) and flashinfer.ssu_dtypes (no 8-bit conventional)."""
+    assert "FlashInfer buffer length must be <= 16" in rules(target("flashinfer"), "fp16@replay32")["buffer_len"]
+    assert "L=8, T=8" in rules(target("flashinfer", drafts=8), "fp16@replay8")["spec_buffer"]
+    assert "selective_state_update has none" in rules(target("flashinfer"), "int8@conventional")["8bit_replay"]
+    rt = runtime(target("flashinfer", drafts=3), Setting.parse("int8@spec16x3"), "mamba2")
+    assert (rt.window, rt.ring_rows, rt.tokens) == (16, 20, 4) and "flashinfer.tie_hdim" in rt.facts
+
+
+# -- fix 7: wrong refusals ----------------------------------------------------------------------------------------
+def test_fix7_flashinfer_has_gdn_decode_kernels():
+    """flashinfer.gdn_decode: float32 (K, V >= 128) or bfloat16 (K = V = 128) state, SM 90+."""
+    t = target("flashinfer", dims=QWEN)
+    assert ok(t, "fp32@conventional", "gdn") and ok(t, "bf16@conventional", "gdn")
+    assert runtime(t, Setting.parse("bf16@conventional"), "gdn").backend.endswith("gated_delta_rule_decode_pretranspose")
+    assert "needs SM 90+" in rules(target("flashinfer", gpu=80, dims=QWEN), "fp32@conventional", "gdn")["gpu"]
+    assert "K = V = 128" in rules(target("flashinfer", dims=LayerDims("gdn", 4, 64, 64, 4)), "bf16@conventional", "gdn")["shape"]
+    assert "not fp16" in rules(t, "fp16@conventional", "gdn")["dtype"]
+
+
+def test_fix7_flashinfer_gdn_replay_commits_every_verify_step():
+    """flashinfer.gdn_replay: an FP32 checkpoint updated after each verify, no L-token window."""
+    assert "commits every verify step" in rules(target("flashinfer", dims=QWEN), "fp32@replay16", "gdn")["scheme"]
+
+
+def test_vllm_gdn_layers_decode_conventionally_without_stochastic_rounding():
+    """vllm.replay_arch (NemotronH only) and vllm.sr_mamba_only."""
+    t = target("vllm", dims=QWEN)
+    assert "not supported for architecture" in rules(t, "bf16@replay16", "gdn")["layer_kind"]
+    assert "no stochastic rounding for Gated DeltaNet" in rules(t, "fp16:sr@conventional", "gdn")["sr"]
+    assert ok(t, "bf16@conventional", "gdn")
+
+
+def test_takeable_by_any_uses_newest_releases_on_sm90():
+    assert takeable_by_any(Setting.parse("int8@replay16"), "mamba2")  # FlashInfer (sizes unchecked)
+    assert not takeable_by_any(Setting.parse("int8@replay16"), "gdn")
+    assert takeable_by_any(Setting.parse("fp16@conventional"), "gdn")
+
+
+# -- bytes per sequence in the engines' own buffers -------------------------------------------------------------
+def test_engine_bytes_per_layer_at_nemotron_3_nano_sizes():
+    """state H*P*N*elem; scales H*P*4; ring rows * (x + B in bf16 + dt in fp32), TensorRT-LLM two fp32 per head."""
+    state32 = 64 * 64 * 128 * 4
+    assert state32 == 2 * 2**20  # DESIGN.md: 2 MiB FP32 state per sequence and layer
+    b = engine_bytes(target("trtllm"), Setting.parse("fp32@conventional"), "mamba2", NANO)
+    assert b == {"state": state32, "scales": 0, "ring": 0, "slot": 0, "total": state32}
+    row = 64 * 64 * 2 + 8 * 128 * 2  # x and B rows in bf16
+    b = engine_bytes(target("flashinfer"), Setting.parse("int8@replay16"), "mamba2", NANO)
+    assert b["state"] == 64 * 64 * 128 and b["scales"] == 64 * 64 * 4
+    assert b["ring"] == 17 * (row + 64 * 4) and b["slot"] == 8
+    assert engine_bytes(target("vllm"), Setting.parse("bf16@replay32"), "mamba2", NANO)["ring"] == 32 * (row + 64 * 4)
+    t = target("trtllm", drafts=3)
+    assert engine_bytes(t, Setting.parse("bf16@spec16x3"), "mamba2", NANO)["ring"] == 2 * 16 * (row + 2 * 64 * 4)
+
+
+# --- Kimi Delta Attention (GLM-5.3-Flash, Kimi-Linear, Kimi-K3) ----------------------------------------
 
 
 @pytest.mark.parametrize(
     "target, name",
     [
-        ("vllm", "fp16@conventional"),
-        ("vllm", "int8@replay16"),
-        ("vllm", "fp8_e4m3@replay8"),
-        ("vllm", "bf16@replay32"),  # float replay runs on vLLM's Triton backend
-        ("vllm", "fp16:sr@replay16"),
-        ("trtllm", "bf16@conventional"),
-        ("trtllm", "fp16:sr@replay16"),
-        ("flashinfer", "fp8_e4m3:sr@replay16"),
-        ("flashinfer", "int8@spec16x4"),
-        ("flashinfer", "fp32@conventional"),
+        ("vllm", "fp32@conventional"),
+        ("vllm", "fp32@spec5x4:fp32"),  # RecoverSSM: a window of 1 + draft tokens, u recorded in FP32
+        ("trtllm", "fp32@conventional"),
+        ("flashinfer", "bf16@conventional"),
+        ("flashinfer", "bf16@spec16x4"),
     ],
 )
-def test_takeable_settings(target, name):
-    assert violations(target, Setting.parse(name), "mamba2") == []
+def test_kda_takeable_settings(target, name):
+    assert violations(target, Setting.parse(name), "kda") == []
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_no_engine_takes_nvfp4_static_scales_or_grouped_scales(target):
-    assert "no engine stores NVFP4 SSM state" in rules(target, "nvfp4@replay16")["nvfp4"]
-    assert (
-        "no engine takes static (calibrated) SSM-state scales" in rules(target, "int8:static[mse]@replay16")["static"]
-    )
-    assert "FlashInfer's state_scale is one FP32 scale per row" in rules(target, "int8:head@replay16")["granularity"]
+@pytest.mark.parametrize(
+    "target, name, needle",
+    [
+        ("vllm", "bf16@conventional", "vLLM keeps KDA state in fp32 only (MambaStateDtypeCalculator.kda_state_dtype"),
+        ("trtllm", "bf16@conventional", "TensorRT-LLM keeps KDA state in fp32 only"),
+        ("flashinfer", "fp32@conventional", "FlashInfer keeps KDA state in bf16 only"),
+    ],
+)
+def test_kda_state_dtype_of_each_engine(target, name, needle):
+    assert needle in rules(target, name, "kda")["dtype"]
 
 
-def test_trtllm_has_no_knob_for_8bit_state():
-    m = rules("trtllm", "int8@replay16")["dtype"]
-    assert "no config knob" in m and "auto, float32, float16, bfloat16" in m
-
-
-@pytest.mark.parametrize("target", ["vllm", "flashinfer"])
-def test_8bit_state_only_through_flashinfer_replayssm(target):
-    m = rules(target, "fp8_e4m3@conventional")["8bit_replay"]
-    assert "only in FlashInfer's ReplaySSM kernel" in m
-    if target == "vllm":
-        assert "--mamba-backend flashinfer --use-replayssm" in m
-
-
-@pytest.mark.parametrize("target, name", [("flashinfer", "fp16@replay32"), ("vllm", "int8@replay32")])
-def test_flashinfer_buffer_length_at_most_16(target, name):
-    assert "FlashInfer buffer length must be <= 16" in rules(target, name)["buffer_len"]
-
-
-def test_trtllm_replay_history_fixed_at_16():
-    assert "fixed at 16 tokens" in rules("trtllm", "fp16@replay8")["buffer_len"]
-    assert "buffer_len" not in rules("trtllm", "fp16@replay16")
-
-
-@pytest.mark.parametrize("target", ["vllm", "flashinfer"])
-def test_speculative_replay_needs_room_for_the_drafts(target):
-    m = rules(target, "fp16@replay4", draft=4)["spec_buffer"]
-    assert m == "speculative replay needs buffer length >= 1 + draft tokens: L=4, T=4"
-    assert "spec_buffer" not in rules(target, "fp16@replay8", draft=4)
-    assert "spec_buffer" not in rules(target, "fp16@spec8x4")  # the scheme's own drafts fit
-    assert "L=8, T=8" in rules(target, "fp16@spec8x4", draft=8)["spec_buffer"]  # deployment drafts override
-
-
-def test_trtllm_speculative_replay_with_fixed_history():
-    assert "L=16, T=16" in rules("trtllm", "fp16@replay16", draft=16)["spec_buffer"]
-
-
-@pytest.mark.parametrize("target, knob", [("trtllm", "mamba_ssm_stochastic_rounding"), ("vllm", "stochastic-rounding")])
-def test_stochastic_rounding_needs_fp16_state(target, knob):
-    m = rules(target, "bf16:sr@conventional")["sr"]
-    assert "only when writing an fp16 SSM state" in m and knob in m
-    assert "sr" not in rules(target, "fp16:sr@conventional")
-
-
-def test_gdn_layers():
-    assert "Mamba-2 kernels" in rules("flashinfer", "fp16@conventional", kind="gdn")["layer_kind"]
-    assert "ReplaySSM covers Mamba-2 layers only" in rules("vllm", "fp16@replay16", kind="gdn")["layer_kind"]
-    assert "dtype" in rules("vllm", "int8@replay16", kind="gdn")
-    assert violations("vllm", Setting.parse("bf16@conventional"), "gdn") == []
-    assert takeable_by_any(Setting.parse("fp16@conventional"), "gdn")
-    assert not takeable_by_any(Setting.parse("int8@replay16"), "gdn")
-
-
-def test_unknown_target_lists_the_known_ones():
-    with pytest.raises(
-        UnknownTargetError, match="unknown export target 'sglang'; known targets: vllm, trtllm, flashinfer"
-    ):
-        check_target("sglang")
+def test_kda_replay_is_speculative_recoverssm_in_vllm_only():
+    assert "RecoverSSM" in rules("vllm", "fp32@replay16:fp32", "kda")["layer_kind"]
+    assert "spec5x4" in rules("vllm", "fp32@spec8x4:fp32", "kda")["layer_kind"]
+    assert "records u_t in FP32" in rules("vllm", "fp32@spec5x4", "kda")["layer_kind"]
+    assert "deferred state promotion" in rules("trtllm", "fp32@spec5x4:fp32", "kda")["layer_kind"]
+    assert "kda_wy_output_only only" in rules("flashinfer", "bf16@replay16", "kda")["layer_kind"]
+    assert not takeable_by_any(Setting.parse("fp8_e4m3@replay16"), "kda")

@@ -1,4 +1,5 @@
-"""Export: files an engine takes as is, what is dropped with its measured cost, and refusals with reasons."""
+"""Export: files an engine takes as is at a given version and GPU, what is dropped with its measured cost, and
+refusals that quote the engine's constraint and name the nearest runnable setting."""
 
 import json
 import os
@@ -13,10 +14,14 @@ from click.testing import CliRunner
 from ssmquant.calibrate import CONFIG_NAME, write_recipe
 from ssmquant.cli import main
 from ssmquant.export import ExportError, export
+from ssmquant.export.facts import VLLM_PR_BUILD
 
-from ..calibrate.helpers import GROUPS, HEADS, ROWS, STATE, tiny_calibration
+from ..calibrate.helpers import GROUPS, HEADS, tiny_calibration
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:transformers .* is not tested")
+
+# tiny-nemotron's layer sizes: what FlashInfer's 8-bit kernel takes (head_dim 64, d_state 128)
+NEMOTRON_DIMS = {"heads": HEADS, "rows": 64, "state_dim": 128, "groups": GROUPS}
 
 
 @pytest.fixture(scope="module")
@@ -36,170 +41,272 @@ def sr_recipe(tmp_path_factory):
     return write_recipe(r, tmp_path_factory.mktemp("sr") / "recipe")
 
 
-@pytest.fixture()
-def copy(tmp_path):
-    def make(src):
-        dst = tmp_path / "recipe"
-        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("export-*"))
-        return dst
-
-    return make
-
-
 def _doc(recipe_dir):
     return json.loads((recipe_dir / CONFIG_NAME).read_text())
 
 
-def test_vllm_files(mamba_recipe):
-    doc = _doc(mamba_recipe)
-    g = doc["global"]["setting"]
-    assert g["encoding"] in ("int8", "fp8_e4m3") and g["scheme_kind"] == "replay"
-    res = export(mamba_recipe, "vllm")
+ERROR_KEYS = ("out_rel_err", "state_rel_err", "out_rel_err_max", "state_rel_err_max", "max_error", "worst_head_error")
+
+
+def scale_errors(doc, factor):
+    """Multiply every measured error of a recipe by `factor` and make every budget flag (and the global
+    status) say what the new errors say against the unchanged budget: a consistent recipe that misses it."""
+    metric, budget = doc["budget"]["metric"], doc["budget"]["value"]
+
+    def walk(node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and (k in ERROR_KEYS or k.isdigit()):
+                    node[k] = v * factor
+                else:
+                    walk(v)
+            if "meets_budget" in node:
+                err = node.get("max_error", node.get(metric, (node.get("calibration_error") or {}).get(metric)))
+                if err is not None:
+                    node["meets_budget"] = err <= budget
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(doc)
+    g = doc["global"]
+    if g.get("status") == "meets_budget" and not g.get("meets_budget", True):
+        g["status"] = "closest"
+    v = doc.get("verification")
+    if v is not None:
+        v["passed"] = all(r["meets_budget"] for r in v["per_layer"])
+        if v.get("global") is not None:
+            v["global_passed"] = v["global"]["meets_budget"]
+
+
+def _edit(src, dst, change):
+    """A copy of recipe `src` at `dst` whose JSON document `change(doc)` edited in place."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("export-*"))
+    doc = _doc(dst)
+    change(doc)
+    (dst / CONFIG_NAME).write_text(json.dumps(doc))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def nano_recipe(tmp_path_factory):
+    """mamba_recipe's search on layers of tiny-nemotron's head sizes (head_dim 64, d_state 128): what the rules
+    and files that depend on head_dim and d_state need."""
+    r = tiny_calibration(
+        budget=0.02, candidates=["int8", "fp8_e4m3"], schemes=["conventional", "replay"], buffer_lens=[4, 16],
+        calibration=["max"], engine_fallbacks=["fp16", "bf16"], rows=NEMOTRON_DIMS["rows"],
+        state=NEMOTRON_DIMS["state_dim"],
+    )  # fmt: skip
+    return write_recipe(r, tmp_path_factory.mktemp("nano") / "recipe")
+
+
+def test_vllm_release_runs_a_float_fallback_and_names_the_unreleased_build(mamba_recipe):
+    """vllm.state_dtype: vLLM 0.33.0 has no int8 / fp8 state, so the measured fp16/bf16 fallback runs."""
+    res = export(mamba_recipe, "vllm", gpu="sm90")
+    s = res.plan.setting
+    assert s.encoding in ("fp16", "bf16") and res.plan.deployment.label == "vLLM 0.33.0 on sm90"
+    assert any(f"--engine-version {VLLM_PR_BUILD}" in n for n in res.plan.notes)
+    dropped = " ".join(d.reason for d in res.plan.dropped)
+    assert "invalid choice: 'int8' (choose from 'auto', 'bfloat16', 'float16', 'float32')" in dropped
+    md = (res.out_dir / "EXPORT.md").read_text()
+    assert "Checked for **vLLM 0.33.0 on sm90** with 0 draft tokens per step." in md
+    assert "## Bytes per sequence in vLLM's buffers" in md and "## Engine facts relied on" in md
+    args = json.loads((res.out_dir / "vllm_engine_args.json").read_text())
+    assert args["mamba_ssm_cache_dtype"] == {"fp16": "float16", "bf16": "bfloat16"}[s.encoding]
+    assert "checked for vLLM 0.33.0 on sm90" in (res.out_dir / "vllm_serve.sh").read_text()
+
+
+def test_vllm_pr_build_files(nano_recipe):
+    """vllm.pr_8bit + vllm.fi_replay_no_prefix: int8 only under FlashInfer ReplaySSM, prefix caching off."""
+    g = _doc(nano_recipe)["global"]["setting"]
+    res = export(nano_recipe, "vllm", engine_version=VLLM_PR_BUILD, gpu="sm90")
     out = res.out_dir
-    assert out == mamba_recipe / "export-vllm"
+    assert res.plan.from_global and res.plan.setting.name == g["name"]
     args = json.loads((out / "vllm_engine_args.json").read_text())
     assert args == {
         "mamba_ssm_cache_dtype": g["encoding"],
         "use_replayssm": True,
         "replayssm_buffer_len": g["buffer_len"],
         "mamba_backend": "flashinfer",
+        "enable_prefix_caching": False,
         "enable_mamba_cache_stochastic_rounding": False,
+        "env": {},
     }
     flags = (out / "vllm_flags.txt").read_text().split()
     assert flags == ["--mamba-ssm-cache-dtype", g["encoding"], "--use-replayssm", "--replayssm-buffer-len",
-                     str(g["buffer_len"]), "--mamba-backend", "flashinfer"]  # fmt: skip
+                     str(g["buffer_len"]), "--mamba-backend", "flashinfer", "--no-enable-prefix-caching"]  # fmt: skip
     sh = (out / "vllm_serve.sh").read_text()
-    assert "vllm serve" in sh and "--use-replayssm" in sh and "# NOT consumed by the engine" in sh
-    assert os.access(out / "vllm_serve.sh", os.X_OK)
+    assert "UNRELEASED vLLM code: 0.33.0 plus vllm-project/vllm#52962" in sh and os.access(out / "vllm_serve.sh", os.X_OK)
     assert json.loads((out / "hf_config_patch.json").read_text()) == {"mamba_ssm_cache_dtype": g["encoding"]}
     report = json.loads((out / "export_report.json").read_text())
-    assert report["setting"]["name"] == g["name"] and report["from_global"]
-    assert report["measured"]["heldout"]["meets_budget"] is True
+    assert report["engine"]["version"] == VLLM_PR_BUILD and "#52962" in report["engine"]["unreleased"]
+    assert report["runtime"]["ring_rows"] == g["buffer_len"] + 1 and "vllm.fi_replay_no_prefix" in report["facts"]
 
 
-def test_partially_consumable_recipe_reports_each_dropped_setting_with_its_cost(mamba_recipe):
-    doc = _doc(mamba_recipe)
-    decisions = {e["setting"]["name"] for e in doc["layers"]}
-    assert all(n.endswith("@conventional") for n in decisions)  # the cheapest per layer: no replay ring
-    res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "vllm"])
+def test_partially_consumable_recipe_reports_each_dropped_setting_with_its_cost(nano_recipe):
+    doc = _doc(nano_recipe)
+    assert all(e["setting"]["name"].endswith("@conventional") for e in doc["layers"])  # cheapest per layer
+    res = CliRunner().invoke(main, ["export", str(nano_recipe), "--target", "vllm", "--engine-version", VLLM_PR_BUILD,
+                                    "--gpu", "sm100", "--force"])  # fmt: skip
     assert res.exit_code == 0, res.output
+    assert res.output.startswith(f"vLLM {VLLM_PR_BUILD} on sm100: ")
     assert "dropped conventional decoding (-> replay" in res.output
-    assert "int8 state exists only in FlashInfer's ReplaySSM kernel" in res.output
+    assert "exists only under FlashInfer ReplaySSM" in res.output
     assert "measured cost of the export at these layers: bytes/sequence" in res.output
     assert "(calibration)" in res.output and "(held-out)" in res.output
-    md = (mamba_recipe / "export-vllm" / "EXPORT.md").read_text()
-    assert "## Not consumed by the engine" in md and "dropped conventional decoding" in md
 
 
-def test_trtllm_files_fall_back_to_a_measured_float_state(mamba_recipe):
-    res = export(mamba_recipe, "trtllm")
+def test_trtllm_files_fall_back_to_a_measured_float_state(mamba_recipe, tmp_path):
+    """trtllm.state_dtype, trtllm.hf_key and trtllm.replay_gates (only "0" turns replay off)."""
+    res = export(mamba_recipe, "trtllm", gpu="sm90")
     out = res.out_dir
     text = (out / "trtllm_llm_api_options.yaml").read_text()
-    opts = yaml.safe_load(text)
-    kv = opts["kv_cache_config"]
+    kv = yaml.safe_load(text)["kv_cache_config"]
     assert kv["mamba_ssm_cache_dtype"] in ("float16", "bfloat16") and kv["mamba_ssm_stochastic_rounding"] is False
-    assert "no config knob" in text  # the comment says what is not consumed
+    assert 'Literal["auto", "float16", "bfloat16", "float32"]' in text
+    assert res.plan.setting.scheme_kind == "conventional"  # no drafts: TensorRT-LLM does not replay
     env = (out / "trtllm_env.sh").read_text()
-    setting = res.plan.setting
-    assert ("export TRTLLM_USE_MAMBA_REPLAY=1" in env) == (setting.scheme_kind == "replay")
-    assert setting.buffer_len in (0, 16)
-    dropped = [d.what for d in res.plan.dropped]
-    assert any(w.startswith("int8 state") or w.startswith("fp8_e4m3 state") for w in dropped)
-    assert any("global setting" in w for w in dropped)
+    assert "export TRTLLM_USE_MAMBA_REPLAY" not in env and "replay needs speculative decoding" in env
+    assert json.loads((out / "hf_config_patch.json").read_text()) == {"mamba_ssm_cache_dtype": kv["mamba_ssm_cache_dtype"]}
     assert any("is an engine fallback" in n for n in res.plan.notes)
+    # with draft tokens replay is on by default, so the conventional setting turns it off
+    res = export(mamba_recipe, "trtllm", tmp_path / "spec", num_speculative_tokens=3, gpu="sm90")
+    assert "export TRTLLM_USE_MAMBA_REPLAY=0" in (res.out_dir / "trtllm_env.sh").read_text()
+    assert "3 draft tokens per step (max_draft_len)" in (res.out_dir / "trtllm_llm_api_options.yaml").read_text()
 
 
-def test_trtllm_stochastic_rounding(sr_recipe):
-    res = export(sr_recipe, "trtllm")
-    kv = yaml.safe_load((res.out_dir / "trtllm_llm_api_options.yaml").read_text())["kv_cache_config"]
-    assert kv == {
-        "mamba_ssm_cache_dtype": "float16",
-        "mamba_ssm_stochastic_rounding": True,
-        "mamba_ssm_philox_rounds": 10,
-    }
-    assert "export TRTLLM_USE_MAMBA_REPLAY=1" in (res.out_dir / "trtllm_env.sh").read_text()
-    args = json.loads((export(sr_recipe, "vllm").out_dir / "vllm_engine_args.json").read_text())
+def test_fix1_trtllm_refuses_replay_without_drafts_quoting_the_engine(sr_recipe):
+    """trtllm.replay_spec_only: bad input exits non-zero with TensorRT-LLM's own log line."""
+    res = CliRunner().invoke(main, ["export", str(sr_recipe), "--target", "trtllm", "--gpu", "sm100"])
+    assert res.exit_code != 0
+    assert "TensorRT-LLM main@2829508 on sm100 cannot run this recipe" in res.output
+    assert '"Replay kernel requires speculative decoding; using non-replay path"' in res.output
+    assert "cache_manager.py @ main 2829508" in res.output
+    assert not (sr_recipe / "export-trtllm").exists()
+
+
+def test_stochastic_rounding_exports(sr_recipe, tmp_path):
+    """vllm.sr_triton_sm10x: off SM 10.x the FlashInfer backend rounds; flashinfer.cssu_sr: fp16 SR in replay."""
+    args = json.loads((export(sr_recipe, "vllm", gpu="sm90").out_dir / "vllm_engine_args.json").read_text())
     assert args["enable_mamba_cache_stochastic_rounding"] is True and args["mamba_cache_philox_rounds"] == 10
-    assert args["mamba_backend"] == "triton"
-    kw = json.loads((export(sr_recipe, "flashinfer").out_dir / "flashinfer_kwargs.json").read_text())
+    assert args["mamba_backend"] == "flashinfer" and args["enable_prefix_caching"] is False
+    kw = json.loads((export(sr_recipe, "flashinfer", gpu="sm90").out_dir / "flashinfer_kwargs.json").read_text())
     assert kw["rand_seed"] == {"dtype": "torch.int64", "shape": [1], "device": "cuda"} and kw["philox_rounds"] == 10
 
 
-def test_flashinfer_kwargs_and_snippet(mamba_recipe, monkeypatch):
-    res = export(mamba_recipe, "flashinfer")
+def test_flashinfer_kwargs_and_snippet(nano_recipe, monkeypatch):
+    """flashinfer.cssu_8bit_shape, flashinfer.tie_hdim, flashinfer.scale: the snippet builds what the kernel checks."""
+    res = export(nano_recipe, "flashinfer", gpu="sm90")
     s = res.plan.setting
+    P, N = NEMOTRON_DIMS["rows"], NEMOTRON_DIMS["state_dim"]
     kw = json.loads((res.out_dir / "flashinfer_kwargs.json").read_text())
-    assert kw["function"] == "flashinfer.mamba.checkpointing_ssu"
-    assert kw["state"]["shape"] == ["cache", HEADS, ROWS, STATE]
-    assert kw["state_scale"]["shape"] == ["cache", HEADS, ROWS] and kw["state_scale"]["dtype"] == "torch.float32"
-    assert kw["rand_seed"] is None
+    assert kw["function"] == "flashinfer.mamba.checkpointing_ssu" and s.encoding in ("int8", "fp8_e4m3")
+    assert kw["state"]["shape"] == ["cache", HEADS, P, N]
+    assert kw["state_scale"]["shape"] == ["cache", HEADS, P] and kw["state_scale"]["strides"] == [HEADS * P, P, 1]
+    assert kw["per_call"]["A"]["strides"] == [1, 0, 0] and kw["per_call"]["dt"]["strides_last_two"] == [1, 0]
     ring = s.buffer_len + 1
-    assert kw["replay"]["x_cache"]["shape"] == ["cache", HEADS, ring, ROWS]
-    assert kw["replay"]["B_cache"]["shape"] == ["cache", GROUPS, ring, STATE]
+    assert kw["replay"]["x_cache"]["shape"] == ["cache", HEADS, ring, P]
+    assert kw["replay"]["B_cache"]["shape"] == ["cache", GROUPS, ring, N]
+    assert any("head_dim 64" in c for c in kw["constraints"])
     monkeypatch.setenv("SSMQUANT_DEVICE", "cpu")
     monkeypatch.setenv("SSMQUANT_CACHE", "3")
     ns = runpy.run_path(str(res.out_dir / "flashinfer_alloc.py"))
     dtype = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}[s.encoding]
-    assert ns["state"].shape == (3, HEADS, ROWS, STATE) and ns["state"].dtype == dtype
-    assert ns["kwargs"]["state_scale"].shape == (3, HEADS, ROWS) and ns["kwargs"]["state_scale"].dtype == torch.float32
-    assert ns["x_cache"].shape == (3, HEADS, ring, ROWS) and ns["dt_cache"].dtype == torch.float32
+    assert ns["state"].shape == (3, HEADS, P, N) and ns["state"].dtype == dtype
+    assert ns["kwargs"]["state_scale"].shape == (3, HEADS, P) and ns["kwargs"]["state_scale"].stride() == (HEADS * P, P, 1)
+    assert ns["x_cache"].shape == (3, HEADS, ring, P) and ns["dt_cache"].dtype == torch.float32
+    b, T = 2, ns["TOKENS_PER_CALL"]
+    args = ns["kernel_args"](
+        torch.zeros(b, T, HEADS, P, dtype=torch.bfloat16), torch.zeros(b, T, HEADS), torch.zeros(HEADS),
+        torch.zeros(b, T, GROUPS, N, dtype=torch.bfloat16), torch.zeros(b, T, GROUPS, N, dtype=torch.bfloat16),
+        torch.zeros(b, T, HEADS, P, dtype=torch.bfloat16), torch.ones(HEADS), torch.zeros(HEADS),
+        torch.arange(b, dtype=torch.int32),
+    )  # fmt: skip
+    assert args["dt"].shape == (b, T, HEADS, P) and args["dt"].stride()[2:] == (1, 0)
+    assert args["A"].stride() == (1, 0, 0) and args["D"].stride() == (1, 0) and args["dt_bias"].stride() == (1, 0)
+    assert args["x_cache"] is ns["x_cache"] and args["state_scale"] is ns["kwargs"]["state_scale"]
 
 
-def test_unsatisfiable_recipe_exits_nonzero_with_the_reason(mamba_recipe, copy):
-    rec = copy(mamba_recipe)
-    doc = _doc(rec)
-    doc["uniform_settings"] = [u for u in doc["uniform_settings"] if u["role"] == "candidate"]
-    (rec / CONFIG_NAME).write_text(json.dumps(doc))
-    with pytest.raises(ExportError) as info:
-        export(rec, "trtllm")
-    msg = str(info.value)
-    assert msg.startswith("TensorRT-LLM cannot run this recipe within the budget out_rel_err <= 0.02")
-    assert "no config knob" in msg and "the recipe measured no setting that TensorRT-LLM can take" in msg
-    res = CliRunner().invoke(main, ["export", str(rec), "--target", "trtllm"])
-    assert res.exit_code != 0 and "no config knob" in res.output
+def test_fix6_flashinfer_refuses_8bit_at_sizes_its_kernel_does_not_take(mamba_recipe):
+    """flashinfer.cssu_8bit_shape: the tiny layers (head_dim 8, d_state 32) get a measured float fallback."""
+    res = export(mamba_recipe, "flashinfer", gpu="sm90")
+    assert res.plan.setting.encoding in ("fp16", "bf16")
+    assert any("head_dim 64 and d_state 128 only" in d.reason for d in res.plan.dropped)
+
+
+def test_unsatisfiable_recipe_names_the_nearest_runnable_setting_with_its_cost(mamba_recipe, tmp_path):
+    def no_budget(doc):  # every measured error 1000x larger: every setting misses the budget
+        scale_errors(doc, 1000.0)
+
+    rec = _edit(mamba_recipe, tmp_path / "recipe", no_budget)
+    res = CliRunner().invoke(main, ["export", str(rec), "--target", "trtllm", "--gpu", "sm90"])
+    assert res.exit_code != 0
+    assert "TensorRT-LLM main@2829508 on sm90 cannot run this recipe within the budget out_rel_err <= 0.02" in res.output
+    assert 'Literal["auto", "float16", "bfloat16", "float32"]' in res.output
+    assert "Nearest runnable setting: " in res.output and "(budget 0.02, not met)" in res.output
+    assert "bytes per sequence over the calibrated layers" in res.output
     assert not (rec / "export-trtllm").exists()
 
+    def candidates_only(doc):
+        doc["uniform_settings"] = [u for u in doc["uniform_settings"] if u["role"] == "candidate"]
 
-def test_speculative_tokens_are_checked_against_the_buffer(mamba_recipe, copy):
-    res = export(mamba_recipe, "vllm", num_speculative_tokens=8)
+    rec = _edit(mamba_recipe, tmp_path / "recipe2", candidates_only)
+    with pytest.raises(ExportError) as info:
+        export(rec, "vllm", gpu="sm90")
+    msg = str(info.value)
+    assert "invalid choice: 'int8'" in msg and "The recipe measured no setting that vLLM 0.33.0 on sm90 can run" in msg
+    assert f"Or export for the unreleased build: --engine-version {VLLM_PR_BUILD}." in msg
+
+
+def test_speculative_tokens_are_checked_against_the_buffer(nano_recipe, tmp_path):
+    res = export(nano_recipe, "vllm", num_speculative_tokens=8, engine_version=VLLM_PR_BUILD, gpu="sm90", force=True)
     s = res.plan.setting
     assert s.scheme_kind == "conventional" or s.buffer_len >= 9
-    glob = _doc(mamba_recipe)["global"]["setting"]
+    glob = _doc(nano_recipe)["global"]["setting"]
     assert glob["buffer_len"] < 9  # the recipe's global replay buffer has no room for 8 drafts
     assert any(f"L={glob['buffer_len']}, T=8" in d.reason for d in res.plan.dropped)
-    args = json.loads((res.out_dir / "vllm_engine_args.json").read_text())
-    assert not args["use_replayssm"] or args["replayssm_buffer_len"] >= 9
-    rec = copy(mamba_recipe)  # keep the replay settings only: 20 drafts fit none of them
-    doc = _doc(rec)
-    doc["uniform_settings"] = [u for u in doc["uniform_settings"] if u["setting"]["scheme_kind"] == "replay"]
-    (rec / CONFIG_NAME).write_text(json.dumps(doc))
+
+    def replay_only(doc):
+        doc["uniform_settings"] = [u for u in doc["uniform_settings"] if u["setting"]["scheme_kind"] == "replay"]
+
+    rec = _edit(nano_recipe, tmp_path / "recipe", replay_only)
     with pytest.raises(ExportError, match=r"needs buffer length >= 1 \+ draft tokens: L=\d+, T=20"):
-        export(rec, "flashinfer", num_speculative_tokens=20)
+        export(rec, "flashinfer", num_speculative_tokens=20, gpu="sm90")
 
 
-def test_gdn_recipe_has_no_flashinfer_export(tmp_path):
+def test_fix7_gdn_exports(tmp_path):
+    """flashinfer.gdn_decode (GDN decode kernels exist), vllm.hf_dtype and trtllm.hf_key (the key each reads)."""
     r = tiny_calibration("gdn", budget=0.05, candidates=["fp16", "bf16"], schemes=["conventional"],
                          calibration=["none"], engine_fallbacks=[])  # fmt: skip
     rec = write_recipe(r, tmp_path / "gdn")
-    with pytest.raises(ExportError, match="Mamba-2 kernels"):
-        export(rec, "flashinfer")
-    res = export(rec, "vllm")
-    assert json.loads((res.out_dir / "hf_config_patch.json").read_text()) == {
-        "mamba_ssm_dtype": res.plan.setting.to_dict()["encoding"].replace("bf16", "bfloat16").replace("fp16", "float16")
-    }
+    with pytest.raises(ExportError, match=r"K = V = 128, not K=32, V=8"):  # tiny sizes: a shape refusal, not a kind one
+        export(rec, "flashinfer", gpu="sm90")
+    r = tiny_calibration("gdn", budget=0.05, candidates=["fp16", "bf16"], schemes=["conventional"],
+                         calibration=["none"], engine_fallbacks=[], rows=128, state=128)  # fmt: skip
+    qwen = write_recipe(r, tmp_path / "qwen")  # Qwen3.5's head sizes (K = V = 128)
+    res = export(qwen, "flashinfer", gpu="sm90")
+    kw = json.loads((res.out_dir / "flashinfer_kwargs.json").read_text())
+    assert res.plan.setting.encoding == "bf16" and kw["function"].endswith("gated_delta_rule_decode_pretranspose")
+    assert any("fp16 GDN" in d.reason or "not fp16" in d.reason for d in res.plan.dropped) or res.plan.from_global
+    enc = export(rec, "vllm", gpu="sm90")
+    dtype = {"fp16": "float16", "bf16": "bfloat16"}[enc.plan.setting.encoding]
+    assert json.loads((enc.out_dir / "hf_config_patch.json").read_text()) == {"mamba_ssm_dtype": dtype}
+    trt = export(rec, "trtllm", gpu="sm90")
+    dtype = {"fp16": "float16", "bf16": "bfloat16"}[trt.plan.setting.encoding]
+    assert json.loads((trt.out_dir / "hf_config_patch.json").read_text()) == {"mamba_ssm_cache_dtype": dtype}
 
 
-def test_bad_targets_and_versions(mamba_recipe, copy, tmp_path):
+def test_bad_targets_versions_and_gpus(mamba_recipe, tmp_path):
     res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "sglang"])
     assert res.exit_code != 0 and "known targets: vllm, trtllm, flashinfer" in res.output
-    rec = copy(mamba_recipe)
-    doc = _doc(rec)
-    doc["schema_version"] = 99
-    (rec / CONFIG_NAME).write_text(json.dumps(doc))
+    res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "vllm", "--engine-version", "0.34.0"])
+    assert res.exit_code != 0 and "vLLM version '0.34.0' is not covered by the engine facts; accepted: 0.25.0" in res.output
+    res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "vllm", "--gpu", "hopper"])
+    assert res.exit_code != 0 and "unknown GPU 'hopper'; give its compute capability as smXY" in res.output
+    rec = _edit(mamba_recipe, tmp_path / "recipe", lambda d: d.update(schema_version=99))
     with pytest.raises(ExportError, match=r"schema_version 99; .* reads schema_version 1 only"):
         export(rec, "vllm")
-    # an explicit non-empty --out needs --force
-    other = tmp_path / "other"
+    other = tmp_path / "other"  # an explicit non-empty --out needs --force
     other.mkdir()
     (other / "x").write_text("keep")
     with pytest.raises(ExportError, match="--force"):

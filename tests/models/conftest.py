@@ -1,4 +1,5 @@
-"""Tiny random-init hybrid checkpoints (NemotronH, Qwen3.5 dense and MoE, Qwen3-Next), saved with
+"""Tiny random-init hybrid checkpoints (NemotronH, Qwen3.5 dense and MoE, Qwen3-Next, GLM-5.3-Flash and
+Kimi-Linear), saved with
 save_pretrained to a temporary directory, so that tests load them through the path a user's checkpoint
 takes. All fp32 (CPU loading policy), widths of a few dozen, a handful of layers.
 
@@ -47,6 +48,23 @@ _QWEN_TEXT = dict(
     linear_conv_kernel_dim=4,
     dtype="float32",
 )
+# KDA: 3 heads so that a head mix-up cannot pass; both families have Dk = Dv (one linear_head_dim).
+_KDA_TEXT = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    intermediate_size=96,
+    kv_lora_rank=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    linear_num_heads=3,
+    linear_head_dim=16,
+    mlp_layer_types=["dense"] * 4,
+    pad_token_id=None,
+    dtype="float32",
+)
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
 _VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
 
@@ -63,6 +81,15 @@ def energise(model: torch.nn.Module, seed: int = 0) -> None:
                 if isinstance(lin, torch.nn.Linear) and name != "out_proj":
                     lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) * lin.in_features**-0.5)
             m.conv1d.weight.copy_((torch.rand(m.conv1d.weight.shape, generator=g) * 2 - 1) * 0.8)
+            if mixer.kind == "kda":
+                # decay rates exp(A_log) in [0.37, 7.4] and per-channel biases spread over (-6, 2): the key
+                # channels of a head decay from almost not at all to almost completely per step
+                fg = m.forget_gate
+                for lin in (fg.f_a_proj, fg.f_b_proj):
+                    lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) * lin.in_features**-0.5)
+                fg.A_log.copy_(torch.rand(fg.A_log.shape, generator=g) * 3.0 - 1.0)
+                fg.dt_bias.copy_(torch.rand(fg.dt_bias.shape, generator=g) * 8.0 - 6.0)
+                continue
             h = m.A_log.numel()
             if mixer.kind == "mamba2":
                 m.A_log.copy_(torch.rand(h, generator=g) * 2.5 - 1.0)  # A in [-4.5, -0.37]
@@ -112,6 +139,34 @@ def qwen3_next_dir(tmp_path_factory):
 
     torch.manual_seed(4)
     return _save(Qwen3NextForCausalLM(Qwen3NextConfig(**_QWEN_TEXT, **_MOE)), tmp_path_factory.mktemp("qwen3_next"), 4)
+
+
+@pytest.fixture(scope="session")
+def glm5_next_dir(tmp_path_factory):
+    """A GLM-5.3-Flash checkpoint as published: Glm5NextForConditionalGeneration (text + vision), 3 KDA + 1 DSA."""
+    from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
+
+    torch.manual_seed(5)
+    text = dict(_KDA_TEXT, q_lora_rank=16, index_topk=8, index_head_dim=8, index_n_heads=1, index_kpool=4, hc_mult=2)
+    cfg = Glm5NextConfig(text_config=text, vision_config=dict(_VISION, projection_intermediate_size=64))
+    return _save(Glm5NextForConditionalGeneration(cfg), tmp_path_factory.mktemp("glm5_next"), 5)
+
+
+@pytest.fixture(scope="session")
+def kimi_linear_dir(tmp_path_factory):
+    """A Kimi-Linear checkpoint (KimiLinearForCausalLM): 3 KDA + 1 MLA, softplus gate."""
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    torch.manual_seed(6)
+    cfg = KimiLinearConfig(
+        **_KDA_TEXT,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    return _save(KimiLinearForCausalLM(cfg), tmp_path_factory.mktemp("kimi_linear"), 6)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from ssmquant.models import (
     find_ssm_mixers,
     iter_capture,
 )
-from ssmquant.replay.inputs import GDNInputs, Mamba2Inputs
+from ssmquant.replay.inputs import GDNInputs, KDAInputs, Mamba2Inputs
 from ssmquant.replay.reference import reference_decode
 
 from .conftest import VOCAB, load_cpu, relerr
@@ -34,7 +34,8 @@ def _model_reference(model, ids):
         def pre(_m, args, i=i):
             outs[i] = args[0].detach().clone()
 
-        handles.append(mixer.module.norm.register_forward_pre_hook(pre))
+        norm = mixer.module.o_norm if mixer.kind == "kda" else mixer.module.norm
+        handles.append(norm.register_forward_pre_hook(pre))
     try:
         with torch.no_grad():
             out = model(input_ids=ids, use_cache=True)
@@ -56,6 +57,8 @@ CHECKPOINTS = [
     ("qwen35_dir", "gdn", "Qwen3_5ForConditionalGeneration", GDN_STEPS),
     ("qwen35_moe_dir", "gdn", "Qwen3_5MoeForConditionalGeneration", GDN_STEPS),
     ("qwen3_next_dir", "gdn", "Qwen3NextForCausalLM", GDN_STEPS),
+    ("glm5_next_dir", "kda", "Glm5NextForConditionalGeneration", GDN_STEPS),  # > chunk_kda's chunk 64
+    ("kimi_linear_dir", "kda", "KimiLinearForCausalLM", GDN_STEPS),
 ]
 
 
@@ -74,7 +77,7 @@ def test_captured_inputs_reproduce_the_mixer(request, fixture, kind, arch, steps
         y, final, _ = reference_decode(inputs)
         y_model = outs[layer].reshape(y.shape)
         state_model = states[layer]
-        if kind == "gdn":
+        if kind in ("gdn", "kda"):
             state_model = state_model.transpose(-1, -2)  # transformers [Dk, Dv] -> ours [Dv, Dk]
         else:
             # The recurrence must carry the signal: compare the SSM part without the D skip term too.
@@ -186,3 +189,70 @@ def test_text_to_capture_end_to_end(nemotron_dir):
     assert ids.shape == (2, 24) and int(ids.max()) < 256
     caps = capture_all(loaded, ids, meta=meta)
     assert caps[0].meta["text"]["split"] == "calibration" and caps[0].meta["source"] == "checkpoint"
+
+
+@pytest.mark.parametrize("fixture", ["nemotron_dir", "qwen35_dir"])
+def test_micro_batched_prefill_gives_the_same_inputs(fixture, request):
+    """Prefill in passes of one sequence (how a model too large for one batched prefill is captured):
+    every layer's inputs equal the one-pass capture, joined along the batch."""
+    loaded = load_cpu(str(request.getfixturevalue(fixture)))
+    ids = torch.randint(0, VOCAB, (3, 24), generator=torch.Generator().manual_seed(0))
+    whole = capture_all(loaded, ids)
+    seen = []
+    parts = {}
+    capture_inputs(loaded, ids, lambda i, x: (seen.append(i), parts.__setitem__(i, x)), micro_batch=1)
+    assert seen == sorted(whole)  # layers still arrive in order, once each
+    for i, inp in whole.items():
+        got = parts[i]
+        assert got.batch == 3 and got.meta["batch"] == 3
+        for name in ("x", "dt", "B", "C") if isinstance(inp, Mamba2Inputs) else ("q", "k", "v", "g", "beta"):
+            torch.testing.assert_close(getattr(got, name), getattr(inp, name), rtol=1e-5, atol=1e-6)
+    with pytest.raises(CaptureError, match="micro_batch must be a positive integer, got 0"):
+        capture_inputs(loaded, ids, lambda i, x: None, micro_batch=0)
+
+
+def test_prefill_memory_estimate_sizes_micro_batches(monkeypatch):
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    from ssmquant.models.capture import auto_micro_batch, prefill_bytes_per_sequence
+
+    with torch.device("meta"):
+        net = NemotronHForCausalLM(NemotronHConfig(num_hidden_layers=1, hybrid_override_pattern="M"))
+    # Nemotron-H-8B's mixer (128 heads, state 128, chunk 128) at 2048 tokens: 16 chunks of 128 x 128 x 128 x 128
+    assert prefill_bytes_per_sequence(net, 2048) == 2 * 16 * 128 * 128 * 128 * 128 * 4  # 16 GiB
+    per_seq = prefill_bytes_per_sequence(net, 2048)
+    monkeypatch.setattr("ssmquant.sizing.free_bytes", lambda device: 10 * per_seq)
+    assert auto_micro_batch(net, 8, 2048, torch.device("cpu")) == 5  # half the free memory: 5 sequences
+    assert auto_micro_batch(net, 4, 2048, torch.device("cpu")) == 4
+    monkeypatch.setattr("ssmquant.sizing.free_bytes", lambda device: per_seq)
+    assert auto_micro_batch(net, 8, 2048, torch.device("cpu")) == 1  # never fewer than one sequence
+
+
+def test_kda_gates_and_normalisation(glm5_next_dir, kimi_linear_dir):
+    """GLM-5.3-Flash's gate is bounded below by -5; Kimi-Linear's is not; q, k unit-norm (q scaled)."""
+    ids = torch.randint(0, VOCAB, (2, 9))
+    for fixture, bounded in ((glm5_next_dir, True), (kimi_linear_dir, False)):
+        for inputs in capture_all(load_cpu(fixture), ids).values():
+            assert isinstance(inputs, KDAInputs) and inputs.g.shape == (2, 9, 3, 16)
+            assert inputs.g.dtype == torch.float32 and (inputs.g <= 0).all()
+            if bounded:
+                assert (inputs.g >= -5.0).all() and float(inputs.g.min()) < -1.0
+            assert float(inputs.g.std(-1).min()) > 0  # one decay per key channel, not one per head
+            dk = inputs.state_dim
+            torch.testing.assert_close(inputs.k.norm(dim=-1), torch.ones_like(inputs.k[..., 0]), atol=1e-4, rtol=0)
+            torch.testing.assert_close(
+                inputs.q.norm(dim=-1) * dk**0.5, torch.ones_like(inputs.q[..., 0]), atol=1e-4, rtol=0
+            )
+
+
+def test_a_linear_attention_layer_of_unknown_kind_is_refused_by_name(kimi_linear_dir):
+    class MysteryLinearAttention(torch.nn.Module):
+        def __init__(self, layer_idx):
+            super().__init__()
+            self.layer_idx = layer_idx
+
+    loaded = load_cpu(kimi_linear_dir)
+    loaded.model.model.layers[1].self_attn = MysteryLinearAttention(1)
+    pattern = r"layer 1 is a linear-attention layer .*MysteryLinearAttention.*known kinds: mamba2: .*; gdn: .*; kda: Kimi"
+    with pytest.raises(CaptureError, match=pattern):
+        find_ssm_mixers(loaded.model)

@@ -92,6 +92,25 @@ def test_detect_by_model_type_and_unsupported():
         detect_architecture({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
 
 
+def test_linear_attention_of_an_unknown_kind_is_refused_naming_the_known_kinds():
+    cfg = {"architectures": ["MiniMaxM1ForCausalLM"], "model_type": "minimax_m1"}
+    cfg["layer_types"] = ["linear_attention", "full_attention"]
+    with pytest.raises(
+        UnsupportedArchitectureError,
+        match=r"MiniMaxM1ForCausalLM has linear-attention layers of a kind ssmquant does not know .*known kinds: "
+        r"mamba2: Mamba-2 .*; gdn: Gated DeltaNet .*; kda: Kimi Delta Attention",
+    ):
+        detect_architecture(cfg)
+
+
+@pytest.mark.parametrize(
+    "arch,family", [("Glm5NextForConditionalGeneration", "glm5_next"), ("KimiLinearForCausalLM", "kimi_linear")]
+)
+def test_kda_architectures(arch, family):
+    info = detect_architecture({"architectures": [arch], "model_type": family})
+    assert (info.family, info.layer_kind) == (family, "kda")
+
+
 def test_unsupported_checkpoint_is_refused_before_loading(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"], "model_type": "mamba"}))
     with pytest.raises(UnsupportedArchitectureError, match="Qwen3_5MoeForConditionalGeneration"):

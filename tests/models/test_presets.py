@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from ssmquant.models import GDNShape, Mamba2Shape, PresetError, get_preset, list_presets, presets_frame, ssm_layout
+from ssmquant.models import (
+    GDNShape,
+    KDAShape,
+    Mamba2Shape,
+    PresetError,
+    get_preset,
+    list_presets,
+    presets_frame,
+    ssm_layout,
+)
 
 MiB = 2**20
 
@@ -21,6 +30,9 @@ DESIGN_TABLE = [
     # Not in DESIGN.md: from the published configs (see presets.py sources).
     ("qwen3.5-27b", 48, 64, (48, 128, 128), 16, 3),
     ("qwen3.5-397b-a17b", 45, 60, (64, 128, 128), 16, 4),
+    # KDA (DESIGN.md section 6 gives heads x dims; the layer counts are the configs')
+    ("glm-5.3-flash", 34, 45, (64, 128, 128), 64, 4),
+    ("kimi-linear-48b-a3b", 20, 27, (32, 128, 128), 32, 2),
 ]
 
 
@@ -55,8 +67,29 @@ def test_qwen_full_attention_every_fourth_layer(name):
     assert (p.shape.key_head_dim, p.shape.value_head_dim, p.shape.conv_kernel) == (128, 128, 4)
 
 
+def test_kda_presets():
+    glm, kimi = get_preset("glm-5.3-flash"), get_preset("kimi-linear-48b-a3b")
+    assert isinstance(glm.shape, KDAShape) and isinstance(kimi.shape, KDAShape)
+    assert glm.shape.gate_lower_bound == -5.0 and kimi.shape.gate_lower_bound is None
+    assert glm.ssm_layers == tuple(i for i in range(45) if i % 4 != 3)
+    # Kimi-Linear's config lists its layers 1-indexed: kda_layers 1-3, 5-7, ..., 25, 26; full attention 4, 8, ..., 27
+    assert [i + 1 for i in kimi.ssm_layers] == [i for i in range(1, 27) if i % 4 != 0]
+    assert kimi.layer_pattern[-1] == "F"
+
+
 def _config_of(p) -> dict:
     """A config.json dict holding the preset's published fields."""
+    if p.layer_kind == "kda":
+        s = p.shape
+        linear = {"num_heads": s.num_heads, "head_dim": s.head_dim, "short_conv_kernel_size": s.conv_kernel}
+        if p.model_type == "kimi_linear":
+            linear["kda_layers"] = [i + 1 for i in p.ssm_layers]
+            linear["full_attn_layers"] = [i + 1 for i in range(p.num_layers) if i not in p.ssm_layers]
+            base = {"num_hidden_layers": p.num_layers, "hidden_size": p.hidden_size, "linear_attn_config": linear}
+            return {"architectures": [p.architecture], "model_type": p.model_type, **base}
+        linear["gate_lower_bound"] = s.gate_lower_bound
+        text = {"num_hidden_layers": p.num_layers, "hidden_size": p.hidden_size, "linear_attn_config": linear}
+        return {"architectures": [p.architecture], "model_type": p.model_type, "text_config": text}
     if p.layer_kind == "mamba2":
         s = p.shape
         return {

@@ -9,7 +9,7 @@ import torch
 
 from ssmquant.models import PresetError, get_preset, list_presets, synthetic_inputs, synthetic_layers
 from ssmquant.models.synthetic import PROFILES, SLOW_HALF_LIFE, get_profile
-from ssmquant.replay.inputs import GDNInputs, Mamba2Inputs
+from ssmquant.replay.inputs import GDNInputs, KDAInputs, Mamba2Inputs
 from ssmquant.replay.reference import reference_decode
 
 
@@ -26,6 +26,11 @@ def test_shapes_of_every_preset(name):
         assert isinstance(x, Mamba2Inputs)
         assert x.x.shape == (2, 3, s.num_heads, s.head_dim) and x.B.shape == (2, 3, s.n_groups, s.state_size)
         assert x.x.dtype == torch.bfloat16 and x.dt.dtype == torch.float32
+    elif p.layer_kind == "kda":
+        s = p.shape
+        assert isinstance(x, KDAInputs)
+        assert x.q.shape == (2, 3, s.num_heads, s.head_dim) and x.g.shape == (2, 3, s.num_heads, s.head_dim)
+        assert x.v.dtype == torch.bfloat16 and x.g.dtype == torch.float32 and x.meta["gate"]
     else:
         s = p.shape
         assert isinstance(x, GDNInputs)
@@ -83,8 +88,28 @@ def test_gdn_follows_the_qwen_init_with_long_memory_heads():
     assert pure.meta["params"]["long_memory_heads"] == []
 
 
+@pytest.mark.parametrize("name", ["glm-5.3-flash", "kimi-linear-48b-a3b"])
+def test_kda_follows_the_family_init(name):
+    """Per-channel dt_bias = softplus^-1(dt), dt in [1e-3, 1e-1]; GLM's gate in [-5, 0] with A_log = 0,
+    Kimi's A in [1, 16]; every head mixes fast and slow key channels."""
+    p = get_preset(name)
+    s = p.shape
+    x = synthetic_inputs(p, p.ssm_layers[0], batch=2, steps=64, seed=2)
+    dt0 = torch.nn.functional.softplus(x.meta["params"]["dt_bias"])
+    assert x.meta["params"]["dt_bias"].shape == (s.num_heads * s.head_dim,)
+    assert ((dt0 >= s.time_step_min * 0.999) & (dt0 <= s.time_step_max * 1.001)).all()
+    a = torch.exp(x.meta["params"]["A_log"])
+    if s.gate_lower_bound is not None:
+        assert torch.equal(a, torch.ones(s.num_heads)) and float(x.g.min()) >= s.gate_lower_bound
+    else:
+        assert ((a >= s.a_init_low) & (a <= s.a_init_high)).all()
+    torch.testing.assert_close(x.k.norm(dim=-1), torch.ones(x.k.shape[:-1]), atol=1e-5, rtol=0)
+    decay = torch.exp(x.g).mean(dim=(0, 1))  # [H, Dk]
+    assert float(decay.max(-1).values.min()) > 0.98 and float(decay.min(-1).values.max()) < 0.95
+
+
 def test_reference_decode_runs_on_synthetic_inputs():
-    for name in ("nemotron-h-8b", "qwen3-next-80b"):
+    for name in ("nemotron-h-8b", "qwen3-next-80b", "glm-5.3-flash"):
         y, final, _ = reference_decode(synthetic_inputs(name, get_preset(name).ssm_layers[0], batch=1, steps=16))
         assert torch.isfinite(y).all() and torch.isfinite(final).all() and final.abs().max() > 0
 
@@ -205,4 +230,7 @@ def test_unknown_profile_is_refused_naming_the_accepted_ones():
     with pytest.raises(ValueError, match=r"unknown synthetic profile 'nope'; accepted: init, slow-decay"):
         synthetic_inputs("nemotron-3-nano", 0, batch=1, steps=2, profile="nope")
     assert get_profile("persistent").key_rank == PROFILES["low-rank-keys"].key_rank
+    kda = next(n for n in list_presets() if get_preset(n).layer_kind == "kda")
+    with pytest.raises(ValueError, match=r"defined for Mamba-2 and GDN presets; .* is a KDA preset"):
+        synthetic_inputs(kda, get_preset(kda).ssm_layers[0], batch=1, steps=2, profile="slow-decay")
     assert not PROFILES["persistent"].is_init and PROFILES["init"].is_init

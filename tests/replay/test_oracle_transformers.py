@@ -17,7 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ssmquant.replay import GDNInputs, Mamba2Inputs, reference_decode
+from ssmquant.models.torch_path import use_torch_path_on_cpu
+from ssmquant.replay import GDNInputs, KDAInputs, Mamba2Inputs, reference_decode
 
 transformers = pytest.importorskip("transformers")
 
@@ -171,6 +172,7 @@ def tiny_gdn_model(kind):
     else:
         cfg = transformers.Qwen3NextConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
         model = transformers.Qwen3NextForCausalLM(cfg)
+    use_torch_path_on_cpu(model)  # the oracle is transformers' torch path, also where fla is installed
     return model.float().eval()
 
 
@@ -219,3 +221,99 @@ def test_gdn_recurrence_matches_transformers_decode_cache(kind):
         for t in range(STEPS):
             theirs = states[t][li].transpose(-1, -2)  # transformers keeps [Dk, Dv]; we keep [Dv, Dk]
             assert rel(ours[:, t], theirs) < TOL, (kind, li, t, rel(ours[:, t], theirs))
+
+
+# --- Kimi Delta Attention: Kimi-Linear and GLM-5.3-Flash ---------------------------------------------
+
+# Dv = Dk here (both models have one linear_head_dim); 3 heads so that a head mix-up cannot pass.
+_KDA_TEXT = dict(
+    vocab_size=64,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    intermediate_size=96,
+    kv_lora_rank=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    linear_num_heads=3,
+    linear_head_dim=16,
+    mlp_layer_types=["dense"] * 4,
+    pad_token_id=None,
+)
+
+
+def tiny_kda_model(kind):
+    """A 4-layer Kimi-Linear (3 KDA + 1 MLA, softplus gate) or GLM-5.3-Flash (3 KDA + 1 DSA, gate bounded
+    below by -5) at their transformers initialisation (FLA's A_log / dt_bias init)."""
+    torch.manual_seed(0)
+    if kind == "kimi_linear":
+        cfg = transformers.KimiLinearConfig(
+            **_KDA_TEXT,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            layer_types=["linear_attention"] * 3 + ["full_attention"],
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+        return transformers.KimiLinearForCausalLM(cfg).float().eval()
+    text = dict(_KDA_TEXT, q_lora_rank=16, index_topk=8, index_head_dim=8, index_n_heads=1, index_kpool=4, hc_mult=2)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    cfg = transformers.Glm5NextConfig(text_config=text, vision_config=dict(vision, projection_intermediate_size=64))
+    return transformers.Glm5NextForConditionalGeneration(cfg).float().eval()
+
+
+def fla_l2norm(x):
+    # transformers' KDA l2norm (models/glm5_next/modeling_glm5_next.py `l2norm`): x / sqrt(sum(x^2) + 1e-6), fp32
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def kda_inputs_from_records(records, layer_count):
+    per_layer = [[] for _ in range(layer_count)]
+    for k, rec in enumerate(records):
+        per_layer[k % layer_count].append(rec)
+    out = []
+    for calls in per_layer:
+        qs, ks, vs, gs, betas = [], [], [], [], []
+        for _name, args, kw in calls:
+            q, k, v = args[:3]  # [b, 1, H, Dk], [b, 1, H, Dk], [b, 1, H, Dv]
+            assert kw["use_qk_l2norm_in_kernel"]
+            q, k = fla_l2norm(q.float()), fla_l2norm(k.float())
+            qs.append(q / q.shape[-1] ** 0.5)
+            ks.append(k)
+            vs.append(v)
+            gs.append(kw["g"])  # [b, 1, H, Dk] log decays
+            betas.append(kw["beta"])
+        out.append(
+            KDAInputs(
+                q=torch.cat(qs, 1), k=torch.cat(ks, 1), v=torch.cat(vs, 1), g=torch.cat(gs, 1), beta=torch.cat(betas, 1)
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("kind", ["kimi_linear", "glm5_next"])
+def test_kda_recurrence_matches_transformers_decode_cache(kind):
+    model = tiny_kda_model(kind)
+    layer0 = model.model.language_model.layers[0] if kind == "glm5_next" else model.model.layers[0]
+    mod = importlib.import_module(type(layer0.self_attn).__module__)
+    types = (model.config.get_text_config()).layer_types
+    kda_layers = [i for i, t in enumerate(types) if t == "linear_attention"]
+    assert kda_layers == [0, 1, 2]
+    tokens = torch.randint(0, 64, (BATCH, STEPS))
+    records, states = [], []
+    names = ["chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"]
+    with torch.no_grad(), wrapped(mod, names, records):
+        for cache in decode_with_cache(model, tokens):
+            states.append([cache.get_recurrent_state(i).clone() for i in kda_layers])
+    assert [r[0] for r in records[:3]] == ["chunk_kimi_delta_attention"] * 3
+    assert sum(r[0] == "recurrent_kimi_delta_attention" for r in records) == (STEPS - 1) * 3
+    inputs = kda_inputs_from_records(records, len(kda_layers))
+    spread = []
+    for li, inp in enumerate(inputs):
+        spread.append(float(inp.g.std(-1).mean()))  # the key channels of a head decay differently
+        _, _, ours = reference_decode(inp, return_states=True)
+        for t in range(STEPS):
+            theirs = states[t][li].transpose(-1, -2)  # transformers keeps [Dk, Dv]; we keep [Dv, Dk]
+            assert rel(ours[:, t], theirs) < TOL, (kind, li, t, rel(ours[:, t], theirs))
+    assert min(spread) > 0

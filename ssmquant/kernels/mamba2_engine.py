@@ -1,0 +1,316 @@
+"""Fused Mamba-2 decode emulation under an engine profile (`flashinfer`): all T steps in one launch.
+
+The Triton twin of `ssmquant.engines.emulation.Mamba2EngineStep` (its torch reference, followed op for
+op; the profile is described in `ssmquant.engines.profiles`). Layout as `mamba2.py`: one program per
+(batch, head, block of BLOCK_P rows), the state held as a transposed tile [N, BLOCK_P]. Besides the FP32
+reference and the state the metrics see, a replay variant keeps its checkpoint (code values and per-row
+decode scales, or the stored values) and reads its ring back from the inputs in global memory. The
+coefficient tables (`profiles.flashinfer_tables`) are computed once in torch and read here, so both
+backends apply the same bits; replay sums run over the ring in order, as in the reference. Stochastic
+rounding of 8-bit checkpoints and of conventional fp16 state draws FlashInfer's Philox words
+(`tl.randint4x` is the same stream as `philox_randint4x`) and applies its conversions.
+
+_kernel -> launcher (`mamba2_engine_launch`, no validation; `ssmquant.replay.simulate` validates).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import round_buffer, store_metrics
+from .rounding import fake_quant_tile, round_element, round_to_bf16, stream_key
+
+
+@triton.jit
+def _bf16(v):
+    return round_to_bf16(v, 0, False)
+
+
+@triton.jit
+def _pow2(e):
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bitrev16(x):
+    x = ((x >> 1) & 0x5555) | ((x & 0x5555) << 1)
+    x = ((x >> 2) & 0x3333) | ((x & 0x3333) << 2)
+    x = ((x >> 4) & 0x0F0F) | ((x & 0x0F0F) << 4)
+    return ((x >> 8) & 0x00FF) | ((x & 0x00FF) << 8)
+
+
+@triton.jit
+def _select4(r0, r1, r2, r3, k):
+    return tl.where(k == 0, r0, tl.where(k == 1, r1, tl.where(k == 2, r2, r3)))
+
+
+@triton.jit
+def _ckpt_chunks(seed, head_base, rows, cols, N):
+    """`philox.checkpoint_8bit_words` for a tile [BN, BP]: the 16-bit SR chunk of each element (int64)."""
+    hi = (rows % 16) >= 8
+    r_lo = tl.where(hi, rows - 8, rows)
+    pair_col = 32 * (cols // 32) + 2 * ((cols % 8) // 2)
+    offset = (head_base * N + r_lo.to(tl.int64) * N)[None, :] + pair_col[:, None].to(tl.int64)
+    r0, r1, r2, r3 = tl.randint4x(seed, offset, 10)
+    k = ((cols // 8) % 4)[:, None]
+    word = _select4(r0, r1, r2, r3, k).to(tl.int64) & 0xFFFFFFFF
+    chunk = tl.where(hi[None, :], word >> 16, word & 0xFFFF)
+    return tl.where((cols % 2 == 1)[:, None], _bitrev16(chunk), chunk)
+
+
+@triton.jit
+def _sr_e4m3(v, chunk):
+    """`philox.sr_e4m3`: FlashInfer's software stochastic E4M3 conversion, as FP32 values."""
+    bits = v.to(tl.uint32, bitcast=True).to(tl.int64)
+    sign = bits >> 31
+    ex = (bits >> 23) & 0xFF
+    mant = 0x800000 | (bits & 0x7FFFFF)
+    unb = ex - 127
+    normal = unb >= -6
+    shift = tl.where(normal, 20, 14 - unb)
+    rs = shift - 16
+    contrib = tl.where(rs < 56, chunk << tl.minimum(tl.maximum(rs, 0), 55), 0)
+    total = mant + contrib
+    ip = tl.where(shift >= 64, 0, total >> tl.minimum(shift, 63))
+    up = (ip >= 16).to(tl.int64)
+    e_n = unb + 7 + up
+    ip_n = tl.where(up == 1, ip >> 1, ip)
+    e = tl.where(normal, e_n, tl.where(ip >= 8, 1, 0))
+    frac = tl.where(normal, ip_n, ip) & 7
+    sat = (e > 15) | ((e == 15) & (frac == 7))
+    mag = tl.where(e == 0, frac.to(tl.float32) * 0.001953125, (8 + frac).to(tl.float32) * _pow2(e.to(tl.int32) - 10))
+    mag = tl.where(sat, 448.0, mag)
+    mag = tl.where(ex == 0, 0.0, mag)
+    return tl.where(sign == 1, -mag, mag)
+
+
+@triton.jit
+def _sr_fp16(v, word):
+    """`philox.sr_fp16`: add the low 13 random bits below the fp16 mantissa and truncate (FP32 values)."""
+    bits = v.to(tl.uint32, bitcast=True).to(tl.int64)
+    sign = bits >> 31
+    a = (bits & 0x7FFFFFFF) + (word & 0x1FFF)
+    ex = (a >> 23) & 0xFF
+    out = ((a >> 13) << 13).to(tl.int32).to(tl.float32, bitcast=True)
+    out = tl.where(ex > 142, float("inf"), out)
+    out = tl.where(ex < 113, 0.0, out)
+    return tl.where(sign == 1, -out, out)
+
+
+@triton.jit
+def _mamba2_engine_kernel(
+    x_ptr, dt_ptr, a_ptr, bm_ptr, cm_ptr, d_ptr, s0_ptr, write_ptr, metrics_ptr,
+    fac_ptr, cbn_ptr, cbo_ptr, coef_ptr, tdec_ptr, start_ptr, fcall_ptr,
+    B, T, H, P, N, HEADS_PER_GROUP, G, seed_hi, batch_offset, store_seed, record_every,
+    L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FMT: tl.constexpr, REPLAY: tl.constexpr,
+    SR: tl.constexpr, BUF: tl.constexpr, HAS_S0: tl.constexpr,
+):  # fmt: skip
+    pid_bh = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    npb = tl.num_programs(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    g = h // HEADS_PER_GROUP
+    rows = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < P
+    col_ok = cols < N
+    tile_ok = col_ok[:, None] & row_ok[None, :]
+    EIGHT: tl.constexpr = FMT == 3 or FMT == 4
+    b64 = b.to(tl.int64)
+    head_base = (b64 * H + h) * P
+    state_offs = (head_base + rows)[None, :] * N + cols[:, None]
+    # Philox counters and SR indices count elements over the whole batch (batch slices draw the same bits)
+    global_head = ((b64 + batch_offset) * H + h) * P
+    sr_index = state_offs + (batch_offset * H).to(tl.int64) * P * N
+    if HAS_S0:
+        s_ref = tl.load(s0_ptr + state_offs, mask=tile_ok, other=0.0)
+    else:
+        s_ref = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
+    s_var = s_ref
+    ones = tl.full([BLOCK_P], 1.0, tl.float32)
+    codes = s_ref  # the checkpoint: code values (8-bit) or stored values
+    dec = ones
+    if REPLAY and EIGHT:
+        amax = tl.max(tl.abs(s_ref), axis=0)
+        qmax = 448.0 if FMT == 3 else 127.0
+        enc = tl.math.div_rn(tl.full([BLOCK_P], qmax, tl.float32), tl.where(amax == 0.0, 1.0, amax))
+        enc = tl.where(amax == 0.0, 1.0, enc)
+        dec = tl.math.div_rn(ones, enc)
+        codes = round_element(s_ref * enc[None, :], 0.0, 0, FMT, False)
+        s_var = codes * dec[None, :]
+    pending = tl.zeros([BLOCK_P], dtype=tl.float32)
+    d = tl.load(d_ptr + h)
+
+    for t in range(T):
+        bt = b64 * T + t
+        x = tl.load(x_ptr + (bt * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32)
+        dt = tl.load(dt_ptr + bt * H + h)
+        a = tl.load(a_ptr + bt * H + h)
+        bvec = tl.load(bm_ptr + (bt * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32)
+        cvec = tl.load(cm_ptr + (bt * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32)
+        s_ref = a * s_ref + bvec[:, None] * (dt * x)[None, :]
+        y_ref = tl.sum(s_ref * cvec[:, None], axis=0) + d * x
+        xb = round_buffer(x, BUF)
+        bb = round_buffer(bvec, BUF)
+        write = tl.load(write_ptr + bt) != 0
+        if REPLAY:
+            fac = tl.load(fac_ptr + bt * H + h)
+            cbn = tl.load(cbn_ptr + bt * H + h)
+            start = tl.load(start_ptr + bt)
+            fcall = tl.load(fcall_ptr + bt) != 0
+            if fcall:
+                y = fac * pending + cbn * xb
+            else:
+                if EIGHT:
+                    y = tl.sum(codes * cvec[:, None], axis=0) * (fac * dec) + cbn * xb
+                else:
+                    y = tl.sum(_bf16(codes) * cvec[:, None], axis=0) * fac + cbn * xb
+                for j in tl.static_range(L):
+                    st = tl.minimum(start + j, T - 1)
+                    xj = tl.load(x_ptr + ((b64 * T + st) * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32)
+                    w = tl.load(cbo_ptr + (bt * H + h) * L + j)
+                    y = y + w * round_buffer(xj, BUF)
+            y = y + d * x
+            s_var = a * s_var + bb[:, None] * (dt * xb)[None, :]
+            if write:
+                rstart = tl.where(fcall, t, start)
+                tdec = tl.load(tdec_ptr + bt * H + h)
+                if EIGHT:
+                    acc = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
+                else:
+                    acc = codes * tdec
+                for j in tl.static_range(L):
+                    st = tl.minimum(rstart + j, T - 1)
+                    stt = b64 * T + st
+                    xj = round_buffer(tl.load(x_ptr + (stt * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32), BUF)
+                    bj = round_buffer(tl.load(bm_ptr + (stt * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32), BUF)
+                    cj = tl.load(coef_ptr + (bt * H + h) * L + j)
+                    if EIGHT:
+                        acc = acc + _bf16(xj * cj)[None, :] * bj[:, None]
+                    else:
+                        acc = acc + xj[None, :] * _bf16(bj * cj)[:, None]
+                if EIGHT:
+                    rep = acc + codes * (dec * tdec)[None, :]
+                    amax = tl.max(tl.abs(rep), axis=0)
+                    qmax = 448.0 if FMT == 3 else 127.0
+                    enc = tl.math.div_rn(tl.full([BLOCK_P], qmax, tl.float32), tl.where(amax == 0.0, 1.0, amax))
+                    enc = tl.where(amax == 0.0, 1.0, enc)
+                    dec = tl.math.div_rn(ones, enc)
+                    v = rep * enc[None, :]
+                    if SR:
+                        chunk = _ckpt_chunks(seed_hi + t + 1, global_head, rows, cols, N)
+                        if FMT == 3:
+                            codes = _sr_e4m3(v, chunk)
+                        else:
+                            codes = tl.minimum(tl.maximum(tl.floor(v + chunk.to(tl.float32) * 1.52587890625e-05), -127.0), 127.0)
+                    else:
+                        codes = round_element(v, 0.0, 0, FMT, False)
+                    codes = tl.where(tile_ok, codes, 0.0)
+                    s_var = codes * dec[None, :]
+                    out_state = rep
+                else:
+                    key = stream_key(store_seed, t)
+                    codes = fake_quant_tile(acc, ones, sr_index, key, BLOCK_N, BLOCK_P, FMT, 1, False, SR)
+                    s_var = codes
+                    out_state = codes
+                if t + 1 < T:
+                    cnext = tl.load(cm_ptr + ((bt + 1) * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32)
+                    pending = tl.sum(_bf16(out_state) * cnext[:, None], axis=0)
+        else:
+            s_var = a * s_var + bb[:, None] * (dt * xb)[None, :]
+            y = tl.sum(s_var * cvec[:, None], axis=0) + d * x
+            if write:
+                if FMT == 2 and SR:  # FlashInfer's fp16 SR: Philox word of (row, col - col % 4), word col % 4
+                    offset = (global_head * N + rows.to(tl.int64) * N)[None, :] + (cols - cols % 4)[:, None].to(tl.int64)
+                    r0, r1, r2, r3 = tl.randint4x(seed_hi + t, offset, 10)
+                    word = _select4(r0, r1, r2, r3, (cols % 4)[:, None]).to(tl.int64) & 0xFFFFFFFF
+                    s_var = tl.where(tile_ok, _sr_fp16(s_var, word), 0.0)
+                else:
+                    key = stream_key(store_seed, t)
+                    s_var = fake_quant_tile(s_var, ones, sr_index, key, BLOCK_N, BLOCK_P, FMT, 1, False, SR)
+        store_metrics(metrics_ptr, t, record_every, B, b, H, h, npb, pid_p, s_var, s_ref, y, y_ref, BLOCK_N * BLOCK_P)
+
+
+def mamba2_engine_launch(
+    x, dt, a, bm, cm, d, s0, write, tables, *, fmt_code: int, replay: bool, sr: bool, seed: int, buf_code: int,
+    block_p: int, num_warps: int, batch_offset: int = 0,
+) -> torch.Tensor:  # fmt: skip
+    """Launch on contiguous inputs; returns per-step metrics [T, B, H, NPB, 4] (fp32).
+
+    tables: `FlashInferTables` sliced to this batch (replay), or None (conventional). seed: the variant's
+    seed (the engine's rand_seed of call c is `philox.engine_seed(seed, c)`; ssmquant's stream for the
+    rest). Per-row scales need the whole state row in one program: block_p covers the rows given.
+    """
+    from ..engines.philox import engine_seed
+
+    bsz, steps, heads, p = x.shape
+    groups, n = bm.shape[2], bm.shape[3]
+    block_n = triton.next_power_of_2(n)
+    npb = triton.cdiv(p, block_p)
+    metrics = torch.full((steps, bsz, heads, npb, 4), float("nan"), device=x.device, dtype=torch.float32)
+    dummy = torch.zeros(1, device=x.device, dtype=torch.float32)
+    if tables is None:
+        length = 1
+        fac = cbn = cbo = coef = tdec = dummy
+        start = torch.zeros(1, device=x.device, dtype=torch.int64)
+        fcall = torch.zeros(1, device=x.device, dtype=torch.int8)
+    else:
+        length = tables.cb_old.shape[-1]
+        fac, cbn = tables.fac.contiguous(), tables.cb_new.contiguous()
+        cbo, coef, tdec = tables.cb_old.contiguous(), tables.coef.contiguous(), tables.total_decay.contiguous()
+        start = tables.start.contiguous()
+        fcall = tables.flush_call.to(torch.int8).contiguous()
+    _mamba2_engine_kernel[(bsz * heads, npb)](
+        x, dt, a, bm, cm, d, s0 if s0 is not None else dummy, write, metrics,
+        fac, cbn, cbo, coef, tdec, start, fcall,
+        bsz, steps, heads, p, n, heads // groups, groups, engine_seed(seed, 0), batch_offset, seed, 1,
+        L=length, BLOCK_P=block_p, BLOCK_N=block_n, FMT=fmt_code, REPLAY=replay, SR=sr, BUF=buf_code,
+        HAS_S0=s0 is not None, num_warps=num_warps, enable_fp_fusion=False,
+    )  # fmt: skip
+    return metrics
+
+
+# State elements per thread and tile: four tiles live at a flush (reference, metric state, checkpoint,
+# replay accumulator), so half the plain kernel's budget.
+_ELEMENTS_PER_THREAD = 32
+
+
+def engine_steps(inputs, variant, index: int, shared: dict, s0, metric_budget: int):
+    """Yield (index, b0, metrics [T, b, H, 4]) of one engine-profile variant, batch slice by batch slice.
+
+    shared: the contiguous inputs `emulate_triton_steps` prepared (x, dt, a, bm, cm, d); metric_budget:
+    bytes of one launch's per-step metric buffer.
+    """
+    from ..engines.profiles import flashinfer_tables
+    from ..formats import Rounding
+    from ..replay.schemes import SchemeKind
+    from .rounding import FORMAT_CODES
+
+    fmt, scheme = variant.format, variant.scheme
+    replay = scheme.kind is SchemeKind.REPLAY
+    write = scheme.write_mask(inputs.batch, inputs.steps).to(inputs.device)
+    tables = flashinfer_tables(inputs, write, scheme.buffer_len) if replay else None
+    rows, sdim = inputs.rows, inputs.state_dim
+    block_n = triton.next_power_of_2(sdim)
+    block_p = min(triton.next_power_of_2(rows), max(1, 32 * _ELEMENTS_PER_THREAD // block_n))
+    num_warps = max(1, min(4, block_p * block_n // (32 * _ELEMENTS_PER_THREAD)))
+    buf = {"fp32": 0, "bf16": 1, "fp16": 2}[scheme.buffer_dtype] if scheme.rounds_buffer else 0
+    write8 = write.to(torch.int8).contiguous()
+    per_sequence = {"x", "dt", "a", "bm", "cm"}
+    from . import _batch_slices
+
+    per_seq_bytes = inputs.steps * inputs.num_heads * triton.cdiv(rows, block_p) * 4 * 4
+    for b0, b1 in _batch_slices(inputs.batch, per_seq_bytes, metric_budget):
+        args = [t[b0:b1] if name in per_sequence else t for name, t in shared.items()]
+        tab = None
+        if tables is not None:
+            tab = type(tables)(*(getattr(tables, f)[b0:b1] for f in tables.__dataclass_fields__))
+        m = mamba2_engine_launch(
+            *args, None if s0 is None else s0[b0:b1], write8[b0:b1], tab, fmt_code=FORMAT_CODES[fmt.encoding],
+            replay=replay, sr=fmt.rounding is Rounding.SR, seed=variant.seed, buf_code=buf, block_p=block_p,
+            num_warps=num_warps, batch_offset=b0,
+        )  # fmt: skip
+        yield index, b0, m.sum(3)

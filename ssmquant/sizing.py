@@ -1,0 +1,408 @@
+"""How big a run is, before it starts: device-sized defaults, a memory estimate checked against what is
+free, and a time estimate measured on this machine.
+
+- Defaults (``default_sizes``): the sizes that `analyze`, `eval` and `calibrate` take when the user names
+  none depend on where the run computes: GPU-sized on a CUDA device, CPU-sized otherwise (the GPU
+  defaults take > 15 minutes for the shipped tiny model on 2 CPU cores).
+- Memory (``analyze_memory``, ``eval_memory``, ``check_memory``): the large tensors a run allocates, from
+  the shapes alone, per pool (the compute device, and host memory for what capture keeps there). A run
+  whose estimate exceeds the free memory of a pool is refused before any of it is allocated, with the
+  estimate, its largest parts and the largest --steps that fits.
+- Time (``probe_step_seconds``): the torch backend's cost of one decode step of one layer for the run's
+  variants, measured by running a few steps on random inputs of the run's exact state shape (a second
+  at most), then scaled to the run. It is an estimate: model loading and capture are not included, and
+  a busy machine runs slower.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .replay.trace import METRIC_BUFFER_BYTES
+
+if TYPE_CHECKING:  # torch is imported where used, so that the CLI's --help reads the defaults quickly
+    import torch
+
+    from .calibrate.settings import LayerDims
+
+# Defaults per command and device type. GPU: the sizes of the published studies. CPU: the README's main
+# command (about 30 s for the shipped tiny model on 2 cores).
+GPU_DEFAULTS = {
+    "analyze": {"steps": 4096, "batch": 8},
+    "eval": {"steps": 512, "batch": 4},
+    "calibrate": {"horizon": 4096, "batch": 4},
+}
+CPU_DEFAULTS = {
+    "analyze": {"steps": 512, "batch": 4},
+    "eval": {"steps": 256, "batch": 4},
+    "calibrate": {"horizon": 512, "batch": 2},
+}
+FP32 = 4
+GIB = 2**30
+# Per decode step the torch backend costs ~3.3 ns per state element per variant on 2 cores (x86, torch 2.13,
+# measured with nemotron-3-nano shapes); used only to size the probe's batch so that one run of it takes
+# about PROBE_SECONDS.
+PROBE_SECONDS = 0.3
+PROBE_REPEATS = 3
+_NS_PER_ELEMENT_STEP = 3.5e-9
+
+
+class SizingError(ValueError):
+    """A run will not fit in memory; the message gives the estimate and what to lower."""
+
+
+def default_sizes(command: str, device: torch.device | str) -> dict[str, int]:
+    """The default sizes of ``command`` ("analyze" | "eval" | "calibrate") for a run on ``device``."""
+    table = GPU_DEFAULTS if _is_cuda(device) else CPU_DEFAULTS
+    if command not in table:
+        raise ValueError(f"unknown command {command!r}; accepted: {', '.join(table)}")
+    return dict(table[command])
+
+
+def _is_cuda(device) -> bool:
+    return str(device).startswith("cuda")
+
+
+def describe_defaults(command: str, device: torch.device | str, used: dict[str, int]) -> str:
+    """One line naming the defaults taken on ``device`` and those of the other device type."""
+    cuda = _is_cuda(device)
+    other = CPU_DEFAULTS if cuda else GPU_DEFAULTS
+    flags = lambda d: " ".join(f"--{k} {v}" for k, v in d.items())  # noqa: E731
+    where = "a CUDA GPU" if cuda else "the CPU (no GPU in use)"
+    there = "on CPU" if cuda else "on a GPU"
+    return f"defaults for {where}: {flags(used)} ({there}: {flags(other[command])}; pass them to choose)"
+
+
+# -- memory ---------------------------------------------------------------------------------------------
+
+
+def layer_dims(kind: str, heads: int, rows: int, state_dim: int, groups: int):
+    """A ``calibrate.settings.LayerDims`` (the sizes every estimate here reads): kind "mamba2": heads H,
+    rows P, state_dim N, groups G; kind "gdn": heads Hv, rows Dv, state_dim Dk, groups Hk."""
+    from .calibrate.settings import LayerDims  # lazy: calibrate imports analysis, which imports this module
+
+    return LayerDims(kind, int(heads), int(rows), int(state_dim), int(groups))
+
+
+def state_elements(dims) -> int:
+    return dims.heads * dims.rows * dims.state_dim
+
+
+def input_bytes_per_token(dims, act_bytes: int = FP32) -> int:
+    """The decode inputs of one token as a model hands them over (activations in ``act_bytes``)."""
+    h, r, n, g = dims.heads, dims.rows, dims.state_dim, dims.groups
+    if dims.kind == "mamba2":  # x [H, P], B/C [G, N] in the activation dtype; dt [H] fp32
+        return act_bytes * (h * r + 2 * g * n) + FP32 * h
+    return FP32 * 2 * g * n + act_bytes * (h * r + h) + FP32 * h  # q/k fp32, v/beta activations, g fp32
+
+
+def emulation_bytes_per_token(dims, variants: int) -> int:
+    """What the torch backend holds per token (``replay.naive._Emulation.start``): fp32 copies of the
+    inputs with B / C (Mamba-2) or q / k (GDN) expanded to every head, and each variant's buffered copy."""
+    h, r, n = dims.heads, dims.rows, dims.state_dim
+    if dims.kind == "mamba2":  # a, dt, x, b, c; per variant xb, bb
+        return FP32 * (2 * h + h * r + 2 * h * n + variants * (h * r + h * n))
+    return FP32 * (3 * h + 2 * h * n + h * r + variants * h * n)  # alpha, g, beta, q, k, v; per variant kb
+
+
+@dataclass
+class MemoryEstimate:
+    """Estimated peak bytes of a run, per pool ("device": where it computes; "host": CPU memory)."""
+
+    device: torch.device
+    parts: list[tuple[str, str, int]] = field(default_factory=list)  # (label, pool, bytes)
+    per_token: dict[str, int] = field(default_factory=dict)  # pool -> bytes that scale with batch x steps
+
+    def add(self, label: str, pool: str, nbytes: float, per_token: float = 0.0) -> None:
+        self.parts.append((label, pool, int(nbytes)))
+        self.per_token[pool] = self.per_token.get(pool, 0) + int(per_token)
+
+    def total(self, pool: str) -> int:
+        return sum(b for _, p, b in self.parts if p == pool)
+
+    @property
+    def pools(self) -> list[str]:
+        return list(dict.fromkeys(p for _, p, _ in self.parts))
+
+
+def _pool(device) -> str:
+    return "device" if _is_cuda(device) else "host"
+
+
+def analyze_memory(
+    dims: LayerDims,
+    *,
+    batch: int,
+    steps: int,
+    variants: int,
+    recorded: int,
+    device: torch.device,
+    backend: str,
+    prefill: dict | None = None,
+    capture_device: torch.device | None = None,
+) -> MemoryEstimate:
+    """Peak memory of emulating one layer at a time (``analyze``, ``calibrate``), with capture when
+    ``prefill`` (``prefill_bytes_per_token``'s config) is given: the prefill runs on ``capture_device``
+    and the captured inputs of up to two layers wait in host memory (``models.capture.iter_capture``)."""
+    import torch
+
+    device = torch.device(device)
+    pool = _pool(device)
+    est = MemoryEstimate(device)
+    tokens = batch * steps
+    per_token = input_bytes_per_token(dims)
+    est.add("one layer's decode inputs", pool, tokens * per_token, per_token)
+    if backend == "torch":
+        em = emulation_bytes_per_token(dims, variants)
+        est.add(f"torch emulation of {variants} variants (fp32 copies of the inputs)", pool, tokens * em, em)
+    else:  # the kernels read the inputs in place; per-step decays are precomputed
+        est.add("per-step decays", pool, tokens * FP32 * dims.heads, FP32 * dims.heads)
+    states = (1 + variants) * batch * state_elements(dims) * FP32 * 3  # reference + variants, and a step's temporaries
+    est.add("states", pool, states)
+    # every step is measured (replay.trace): per-step metrics, then window statistics in float64
+    step_metrics = dims.heads * 4 * FP32
+    if backend == "torch":
+        est.add("per-step metrics of every variant", pool, variants * tokens * step_metrics, variants * step_metrics)
+    else:  # one launch's buffer, [T, batch slice, H, row blocks, 4]; slices keep it under METRIC_BUFFER_BYTES
+        blocks = max(1, dims.rows // 16)
+        est.add("per-step metrics of one launch", pool, min(METRIC_BUFFER_BYTES, tokens * step_metrics * blocks))
+    # windows (mean, last, maxima) and the per-step sums over the batch that the pooled maxima need
+    per_step_sums = variants * dims.heads * 4 * 8
+    est.add("window statistics", pool, variants * recorded * batch * dims.heads * 12 * 8 + steps * per_step_sums,
+            -(-per_step_sums // batch))  # fmt: skip
+    if prefill is not None:
+        cap = torch.device(capture_device or device)
+        pt = prefill_bytes_per_token(dims, prefill)
+        # the capture prefills in micro-batches sized to the free memory (models.capture.auto_micro_batch),
+        # down to one sequence: that is the part that must fit
+        est.add("prefill activations of the capture (one sequence)", _pool(cap), steps * pt)
+        if pool != "host" or cap.type != "cpu":
+            held = 2 * input_bytes_per_token(dims)
+            est.add("captured inputs waiting in host memory (2 layers)", "host", tokens * held, held)
+        else:
+            held = input_bytes_per_token(dims)
+            est.add("the next layer's captured inputs", "host", tokens * held, held)
+    return est
+
+
+def prefill_bytes_per_token(dims: LayerDims, config: dict) -> int:
+    """Rough live bytes per token of a prefill through transformers' torch path, for the largest layer.
+
+    The SSM mixers' chunked scans dominate: Mamba-2 (``mamba2_chunk_scan``) holds L, G and M of
+    [chunk, H] per token, the chunk states [H, P, N] per chunk and fp32 copies of x, B, C; GDN
+    (``torch_chunk_gated_delta_rule``, chunk 64) the same pattern with [Dv, Dk] states. Add the MLP and
+    residual activations. Checked against the shipped models (x 1.5 below their measured peaks, so the
+    estimate is scaled up by 1.5).
+    """
+    h, r, n = dims.heads, dims.rows, dims.state_dim
+    chunk = int(config.get("chunk_size") or (128 if dims.kind == "mamba2" else 64))
+    hidden = int(config.get("hidden_size") or 0)
+    inter = int(config.get("intermediate_size") or 0)
+    ssm = 3 * chunk * h + 2 * h * r * n / chunk + 2 * h * n + 4 * h * r
+    if dims.kind == "mamba2":  # the scan's [chunk, chunk, H, N] product (models.capture.prefill_bytes_per_sequence)
+        ssm += chunk * h * n
+    return int(1.5 * FP32 * (ssm + 16 * hidden + 2 * inter))
+
+
+def eval_memory(
+    dims: LayerDims,
+    *,
+    batch: int,
+    steps: int,
+    variants: int,
+    ssm_layers: int,
+    attention_layers: int,
+    kv_per_token: int,
+    vocab: int,
+    device: torch.device,
+) -> MemoryEstimate:
+    """Peak memory of ``evaluate`` beyond the weights: one cache per run (the reference and each variant)
+    with every SSM layer's state and an attention KV cache growing to ``steps`` tokens, the per-position
+    metrics, and one step's logits per run."""
+    import torch
+
+    device = torch.device(device)
+    pool = _pool(device)
+    est = MemoryEstimate(device)
+    runs = 1 + variants
+    est.add("SSM states of every run", pool, runs * batch * ssm_layers * state_elements(dims) * FP32 * 2)
+    kv = runs * attention_layers * kv_per_token
+    est.add("attention KV caches of every run", pool, kv * batch * steps, kv)
+    est.add("per-position metrics", pool, (variants * 3 + 1) * batch * steps * 8, (variants * 3 + 1) * 8)
+    est.add("logits", pool, 3 * runs * batch * vocab * FP32)
+    return est
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Free memory of ``device`` in bytes: CUDA's free memory, or for the CPU the host's available memory
+    (MemAvailable, capped by a cgroup limit); None when it cannot be read."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    return host_free_bytes()
+
+
+def host_free_bytes() -> int | None:
+    avail = None
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    limit = _cgroup_room()
+    return avail if limit is None else min(avail, limit)
+
+
+def _cgroup_room() -> int | None:
+    """Bytes left under this process' cgroup memory limit (v2 or v1), None without a limit."""
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            limit = pathlib.Path(limit_file).read_text().strip()
+            usage = int(pathlib.Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= 2**60:
+            return None
+        return max(0, int(limit) - usage)
+    return None
+
+
+def _gib(n: float) -> str:
+    if n >= 1024 * GIB:
+        return f"{n / (1024 * GIB):.1f} TiB"
+    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.0f} MiB"
+
+
+def check_memory(
+    est: MemoryEstimate, *, batch: int, steps: int, lower: str = "--steps or --batch", free=free_bytes
+) -> None:
+    """Raise SizingError when a pool's estimate exceeds its free memory (``free(device)``), naming the
+    estimate, its largest parts, what is free and the largest number of steps that fits at this batch."""
+    import torch
+
+    for pool in est.pools:
+        dev = est.device if pool == "device" else torch.device("cpu")
+        room = free(dev)
+        need = est.total(pool)
+        if room is None or need <= room:
+            continue
+        parts = sorted((p for p in est.parts if p[1] == pool), key=lambda p: -p[2])[:3]
+        what = ", ".join(f"{label} {_gib(b)}" for label, _, b in parts)
+        fixed = need - est.per_token.get(pool, 0) * batch * steps
+        per_step = est.per_token.get(pool, 0) * batch
+        fit = int((room - fixed) // per_step) if per_step and room > fixed else 0
+        where = f"GPU {dev}" if dev.type == "cuda" else "host"
+        hint = f"at most ~{fit} steps fit at batch {batch}" if fit >= 1 else "lower the batch first"
+        raise SizingError(
+            f"this run needs about {_gib(need)} of {where} memory (estimate; largest parts: {what}) but only "
+            f"{_gib(room)} is free; lower {lower} ({hint})"
+        )
+
+
+# -- time -----------------------------------------------------------------------------------------------
+
+
+def random_inputs(dims: LayerDims, batch: int, steps: int, *, device="cpu", seed: int = 0):
+    """Random decode inputs of ``dims`` (Mamba2Inputs / GDNInputs) with realistic ranges, for timing."""
+    import torch
+
+    from .replay.inputs import GDNInputs, Mamba2Inputs
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    h, r, n, g = dims.heads, dims.rows, dims.state_dim, dims.groups
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
+
+    if dims.kind == "mamba2":
+        dt = torch.rand(batch, steps, h, generator=gen).mul(0.1).add(1e-3).to(device)
+        a = -torch.arange(1, h + 1, dtype=torch.float32, device=device)
+        return Mamba2Inputs(rand(batch, steps, h, r), dt, rand(batch, steps, g, n), rand(batch, steps, g, n), a,
+                            torch.ones(h, device=device)).validate()  # fmt: skip
+    q = torch.nn.functional.normalize(rand(batch, steps, g, n), dim=-1) * n**-0.5
+    k = torch.nn.functional.normalize(rand(batch, steps, g, n), dim=-1)
+    gate = -torch.rand(batch, steps, h, generator=gen).to(device)
+    beta = torch.rand(batch, steps, h, generator=gen).to(device)
+    return GDNInputs(q, k, rand(batch, steps, h, r), gate, beta).validate()
+
+
+def probe_step_seconds(
+    dims: LayerDims, variants, batch: int, steps: int, *, record_every: int = 1, device="cpu", backend="torch"
+) -> float:
+    """Seconds per decode step of one layer at ``batch`` for ``variants`` keeping metrics every
+    ``record_every`` steps, measured here.
+
+    Runs the emulation on random inputs of the layer's exact state shape for a few steps (enough to
+    include a replay flush, at most ``steps``) with a batch small enough to take ~PROBE_SECONDS, after a
+    short warm-up, and scales linearly to ``batch`` (the per-step work is linear in the batch). The
+    fastest of two or three runs counts: on a shared machine a run can stall for many times its length.
+    """
+    import torch
+
+    from .replay import simulate
+
+    longest = max((v.scheme.buffer_len for v in variants), default=1)
+    n = max(1, min(steps, max(16, 2 * longest)))
+    per_batch = n * (1 + len(variants)) * (dims.heads * dims.rows * dims.state_dim) * _NS_PER_ELEMENT_STEP
+    b = max(1, min(batch, int(PROBE_SECONDS / per_batch)))
+    simulate(random_inputs(dims, b, min(n, 2), device=device, seed=1), variants, backend=backend)
+    inputs = random_inputs(dims, b, n, device=device)
+    runs, start = [], time.perf_counter()
+    for i in range(PROBE_REPEATS):
+        t0 = time.perf_counter()
+        simulate(inputs, variants, backend=backend, record_every=min(n, record_every))
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        runs.append(time.perf_counter() - t0)
+        if i >= 1 and time.perf_counter() - start > 3 * PROBE_SECONDS:
+            break
+    return min(runs) / n * (batch / b)
+
+
+def format_seconds(s: float) -> str:
+    """'45 s', '3.5 min', '2.1 h'."""
+    if not math.isfinite(s):
+        return "unknown"
+    if s < 90:
+        return f"{max(1, round(s))} s"
+    if s < 5400:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+__all__ = [
+    "CPU_DEFAULTS",
+    "GPU_DEFAULTS",
+    "MemoryEstimate",
+    "SizingError",
+    "analyze_memory",
+    "check_memory",
+    "default_sizes",
+    "describe_defaults",
+    "eval_memory",
+    "emulation_bytes_per_token",
+    "format_seconds",
+    "free_bytes",
+    "input_bytes_per_token",
+    "layer_dims",
+    "prefill_bytes_per_token",
+    "probe_step_seconds",
+    "random_inputs",
+]
