@@ -163,6 +163,13 @@ def _layers(value: str | None) -> list[int] | None:
     "--synthetic", is_flag=True, help="Synthetic inputs with a preset's exact shapes (no weights, no download)."
 )
 @click.option(
+    "--synthetic-profile",
+    default="init",
+    show_default=True,
+    help="Dynamics of --synthetic inputs: init (the family's init law) or a labelled stress profile: "
+    "slow-decay, low-rank-keys, outliers, persistent (all three).",
+)
+@click.option(
     "--text",
     "text",
     type=click.Path(exists=True, dir_okay=False),
@@ -222,6 +229,7 @@ def _layers(value: str | None) -> list[int] | None:
 def analyze_cmd(
     model,
     synthetic,
+    synthetic_profile,
     text,
     formats,
     schemes,
@@ -251,6 +259,7 @@ def analyze_cmd(
     cfg = AnalyzeConfig(
         model=model or default_model(),
         synthetic=synthetic,
+        synthetic_profile=synthetic_profile,
         text=text,
         formats=_csv(formats, "--formats"),
         schemes=_csv(schemes, "--schemes"),

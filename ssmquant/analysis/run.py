@@ -47,6 +47,7 @@ class AnalyzeConfig:
 
     model: str = "tiny-nemotron"
     synthetic: bool = False
+    synthetic_profile: str = "init"  # dynamics profile of synthetic inputs (ssmquant.models.synthetic.PROFILES)
     text: str | None = None
     formats: list[str] = field(default_factory=lambda: ["fp8_e4m3", "int8", "nvfp4"])
     schemes: list[str] = field(default_factory=lambda: ["conventional", "replay"])
@@ -268,6 +269,7 @@ def analyze(cfg: AnalyzeConfig, *, progress=None, notify=None) -> AnalysisResult
         seed=cfg.seed,
         device=device,
         text_path=cfg.text,
+        synthetic_profile=cfg.synthetic_profile,
     )
     t_loaded = time.time()
     layers = source.select(cfg.layers)

@@ -2,7 +2,8 @@
 
 - a shipped tiny model (real trained weights, the shipped public-domain text): kind "shipped";
 - a real checkpoint (local directory or hub id) on calibration text: kind "checkpoint";
-- a preset's shapes with synthetic inputs (`--synthetic`): kind "synthetic".
+- a preset's shapes with synthetic inputs (`--synthetic`): kind "synthetic", with its dynamics profile
+  (`--synthetic-profile`: the init law, or a labelled stress profile, `ssmquant.models.synthetic`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..models import (
     ssm_layout,
     synthetic_layers,
 )
+from ..models.synthetic import PROFILES
 from ..models.text import TextError, load_text, split_bounds, text_origin, text_phrase
 from ..replay.inputs import LayerInputs
 from ..replay.simulate import BACKENDS, triton_interpreting
@@ -140,8 +142,20 @@ def open_source(
     device: torch.device,
     text_path: str | None = None,
     split: str = "calibration",
+    synthetic_profile: str = "init",
 ) -> LayerSource:
-    """Resolve `model` into a LayerSource. Loading a checkpoint happens here; capture is lazy, per layer."""
+    """Resolve `model` into a LayerSource. Loading a checkpoint happens here; capture is lazy, per layer.
+
+    synthetic_profile: the dynamics profile of synthetic inputs (a name in `ssmquant.models.PROFILES`);
+    anything but "init" needs `synthetic`.
+    """
+    if synthetic_profile not in PROFILES:
+        raise SourceError(f"unknown synthetic profile {synthetic_profile!r}; accepted: {', '.join(PROFILES)}")
+    if synthetic_profile != "init" and not synthetic:
+        raise SourceError(
+            f"--synthetic-profile {synthetic_profile} applies to synthetic inputs only: add --synthetic "
+            "(real and shipped models have their own dynamics)"
+        )
     if synthetic:
         try:
             preset = get_preset(model)
@@ -151,16 +165,29 @@ def open_source(
             ) from None
         if text_path is not None:
             raise SourceError("--text applies to real or shipped models; synthetic inputs use no text")
+        if synthetic_profile != "init" and preset.layer_kind == "kda":
+            raise SourceError(
+                f"--synthetic-profile {synthetic_profile} is defined for Mamba-2 and GDN presets; {preset.name} is a "
+                "KDA preset: use --synthetic-profile init"
+            )
 
         def iterate(layers):
-            return synthetic_layers(preset, batch=batch, steps=steps, seed=seed, layers=layers, device=device)
+            return synthetic_layers(
+                preset, batch=batch, steps=steps, seed=seed, layers=layers, device=device, profile=synthetic_profile
+            )
 
+        profile = PROFILES[synthetic_profile]
         describe = {
             "kind": "synthetic",
             "model": preset.name,
             "hf_repo": preset.hf_repo,
+            "synthetic_profile": profile.name,
+            "synthetic_profile_description": profile.description,
             "note": "synthetic inputs with the preset's exact shapes and the family's initialisation "
-            "distributions; no trained weights, no text",
+            "distributions; no trained weights, no text"
+            if profile.is_init
+            else f"synthetic inputs with the preset's exact shapes, the family's initialisation distributions "
+            f"changed by the '{profile.name}' stress profile ({profile.description}); no trained weights, no text",
         }
         groups = preset.shape.n_groups if preset.layer_kind == "mamba2" else preset.shape.num_key_heads
         return LayerSource(

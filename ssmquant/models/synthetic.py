@@ -44,6 +44,29 @@ Kimi Delta Attention (GLM-5.3-Flash / Kimi-Linear init, transformers' Glm5Next /
     ``long_memory_fraction`` does not apply (it shapes GDN's per-head gates only). beta = sigmoid(b),
     b ~ N(0, sigma^2), in the activation dtype.
 
+Dynamics profiles (``profile=``; ``PROFILES``; labelled in ``meta["profile"]`` and in every report)
+    ``init`` (the default) is the law above. The other profiles change it, on purpose, towards the
+    properties that let rounding errors persist in trained models, which the isotropic init law lacks
+    (its errors are forgotten within a few hundred steps):
+
+    - ``slow-decay``: a share of the heads (chosen by the seed) gets a per-step decay near 1, a target
+      half-life log-uniform in SLOW_HALF_LIFE (longer than any horizon we run): Mamba-2 through
+      A_h = -ln 2 / (half_life * E[dt_h]) with E[dt_h] = softplus(dt_bias_h) * exp(sigma^2 / 2) (the
+      exponential tail of softplus, as for the GDN offset above); GDN through the gate offset above;
+    - ``low-rank-keys``: the keys (Mamba-2 B, GDN k) lie in a random subspace of rank ``key_rank`` of
+      the state dim, up to a share ``key_leak`` of their energy; the queries (C, q) put a share
+      ``query_leak`` of theirs outside it. The subspace is a parameter of the layer (one orthonormal
+      basis per group / key head), and the projected vector keeps its expected squared norm. A delta rule
+      only corrects the state along the keys it sees, so error outside a low-rank key subspace is never
+      erased;
+    - ``outliers``: heavy-tailed projections (Student-t with ``tail_df`` degrees of freedom, rescaled to
+      the same variance) and a share ``outlier_row_fraction`` of the value channels (Mamba-2 x, GDN v:
+      the rows of the state) amplified ``outlier_gain`` times (a parameter of the layer);
+    - ``persistent``: all three together.
+
+    These are synthetic stress profiles, not measurements of any trained checkpoint. They are defined
+    for Mamba-2 and GDN presets; KDA presets take ``init`` only.
+
 Dtypes follow what a model hands to its recurrence kernel: x, B, C (Mamba-2) and v, beta (GDN) in
 ``dtype`` (the activation dtype, bf16 by default); dt after softplus and clamp, q and k after the L2
 norm, g (both kinds), and A, D in fp32, because the kernels (mamba_ssm, FLA, vLLM, transformers' torch path for GDN)
@@ -57,6 +80,7 @@ on the same device type (CPU and CUDA generators differ).
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -69,11 +93,87 @@ _ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Half-life range (steps) of the long-memory GDN heads (see the module docstring).
 LONG_MEMORY_HALF_LIFE = (32.0, 4096.0)
 L2NORM_EPS = 1e-6
+# Half-life range (steps) of the slow-decay heads of the slow-decay / persistent profiles.
+SLOW_HALF_LIFE = (16384.0, 131072.0)
 
 
-def _generator(seed: int, layer: int, device: torch.device) -> torch.Generator:
-    # SeedSequence mixes (seed, layer) into independent, well-spread streams.
-    state = np.random.SeedSequence([int(seed), int(layer)]).generate_state(2, dtype=np.uint32)
+@dataclass(frozen=True)
+class SyntheticProfile:
+    """A labelled change of the init law towards inputs whose rounding errors persist (module docstring).
+
+    slow_decay_fraction: share of heads with a per-step decay near 1 (half-life in SLOW_HALF_LIFE);
+    key_rank: rank of the key subspace (None: isotropic keys), capped at the state dim; key_leak /
+    query_leak: share of the key / query energy outside it; tail_df: Student-t degrees of freedom of the
+    projections (None: normal; an integer >= 3 so the variance is finite); outlier_row_fraction /
+    outlier_gain: share of value channels amplified, and by how much.
+    """
+
+    name: str
+    description: str
+    slow_decay_fraction: float = 0.0
+    key_rank: int | None = None
+    key_leak: float = 0.0
+    query_leak: float = 0.0
+    tail_df: int | None = None
+    outlier_row_fraction: float = 0.0
+    outlier_gain: float = 1.0
+
+    @property
+    def is_init(self) -> bool:
+        return self == PROFILES["init"]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_SLOW = dict(slow_decay_fraction=0.25)
+_LOW_RANK = dict(key_rank=8, key_leak=0.02, query_leak=0.25)
+_OUTLIERS = dict(tail_df=3, outlier_row_fraction=1 / 16, outlier_gain=20.0)
+PROFILES: dict[str, SyntheticProfile] = {
+    p.name: p
+    for p in (
+        SyntheticProfile("init", "the family's initialisation law (isotropic inputs, init decays)"),
+        SyntheticProfile(
+            "slow-decay",
+            "stress profile: 1 in 4 heads with a per-step decay near 1 (half-life 16K-131K tokens)",
+            **_SLOW,
+        ),
+        SyntheticProfile(
+            "low-rank-keys",
+            "stress profile: keys in a rank-8 subspace (2% leak), queries 25% outside it",
+            **_LOW_RANK,
+        ),
+        SyntheticProfile(
+            "outliers",
+            "stress profile: Student-t(3) projections, 1 in 16 value channels 20x louder",
+            **_OUTLIERS,
+        ),
+        SyntheticProfile(
+            "persistent",
+            "stress profile: slow-decay + low-rank-keys + outliers together",
+            **_SLOW,
+            **_LOW_RANK,
+            **_OUTLIERS,
+        ),
+    )
+}
+
+
+def get_profile(profile: SyntheticProfile | str) -> SyntheticProfile:
+    """A profile by name (or the profile itself); unknown names raise naming the accepted ones."""
+    if isinstance(profile, SyntheticProfile):
+        return profile
+    try:
+        return PROFILES[str(profile)]
+    except KeyError:
+        raise ValueError(f"unknown synthetic profile {profile!r}; accepted: {', '.join(PROFILES)}") from None
+
+
+def _generator(seed: int, layer: int, device: torch.device, stream: int | None = None) -> torch.Generator:
+    # SeedSequence mixes (seed, layer[, stream]) into independent, well-spread streams; stream 1 holds the
+    # draws of a non-init profile, so the init law's stream (no stream entry) is the same under every profile.
+    entropy = [int(seed), int(layer)] + ([] if stream is None else [int(stream)])
+    state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
     gen = torch.Generator(device=device)
     gen.manual_seed(int(state[0]) << 31 ^ int(state[1]))
     return gen
@@ -89,9 +189,23 @@ def _check_args(preset: Preset, layer: int, batch: int, steps: int, dtype: torch
 
 
 def _post_conv(
-    batch: int, steps: int, channels: int, shape, sigma: float, gen: torch.Generator, device, out_dtype
+    batch: int,
+    steps: int,
+    channels: int,
+    shape,
+    sigma: float,
+    gen: torch.Generator,
+    device,
+    out_dtype,
+    tail_df: int | None = None,
+    tail_gen: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Post-conv SiLU activations [B, T, C]; one sequence at a time keeps the fp32 peak small."""
+    """Post-conv SiLU activations [B, T, C]; one sequence at a time keeps the fp32 peak small.
+
+    tail_df: the projections are Student-t with that many degrees of freedom, scaled to variance sigma^2:
+    the normal draw times sqrt((df - 2) / chi2_df), the chi-square from ``tail_gen`` (so that the normal
+    draws, and everything else drawn from ``gen``, are those of the init law).
+    """
     k = shape.conv_kernel
     # The conv weights are parameters of the layer: drawn once, shared by all sequences.
     bound = 1.0 / math.sqrt(k)
@@ -100,9 +214,55 @@ def _post_conv(
     out = torch.empty(batch, steps, channels, device=device, dtype=out_dtype)
     for i in range(batch):
         pre = torch.randn(steps + k - 1, channels, generator=gen, device=device) * sigma
+        if tail_df is not None:
+            chi2 = torch.zeros_like(pre)
+            for _ in range(tail_df):
+                chi2 += torch.randn(pre.shape, generator=tail_gen, device=device) ** 2
+            pre *= torch.sqrt((tail_df - 2) / chi2)
         conv = F.conv1d(pre.t().unsqueeze(0), w, bias, groups=channels)[0].t()  # [T, C]
         out[i] = F.silu(conv).to(out_dtype)
     return out
+
+
+def _subspace_mix(x: torch.Tensor, basis: torch.Tensor, leak: float) -> torch.Tensor:
+    """x [..., G, N] (fp32) -> the same vectors with a share `leak` of their energy outside span(basis).
+
+    basis: [G, N, r] orthonormal columns per group. With P the projector on the span, the result is
+    alpha P x + beta (I - P) x, alpha^2 r / N + beta^2 (N - r) / N = 1, so an isotropic x keeps its
+    expected squared norm and puts exactly `leak` of it outside the span.
+    """
+    n, r = basis.shape[-2], basis.shape[-1]
+    inside = torch.einsum("gnr,...gn->...gr", basis, x)
+    inside = torch.einsum("gnr,...gr->...gn", basis, inside)
+    outside = x - inside
+    alpha = math.sqrt((1.0 - leak) * n / r)
+    beta = math.sqrt(leak * n / (n - r)) if r < n else 0.0
+    return alpha * inside + beta * outside
+
+
+def _bases(groups: int, n: int, rank: int, gen: torch.Generator, device) -> torch.Tensor:
+    """Random orthonormal bases [G, N, r] (QR of a Gaussian matrix, signs fixed by R's diagonal)."""
+    q, r = torch.linalg.qr(torch.randn(groups, n, rank, generator=gen, device=device))
+    return q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+
+
+def _outlier_rows(heads: int, rows: int, profile: SyntheticProfile, gen: torch.Generator, device) -> torch.Tensor:
+    """Per (head, row) gains [H, rows]: `outlier_gain` on a share `outlier_row_fraction` of the rows, else 1."""
+    gain = torch.ones(heads * rows, device=device)
+    n = int(round(profile.outlier_row_fraction * heads * rows))
+    if n:
+        gain[torch.randperm(heads * rows, generator=gen, device=device)[:n]] = profile.outlier_gain
+    return gain.view(heads, rows)
+
+
+def _slow_heads(heads: int, profile: SyntheticProfile, gen: torch.Generator, device):
+    """(head indices, target half-lives) of the slow-decay heads, drawn from the profile's stream."""
+    n = int(round(profile.slow_decay_fraction * heads))
+    if not n:
+        return [], torch.empty(0, device=device)
+    idx = torch.randperm(heads, generator=gen, device=device)[:n].sort().values
+    lo, hi = (math.log(v) for v in SLOW_HALF_LIFE)
+    return idx.tolist(), torch.exp(lo + (hi - lo) * torch.rand(n, generator=gen, device=device))
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -111,29 +271,46 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
-def _mamba2(preset: Preset, shape: Mamba2Shape, batch, steps, gen, device, dtype, sigma) -> dict:
+def _mamba2(preset: Preset, shape: Mamba2Shape, batch, steps, gen, device, dtype, sigma, profile, pgen) -> dict:
     h, p, n, g = shape.num_heads, shape.head_dim, shape.state_size, shape.n_groups
     a = -torch.arange(1, h + 1, device=device, dtype=torch.float32)  # -exp(log(arange(1, H+1)))
     d = torch.ones(h, device=device, dtype=torch.float32)
     lo, hi = math.log(shape.time_step_min), math.log(shape.time_step_max)
     dt0 = torch.exp(torch.rand(h, generator=gen, device=device) * (hi - lo) + lo).clamp(min=shape.time_step_floor)
     dt_bias = dt0 + torch.log(-torch.expm1(-dt0))  # inverse softplus
-    xbc = _post_conv(batch, steps, h * p + 2 * g * n, shape, sigma, gen, device, dtype)
+    conv_dtype = dtype if profile.is_init else torch.float32  # a stress profile changes x, B, C before the cast
+    xbc = _post_conv(batch, steps, h * p + 2 * g * n, shape, sigma, gen, device, conv_dtype, profile.tail_df, pgen)
     x, bm, cm = torch.split(xbc, [h * p, g * n, g * n], dim=-1)
     dt_raw = torch.randn(batch, steps, h, generator=gen, device=device) * sigma
     dt = F.softplus(dt_raw + dt_bias).clamp(min=shape.dt_limit[0], max=shape.dt_limit[1])
+    x, bm, cm = x.reshape(batch, steps, h, p), bm.reshape(batch, steps, g, n), cm.reshape(batch, steps, g, n)
+    extra = {}
+    if not profile.is_init:
+        # Profile draws come from their own stream, after the init law's: the init part stays identical.
+        slow, half_life = _slow_heads(h, profile, pgen, device)
+        if slow:
+            mean_dt = dt0[slow] * math.exp(sigma**2 / 2)  # softplus's exponential tail
+            a[slow] = -math.log(2.0) / (half_life * mean_dt)
+        if profile.key_rank is not None:
+            basis = _bases(g, n, min(profile.key_rank, n), pgen, device)
+            bm = _subspace_mix(bm, basis, profile.key_leak)
+            cm = _subspace_mix(cm, basis, profile.query_leak)
+        gain = _outlier_rows(h, p, profile, pgen, device)
+        x = x * gain
+        x, bm, cm = x.to(dtype), bm.to(dtype), cm.to(dtype)
+        extra = {"slow_decay_heads": slow, "outlier_rows": int((gain != 1).sum())}
     return dict(
-        x=x.reshape(batch, steps, h, p),
+        x=x,
         dt=dt,
-        B=bm.reshape(batch, steps, g, n),
-        C=cm.reshape(batch, steps, g, n),
+        B=bm,
+        C=cm,
         A=a,
         D=d,
-        params={"dt_bias": dt_bias.cpu(), "A_log": torch.log(-a).cpu()},
+        params={"dt_bias": dt_bias.cpu(), "A_log": torch.log(-a).cpu(), **extra},
     )
 
 
-def _gdn(preset: Preset, shape: GDNShape, batch, steps, gen, device, dtype, sigma, long_frac) -> dict:
+def _gdn(preset: Preset, shape: GDNShape, batch, steps, gen, device, dtype, sigma, long_frac, profile, pgen) -> dict:
     hv, hk, dk, dv = shape.num_value_heads, shape.num_key_heads, shape.key_head_dim, shape.value_head_dim
     # Stratified U(low, high): head h gets one draw from its own 1/Hv band of the init range.
     bands = torch.randperm(hv, generator=gen, device=device).float()
@@ -143,17 +320,39 @@ def _gdn(preset: Preset, shape: GDNShape, batch, steps, gen, device, dtype, sigm
     n_long = int(round(long_frac * hv))
     offset = torch.zeros(hv, device=device)
     long_heads: list[int] = []
+
+    def gate_offset(heads, half_life):
+        # the constant offset of `a` that gives these heads the target mean half-life (module docstring)
+        target = math.log(2.0) / (half_life * a_param[heads])  # wanted mean softplus(a + dt_bias)
+        return torch.log(target) - dt_bias[heads] - sigma**2 / 2
+
     if n_long:
         heads = torch.randperm(hv, generator=gen, device=device)[:n_long]
         lo, hi = (math.log(v) for v in LONG_MEMORY_HALF_LIFE)
         half_life = torch.exp(lo + (hi - lo) * torch.rand(n_long, generator=gen, device=device))
-        target = math.log(2.0) / (half_life * a_param[heads])  # wanted mean softplus(a + dt_bias)
-        offset[heads] = torch.log(target) - dt_bias[heads] - sigma**2 / 2
+        offset[heads] = gate_offset(heads, half_life)
         long_heads = sorted(int(i) for i in heads)
-    qkv = _post_conv(batch, steps, 2 * hk * dk + hv * dv, shape, sigma, gen, device, torch.float32)
+    qkv = _post_conv(
+        batch, steps, 2 * hk * dk + hv * dv, shape, sigma, gen, device, torch.float32, profile.tail_df, pgen
+    )
     q, k, v = torch.split(qkv, [hk * dk, hk * dk, hv * dv], dim=-1)
-    q = _l2norm(q.reshape(batch, steps, hk, dk)) * dk**-0.5
-    k = _l2norm(k.reshape(batch, steps, hk, dk))
+    q, k = q.reshape(batch, steps, hk, dk), k.reshape(batch, steps, hk, dk)
+    v = v.reshape(batch, steps, hv, dv)
+    extra = {}
+    if not profile.is_init:
+        # Profile draws come from their own stream; the gate noise below stays the init law's draw.
+        slow, half_life = _slow_heads(hv, profile, pgen, device)
+        if slow:
+            offset[slow] = gate_offset(torch.tensor(slow, device=device), half_life)
+        if profile.key_rank is not None:
+            basis = _bases(hk, dk, min(profile.key_rank, dk), pgen, device)
+            k = _subspace_mix(k, basis, profile.key_leak)
+            q = _subspace_mix(q, basis, profile.query_leak)
+        gain = _outlier_rows(hv, dv, profile, pgen, device)
+        v = v * gain
+        extra = {"slow_decay_heads": slow, "outlier_rows": int((gain != 1).sum())}
+    q = _l2norm(q) * dk**-0.5
+    k = _l2norm(k)
     a_in = torch.randn(batch, steps, hv, generator=gen, device=device) * sigma + offset
     g = -a_param * F.softplus(a_in + dt_bias)
     b_in = torch.randn(batch, steps, hv, generator=gen, device=device) * sigma
@@ -161,13 +360,14 @@ def _gdn(preset: Preset, shape: GDNShape, batch, steps, gen, device, dtype, sigm
     return dict(
         q=q,
         k=k,
-        v=v.reshape(batch, steps, hv, dv).to(dtype),
+        v=v.to(dtype),
         g=g,
         beta=beta,
         params={
             "A_log": torch.log(a_param).cpu(),
             "dt_bias": dt_bias.cpu(),
             "long_memory_heads": long_heads,
+            **extra,
         },
     )
 
@@ -220,6 +420,7 @@ def synthetic_inputs(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     long_memory_fraction: float = 0.25,
+    profile: SyntheticProfile | str = "init",
 ) -> Mamba2Inputs | GDNInputs | KDAInputs:
     """Synthetic decode inputs of SSM layer ``layer`` (a decoder-layer index) of ``preset``.
 
@@ -230,15 +431,21 @@ def synthetic_inputs(
     Distributions follow the family's initialisation (module docstring, README). ``dtype`` is the
     activation dtype (x, B, C, v, beta); dt, q, k, g, A, D are fp32. ``long_memory_fraction`` (GDN
     only; KDA's init already spans short and long channels) is the share of value heads given a
-    nearly-closed gate. Seeded per (seed, layer).
-    ``meta["source"]`` is always "synthetic"; ``meta["params"]`` holds the drawn A_log / dt_bias.
+    nearly-closed gate. ``profile``: a name in PROFILES (or a SyntheticProfile); "init" is the init law,
+    the others are labelled stress profiles (module docstring; Mamba-2 and GDN presets) that change the
+    decays, keys and value rows and keep every other draw of the init law. Seeded per (seed, layer).
+    ``meta["source"]`` is always "synthetic", ``meta["profile"]`` the profile's name and
+    ``meta["distribution"]`` says whether it is the init law; ``meta["params"]`` holds the drawn A_log /
+    dt_bias (and, for a stress profile, its slow-decay heads and the number of outlier rows).
     """
     preset = get_preset(preset)
     device = torch.device(device)
     _check_args(preset, layer, batch, steps, dtype)
     if not 0.0 <= float(long_memory_fraction) <= 1.0:
         raise ValueError(f"long_memory_fraction must lie in [0, 1], got {long_memory_fraction}")
+    profile = get_profile(profile)
     gen = _generator(seed, layer, device)
+    pgen = None if profile.is_init else _generator(seed, layer, device, stream=1)
     sigma = preset.initializer_range * math.sqrt(preset.hidden_size)
     meta = {
         "source": "synthetic",
@@ -246,20 +453,29 @@ def synthetic_inputs(
         "hf_repo": preset.hf_repo,
         "layer": int(layer),
         "seed": int(seed),
-        "distribution": "family-init",
+        "distribution": "family-init" if profile.is_init else f"family-init + {profile.name} stress profile",
+        "profile": profile.name,
         "activation_dtype": str(dtype).replace("torch.", ""),
     }
+    if not profile.is_init:
+        meta["profile_settings"] = profile.to_dict()
     with torch.no_grad():
         if isinstance(preset.shape, Mamba2Shape):
-            t = _mamba2(preset, preset.shape, batch, steps, gen, device, dtype, sigma)
+            t = _mamba2(preset, preset.shape, batch, steps, gen, device, dtype, sigma, profile, pgen)
             meta["params"] = t.pop("params")
             return Mamba2Inputs(**t, meta=meta).validate()
         if isinstance(preset.shape, GDNShape):
-            t = _gdn(preset, preset.shape, batch, steps, gen, device, dtype, sigma, float(long_memory_fraction))
+            long_frac = float(long_memory_fraction)
+            t = _gdn(preset, preset.shape, batch, steps, gen, device, dtype, sigma, long_frac, profile, pgen)
             meta["params"] = t.pop("params")
             meta["long_memory_fraction"] = float(long_memory_fraction)
             return GDNInputs(**t, meta=meta).validate()
         if isinstance(preset.shape, KDAShape):
+            if not profile.is_init:
+                raise ValueError(
+                    f"synthetic profile {profile.name!r} is defined for Mamba-2 and GDN presets; {preset.name} is a "
+                    "KDA preset: use profile 'init'"
+                )
             t = _kda(preset, preset.shape, batch, steps, gen, device, dtype, sigma)
             meta["params"] = t.pop("params")
             meta["gate"] = (

@@ -35,6 +35,9 @@ def subtitle(report: dict) -> str:
     data = {"synthetic": "synthetic inputs", "shipped": "shipped trained model", "checkpoint": "checkpoint"}.get(
         kind, kind
     )
+    profile = src.get("synthetic_profile")
+    if kind == "synthetic" and profile and profile != "init":
+        data += f" ({profile} stress profile)"
     text = src.get("text", {}).get("origin")
     if text and kind != "synthetic":
         data += f", text {pathlib.Path(str(text)).name}"

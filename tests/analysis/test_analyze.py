@@ -165,6 +165,7 @@ def test_library_call_on_a_kda_preset():
         (["--schemes", "lookahead"], "unknown scheme 'lookahead'.*accepted: conventional"),
         (["--rounding", "up"], "unknown rounding 'up'; accepted: rne, sr"),
         (["--layers", "1"], r"layers \[1\] are not SSM layers of nemotron-3-nano; its mamba2 layers are \[0, 2, 4, 7"),
+        (["--synthetic-profile", "nope"], "unknown synthetic profile 'nope'; accepted: init, slow-decay, low-rank-keys"),
     ],
 )
 def test_bad_inputs(args, message, tmp_path):
@@ -187,6 +188,25 @@ def test_bad_inputs(args, message, tmp_path):
     assert res.exit_code != 0
     assert pytest.importorskip("re").search(message, res.output), res.output
     assert not (tmp_path / "o").exists()
+
+
+def test_synthetic_profile_is_labelled_in_the_report(tmp_path):
+    out = tmp_path / "p"
+    argv = ["analyze", "--model", "qwen3.5-0.8b", "--synthetic", "--synthetic-profile", "persistent", "--layers", "0"]
+    argv += ["--steps", "16", "--batch", "1", "--formats", "fp8_e4m3", "--schemes", "replay4", "--no-plots", "-q"]
+    assert run([*argv, "--out", str(out)]).exit_code == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["settings"]["synthetic_profile"] == "persistent"
+    assert rep["data_source"]["synthetic_profile"] == "persistent"
+    assert "'persistent' stress profile" in rep["data_source"]["note"]
+
+
+def test_synthetic_profile_needs_synthetic_inputs(tmp_path):
+    res = CliRunner().invoke(
+        main, ["analyze", "--model", "tiny-nemotron", "--synthetic-profile", "slow-decay", "--out", str(tmp_path / "o")]
+    )
+    assert res.exit_code != 0
+    assert "--synthetic-profile slow-decay applies to synthetic inputs only: add --synthetic" in res.output
 
 
 def test_unknown_preset_lists_presets(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ssmquant.models import PresetError, get_preset, list_presets, synthetic_inputs, synthetic_layers
+from ssmquant.models.synthetic import PROFILES, SLOW_HALF_LIFE, get_profile
 from ssmquant.replay.inputs import GDNInputs, KDAInputs, Mamba2Inputs
 from ssmquant.replay.reference import reference_decode
 
@@ -140,3 +141,96 @@ def test_projection_scale_matches_the_init():
     x = synthetic_inputs(p, 0, batch=8, steps=256, seed=0, dtype=torch.float32)
     b = torch.logit(x.beta.double())
     assert abs(float(b.std()) - p.initializer_range * math.sqrt(p.hidden_size)) < 0.05
+
+
+# -- dynamics profiles ----------------------------------------------------------------------------------
+
+
+def _energy_in_top(x: torch.Tensor, r: int) -> float:
+    """Share of the squared norm of the rows of x [T, N] in its top-r singular directions."""
+    s = torch.linalg.svdvals(x.double())
+    return float((s[:r] ** 2).sum() / (s**2).sum())
+
+
+def test_init_profile_is_the_default_and_labelled():
+    a = synthetic_inputs("nemotron-3-nano", 0, batch=1, steps=16, seed=4)
+    b = synthetic_inputs("nemotron-3-nano", 0, batch=1, steps=16, seed=4, profile="init")
+    for name in ("x", "dt", "B", "C", "A"):
+        assert torch.equal(getattr(a, name), getattr(b, name))
+    assert a.meta["profile"] == "init" and a.meta["distribution"] == "family-init"
+    assert "profile_settings" not in a.meta
+
+
+@pytest.mark.parametrize("name", ["nemotron-3-nano", "qwen3.5-0.8b"])
+def test_stress_profiles_are_labelled_and_keep_the_untouched_init_draws(name):
+    init = synthetic_inputs(name, get_preset(name).ssm_layers[0], batch=2, steps=24, seed=1)
+    low = synthetic_inputs(name, get_preset(name).ssm_layers[0], batch=2, steps=24, seed=1, profile="low-rank-keys")
+    assert low.meta["profile"] == "low-rank-keys" and "stress profile" in low.meta["distribution"]
+    assert low.meta["profile_settings"]["key_rank"] == PROFILES["low-rank-keys"].key_rank
+    untouched = ("x", "dt", "A") if init.kind == "mamba2" else ("v", "g", "beta")
+    for field in untouched:  # only the keys and queries change
+        assert torch.equal(getattr(init, field), getattr(low, field)), field
+    changed = "B" if init.kind == "mamba2" else "k"
+    assert not torch.equal(getattr(init, changed), getattr(low, changed))
+
+
+def test_slow_decay_gives_heads_a_decay_near_one():
+    lo_hl = SLOW_HALF_LIFE[0]
+    for name in ("nemotron-3-nano", "qwen3.5-0.8b"):
+        p = get_preset(name)
+        init = synthetic_inputs(p, p.ssm_layers[0], batch=2, steps=256, seed=2, dtype=torch.float32)
+        slow = synthetic_inputs(p, p.ssm_layers[0], batch=2, steps=256, seed=2, dtype=torch.float32, profile="slow-decay")
+        heads = slow.meta["params"]["slow_decay_heads"]
+        assert len(heads) == round(PROFILES["slow-decay"].slow_decay_fraction * slow.num_heads)
+        log_a = (slow.dt * slow.A if slow.kind == "mamba2" else slow.g).mean(dim=(0, 1))
+        half_life = math.log(2) / -log_a
+        # the target is set at the mean dt / gate: within 2x of the target range
+        assert float(half_life[heads].min()) > lo_hl / 2
+        others = [h for h in range(slow.num_heads) if h not in heads]
+        log_init = (init.dt * init.A if init.kind == "mamba2" else init.g).mean(dim=(0, 1))
+        torch.testing.assert_close(log_a[others], log_init[others], rtol=0, atol=0)
+
+
+def test_low_rank_keys_concentrate_the_keys_in_a_subspace():
+    prof = PROFILES["low-rank-keys"]
+    x0 = synthetic_inputs("nemotron-3-nano", 0, batch=1, steps=160, seed=0, dtype=torch.float32)
+    x1 = synthetic_inputs("nemotron-3-nano", 0, batch=1, steps=160, seed=0, dtype=torch.float32, profile="low-rank-keys")
+    assert _energy_in_top(x0.B[0, :, 0], prof.key_rank) < 0.6
+    assert _energy_in_top(x1.B[0, :, 0], prof.key_rank) > 1 - 2 * prof.key_leak
+    # the queries keep a share query_leak outside it: less concentrated than the keys
+    assert _energy_in_top(x1.C[0, :, 0], prof.key_rank) < _energy_in_top(x1.B[0, :, 0], prof.key_rank)
+    # expected squared norm kept (the projection is rescaled): within 20% of the init law's
+    ratio = float(x1.B.pow(2).sum(-1).mean() / x0.B.pow(2).sum(-1).mean())
+    assert 0.8 < ratio < 1.2
+    g = synthetic_inputs("qwen3.5-0.8b", 0, batch=1, steps=160, seed=0, profile="low-rank-keys")
+    assert _energy_in_top(g.k[0, :, 0], prof.key_rank) > 1 - 2 * prof.key_leak
+    torch.testing.assert_close(g.k.norm(dim=-1), torch.ones(g.k.shape[:-1]), atol=1e-5, rtol=0)  # still unit keys
+
+
+def test_outliers_amplify_rows_and_fatten_tails():
+    prof = PROFILES["outliers"]
+    x0 = synthetic_inputs("nemotron-3-nano", 0, batch=1, steps=512, seed=0, dtype=torch.float32)
+    x1 = synthetic_inputs("nemotron-3-nano", 0, batch=1, steps=512, seed=0, dtype=torch.float32, profile="outliers")
+    h, p = x1.num_heads, x1.rows
+    n_out = x1.meta["params"]["outlier_rows"]
+    assert n_out == round(prof.outlier_row_fraction * h * p)
+    rms = x1.x.reshape(-1, h * p).pow(2).mean(0).sqrt()
+    loud = rms.sort(descending=True).values
+    assert float(loud[n_out - 1] / loud[n_out:].median()) > prof.outlier_gain / 4
+    # Student-t projections: the post-conv channels' kurtosis rises well above the normal law's
+
+    def kurtosis(t):
+        c = t.reshape(-1, t.shape[-1]) - t.reshape(-1, t.shape[-1]).mean(0)
+        return float(((c**4).mean(0) / (c**2).mean(0) ** 2).median())
+
+    assert kurtosis(x1.B) > 1.5 * kurtosis(x0.B)
+
+
+def test_unknown_profile_is_refused_naming_the_accepted_ones():
+    with pytest.raises(ValueError, match=r"unknown synthetic profile 'nope'; accepted: init, slow-decay"):
+        synthetic_inputs("nemotron-3-nano", 0, batch=1, steps=2, profile="nope")
+    assert get_profile("persistent").key_rank == PROFILES["low-rank-keys"].key_rank
+    kda = next(n for n in list_presets() if get_preset(n).layer_kind == "kda")
+    with pytest.raises(ValueError, match=r"defined for Mamba-2 and GDN presets; .* is a KDA preset"):
+        synthetic_inputs(kda, get_preset(kda).ssm_layers[0], batch=1, steps=2, profile="slow-decay")
+    assert not PROFILES["persistent"].is_init and PROFILES["init"].is_init

@@ -1,0 +1,1 @@
+"""Helpers shared by the studies: statistics (bootstrap, permutation tests), tables, plots, measurement."""
