@@ -23,6 +23,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 
 PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
 
@@ -141,6 +142,7 @@ def drift_figure(traces: pd.DataFrame, summary: pd.DataFrame, report: dict):
                 ax.plot(dv.step, dv[metric], color=colours[f], linestyle=dashes[sch], linewidth=widths[f])
             ax.set_xscale("log")
             ax.set_yscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # a run of < 1 decade labels every minor tick: crowded
             ax.grid(True, which="both", alpha=0.3)
             floor = ax.get_ylim()[0]
             for v in order:
