@@ -26,7 +26,7 @@ import json, sys, pathlib, torch
 out, preset, ckpt, build_s, analyze_s, eval_s, steps, eval_steps = sys.argv[1:]
 out = pathlib.Path(out)
 an = json.loads((out / f"analyze-{preset}" / "report.json").read_text())
-ev_path = out / f"eval-{preset}" / "report.json"
+ev_path = out / f"eval-{preset}" / "eval.json"
 ev = json.loads(ev_path.read_text()) if ev_path.exists() else {}
 build = json.loads((pathlib.Path(ckpt) / "ssmquant_build.json").read_text())
 res = {
