@@ -135,7 +135,12 @@ def gdn_advance(s, alpha, k, v, beta, q, buffer_dtype: torch.dtype = torch.float
     alpha, beta [B, H]; k (as buffered), q [B, H, Dk]; v [B, H, Dv]; the corrected value u is
     stored in `buffer_dtype` before it updates the state (replay buffers u, not v).
     """
-    s = alpha[..., None, None] * s
+    return _delta_rule(alpha[..., None, None] * s, k, v, beta, q, buffer_dtype)
+
+
+def _delta_rule(s, k, v, beta, q, buffer_dtype):
+    """The delta-rule update of an already decayed state s [B, H, Dv, Dk] (GDN and KDA alike): u in
+    `buffer_dtype`, S + u k^T, and y = S^T q."""
     u = _buffer_round(gdn_delta(s, k, v, beta), buffer_dtype)
     s = s + u[..., None] * k[:, :, None, :]
     return s, gdn_output(s, q)
@@ -147,10 +152,7 @@ def kda_advance(s, alpha, k, v, beta, q, buffer_dtype: torch.dtype = torch.float
     alpha [B, H, Dk] (per-key-channel decay exp(g)); beta [B, H]; k (as buffered), q [B, H, Dk];
     v [B, H, Dv]; u is stored in `buffer_dtype` before it updates the state, as for GDN.
     """
-    s = kda_decay(s, alpha)
-    u = _buffer_round(gdn_delta(s, k, v, beta), buffer_dtype)
-    s = s + u[..., None] * k[:, :, None, :]
-    return s, gdn_output(s, q)
+    return _delta_rule(kda_decay(s, alpha), k, v, beta, q, buffer_dtype)
 
 
 def mamba2_emulation_step(s_ref, s_var, a, dt, x, xb, b, bb, c, d, write, store, key):
@@ -384,8 +386,16 @@ class _GDNEmulation(_Emulation):
             self.buf_idx = [torch.zeros(bsz, cap, dtype=torch.int64, device=dev) for _ in self.variants]
             self.u_buf = [torch.zeros(bsz, cap, heads, inp.rows, device=dev) for _ in self.variants]
 
+    # the one difference KDA makes to these steps is how a decay applies (per head / per key channel)
+    advance = staticmethod(gdn_advance)
+
+    @staticmethod
+    def decay(s, alpha):
+        """s [B, H, Dv, Dk] decayed by alpha [B, H]."""
+        return alpha[..., None, None] * s
+
     def ref_step(self, t):
-        self.s_ref, y = gdn_advance(
+        self.s_ref, y = self.advance(
             self.s_ref, self.alpha[:, t], self.k[:, t], self.v[:, t], self.beta[:, t], self.q[:, t]
         )
         return self.s_ref, y
@@ -393,7 +403,7 @@ class _GDNEmulation(_Emulation):
     def variant_step(self, i, t):
         if self.form == "literal":
             return self._literal_step(i, t)
-        s, y = gdn_advance(
+        s, y = self.advance(
             self.s_var[i],
             self.alpha[:, t],
             self.kb[i][:, t],
@@ -428,7 +438,7 @@ class _GDNEmulation(_Emulation):
         s0, held = self.s_var[i], self.held[i]
         prev = self._rebuild(i, s0, held)  # S_{t-1} from checkpoint + buffer
         k = self.kb[i][:, t]
-        decayed = self.alpha[:, t, :, None, None] * prev
+        decayed = self.decay(prev, self.alpha[:, t])
         u = _buffer_round(gdn_delta(decayed, k, self.v[:, t], self.beta[:, t]), self.buf_dtype[i])
         self.buf_idx[i][ar, held] = t
         self.u_buf[i][ar, held] = u
@@ -445,30 +455,12 @@ class _GDNEmulation(_Emulation):
 class _KDAEmulation(_GDNEmulation):
     """GDN's emulation with the decay applied per key channel: alpha and g are [B, T, H, Dk]."""
 
+    advance = staticmethod(kda_advance)
+    decay = staticmethod(kda_decay)  # s [B, H, Dv, Dk] decayed per key channel by alpha [B, H, Dk]
+
     def start(self):
         super().start()
         self.alpha = kda_decays(self.inputs)  # [B, T, Hv, Dk]
-
-    def ref_step(self, t):
-        self.s_ref, y = kda_advance(
-            self.s_ref, self.alpha[:, t], self.k[:, t], self.v[:, t], self.beta[:, t], self.q[:, t]
-        )
-        return self.s_ref, y
-
-    def variant_step(self, i, t):
-        if self.form == "literal":
-            return self._literal_step(i, t)
-        s, y = kda_advance(
-            self.s_var[i],
-            self.alpha[:, t],
-            self.kb[i][:, t],
-            self.v[:, t],
-            self.beta[:, t],
-            self.q[:, t],
-            self.buf_dtype[i],
-        )
-        self.s_var[i] = self.write(i, t, s)
-        return self.s_var[i], y
 
     def _rebuild(self, i, s0, held):
         """State from checkpoint + the first `held` buffered entries: [B, H, Dv, Dk].
@@ -487,22 +479,3 @@ class _KDAEmulation(_GDNEmulation):
         w = torch.where(valid[..., None, None], torch.exp(g_h[:, None] - big_g), 0.0)  # [B, cap, H, Dk]
         k_buf = self.kb[i][ar[:, None], idx]  # [B, cap, H, Dk]
         return kda_decay(s0, torch.exp(g_h)) + torch.einsum("bjhv,bjhk->bhvk", self.u_buf[i], w * k_buf)
-
-    def _literal_step(self, i, t):
-        bsz = self.inputs.batch
-        ar = torch.arange(bsz, device=self.s0.device)
-        s0, held = self.s_var[i], self.held[i]
-        prev = self._rebuild(i, s0, held)  # S_{t-1} from checkpoint + buffer
-        k = self.kb[i][:, t]
-        decayed = kda_decay(prev, self.alpha[:, t])
-        u = _buffer_round(gdn_delta(decayed, k, self.v[:, t], self.beta[:, t]), self.buf_dtype[i])
-        self.buf_idx[i][ar, held] = t
-        self.u_buf[i][ar, held] = u
-        held = held + 1
-        rebuilt = self._rebuild(i, s0, held)
-        y = gdn_output(rebuilt, self.q[:, t])
-        flush = self.masks[i][:, t]
-        stored = self.write(i, t, rebuilt)
-        self.s_var[i] = torch.where(flush[:, None, None, None], stored, s0)
-        self.held[i] = torch.where(flush, 0, held)
-        return stored, y
