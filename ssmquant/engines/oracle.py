@@ -489,8 +489,11 @@ def run_fla_gdn(inp: GDNInputs, case: FlaCase, *, window: int = 64) -> dict:
 # --- compile everything first, in parallel ---------------------------------------------------------------
 
 
-def prebuild(ckpt_cases, ssu_cases, heads: int, groups: int, device) -> dict:
-    """Compile every FlashInfer module the cases need, in parallel threads (nvcc runs in subprocesses)."""
+def prebuild(ckpt_cases, ssu_cases, heads: int, groups: int, device, max_workers: int = 8) -> dict:
+    """Compile every FlashInfer module the cases need, in parallel threads (nvcc runs in subprocesses).
+
+    A module already in the bundle's ahead-of-time folder (`ssmquant.engines.aot`) loads without nvcc.
+    """
     import importlib
     from concurrent.futures import ThreadPoolExecutor
 
@@ -511,7 +514,7 @@ def prebuild(ckpt_cases, ssu_cases, heads: int, groups: int, device) -> dict:
         except Exception as err:  # noqa: BLE001 - a failed module skips its cases, reported by name
             errors[name] = str(err).strip().splitlines()[-1][:300] if str(err) else type(err).__name__
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
         list(pool.map(build, jobs.items()))
     return {"modules": len(jobs), "seconds": time.perf_counter() - t0, "errors": errors}
 
