@@ -252,7 +252,7 @@ def main():
                 kernel_rate = elems * args.steps / t_kernel / 1e9
                 # the whole measurement as analyze runs it: validation, kernel, window statistics
                 t_sim = cuda_time(
-                    lambda i=inputs, v=variant: simulate(i, [v], backend="triton", record_every=16), args.reps
+                    lambda i=inputs, v=variant: simulate(i, [v], backend="triton", record_every=min(16, args.steps)), args.reps
                 )
                 eager = peer_loop(kind, inputs, variant, args.peer_steps, step_fn)
                 t_eager = cuda_time(eager, 1) / args.peer_steps
@@ -308,7 +308,7 @@ def multi_row(kind, inputs, kind_rows, args):
     nv = len(variants)
     elems = math.prod(inputs.state_shape)
     t_one = cuda_time(lambda: drain(emulate_triton_steps(inputs, variants)), args.reps)
-    t_sim = cuda_time(lambda: simulate(inputs, variants, backend="triton", record_every=16), args.reps)
+    t_sim = cuda_time(lambda: simulate(inputs, variants, backend="triton", record_every=min(16, args.steps)), args.reps)
     t_six = sum(r["kernel ms"] for r in kind_rows) / 1e3
     rate = nv * elems * args.steps / t_one / 1e9
     # the six eager loops one after the other: nv states advanced in the sum of their per-step times

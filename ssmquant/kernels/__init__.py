@@ -1,9 +1,11 @@
 """Triton kernels: fused multi-step decode emulation of Mamba-2, Gated DeltaNet and KDA layers.
 
 `emulate_triton` is the backend that `ssmquant.replay.simulate(..., backend="triton")` dispatches to;
-it trusts inputs already validated by `simulate`. Shared rounding helpers live in `rounding.py`; each
-kernel's torch reference is `ssmquant.replay.naive` (state form) and, for the tile fake-quant,
-`ssmquant.formats.codec`.
+it trusts inputs already validated by `simulate`. `mamba2.py` and `delta_rule.py` (GDN and KDA) carry up
+to MAX_SLOTS variants per launch beside one FP32 reference; `plan_launches` groups the variants and picks
+the tile from a register budget; `mamba2_engine.py` emulates engine profiles. Shared rounding helpers
+live in `rounding.py`; each kernel's torch reference is `ssmquant.replay.naive` (state form) and, for
+the tile fake-quant, `ssmquant.formats.codec`.
 """
 
 from __future__ import annotations

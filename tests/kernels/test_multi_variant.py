@@ -53,6 +53,7 @@ def with_static(inp):
 
 
 @needs_triton
+@pytest.mark.slow  # 10-20 s each in the interpreter: 12 launches
 @pytest.mark.parametrize("kind", ["mamba2", "gdn", "kda"])
 def test_each_variant_of_a_shared_launch_is_bit_identical_to_its_own_launch(kind):
     inp = tiny(kind)
@@ -68,10 +69,11 @@ def test_each_variant_of_a_shared_launch_is_bit_identical_to_its_own_launch(kind
 
 
 @needs_triton
+@pytest.mark.slow  # ~10 s each in the interpreter
 @pytest.mark.parametrize("kind", ["mamba2", "kda"])
 def test_batch_slices_of_a_shared_launch_are_bit_identical(kind):
     """One sequence per launch (batch_offset 1, 2): the SR draws count elements over the whole batch."""
-    inp = tiny(kind, batch=3, steps=7)
+    inp = tiny(kind, batch=3, steps=5)
     variants = with_static(inp)[:MAX_SLOTS]
     whole = emulate_triton(inp, variants)
     sliced = torch.full_like(whole, float("nan"))
