@@ -213,9 +213,9 @@ _FP32_MIN_NORMAL = tl.constexpr(2.0**-126)
 
 
 @triton.jit
-def e2m1_rne_with_margin(v):
-    """round_to_grid(v, 0, 1, 0, 6.0, SATURATE, RNE) op for op (the E2M1 grid), and whether |v| lies within
-    2^-18 spacings of a rounding midpoint (or is NaN): (rounded [same shape], near [same shape, bool])."""
+def e2m1_rne_with_distance(v):
+    """round_to_grid(v, 0, 1, 0, 6.0, SATURATE, RNE) op for op (the E2M1 grid), and |r - round(r)| for r = |v|
+    in units of the grid spacing (0.5 at a midpoint): (rounded, distance), both shaped like v."""
     vb = v.to(tl.uint32, bitcast=True)
     a = tl.minimum(tl.abs(v), 6.0)
     e = ((a.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
@@ -225,14 +225,7 @@ def e2m1_rne_with_margin(v):
     r = a * inv_spacing
     n = (r + 8388608.0) - 8388608.0
     out = (n * spacing).to(tl.uint32, bitcast=True) | (vb & 0x80000000)
-    near = not_less(tl.abs(r - n), _E2M1_MARGIN) | (v != v)
-    return out.to(tl.float32, bitcast=True), near
-
-
-@triton.jit
-def not_less(x, bound: tl.constexpr):
-    """~(x < bound), true for NaN."""
-    return tl.where(x < bound, False, True)
+    return out.to(tl.float32, bitcast=True), tl.abs(r - n)
 
 
 @triton.jit
@@ -244,13 +237,14 @@ def e2m1_quotient_rne(blocks, d, BN: tl.constexpr, BR: tl.constexpr):
     have the same E2M1 rounding unless a midpoint (0.25, 0.75, ..., 5) lies between them, i.e. unless
     v lies within 2^-20 spacings of one (the spacing is >= |v| / 4). Where any element of the tile comes
     within 2^-18 spacings of a midpoint, or 1 / d is not a normal FP32 number, the tile takes the exact
-    division (about one tile write in 10^3 on Gaussian-like states).
+    division (about one tile write in 10^3 on Gaussian-like states). A NaN or infinite element (a state
+    that diverged) gives the same code either way: both quotients are NaN, or both overflow or saturate.
     """
     r = tl.math.div_rn(tl.full([BN // 16, BR], 1.0, tl.float32), d)
-    q, near = e2m1_rne_with_margin(tl.reshape(blocks * r[:, None, :], [BN, BR]))
+    q, dist = e2m1_rne_with_distance(tl.reshape(blocks * r[:, None, :], [BN, BR]))
     r_bad = tl.where((r >= _FP32_MIN_NORMAL) & (r < float("inf")), 0, 1)  # also NaN
-    bad = tl.max(tl.reshape(near.to(tl.int32), [BN * BR]), axis=0) + tl.max(tl.reshape(r_bad, [(BN // 16) * BR]), axis=0)
-    if bad != 0:
+    near = tl.where(tl.max(tl.reshape(dist, [BN * BR]), axis=0) > _E2M1_MARGIN, 1, 0)
+    if near + tl.max(tl.reshape(r_bad, [(BN // 16) * BR]), axis=0) != 0:
         v = tl.math.div_rn(blocks, d[:, None, :])
         q = round_to_grid(tl.reshape(v, [BN, BR]), 0.0, 1, 0, 6.0, True, False)
     return q
