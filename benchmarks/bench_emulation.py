@@ -14,17 +14,17 @@ measures in one run:
 - compiled: the same per-step function under torch.compile (measured for the variants listed in
   COMPILE_VARIANTS: each compile costs tens of seconds).
 
-- all six in one launch: the six variants above given to `emulate_triton_steps` together, which
-  runs them in one launch (`plan_launches`): each step's inputs are read once and the FP32 reference
-  state is advanced once for all six, beside six emulated states; its G/s is per variant
-  (6 x state elements x steps / time), set against the six separate launches and the six eager loops.
+- all in one launch: the six variants above given to `emulate_triton_steps` together, which runs
+  them in one launch (`plan_launches`): each step's inputs are read once and the FP32 reference state
+  is advanced once for all six, beside six emulated states; its G/s is per variant
+  (6 x state elements x steps / time), set against the separate launches and the eager loops.
 
 Throughput is in G state-element-steps/s = batch x heads x rows x state_dim x steps / seconds / 1e9.
 Peers run fewer steps (their cost per step is constant) and are reported per step. The table is
 printed last and written to benchmarks/results/emulation.md with the GPU name, versions and date.
 
     python benchmarks/bench_emulation.py [--steps 4096] [--batch 16] [--peer-steps 64] [--kinds mamba2,gdn,kda]
-        [--no-compile] [--multi-sweep] [--out FILE]
+        [--no-compile] [--multi-sweep] [--formats fp8_e4m3,int8,nvfp4] [--out FILE]
 """
 
 from __future__ import annotations
@@ -226,7 +226,8 @@ def main():
     ap.add_argument("--sweep-only", action="store_true", help="only the tiling sweep")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated layer kinds among {', '.join(KINDS)}")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: check the script (interpreter)")
-    ap.add_argument("--multi-sweep", action="store_true", help="also time tilings of the six-variant launch")
+    ap.add_argument("--multi-sweep", action="store_true", help="also time tilings of the all-variant launch")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats (default: all three)")
     args = ap.parse_args()
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if not kinds or any(k not in KINDS for k in kinds):
@@ -244,7 +245,7 @@ def main():
         elems = math.prod(inputs.state_shape)
         step_fn = STEP_FNS[kind]
         kind_rows = []
-        for fmt in FORMATS:
+        for fmt in args.formats.split(","):
             for scheme in SCHEMES:
                 name = f"{fmt}@{scheme}"
                 variant = parse_variant(name)
@@ -297,13 +298,14 @@ def main():
     write_table(rows, multi_rows, args)
 
 
-def default_variants():
-    return [parse_variant(f"{fmt}@{scheme}") for fmt in FORMATS for scheme in SCHEMES]
+def default_variants(args):
+    """The benchmarked variants: --formats x SCHEMES (the six defaults of `analyze` unless narrowed)."""
+    return [parse_variant(f"{fmt}@{scheme}") for fmt in args.formats.split(",") for scheme in SCHEMES]
 
 
 def multi_row(kind, inputs, kind_rows, args):
-    """The six variants of `kind_rows` in one launch, against their separate launches and peers."""
-    variants = default_variants()
+    """The variants of `kind_rows` in one launch, against their separate launches and peers."""
+    variants = default_variants(args)
     plan = plan_launches(variants, inputs.rows, inputs.state_dim)
     nv = len(variants)
     elems = math.prod(inputs.state_shape)
@@ -311,32 +313,32 @@ def multi_row(kind, inputs, kind_rows, args):
     t_sim = cuda_time(lambda: simulate(inputs, variants, backend="triton", record_every=min(16, args.steps)), args.reps)
     t_six = sum(r["kernel ms"] for r in kind_rows) / 1e3
     rate = nv * elems * args.steps / t_one / 1e9
-    # the six eager loops one after the other: nv states advanced in the sum of their per-step times
+    # the eager loops one after the other: nv states advanced in the sum of their per-step times
     eager = nv * elems / sum(elems / (r["eager G/s"] * 1e9) for r in kind_rows) / 1e9
     compiled = [r["compiled G/s"] for r in kind_rows if r["compiled G/s"] is not None]
     row = {
         "layer": LAYER_NAMES[kind],
         "launches (BLOCK_P, warps)": " + ".join(f"{len(idx)} variants {tiling}" for idx, tiling in plan),
         "one launch ms": t_one * 1e3,
-        "six launches ms": t_six * 1e3,
+        "separate launches ms": t_six * 1e3,
         "speed-up": t_six / t_one,
         "G/s per variant": rate,
         "simulate G/s per variant": nv * elems * args.steps / t_sim / 1e9,
-        "eager G/s (six loops)": eager,
+        "eager G/s (loops in turn)": eager,
         "x eager": rate / eager,
         "compiled G/s (fp8 conv)": compiled[0] if compiled else None,
         "x compiled": rate / compiled[0] if compiled else None,
     }
-    print(f"{kind} all six in one launch: {rate:.0f} G/s per variant, {t_six / t_one:.2f}x six launches", flush=True)
+    print(f"{kind} all {nv} in one launch: {rate:.0f} G/s per variant, {t_six / t_one:.2f}x separate launches", flush=True)
     return row
 
 
-MULTI_SWEEP = [(2, 1), (4, 1), (8, 1), (8, 2), (16, 4)]
+MULTI_SWEEP = [(2, 1), (4, 1), (8, 1)]  # the planned (4, 1), half and twice its rows
 
 
 def multi_sweep(kind, inputs, args):
-    """Time the six-variant launch at several tilings, on the first 1024 steps (printed, not written)."""
-    variants = default_variants()
+    """Time the all-variant launch at several tilings, on the first 1024 steps (printed, not written)."""
+    variants = default_variants(args)
     steps = min(inputs.steps, 1024)
     sub = inputs.slice_steps(0, steps)
     elems = len(variants) * math.prod(sub.state_shape) * steps
@@ -409,14 +411,14 @@ def write_table(rows, multi_rows, args):
         f"Command: `python benchmarks/bench_emulation.py {' '.join(sys.argv[1:])}`\n\n"
     )
     multi_head = (
-        "\n## All six variants in one launch\n\n"
-        "The six variants above given to `emulate_triton_steps` together: `plan_launches` puts them in one "
-        "launch (tiling in the second column), which reads each step's inputs once and advances the FP32 "
-        "reference once, beside six emulated states; each variant's work (its update, output, write and "
-        "metrics) is its own. G/s per variant = 6 x state elements x steps / time. \"six launches ms\" is the "
-        "sum of the per-variant kernel times above; the eager peer is the six per-step loops one after the "
-        "other; the compiled peer is the fp8_e4m3 conventional loop under torch.compile (the only one "
-        "compiled), so its ratio sets a six-variant rate against a one-variant peer.\n\n"
+        "\n## All variants in one launch\n\n"
+        "The variants above (six by default) given to `emulate_triton_steps` together: `plan_launches` puts "
+        "them in one launch (tiling in the second column), which reads each step's inputs once and advances "
+        "the FP32 reference once, beside one emulated state per variant; each variant's work (its update, "
+        "output, write and metrics) is its own. G/s per variant = NV x state elements x steps / time. "
+        "\"separate launches ms\" is the sum of the per-variant kernel times above; the eager peer is the "
+        "per-step loops run one after the other; the compiled peer is the fp8_e4m3 conventional loop under torch.compile (the only one "
+        "compiled), so its ratio sets a per-variant rate of the shared launch against a one-variant peer.\n\n"
     )
     table = head + markdown(rows) + (multi_head + markdown(multi_rows) if multi_rows else "")
     path = pathlib.Path(args.out)
