@@ -101,7 +101,7 @@ def _delta_rule_emulate_kernel(
     c3 = slot_static_scale(scale_ptr, 3, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC3)
     c4 = slot_static_scale(scale_ptr, 4, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC4)
     c5 = slot_static_scale(scale_ptr, 5, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC5)
-    metrics_stride = (T // record_every) * B * HV * npb * 4  # one slot's metrics [R, B, Hv, NPB, 4]
+    metrics_stride = npb.to(tl.int64) * (T // record_every) * B * HV * 4  # one slot's metrics [R, B, Hv, NPB, 4]
 
     for t in range(T):
         bt = b64 * T + t
