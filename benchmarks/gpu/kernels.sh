@@ -3,7 +3,7 @@
 #
 #   OUT=/tmp/out bash benchmarks/gpu/kernels.sh       (from the repository root)
 #
-# 1. python3 -m pytest tests/kernels (on a GPU the tests run at the real models' shapes);
+# 1. python3 -m pytest over tests/kernels, in four processes (on a GPU the tests run at the real models' shapes);
 # 2. benchmarks/bench_emulation.py at batch 16, 4096 steps, 64 peer steps, for kda (with the torch.compile
 #    peer: issue #14's bar), mamba2 (with the tiling sweep of the six-variant launch) and gdn (no compile
 #    peer: it cost 30-60 s per kind in earlier runs).
@@ -41,9 +41,25 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run with a timeout, keep the log, pr
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
-stage pytest 85 python3 -m pytest -q -rfE --durations=8 tests/kernels/test_multi_variant.py tests/kernels/test_nvfp4_write.py \
-    tests/kernels  # the new tests first: a timeout still leaves their results
-grep -E "passed|failed|error" "$OUT/logs/pytest.log" | tail -n 3 >"$OUT/pytest.txt"
+# Four pytest processes at once: the GPU is shared, but most of their time is Triton compiling (CPU, one core
+# each; ~100 distinct kernels), which a fresh machine has not cached.
+pytest_parts() {
+    local pids=() i=0 rc=0
+    for part in "tests/kernels/test_multi_variant.py" "tests/kernels/test_emulation_kernels.py" \
+        "tests/kernels/test_kda_kernel.py" "tests/kernels/test_nvfp4_write.py tests/kernels/test_int16_tile.py"; do
+        # shellcheck disable=SC2086
+        python3 -m pytest -q -rfE -p no:cacheprovider $part >"$OUT/logs/pytest_$i.log" 2>&1 &
+        pids+=($!)
+        i=$((i + 1))
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    cat "$OUT"/logs/pytest_*.log
+    return $rc
+}
+export -f pytest_parts
+export OUT
+stage pytest 85 bash -c pytest_parts
+grep -hE "passed|failed|error" "$OUT"/logs/pytest_*.log >"$OUT/pytest.txt"
 stage bench_kda 80 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 2 \
     --kinds kda --out "$OUT/emulation_kda.md"
 stage bench_mamba2 45 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 2 \
