@@ -14,11 +14,17 @@ measures in one run:
 - compiled: the same per-step function under torch.compile (measured for the variants listed in
   COMPILE_VARIANTS: each compile costs tens of seconds).
 
+- all in one launch: the six variants above given to `emulate_triton_steps` together, which runs
+  them in one launch (`plan_launches`): each step's inputs are read once and the FP32 reference state
+  is advanced once for all six, beside six emulated states; its G/s is per variant
+  (6 x state elements x steps / time), set against the separate launches and the eager loops.
+
 Throughput is in G state-element-steps/s = batch x heads x rows x state_dim x steps / seconds / 1e9.
 Peers run fewer steps (their cost per step is constant) and are reported per step. The table is
 printed last and written to benchmarks/results/emulation.md with the GPU name, versions and date.
 
     python benchmarks/bench_emulation.py [--steps 4096] [--batch 16] [--peer-steps 64] [--kinds mamba2,gdn,kda]
+        [--no-compile] [--multi-sweep] [--formats fp8_e4m3,int8,nvfp4] [--out FILE]
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import triton  # noqa: E402
 
-from ssmquant.kernels import emulate_triton_steps  # noqa: E402
+from ssmquant.kernels import emulate_triton_steps, plan_launches  # noqa: E402
 from ssmquant.replay import GDNInputs, KDAInputs, Mamba2Inputs, parse_variant, simulate  # noqa: E402
 from ssmquant.replay.naive import (  # noqa: E402
     StateStore,
@@ -117,7 +123,16 @@ STEP_FNS = {"mamba2": mamba2_emulation_step, "gdn": gdn_emulation_step, "kda": k
 
 
 def cuda_time(fn, reps: int) -> float:
-    """Median seconds of fn() over reps runs (events around each run, after one warm-up)."""
+    """Median seconds of fn() over reps runs (events around each run, after one warm-up); on the CPU
+    (`--device cpu`, a check of this script in Triton's interpreter) wall-clock time."""
+    if not torch.cuda.is_available():
+        fn()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
     fn()
     torch.cuda.synchronize()
     times = []
@@ -210,23 +225,27 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="also time tilings (BLOCK_P, num_warps) of fp8 conventional")
     ap.add_argument("--sweep-only", action="store_true", help="only the tiling sweep")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated layer kinds among {', '.join(KINDS)}")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: check the script (interpreter)")
+    ap.add_argument("--multi-sweep", action="store_true", help="also time tilings of the all-variant launch")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats (default: all three)")
     args = ap.parse_args()
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if not kinds or any(k not in KINDS for k in kinds):
         sys.exit(f"--kinds takes a comma-separated subset of {', '.join(KINDS)}, got {args.kinds!r}")
-    if not torch.cuda.is_available():
-        sys.exit("bench_emulation.py needs a CUDA GPU")
-    dev = "cuda"
+    dev = args.device
+    if dev == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_emulation.py needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 to check the script)")
     if args.sweep:
         sweep(args, dev, kinds)
         if args.sweep_only:
             return
-    rows = []
+    rows, multi_rows = [], []
     for kind in kinds:
         inputs = INPUTS[kind](args.batch, args.steps, dev)
         elems = math.prod(inputs.state_shape)
         step_fn = STEP_FNS[kind]
-        for fmt in FORMATS:
+        kind_rows = []
+        for fmt in args.formats.split(","):
             for scheme in SCHEMES:
                 name = f"{fmt}@{scheme}"
                 variant = parse_variant(name)
@@ -234,7 +253,7 @@ def main():
                 kernel_rate = elems * args.steps / t_kernel / 1e9
                 # the whole measurement as analyze runs it: validation, kernel, window statistics
                 t_sim = cuda_time(
-                    lambda i=inputs, v=variant: simulate(i, [v], backend="triton", record_every=16), args.reps
+                    lambda i=inputs, v=variant: simulate(i, [v], backend="triton", record_every=min(16, args.steps)), args.reps
                 )
                 eager = peer_loop(kind, inputs, variant, args.peer_steps, step_fn)
                 t_eager = cuda_time(eager, 1) / args.peer_steps
@@ -245,14 +264,15 @@ def main():
                     comp = peer_loop(kind, inputs, variant, args.peer_steps, compiled_fn)
                     t0 = time.time()
                     comp()  # compile
-                    torch.cuda.synchronize()
+                    if dev == "cuda":
+                        torch.cuda.synchronize()
                     compile_s = time.time() - t0
                     t_comp = cuda_time(comp, 1) / args.peer_steps
                     compiled_rate = elems / t_comp / 1e9
                     print(f"  compiled {kind} {name} in {compile_s:.0f} s", flush=True)
                 fp_ops, int_ops = OPS_PER_ELEMENT_STEP[(kind, fmt)]
                 floor_rate = 1 / max(fp_ops / FP32_INSTR_PER_S, int_ops / INT_INSTR_PER_S) / 1e9
-                rows.append(
+                kind_rows.append(
                     {
                         "layer": LAYER_NAMES[kind],
                         "variant": name,
@@ -268,9 +288,67 @@ def main():
                     }
                 )
                 print(f"{kind} {name}: kernel {kernel_rate:.0f} G/s, eager {eager_rate:.1f} G/s", flush=True)
+        rows += kind_rows
+        multi_rows.append(multi_row(kind, inputs, kind_rows, args))
+        if args.multi_sweep:
+            multi_sweep(kind, inputs, args)
         del inputs
-        torch.cuda.empty_cache()
-    write_table(rows, args)
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    write_table(rows, multi_rows, args)
+
+
+def default_variants(args):
+    """The benchmarked variants: --formats x SCHEMES (the six defaults of `analyze` unless narrowed)."""
+    return [parse_variant(f"{fmt}@{scheme}") for fmt in args.formats.split(",") for scheme in SCHEMES]
+
+
+def multi_row(kind, inputs, kind_rows, args):
+    """The variants of `kind_rows` in one launch, against their separate launches and peers."""
+    variants = default_variants(args)
+    plan = plan_launches(variants, inputs.rows, inputs.state_dim)
+    nv = len(variants)
+    elems = math.prod(inputs.state_shape)
+    t_one = cuda_time(lambda: drain(emulate_triton_steps(inputs, variants)), args.reps)
+    t_sim = cuda_time(lambda: simulate(inputs, variants, backend="triton", record_every=min(16, args.steps)), args.reps)
+    t_six = sum(r["kernel ms"] for r in kind_rows) / 1e3
+    rate = nv * elems * args.steps / t_one / 1e9
+    # the eager loops one after the other: nv states advanced in the sum of their per-step times
+    eager = nv * elems / sum(elems / (r["eager G/s"] * 1e9) for r in kind_rows) / 1e9
+    compiled = [r["compiled G/s"] for r in kind_rows if r["compiled G/s"] is not None]
+    row = {
+        "layer": LAYER_NAMES[kind],
+        "launches (BLOCK_P, warps)": " + ".join(f"{len(idx)} variants {tiling}" for idx, tiling in plan),
+        "one launch ms": t_one * 1e3,
+        "separate launches ms": t_six * 1e3,
+        "speed-up": t_six / t_one,
+        "G/s per variant": rate,
+        "simulate G/s per variant": nv * elems * args.steps / t_sim / 1e9,
+        "eager G/s (loops in turn)": eager,
+        "x eager": rate / eager,
+        "compiled G/s (fp8 conv)": compiled[0] if compiled else None,
+        "x compiled": rate / compiled[0] if compiled else None,
+    }
+    print(f"{kind} all {nv} in one launch: {rate:.0f} G/s per variant, {t_six / t_one:.2f}x separate launches", flush=True)
+    return row
+
+
+MULTI_SWEEP = [(2, 1), (4, 1), (8, 1)]  # the planned (4, 1), half and twice its rows
+
+
+def multi_sweep(kind, inputs, args):
+    """Time the all-variant launch at several tilings, on the first 1024 steps (printed, not written)."""
+    variants = default_variants(args)
+    steps = min(inputs.steps, 1024)
+    sub = inputs.slice_steps(0, steps)
+    elems = len(variants) * math.prod(sub.state_shape) * steps
+    for block_p, warps in MULTI_SWEEP:
+        t = cuda_time(lambda p=block_p, w=warps: drain(emulate_triton_steps(sub, variants, tiling=(p, w))), 2)
+        print(
+            f"multi-sweep {kind} BLOCK_P={block_p:3d} warps={warps:2d}: {t * 1e3:8.2f} ms  "
+            f"{elems / t / 1e9:7.0f} G/s per variant",
+            flush=True,
+        )
 
 
 def drain(slices) -> None:
@@ -308,24 +386,41 @@ def fmt_cell(v):
     return str(v)
 
 
-def write_table(rows, args):
-    props = torch.cuda.get_device_properties(0)
+def markdown(rows):
+    cols = list(rows[0].keys())
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt_cell(r[c]) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(rows, multi_rows, args):
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        gpu = f"{props.name} ({props.multi_processor_count} SMs)"
+    else:
+        gpu = "none: a CPU check of the script in Triton's interpreter, not a measurement"
     head = (
         f"# Decode-emulation throughput\n\n"
-        f"GPU: {props.name} ({props.multi_processor_count} SMs); torch {torch.__version__}; triton {triton.__version__}; "
+        f"GPU: {gpu}; torch {torch.__version__}; triton {triton.__version__}; "
         f"date {datetime.date.today().isoformat()}\n\n"
         f"batch {args.batch}, T={args.steps} steps for the kernel, {args.peer_steps} steps for the per-step peers; "
         f"metrics recorded every step. G/s = G state-element-steps per second. "
         f"Floor: estimated FP32/int operations per element-step against the GPU's instruction rates "
         f"(see OPS_PER_ELEMENT_STEP in the script); an estimate, not a measurement.\n\n"
-        f"Command: `python benchmarks/bench_emulation.py --steps {args.steps} --batch {args.batch} "
-        f"--peer-steps {args.peer_steps} --kinds {args.kinds}`\n\n"
+        f"Command: `python benchmarks/bench_emulation.py {' '.join(sys.argv[1:])}`\n\n"
     )
-    cols = list(rows[0].keys())
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(fmt_cell(r[c]) for c in cols) + " |")
-    table = head + "\n".join(lines) + "\n"
+    multi_head = (
+        "\n## All variants in one launch\n\n"
+        "The variants above (six by default) given to `emulate_triton_steps` together: `plan_launches` puts "
+        "them in one launch (tiling in the second column), which reads each step's inputs once and advances "
+        "the FP32 reference once, beside one emulated state per variant; each variant's work (its update, "
+        "output, write and metrics) is its own. G/s per variant = NV x state elements x steps / time. "
+        "\"separate launches ms\" is the sum of the per-variant kernel times above; the eager peer is the "
+        "per-step loops run one after the other; the compiled peer is the fp8_e4m3 conventional loop under torch.compile (the only one "
+        "compiled), so its ratio sets a per-variant rate of the shared launch against a one-variant peer.\n\n"
+    )
+    table = head + markdown(rows) + (multi_head + markdown(multi_rows) if multi_rows else "")
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(table)

@@ -1,9 +1,11 @@
 """Triton kernels: fused multi-step decode emulation of Mamba-2, Gated DeltaNet and KDA layers.
 
 `emulate_triton` is the backend that `ssmquant.replay.simulate(..., backend="triton")` dispatches to;
-it trusts inputs already validated by `simulate`. Shared rounding helpers live in `rounding.py`; each
-kernel's torch reference is `ssmquant.replay.naive` (state form) and, for the tile fake-quant,
-`ssmquant.formats.codec`.
+it trusts inputs already validated by `simulate`. `mamba2.py` and `delta_rule.py` (GDN and KDA) carry up
+to MAX_SLOTS variants per launch beside one FP32 reference; `plan_launches` groups the variants and picks
+the tile from a register budget; `mamba2_engine.py` emulates engine profiles. Shared rounding helpers
+live in `rounding.py`; each kernel's torch reference is `ssmquant.replay.naive` (state form) and, for
+the tile fake-quant, `ssmquant.formats.codec`.
 """
 
 from __future__ import annotations
@@ -16,43 +18,94 @@ from ..replay.inputs import KDAInputs, LayerInputs, Mamba2Inputs
 from ..replay.reference import gdn_decays, kda_decays, mamba2_decays
 from ..replay.trace import METRIC_BUFFER_BYTES
 from ..replay.variants import Variant
-from .gdn import gdn_launch
-from .kda import kda_launch
+from .common import MAX_SLOTS, slot_spec
+from .delta_rule import delta_rule_launch
 from .mamba2 import mamba2_launch
 from .quantize import fake_quant_triton, group_rows_for_kernel
 from .rounding import FORMAT_CODES
 
-__all__ = ["emulate_triton", "emulate_triton_steps", "fake_quant_triton", "plan_blocks"]
+__all__ = ["MAX_SLOTS", "emulate_triton", "emulate_triton_steps", "fake_quant_triton", "plan_blocks", "plan_launches"]
 
 _BUFFER_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
-# State elements per thread and per state tile: the reference and the emulated state (2 x 64 registers)
-# plus temporaries fit without spilling. Measured on an H200 (benchmarks/results/emulation.md): one warp
-# per 16 x 128 tile ran fastest for both layer kinds; twice that spilled and ran 2-30x slower.
-_ELEMENTS_PER_THREAD = 64
+# FP32 state elements per thread, summed over every state a launch carries (the reference and NV variants).
+# Measured on an H200 (benchmarks/results/emulation.md): one warp per 16 x 128 tile with two states
+# (2 x 64 elements per thread) ran fastest for both layer kinds; twice that spilled and ran 2-30x slower.
+# A launch carrying NV variants keeps the same budget: 128 / (NV + 1) elements per state and thread,
+# rounded down to a power of two, so its tile has fewer rows per warp (six variants: a [128, 4] tile per
+# warp). benchmarks/kernel_registers.py compiles the planned tilings for sm_90a: none spills (Triton 3.9,
+# ptxas 13.4), and every tiling with twice the rows does.
+_STATE_ELEMENTS_PER_THREAD = 128
+_MAX_WARPS = 16
 
 
-def plan_blocks(variant: Variant, rows: int, state_dim: int) -> tuple[int, int]:
-    """(BLOCK_P rows per program, num_warps) for a variant on a [rows, state_dim] head state."""
-    block_n = triton.next_power_of_2(state_dim)
-    full = triton.next_power_of_2(rows)
-    per_warp = max(1, 32 * _ELEMENTS_PER_THREAD // block_n)  # rows one warp holds
+def _rows_needed(variant: Variant, rows: int) -> int:
+    """Rows one program must hold for the variant's scale groups (a per-head scale: the whole head)."""
     fmt = variant.format
-    if fmt.encoding.scaled and fmt.granularity.rows is None:
-        block_p = full  # a per-head scale needs the whole head in one program
-    else:
-        g = fmt.granularity.rows if fmt.encoding.scaled else 1
-        block_p = min(full, max(per_warp, g))
-    num_warps = min(16, max(1, block_p // per_warp))
-    return block_p, num_warps
+    full = triton.next_power_of_2(rows)
+    if not fmt.encoding.scaled:
+        return 1
+    return full if fmt.granularity.rows is None else min(full, fmt.granularity.rows)
 
 
-def _static_rows(variant: Variant, bsz: int, heads: int, rows: int) -> torch.Tensor | None:
-    """A static variant's decode scales expanded to one per row: [B, H, rows] fp32."""
-    if variant.format.scale_mode is not ScaleMode.STATIC:
+def _rows_per_warp(nv: int, state_dim: int) -> int:
+    per_state = 1 << ((_STATE_ELEMENTS_PER_THREAD // (nv + 1)).bit_length() - 1)  # power of two
+    return max(1, 32 * per_state // triton.next_power_of_2(state_dim))
+
+
+def plan_blocks(variants: list[Variant], rows: int, state_dim: int) -> tuple[int, int]:
+    """(BLOCK_P rows per program, num_warps) for one launch carrying `variants` on [rows, state_dim] head
+    states: rows per warp from the register budget, and enough rows for the coarsest scale group."""
+    per_warp = _rows_per_warp(len(variants), state_dim)
+    block_p = min(triton.next_power_of_2(rows), max([per_warp] + [_rows_needed(v, rows) for v in variants]))
+    return block_p, min(_MAX_WARPS, max(1, block_p // per_warp))
+
+
+def plan_launches(
+    variants: list[Variant], rows: int, state_dim: int, tiling: tuple[int, int] | None = None
+) -> list[tuple[list[int], tuple[int, int]]]:
+    """Group the ideal (non-engine) variants into launches: [(variant indices, (BLOCK_P, num_warps))].
+
+    Variants whose scale groups need the same rows per program (at the smallest tile of a full launch)
+    share launches of at most MAX_SLOTS, in their given order; a group needing more rows than the register
+    budget leaves to _MAX_WARPS warps carries fewer variants. tiling: one (BLOCK_P, num_warps) for every
+    launch (benchmark sweeps and tests), which must hold every variant's scale group.
+    """
+    ideal = [i for i, v in enumerate(variants) if v.engine == "ideal"]
+    if tiling is not None:
+        for i in ideal:
+            if _rows_needed(variants[i], rows) > tiling[0]:
+                raise ValueError(
+                    f"tiling BLOCK_P={tiling[0]} is smaller than the scale group of {variants[i].name} "
+                    f"({_rows_needed(variants[i], rows)} rows)"
+                )
+        return [(ideal[j : j + MAX_SLOTS], tiling) for j in range(0, len(ideal), MAX_SLOTS)]
+    smallest = _rows_per_warp(MAX_SLOTS, state_dim)
+    buckets: dict[int, list[int]] = {}
+    for i in ideal:
+        buckets.setdefault(max(smallest, _rows_needed(variants[i], rows)), []).append(i)
+    out = []
+    for need, idx in buckets.items():
+        size = MAX_SLOTS
+        while size > 1 and min(need, triton.next_power_of_2(rows)) > _MAX_WARPS * _rows_per_warp(size, state_dim):
+            size -= 1
+        for j in range(0, len(idx), size):
+            chunk = idx[j : j + size]
+            out.append((chunk, plan_blocks([variants[i] for i in chunk], rows, state_dim)))
+    return out
+
+
+def _static_rows(variants: list[Variant], bsz: int, heads: int, rows: int, device) -> torch.Tensor | None:
+    """The static variants' decode scales expanded to one per row, ones for the others: [NV, B, H, rows]
+    fp32, or None when no variant is static."""
+    if all(v.format.scale_mode is not ScaleMode.STATIC for v in variants):
         return None
-    g = variant.format.granularity.group_rows(rows)
-    s = variant.static_scale.float()
-    return s.expand(bsz, heads, rows // g).repeat_interleave(g, -1).contiguous()
+    out = torch.ones(len(variants), bsz, heads, rows, device=device)
+    for j, v in enumerate(variants):
+        if v.format.scale_mode is ScaleMode.STATIC:
+            g = v.format.granularity.group_rows(rows)
+            s = v.static_scale.float().to(device)
+            out[j] = s.expand(bsz, heads, rows // g).repeat_interleave(g, -1)
+    return out
 
 
 def _batch_slices(batch: int, per_sequence_bytes: int, budget: int) -> list[tuple[int, int]]:
@@ -68,12 +121,15 @@ def emulate_triton_steps(
     tiling: tuple[int, int] | None = None,
     metric_budget: int = METRIC_BUFFER_BYTES,
 ):
-    """Run every variant through the fused kernel, one batch slice at a time.
+    """Run every variant through the fused kernels, one batch slice at a time.
 
     Yields (variant index, b0, metrics [T, b, H, 4] fp32 on the inputs' device) with the metrics of
     sequences b0..b0+b at every step (the kernel's row-block partial sums added). Inputs are made
-    contiguous and the decays computed once, shared by all variants. tiling: (BLOCK_P, num_warps) to
-    override `plan_blocks` (benchmark sweeps); metric_budget: bytes of one launch's metric buffer.
+    contiguous and the decays computed once; the ideal variants are grouped by `plan_launches` so that
+    one launch reads each step's inputs once and advances the FP32 reference once for up to MAX_SLOTS
+    variants (a variant's metrics are bit-identical to those of a launch of it alone at the same tiling).
+    tiling: (BLOCK_P, num_warps) to override the plan (benchmark sweeps); metric_budget: bytes of one
+    launch's metric buffer.
     """
     dev = inputs.device
     bsz, steps, heads, rows, sdim = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows, inputs.state_dim
@@ -89,57 +145,55 @@ def emulate_triton_steps(
         )
         launch = mamba2_launch
         per_sequence = {"x", "dt", "a", "bm", "cm"}
-    elif isinstance(inputs, KDAInputs):
-        shared = dict(
-            q=inputs.q.contiguous(),
-            k=inputs.k.contiguous(),
-            v=inputs.v.contiguous(),
-            alpha=kda_decays(inputs).contiguous(),  # [B, T, Hv, Dk]
-            beta=inputs.beta.float().contiguous(),
-        )
-        launch = kda_launch
-        per_sequence = set(shared)
     else:
+        decays = kda_decays(inputs) if isinstance(inputs, KDAInputs) else gdn_decays(inputs)
         shared = dict(
             q=inputs.q.contiguous(),
             k=inputs.k.contiguous(),
             v=inputs.v.contiguous(),
-            alpha=gdn_decays(inputs).contiguous(),
+            alpha=decays.contiguous(),  # [B, T, Hv] (GDN) or [B, T, Hv, Dk] (KDA)
             beta=inputs.beta.float().contiguous(),
         )
-        launch = gdn_launch
+        launch = delta_rule_launch
         per_sequence = set(shared)
     for i, variant in enumerate(variants):
         if variant.engine != "ideal":  # an engine profile: its own kernel (mamba2_engine.py)
             from .mamba2_engine import engine_steps
 
             yield from engine_steps(inputs, variant, i, shared, s0, metric_budget)
-            continue
-        fmt = variant.format
-        block_p, num_warps = tiling or plan_blocks(variant, rows, sdim)
-        group = None if fmt.granularity.rows is None else group_rows_for_kernel(fmt, rows, block_p)
-        write = variant.scheme.write_mask(bsz, steps).to(device=dev, dtype=torch.int8).contiguous()
-        buf = _BUFFER_CODES[variant.scheme.buffer_dtype] if variant.scheme.rounds_buffer else 0
-        static = _static_rows(variant, bsz, heads, rows)
+    for idx, (block_p, num_warps) in plan_launches(variants, rows, sdim, tiling):
+        group = [variants[i] for i in idx]
+        specs = tuple(
+            slot_spec(
+                FORMAT_CODES[v.format.encoding],
+                block_p if v.format.granularity.rows is None else group_rows_for_kernel(v.format, rows, block_p),
+                v.format.scale_mode is ScaleMode.STATIC,
+                v.format.rounding is Rounding.SR,
+                _BUFFER_CODES[v.scheme.buffer_dtype] if v.scheme.rounds_buffer else 0,
+            )
+            for v in group
+        )
+        write = torch.stack([v.scheme.write_mask(bsz, steps).to(device=dev, dtype=torch.int8) for v in group])
+        seeds = torch.tensor([v.seed for v in group], dtype=torch.int64, device=dev)
+        static = _static_rows(group, bsz, heads, rows, dev)
         blocks = triton.cdiv(rows, block_p)
-        for b0, b1 in _batch_slices(bsz, steps * heads * blocks * 4 * 4, metric_budget):
+        for b0, b1 in _batch_slices(bsz, len(group) * steps * heads * blocks * 4 * 4, metric_budget):
             args = [t[b0:b1] if name in per_sequence else t for name, t in shared.items()]
             m = launch(
                 *args,
                 None if s0 is None else s0[b0:b1],
-                write[b0:b1],
-                None if static is None else static[b0:b1],
+                write[:, b0:b1].contiguous(),
+                seeds,
+                None if static is None else static[:, b0:b1].contiguous(),
                 1,
-                fmt_code=FORMAT_CODES[fmt.encoding],
-                group_rows=group,
-                sr=fmt.rounding is Rounding.SR,
-                seed=variant.seed,
-                buf_code=buf,
+                specs=specs,
                 block_p=block_p,
                 num_warps=num_warps,
                 batch_offset=b0,
             )
-            yield i, b0, m.sum(3)  # row-block partial sums -> [T, b, H, 4]
+            sums = m.sum(4)  # row-block partial sums -> [NV, T, b, H, 4]
+            for j, i in enumerate(idx):
+                yield i, b0, sums[j]
 
 
 def emulate_triton(inputs: LayerInputs, variants: list[Variant], *, tiling: tuple[int, int] | None = None):

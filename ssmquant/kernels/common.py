@@ -1,11 +1,27 @@
-"""@triton.jit pieces shared by the Mamba-2 and GDN emulation kernels (other than rounding)."""
+"""@triton.jit pieces shared by the emulation kernels (other than rounding), and the slot specs of a
+multi-variant launch.
+
+A launch carries up to MAX_SLOTS variants ("slots") beside one FP32 reference state. Each slot's
+compile-time choices (element format, rows per scale group, static scales, stochastic rounding, buffer
+dtype) are packed into one constexpr integer (`slot_spec`), unpacked in the kernel by the helpers
+below; its runtime data (write mask, seed, static scales) sit in tensors stacked over the slots.
+"""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .rounding import round_to_bf16, round_to_grid
+from .rounding import fake_quant_tile, round_to_bf16, round_to_grid, stream_key
+
+# Variants carried by one launch. Six is the default variant list of `analyze` (fp8_e4m3, int8 and nvfp4
+# under conventional and replay16 decoding); the register budget (`plan_launches`) sets the tile.
+MAX_SLOTS = 6
+
+
+def slot_spec(fmt_code: int, group_rows: int, static: bool, sr: bool, buf_code: int) -> int:
+    """Pack one slot's constexpr choices: format code (3 bits), SR, STATIC, buffer code (2 bits), group rows."""
+    return fmt_code | (int(sr) << 3) | (int(static) << 4) | (buf_code << 5) | (group_rows << 7)
 
 
 @triton.jit
@@ -20,8 +36,50 @@ def round_buffer(v, BUF: tl.constexpr):
 
 
 @triton.jit
+def slot_round_buffer(v, SPEC: tl.constexpr):
+    """`round_buffer` with the slot's buffer dtype."""
+    return round_buffer(v, (SPEC // 32) % 4)
+
+
+@triton.jit
+def slot_static_scale(scale_ptr, k, slot_stride, head_base, rows, row_ok, BLOCK_P: tl.constexpr, SPEC: tl.constexpr):
+    """Slot k's static decode scale of each row [BLOCK_P] (ones when the slot scales dynamically)."""
+    if (SPEC // 16) % 2 == 1:
+        return tl.load(scale_ptr + k * slot_stride + head_base + rows, mask=row_ok, other=1.0)
+    else:
+        return tl.full([BLOCK_P], 1.0, tl.float32)
+
+
+@triton.jit
+def slot_write(
+    s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, BN: tl.constexpr, BR: tl.constexpr, SPEC: tl.constexpr
+):
+    """Slot k's store-and-reload of its state tile at step t, if its write mask [NV, B, T] says so."""
+    if tl.load(write_ptr + k * BT + bt) != 0:
+        key = stream_key(tl.load(seed_ptr + k), t)
+        s = fake_quant_tile(
+            s, static_scale, sr_index, key, BN, BR, SPEC % 8, SPEC // 128, (SPEC // 16) % 2 == 1, (SPEC // 8) % 2 == 1
+        )
+    return s
+
+
+@triton.jit
+def store_slot_metrics(metrics_ptr, k, slot_stride, base, s_var, s_ref, y_var, y_ref, ss_ref, yy_ref, TILE: tl.constexpr):
+    """Slot k's partial sums at a recorded step, to metrics [NV, R, B, H, NPB, 4] (base: this program's
+    offset within one slot): ||S~ - S||^2, ||S||^2 over its tile, ||y~ - y||^2, ||y||^2 over its rows
+    (the reference's two, ss_ref and yy_ref, are summed once for all slots)."""
+    ds = s_var - s_ref
+    dy = y_var - y_ref
+    p = metrics_ptr + k * slot_stride + base
+    tl.store(p + 0, tl.sum(tl.reshape(ds * ds, [TILE]), axis=0))
+    tl.store(p + 1, ss_ref)
+    tl.store(p + 2, tl.sum(dy * dy, axis=0))
+    tl.store(p + 3, yy_ref)
+
+
+@triton.jit
 def store_metrics(metrics_ptr, t, record_every, B, b, H, h, npb, pid_p, s_var, s_ref, y_var, y_ref, TILE: tl.constexpr):
-    """At a recorded step, write this program's partial sums to metrics [R, B, H, NPB, 4]:
+    """At a recorded step, write this program's partial sums to metrics [R, B, H, NPB, 4] (one variant):
     ||S~ - S||^2, ||S||^2 over its tile and ||y~ - y||^2, ||y||^2 over its rows (TILE = tile elements)."""
     rec = ((t + 1) // record_every - 1).to(tl.int64)
     ds = s_var - s_ref

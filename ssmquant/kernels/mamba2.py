@@ -1,14 +1,15 @@
-"""Fused Mamba-2 decode emulation: all T steps of one layer in one launch.
+"""Fused Mamba-2 decode emulation: all T steps of one layer, for up to MAX_SLOTS variants, in one launch.
 
 One program owns one (batch, head) and a block of BLOCK_P rows of the head's state S[P, N], held as a
 transposed tile [N, BLOCK_P]: rows on the fast axis, so that the reductions over the state dim (the
 output S C and the per-row amax) stay inside each thread (4.7x faster on an H200 than the row-major
 tile, whose reductions crossed threads and warps every step; benchmarks/results/emulation.md). It
-keeps the FP32 reference state and the variant's emulated state in registers for the whole time loop
-and writes only the per-step metrics. Its torch reference is `ssmquant.replay.naive` (state form), which it
-follows op for op: a = exp(dt A) is precomputed by the caller (shared by both backends), the state
-update is a * S + (dt * x) B^T with no fused multiply-add, and the store at a write step is
-`fake_quant_tile`, the exact mirror of `ssmquant.formats.codec.encode`.
+reads each step's inputs once, keeps the FP32 reference state and the emulated state of every variant
+it carries (NV slots) in registers for the whole time loop, and writes only the per-step metrics. Its
+torch reference is `ssmquant.replay.naive` (state form), which it follows op for op: a = exp(dt A) is
+precomputed by the caller (shared by both backends), the state update is a * S + (dt * x) B^T with no
+fused multiply-add, and the store at a write step is `fake_quant_tile`, the exact mirror of
+`ssmquant.formats.codec.encode`. A slot computes exactly what it computes when launched alone.
 
 _kernel -> launcher (`mamba2_launch`, no validation; `ssmquant.replay.simulate` validates).
 """
@@ -19,8 +20,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import round_buffer, store_metrics
-from .rounding import fake_quant_tile, stream_key
+from .common import slot_round_buffer, slot_static_scale, slot_write, store_slot_metrics
+
+
+@triton.jit
+def _slot_update(s, a, dt, x, bvec, cvec, d, SPEC: tl.constexpr):
+    """One variant's step: the buffered inputs in its buffer dtype, then the update and the output."""
+    xb = slot_round_buffer(x, SPEC)
+    bb = slot_round_buffer(bvec, SPEC)
+    s = a * s + bb[:, None] * (dt * xb)[None, :]
+    return s, tl.sum(s * cvec[:, None], axis=0) + d * x
 
 
 @triton.jit
@@ -33,6 +42,7 @@ def _mamba2_emulate_kernel(
     d_ptr,
     s0_ptr,
     write_ptr,
+    seed_ptr,
     scale_ptr,
     metrics_ptr,
     B,
@@ -42,17 +52,18 @@ def _mamba2_emulate_kernel(
     N,
     HEADS_PER_GROUP,
     G,
-    seed,
     record_every,
     batch_offset,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    FMT: tl.constexpr,
-    GROUP: tl.constexpr,
-    STATIC: tl.constexpr,
-    SR: tl.constexpr,
-    BUF: tl.constexpr,
     HAS_S0: tl.constexpr,
+    NV: tl.constexpr,
+    SPEC0: tl.constexpr,
+    SPEC1: tl.constexpr,
+    SPEC2: tl.constexpr,
+    SPEC3: tl.constexpr,
+    SPEC4: tl.constexpr,
+    SPEC5: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -73,13 +84,19 @@ def _mamba2_emulate_kernel(
         s_ref = tl.load(s0_ptr + state_offs, mask=tile_ok, other=0.0)
     else:
         s_ref = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
-    s_var = s_ref
+    v0, v1, v2, v3, v4, v5 = s_ref, s_ref, s_ref, s_ref, s_ref, s_ref
     # stochastic rounding counts elements over the whole batch, so that a launch on a batch slice draws
     # the same bits as the torch reference does for those sequences
     sr_index = state_offs + (batch_offset * H).to(tl.int64) * P * N
-    static_scale = tl.full([BLOCK_P], 1.0, tl.float32)
-    if STATIC:
-        static_scale = tl.load(scale_ptr + head_base + rows, mask=row_ok, other=1.0)
+    BT = B * T
+    rows_stride = B * H * P  # one slot's static scales [B, H, P]
+    c0 = slot_static_scale(scale_ptr, 0, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC0)
+    c1 = slot_static_scale(scale_ptr, 1, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC1)
+    c2 = slot_static_scale(scale_ptr, 2, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC2)
+    c3 = slot_static_scale(scale_ptr, 3, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC3)
+    c4 = slot_static_scale(scale_ptr, 4, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC4)
+    c5 = slot_static_scale(scale_ptr, 5, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC5)
+    metrics_stride = npb.to(tl.int64) * (T // record_every) * B * H * 4  # one slot's metrics [R, B, H, NPB, 4]
     d = tl.load(d_ptr + h)
 
     for t in range(T):
@@ -91,17 +108,39 @@ def _mamba2_emulate_kernel(
         cvec = tl.load(cm_ptr + (bt * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32)
         s_ref = a * s_ref + bvec[:, None] * (dt * x)[None, :]
         y_ref = tl.sum(s_ref * cvec[:, None], axis=0) + d * x
-        xb = round_buffer(x, BUF)
-        bb = round_buffer(bvec, BUF)
-        s_var = a * s_var + bb[:, None] * (dt * xb)[None, :]
-        y_var = tl.sum(s_var * cvec[:, None], axis=0) + d * x
-        if tl.load(write_ptr + bt) != 0:
-            key = stream_key(seed, t)
-            s_var = fake_quant_tile(s_var, static_scale, sr_index, key, BLOCK_N, BLOCK_P, FMT, GROUP, STATIC, SR)
+        v0, y0 = _slot_update(v0, a, dt, x, bvec, cvec, d, SPEC0)
+        v0 = slot_write(v0, 0, t, bt, BT, write_ptr, seed_ptr, c0, sr_index, BLOCK_N, BLOCK_P, SPEC0)
+        if NV > 1:
+            v1, y1 = _slot_update(v1, a, dt, x, bvec, cvec, d, SPEC1)
+            v1 = slot_write(v1, 1, t, bt, BT, write_ptr, seed_ptr, c1, sr_index, BLOCK_N, BLOCK_P, SPEC1)
+        if NV > 2:
+            v2, y2 = _slot_update(v2, a, dt, x, bvec, cvec, d, SPEC2)
+            v2 = slot_write(v2, 2, t, bt, BT, write_ptr, seed_ptr, c2, sr_index, BLOCK_N, BLOCK_P, SPEC2)
+        if NV > 3:
+            v3, y3 = _slot_update(v3, a, dt, x, bvec, cvec, d, SPEC3)
+            v3 = slot_write(v3, 3, t, bt, BT, write_ptr, seed_ptr, c3, sr_index, BLOCK_N, BLOCK_P, SPEC3)
+        if NV > 4:
+            v4, y4 = _slot_update(v4, a, dt, x, bvec, cvec, d, SPEC4)
+            v4 = slot_write(v4, 4, t, bt, BT, write_ptr, seed_ptr, c4, sr_index, BLOCK_N, BLOCK_P, SPEC4)
+        if NV > 5:
+            v5, y5 = _slot_update(v5, a, dt, x, bvec, cvec, d, SPEC5)
+            v5 = slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, BLOCK_N, BLOCK_P, SPEC5)
         if (t + 1) % record_every == 0:
-            store_metrics(
-                metrics_ptr, t, record_every, B, b, H, h, npb, pid_p, s_var, s_ref, y_var, y_ref, BLOCK_N * BLOCK_P
-            )
+            rec = ((t + 1) // record_every - 1).to(tl.int64)
+            base = (((rec * B + b) * H + h) * npb + pid_p) * 4
+            ss = tl.sum(tl.reshape(s_ref * s_ref, [BLOCK_N * BLOCK_P]), axis=0)
+            yy = tl.sum(y_ref * y_ref, axis=0)
+            store_slot_metrics(metrics_ptr, 0, metrics_stride, base, v0, s_ref, y0, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+            if NV > 1:
+                store_slot_metrics(metrics_ptr, 1, metrics_stride, base, v1, s_ref, y1, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+            if NV > 2:
+                store_slot_metrics(metrics_ptr, 2, metrics_stride, base, v2, s_ref, y2, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+            if NV > 3:
+                store_slot_metrics(metrics_ptr, 3, metrics_stride, base, v3, s_ref, y3, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+            if NV > 4:
+                store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+            if NV > 5:
+                store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy, BLOCK_N * BLOCK_P)
 
 
 def mamba2_launch(
@@ -113,31 +152,31 @@ def mamba2_launch(
     d: torch.Tensor,
     s0: torch.Tensor | None,
     write: torch.Tensor,
+    seeds: torch.Tensor,
     static_scale_rows: torch.Tensor | None,
     record_every: int,
     *,
-    fmt_code: int,
-    group_rows: int | None,
-    sr: bool,
-    seed: int,
-    buf_code: int,
+    specs: tuple[int, ...],
     block_p: int,
     num_warps: int,
     batch_offset: int = 0,
 ) -> torch.Tensor:
-    """Launch the kernel on contiguous inputs; returns metrics [R, B, H, NPB, 4] (fp32).
+    """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, R, B, H, NPB, 4].
 
-    group_rows: rows per scale group (None: the whole head, which needs block_p >= P).
+    write: [NV, B, T] int8 write masks; seeds: [NV] int64; static_scale_rows: [NV, B, H, P] fp32 decode
+    scale of each row (ones for dynamic slots) or None when no slot is static; specs: `common.slot_spec`
+    of each slot, whose rows group divides block_p.
     """
     bsz, steps, heads, p = x.shape
     groups, n = bm.shape[2], bm.shape[3]
     block_n = triton.next_power_of_2(n)
     npb = triton.cdiv(p, block_p)
-    group = block_p if group_rows is None else group_rows
+    nv = len(specs)
     n_rec = steps // record_every
     # NaN-filled: a metric the kernel fails to write stays NaN and fails every check downstream
-    metrics = torch.full((n_rec, bsz, heads, npb, 4), float("nan"), device=x.device, dtype=torch.float32)
+    metrics = torch.full((nv, n_rec, bsz, heads, npb, 4), float("nan"), device=x.device, dtype=torch.float32)
     dummy = torch.empty(1, device=x.device, dtype=torch.float32)
+    padded = tuple(specs) + (0,) * (6 - nv)
     _mamba2_emulate_kernel[(bsz * heads, npb)](
         x,
         dt,
@@ -147,6 +186,7 @@ def mamba2_launch(
         d,
         s0 if s0 is not None else dummy,
         write,
+        seeds,
         static_scale_rows if static_scale_rows is not None else dummy,
         metrics,
         bsz,
@@ -156,17 +196,18 @@ def mamba2_launch(
         n,
         heads // groups,
         groups,
-        seed,
         record_every,
         batch_offset,
         BLOCK_P=block_p,
         BLOCK_N=block_n,
-        FMT=fmt_code,
-        GROUP=group,
-        STATIC=static_scale_rows is not None,
-        SR=sr,
-        BUF=buf_code,
         HAS_S0=s0 is not None,
+        NV=nv,
+        SPEC0=padded[0],
+        SPEC1=padded[1],
+        SPEC2=padded[2],
+        SPEC3=padded[3],
+        SPEC4=padded[4],
+        SPEC5=padded[5],
         num_warps=num_warps,
         enable_fp_fusion=False,
     )

@@ -198,6 +198,53 @@ def fake_quant_tile(
         bs = tl.minimum(tl.maximum(bs, 0.001953125), 448.0)
         bs = round_e4m3(bs, 0.0, False)
         d = bs * s2[None, :]  # [BN // 16, BR]
-        v = tl.math.div_rn(blocks, d[:, None, :])
-        q = round_element(tl.reshape(v, [BN, BR]), u, bits, 5, SR)
+        if SR:  # the draw compares the exact quotient's fraction: only the correctly rounded one will do
+            v = tl.math.div_rn(blocks, d[:, None, :])
+            q = round_element(tl.reshape(v, [BN, BR]), u, bits, 5, SR)
+        else:
+            q = e2m1_quotient_rne(blocks, d, BN, BR)
         return tl.reshape(tl.reshape(q, [BN // 16, 16, BR]) * d[:, None, :], [BN, BR])
+
+
+# Margin (in units of the E2M1 spacing) that a fast quotient must keep from every rounding midpoint; see
+# `e2m1_quotient_rne`. The fast and the correctly rounded quotient differ by < 2^-20 spacings.
+_E2M1_MARGIN = tl.constexpr(0.5 - 2.0**-18)
+_FP32_MIN_NORMAL = tl.constexpr(2.0**-126)
+
+
+@triton.jit
+def e2m1_rne_with_distance(v):
+    """round_to_grid(v, 0, 1, 0, 6.0, SATURATE, RNE) op for op (the E2M1 grid), and |r - round(r)| for r = |v|
+    in units of the grid spacing (0.5 at a midpoint): (rounded, distance), both shaped like v."""
+    vb = v.to(tl.uint32, bitcast=True)
+    a = tl.minimum(tl.abs(v), 6.0)
+    e = ((a.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
+    e = tl.maximum(e, 0)
+    spacing = ((e - 1 + 127) << 23).to(tl.float32, bitcast=True)
+    inv_spacing = ((1 - e + 127) << 23).to(tl.float32, bitcast=True)
+    r = a * inv_spacing
+    n = (r + 8388608.0) - 8388608.0
+    out = (n * spacing).to(tl.uint32, bitcast=True) | (vb & 0x80000000)
+    return out.to(tl.float32, bitcast=True), tl.abs(r - n)
+
+
+@triton.jit
+def e2m1_quotient_rne(blocks, d, BN: tl.constexpr, BR: tl.constexpr):
+    """E2M1 RNE codes (as FP32) of div_rn(blocks, d): blocks [BN // 16, 16, BR], d [BN // 16, BR] -> [BN, BR].
+
+    Bit-exact without one correctly rounded division per element: v = x * div_rn(1, d) (one division per
+    16-element block) is within 2^-22.9 |x / d| of x / d, and div_rn(x, d) within 2^-24 |x / d|; both
+    have the same E2M1 rounding unless a midpoint (0.25, 0.75, ..., 5) lies between them, i.e. unless
+    v lies within 2^-20 spacings of one (the spacing is >= |v| / 4). Where any element of the tile comes
+    within 2^-18 spacings of a midpoint, or 1 / d is not a normal FP32 number, the tile takes the exact
+    division (about one tile write in 10^3 on Gaussian-like states). A NaN or infinite element (a state
+    that diverged) gives the same code either way: both quotients are NaN, or both overflow or saturate.
+    """
+    r = tl.math.div_rn(tl.full([BN // 16, BR], 1.0, tl.float32), d)
+    q, dist = e2m1_rne_with_distance(tl.reshape(blocks * r[:, None, :], [BN, BR]))
+    r_bad = tl.where((r >= _FP32_MIN_NORMAL) & (r < float("inf")), 0, 1)  # also NaN
+    near = tl.where(tl.max(tl.reshape(dist, [BN * BR]), axis=0) > _E2M1_MARGIN, 1, 0)
+    if near + tl.max(tl.reshape(r_bad, [(BN // 16) * BR]), axis=0) != 0:
+        v = tl.math.div_rn(blocks, d[:, None, :])
+        q = round_to_grid(tl.reshape(v, [BN, BR]), 0.0, 1, 0, 6.0, True, False)
+    return q

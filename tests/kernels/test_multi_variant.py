@@ -1,0 +1,115 @@
+"""One launch for several variants: every variant's metrics are bit-identical to those of a launch that
+carries it alone at the same tiling, for every format, rounding, scheme, scale mode and batch slice.
+
+The multi-variant kernels share each step's inputs and the FP32 reference between the variants they
+carry; a slot that read another slot's state, seed, write mask or static scales, or a reference that
+drifted, would change some bits here. Tiny shapes in Triton's CPU interpreter; the same shapes on a GPU.
+`plan_launches` (pure Python) is checked at the real models' shapes.
+"""
+
+import pytest
+import torch
+
+from ssmquant import formats
+from ssmquant.kernels import MAX_SLOTS, emulate_triton, emulate_triton_steps, plan_launches
+from ssmquant.replay import Variant, parse_variant, parse_variants, reference_decode
+from ssmquant.replay.simulate import triton_interpreting
+
+from ..replay.helpers import gdn_inputs, kda_inputs, mamba2_inputs
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+needs_triton = pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
+
+VARIANTS = [
+    "fp8_e4m3@conventional",
+    "int8:sr@replay4",
+    "nvfp4@conventional",
+    "nvfp4:sr@spec8x2:p0.5",
+    "int16@replay4",
+    "fp16:sr@conventional",
+    "bf16@replay4:fp32",
+    "fp8_e4m3:rows4:sr@replay4",
+    "int8:head@conventional",
+    "fp32@conventional",
+]
+
+
+def tiny(kind, batch=2, steps=9):
+    if kind == "mamba2":
+        return mamba2_inputs(batch=batch, steps=steps, heads=2, head_dim=12, groups=1, state=48, device=DEVICE)
+    if kind == "gdn":
+        return gdn_inputs(batch=batch, steps=steps, key_heads=1, value_heads=2, dk=48, dv=12, device=DEVICE)
+    return kda_inputs(batch=batch, steps=steps, key_heads=1, value_heads=2, dk=48, dv=12, device=DEVICE)
+
+
+def with_static(inp):
+    """VARIANTS plus a static-scale int8 variant whose scales half the reference's amax (some saturate)."""
+    _, _, states = reference_decode(inp, return_states=True)
+    amax = states.abs().amax(dim=(0, 1, 4))  # [H, rows]
+    static = Variant(formats.parse("int8:static"), static_scale=amax * 0.5 / 127, seed=4)
+    vs = parse_variants(VARIANTS)
+    return vs[:3] + [static] + vs[3:]  # the static slot between dynamic ones
+
+
+@needs_triton
+@pytest.mark.slow  # 10-20 s each in the interpreter: 12 launches
+@pytest.mark.parametrize("kind", ["mamba2", "gdn", "kda"])
+def test_each_variant_of_a_shared_launch_is_bit_identical_to_its_own_launch(kind):
+    inp = tiny(kind)
+    inp.initial_state = torch.randn(inp.state_shape, device=inp.device) * 0.1
+    variants = with_static(inp)
+    assert len(variants) > MAX_SLOTS  # two launches, both carrying several variants
+    tiling = (16, 1)  # 12 rows: one block, so per-head and rows4 variants share the launch
+    shared = emulate_triton(inp, variants, tiling=tiling)
+    assert torch.isfinite(shared).all()
+    for i, v in enumerate(variants):
+        alone = emulate_triton(inp, [v], tiling=tiling)[0]
+        assert torch.equal(shared[i], alone), v.name
+
+
+@needs_triton
+@pytest.mark.slow  # ~10 s each in the interpreter
+@pytest.mark.parametrize("kind", ["mamba2", "kda"])
+def test_batch_slices_of_a_shared_launch_are_bit_identical(kind):
+    """One sequence per launch (batch_offset 1, 2): the SR draws count elements over the whole batch."""
+    inp = tiny(kind, batch=3, steps=5)
+    variants = with_static(inp)[:MAX_SLOTS]
+    whole = emulate_triton(inp, variants)
+    sliced = torch.full_like(whole, float("nan"))
+    for i, b0, m in emulate_triton_steps(inp, variants, metric_budget=1):
+        assert m.shape[1] == 1
+        sliced[i, :, b0 : b0 + 1] = m
+    assert torch.equal(whole, sliced)
+
+
+DEFAULTS = [f"{f}@{s}" for f in ("fp8_e4m3", "int8", "nvfp4") for s in ("conventional", "replay16")]
+
+
+def test_the_six_default_variants_share_one_launch_at_the_real_shapes():
+    vs = parse_variants(DEFAULTS)
+    # Nemotron-3-Nano (P=64, N=128) and GLM-5.3-Flash / Qwen3.5 (128 x 128): 7 states in 16 x 7 registers
+    # per thread -> a [128, 4] tile per warp
+    assert plan_launches(vs, 64, 128) == [(list(range(6)), (4, 1))]
+    assert plan_launches(vs, 128, 128) == [(list(range(6)), (4, 1))]
+    # one variant alone: today's single-variant tiling, one warp per 16 x 128 tile
+    assert plan_launches(vs[:1], 64, 128) == [([0], (16, 1))]
+
+
+def test_variants_needing_whole_heads_get_their_own_launches():
+    vs = parse_variants(DEFAULTS + ["fp8_e4m3:head@conventional", "int8:head@replay16", "int8:rows8"])
+    plan = plan_launches(vs, 64, 128)
+    assert plan[0] == ([0, 1, 2, 3, 4, 5], (4, 1))
+    assert plan[1] == ([6, 7], (64, 8))  # a whole 64-row head: 3 states -> 32 per thread -> 8 rows per warp
+    assert plan[2] == ([8], (16, 1))  # alone: 16 rows per warp, two scale groups
+    # 128-row heads: six whole-head variants would need 32 warps; three fit 16 warps of 8 rows
+    heads = parse_variants([f"{f}:head@{s}" for f in ("fp8_e4m3", "int8", "nvfp4") for s in ("conventional", "replay16")])
+    plan = plan_launches(heads, 128, 128)
+    assert [len(idx) for idx, _ in plan] == [3, 3] and all(t == (128, 16) for _, t in plan)
+
+
+def test_engine_variants_are_left_to_their_kernel_and_a_too_small_tiling_is_refused():
+    vs = [parse_variant("fp8_e4m3"), Variant(formats.parse("fp8_e4m3"), engine="flashinfer")]
+    assert plan_launches(vs, 64, 128) == [([0], (16, 1))]
+    with pytest.raises(ValueError, match="smaller than the scale group of int8:head"):
+        plan_launches(parse_variants(["int8:head"]), 64, 128, tiling=(16, 1))

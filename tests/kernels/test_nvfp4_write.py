@@ -1,0 +1,65 @@
+"""The nvfp4 RNE write's fast quotient (`rounding.e2m1_quotient_rne`) against `formats.codec`, bit for bit.
+
+The fast path multiplies by one reciprocal per 16-element block instead of dividing every element, and
+falls back to the correctly rounded division for a tile where any quotient comes near an E2M1 rounding
+midpoint. Random states almost never come near one, so these tests steer elements onto the midpoints
+(0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) and one or two ulps beside them, where a quotient off by an ulp
+rounds the other way: without the fallback they fail.
+"""
+
+import pytest
+import torch
+
+from ssmquant import formats
+from ssmquant.formats.codec import encode, expand_groups
+from ssmquant.kernels import fake_quant_triton
+from ssmquant.replay.simulate import triton_interpreting
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+pytestmark = pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
+
+MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+
+
+def steered_state(fmt, shape, seed, share):
+    """A random state whose non-maximal elements (a share of them) are moved to +-(midpoint x d), nudged by
+    -2..2 ulps, d being each block's decode scale; returns the state and how many of its quotients are ties."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-10, 10, (*shape[:-1], 1), generator=g).float())
+    enc = encode(fmt, x)
+    d = enc.block_scale * expand_groups(fmt, enc.group_scale, shape[-2])  # [..., rows, nblocks]
+    d = d.repeat_interleave(16, -1)  # per element
+    blocks = x.abs().reshape(*shape[:-1], -1, 16)
+    is_max = (blocks == blocks.amax(-1, keepdim=True)).reshape(shape)
+    pick = (torch.rand(shape, generator=g) < share) & ~is_max
+    m = MIDPOINTS[torch.randint(0, len(MIDPOINTS), shape, generator=g)]
+    target = (m * d) * torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0)
+    ulps = torch.randint(-2, 3, shape, generator=g, dtype=torch.int32)
+    nudged = (target.view(torch.int32) + ulps).view(torch.float32)
+    x = torch.where(pick, nudged, x)
+    ties = int((pick & (torch.div(x, d).abs().unsqueeze(-1) == MIDPOINTS).any(-1)).sum())  # IEEE quotients
+    assert torch.equal(encode(fmt, x).block_scale, enc.block_scale)  # block maxima kept: same scales
+    return x, ties
+
+
+@pytest.mark.parametrize("spec", ["nvfp4", "nvfp4:head", "nvfp4:rows4"])
+@pytest.mark.parametrize("share", [0.1, 0.5])
+def test_nvfp4_rne_write_is_bit_exact_at_rounding_midpoints(spec, share):
+    fmt = formats.parse(spec)
+    shape = (4, 64, 128) if GPU else (2, 8, 48)
+    x, ties = steered_state(fmt, shape, seed=5, share=share)
+    assert ties > 0  # the steering reached exact ties
+    x = x.to(DEVICE)
+    assert torch.equal(fake_quant_triton(fmt, x), fmt.fake_quant(x))
+
+
+def test_nvfp4_static_scale_far_from_the_state_is_bit_exact():
+    """Static scales 2^100 above the state's own: 1 / d near the bottom of FP32's normal range."""
+    fmt = formats.parse("nvfp4:static")
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 8, 48, generator=g)
+    for exp in (-100.0, 0.0, 100.0):
+        scale = torch.full((2, 8), 2.0**exp) * 0.37  # one decode scale per row
+        got = fake_quant_triton(fmt, x.to(DEVICE), scale=scale.to(DEVICE))
+        assert torch.equal(got, fmt.fake_quant(x.to(DEVICE), scale=scale.to(DEVICE))), exp
