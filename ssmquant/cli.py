@@ -46,13 +46,22 @@ def formats_cmd(shape: str):
 
 def _silence() -> None:
     """--quiet: keep transformers' informational warnings and loading bars, modelopt's version warning and
-    flash-linear-attention's CPU notice off the terminal."""
+    flash-linear-attention's CPU notice off the terminal.
+
+    transformers is configured through the environment variables it reads at import (TRANSFORMERS_VERBOSITY
+    in transformers/utils/logging.py, HF_HUB_DISABLE_PROGRESS_BARS in huggingface_hub/constants.py), so that
+    a run that loads no checkpoint (--synthetic) never imports it (about 0.4 s); once imported, its API."""
+    import os
     import warnings
 
-    from transformers.utils import logging as hf_logging
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    else:
+        os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     warnings.filterwarnings("ignore", message=r".*is not tested with current version of modelopt.*")
     warnings.filterwarnings("ignore", message=r"Triton is not supported on current platform.*")
 

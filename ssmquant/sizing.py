@@ -23,9 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .replay.trace import METRIC_BUFFER_BYTES
-
-if TYPE_CHECKING:  # torch is imported where used, so that the CLI's --help reads the defaults quickly
+if TYPE_CHECKING:  # torch (and replay, which imports it) where used, so that the CLI's --help reads the defaults quickly
     import torch
 
     from .calibrate.settings import LayerDims
@@ -151,6 +149,8 @@ def analyze_memory(
     and the captured inputs of up to two layers wait in host memory (``models.capture.iter_capture``)."""
     import torch
 
+    from .replay.trace import METRIC_BUFFER_BYTES
+
     device = torch.device(device)
     pool = _pool(device)
     est = MemoryEstimate(device)
@@ -225,6 +225,8 @@ def eval_memory(
     with every SSM layer's state and an attention KV cache growing to ``steps`` tokens, the per-position
     metrics, and one step's logits per run."""
     import torch
+
+    from .replay.trace import METRIC_BUFFER_BYTES
 
     device = torch.device(device)
     pool = _pool(device)

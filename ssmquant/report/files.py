@@ -12,10 +12,9 @@ import os
 import pathlib
 import shutil
 import tempfile
+import time
 
 import pandas as pd
-
-from .plots import render_all
 
 
 class OutputError(ValueError):
@@ -126,6 +125,7 @@ def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) 
     """Write an AnalysisResult to out_dir (atomically); returns the directory."""
 
     def fill(tmp: pathlib.Path):
+        t0 = time.perf_counter()
         files = [
             write_table(result.traces, tmp, "traces"),
             write_table(result.heads, tmp, "heads"),
@@ -134,8 +134,17 @@ def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) 
         result.memory.to_csv(tmp / "memory.csv", index=False)
         files += ["summary.csv", "memory.csv"]
         report = result.report()
+        t_tables = time.perf_counter()
         if plots:
+            from .plots import render_all  # matplotlib and seaborn: imported only when plotting
+
             files += render_all(result.traces, result.heads, result.summary, report, tmp)
+        # the time of this write, beside analyze()'s stages (report.json itself is not counted)
+        report["stages"] = {
+            **report.get("stages", {}),
+            "write_tables_s": round(t_tables - t0, 3),
+            "plots_s": round(time.perf_counter() - t_tables, 3) if plots else None,
+        }
         report["files"] = files + ["report.json"]
         (tmp / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
 
@@ -155,5 +164,7 @@ def load_analysis(out_dir) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, di
 
 def replot(out_dir) -> list[str]:
     """Re-render the plots of an analysis directory from its saved tables (`ssmquant plot DIR`)."""
+    from .plots import render_all
+
     traces, heads, summary, report = load_analysis(out_dir)
     return render_all(traces, heads, summary, report, out_dir)
