@@ -33,8 +33,9 @@ def kernel_specialisations() -> dict[str, int]:
     import importlib
     import pkgutil
 
-    import ssmquant.kernels as pkg
     from triton.runtime.jit import JITFunction
+
+    import ssmquant.kernels as pkg
 
     found = {}
     for info in pkgutil.iter_modules(pkg.__path__):

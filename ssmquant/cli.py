@@ -259,7 +259,7 @@ def analyze_cmd(
 ):
     """Per-layer error of each state format over the decode horizon: tables, JSON, plots."""
     from .analysis import AnalyzeConfig, analyze, default_model
-    from .report.files import check_out_dir, write_analysis
+    from .report.files import check_out_dir, prefetch_plotting, write_analysis
     from .report.tables import memory_text, summary_table
 
     if quiet:
@@ -286,6 +286,8 @@ def analyze_cmd(
     bar = _Bar(quiet, "layer", "analyze")
     try:
         check_out_dir(out_dir, force)
+        if not no_plots:
+            prefetch_plotting()
         result = analyze(
             cfg,
             progress=lambda done, total, layer: bar.update(done, total, "" if layer is None else f"layer {layer}"),

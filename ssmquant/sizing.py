@@ -226,8 +226,6 @@ def eval_memory(
     metrics, and one step's logits per run."""
     import torch
 
-    from .replay.trace import METRIC_BUFFER_BYTES
-
     device = torch.device(device)
     pool = _pool(device)
     est = MemoryEstimate(device)

@@ -11,10 +11,43 @@ import json
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
+import threading
 import time
 
 import pandas as pd
+
+_prefetch: threading.Thread | None = None
+
+
+def prefetch_plotting() -> None:
+    """Import the plotting stack (matplotlib, seaborn and the scipy it imports: about 1 s) and load the plot
+    fonts in a background thread, so that this overlaps the emulation: on a GPU the main thread then mostly
+    waits for the device. ``write_analysis`` and ``replot`` wait for it before plotting; an error in it
+    surfaces there, in the main thread, when plots.py is imported again."""
+    global _prefetch
+    if _prefetch is None and "ssmquant.report.plots" not in sys.modules:
+        _prefetch = threading.Thread(target=_warm_plots, name="ssmquant-plot-prefetch", daemon=True)
+        _prefetch.start()
+
+
+def _warm_plots() -> None:
+    try:
+        from .plots import warm_up
+
+        warm_up()
+    except Exception:  # noqa: BLE001 - re-raised by the main thread's own import or plot
+        pass
+
+
+def _plots():
+    """The plots module, once a running prefetch has finished (matplotlib is not thread-safe)."""
+    if _prefetch is not None:
+        _prefetch.join()
+    from . import plots
+
+    return plots
 
 
 class OutputError(ValueError):
@@ -136,9 +169,8 @@ def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) 
         report = result.report()
         t_tables = time.perf_counter()
         if plots:
-            from .plots import render_all  # matplotlib and seaborn: imported only when plotting
-
-            files += render_all(result.traces, result.heads, result.summary, report, tmp)
+            # matplotlib and seaborn are imported only when plotting (or by prefetch_plotting, meanwhile)
+            files += _plots().render_all(result.traces, result.heads, result.summary, report, tmp)
         # the time of this write, beside analyze()'s stages (report.json itself is not counted)
         report["stages"] = {
             **report.get("stages", {}),
@@ -164,7 +196,5 @@ def load_analysis(out_dir) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, di
 
 def replot(out_dir) -> list[str]:
     """Re-render the plots of an analysis directory from its saved tables (`ssmquant plot DIR`)."""
-    from .plots import render_all
-
     traces, heads, summary, report = load_analysis(out_dir)
-    return render_all(traces, heads, summary, report, out_dir)
+    return _plots().render_all(traces, heads, summary, report, out_dir)
