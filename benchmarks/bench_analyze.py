@@ -1,17 +1,32 @@
-"""Wall-clock time of `ssmquant analyze`, start-up included, against the issue's targets.
+"""Wall-clock time of `ssmquant analyze`, start-up included, by stage, against issue 15's targets.
 
-    python benchmarks/bench_analyze.py gpu    # nemotron-3-nano synthetic, 4096 steps, batch 8 (target < 30 s on an H200)
-    python benchmarks/bench_analyze.py cpu    # the same at 512 steps, batch 1 (target < 2 min on 2 cores)
+    python benchmarks/bench_analyze.py gpu                  # nemotron-3-nano synthetic, 4096 steps, batch 8
+    python benchmarks/bench_analyze.py gpu --runs cold,warm # a fresh Triton cache, then the same cache again
+    python benchmarks/bench_analyze.py cpu                  # the same at 512 steps, batch 1 (2 CPU cores)
+    python benchmarks/bench_analyze.py cpu --steps 32 --batch 1 --results -   # a quick check, no results file
 
-Each run is a fresh `ssmquant analyze` process (imports, input synthesis, kernel compilation on a cold
-cache, all 23 layers x 6 variants, tables, JSON and plots). The result replaces this machine kind's
-section of benchmarks/results/analyze.md, with the hardware and versions.
+Each run is a fresh `python -X importtime -m ssmquant analyze ... -q` process (interpreter, imports, input
+synthesis, kernel compilation or cache loads, all 23 layers x 6 variants, tables, JSON and plots). Stages:
+
+- start-up + exit: the wall clock less analyze() and the writing of DIR (interpreter, the command's imports,
+  click, CUDA and process teardown);
+- imports (all): the sum of the process's top-level imports from `-X importtime`, wherever they ran (some
+  run inside analyze(), e.g. Triton on the first launch, so this column overlaps the others);
+- inputs, emulation, tables: report.json's stages of analyze() (`capture_wait_s`, `emulate_s`, `tables_s`;
+  tables_s also holds what analyze() does besides, such as the memory check that creates the CUDA context);
+- write, plots: report.json's `write_tables_s` (parquet, CSV) and `plots_s` (the three PNGs);
+- Triton cache: entries added to the run's TRITON_CACHE_DIR (0 on a warm run: nothing was recompiled).
+
+All runs of one invocation share one TRITON_CACHE_DIR (a fresh temporary one unless --cache-dir), so
+`--runs cold,warm` measures the compile run and then the warm-cache run of the issue. The table is printed,
+written as JSON (--json) and replaces this machine kind's section of the results file (--results; '-' for none).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import pathlib
 import platform
@@ -24,11 +39,22 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "analyze.md"
-RUNS = {
-    "gpu": ["--steps", "4096", "--batch", "8", "--device", "cuda"],
-    "cpu": ["--steps", "512", "--batch", "1", "--device", "cpu"],
-}
-TARGET = {"gpu": "< 30 s on one H200", "cpu": "< 2 min on 2 CPU cores"}
+SIZES = {"gpu": {"steps": 4096, "batch": 8, "device": "cuda"}, "cpu": {"steps": 512, "batch": 1, "device": "cpu"}}
+TARGET = {"gpu": "< 10 s warm on one H200 (issue 15)", "cpu": "< 2 min on 2 CPU cores"}
+RUN_KINDS = ("cold", "warm")
+COLUMNS = [
+    ("run", "run"),
+    ("wall_s", "wall clock"),
+    ("startup_exit_s", "start-up + exit"),
+    ("imports_s", "imports (all)"),
+    ("analyze_s", "inside analyze()"),
+    ("inputs_s", "inputs"),
+    ("emulate_s", "emulation"),
+    ("tables_s", "tables"),
+    ("write_tables_s", "write"),
+    ("plots_s", "plots"),
+    ("triton_cache_new", "Triton cache entries added"),
+]
 
 
 def hardware(kind: str) -> str:
@@ -39,42 +65,125 @@ def hardware(kind: str) -> str:
     return f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), torch {torch.__version__}"
 
 
+def import_seconds(importtime_log: str) -> float:
+    """Sum of the top-level entries of a `python -X importtime` log (an import nested in another is
+    indented under it and already counted in its parent's cumulative time)."""
+    total = 0
+    for line in importtime_log.splitlines():
+        m = re.match(r"import time:\s+\d+ \|\s+(\d+) \| ( *)\S", line)
+        if m and not m.group(2):
+            total += int(m.group(1))
+    return total / 1e6
+
+
+def cache_entries(cache: pathlib.Path) -> set[str]:
+    """Triton's cache: one directory per compiled kernel (and per built launcher / driver helper)."""
+    return {p.name for p in cache.iterdir()} if cache.is_dir() else set()
+
+
+def one_run(label: str, cmd: list[str], env: dict, cache: pathlib.Path, out: pathlib.Path) -> dict:
+    before = cache_entries(cache)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("import time:")]
+        raise SystemExit(f"{label} run failed with status {proc.returncode}:\n" + "\n".join(lines[-40:]))
+    report = json.loads((out / "report.json").read_text())
+    st = report["stages"]
+    write = (st.get("write_tables_s") or 0.0) + (st.get("plots_s") or 0.0)
+    row = {
+        "run": label,
+        "wall_s": wall,
+        "startup_exit_s": wall - report["elapsed_s"] - write,
+        "imports_s": import_seconds(proc.stderr),
+        "analyze_s": report["elapsed_s"],
+        "inputs_s": st.get("capture_wait_s"),
+        "emulate_s": st.get("emulate_s"),
+        "tables_s": st.get("tables_s"),
+        "write_tables_s": st.get("write_tables_s"),
+        "plots_s": st.get("plots_s"),
+        "triton_cache_new": len(cache_entries(cache) - before),
+        "peak_gpu_memory_GiB": st.get("peak_gpu_memory_GiB"),
+        "stages": st,
+    }
+    shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
+def cell(v) -> str:
+    if v is None:
+        return "—"
+    return f"{v:.2f} s" if isinstance(v, float) else str(v)
+
+
+def table(rows: list[dict]) -> str:
+    head = "| " + " | ".join(h for _, h in COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
+    return head + "".join("| " + " | ".join(cell(r[k]) for k, _ in COLUMNS) + " |\n" for r in rows)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=sorted(RUNS))
-    ap.add_argument("--cold-cache", action="store_true", help="empty Triton's kernel cache first (GPU)")
+    ap.add_argument("kind", choices=sorted(SIZES))
+    ap.add_argument("--runs", default="cold,warm", help="comma-separated run labels, each cold or warm: a cold run "
+                    "empties the Triton cache first, a warm one keeps what the runs before it compiled")  # fmt: skip
+    ap.add_argument("--cache-dir", type=pathlib.Path, help="TRITON_CACHE_DIR of the runs [default: a fresh temp dir]")
+    ap.add_argument("--steps", type=int, help="override the kind's steps (a quick check)")
+    ap.add_argument("--batch", type=int, help="override the kind's batch")
+    ap.add_argument("--layers", help="only these SSM layers, comma-separated (a quick check)")
+    ap.add_argument("--json", type=pathlib.Path, help="also write the rows as JSON here")
+    ap.add_argument("--results", default=str(RESULTS), help="results file to update ('-': none)")
     args = ap.parse_args()
-    out = pathlib.Path(tempfile.mkdtemp()) / "run"
-    cmd = [
-        sys.executable, "-m", "ssmquant.cli", "analyze", "--model", "nemotron-3-nano", "--synthetic",
-        "--formats", "fp8_e4m3,int8,nvfp4", "--schemes", "conventional,replay", *RUNS[args.kind],
-        "--out", str(out), "-q",
+    labels = [r.strip() for r in args.runs.split(",") if r.strip()]
+    bad = [r for r in labels if r not in RUN_KINDS]
+    if bad or not labels:
+        ap.error(f"--runs takes {', '.join(RUN_KINDS)} (comma-separated), got {args.runs!r}")
+    sizes = dict(SIZES[args.kind])
+    sizes["steps"] = args.steps or sizes["steps"]
+    sizes["batch"] = args.batch or sizes["batch"]
+    work = pathlib.Path(tempfile.mkdtemp(prefix="bench-analyze-"))
+    cache = args.cache_dir or work / "triton-cache"
+    out = work / "run"
+    cli_args = [
+        "analyze", "--model", "nemotron-3-nano", "--synthetic", "--formats", "fp8_e4m3,int8,nvfp4",
+        "--schemes", "conventional,replay", "--steps", str(sizes["steps"]), "--batch", str(sizes["batch"]),
+        "--device", sizes["device"], "--out", str(out), "-q",
     ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    if args.cold_cache:
-        cache = pathlib.Path(tempfile.mkdtemp())
-        env["TRITON_CACHE_DIR"] = str(cache)
-    t0 = time.time()
-    subprocess.run(cmd, check=True, env=env)
-    wall = time.time() - t0
-    import json
-
-    report = json.loads((out / "report.json").read_text())
-    inner = report["elapsed_s"]
-    shutil.rmtree(out.parent, ignore_errors=True)
-    shown = " ".join("ssmquant" if c == sys.executable else c for c in cmd[2:]).replace(str(out), "DIR")
+    if args.layers:
+        cli_args[-3:-3] = ["--layers", args.layers]
+    cmd = [sys.executable, "-X", "importtime", "-m", "ssmquant", *cli_args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(cache))
+    rows = []
+    try:
+        for label in labels:
+            if label == "cold":
+                shutil.rmtree(cache, ignore_errors=True)
+            print(f"[bench_analyze] {label} run ...", flush=True)
+            rows.append(one_run(label, cmd, env, cache, out))
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    shown = "ssmquant " + " ".join(cli_args).replace(str(out), "DIR")
+    date = datetime.date.today().isoformat()
     section = (
-        f"## {args.kind.upper()}\n\n"
-        f"`{shown}`\n\n"
-        f"| hardware | date | wall clock (start-up included) | inside analyze() | target |\n|---|---|---|---|---|\n"
-        f"| {hardware(args.kind)} | {datetime.date.today().isoformat()} | {wall:.1f} s | {inner:.1f} s | {TARGET[args.kind]} |\n"
-        f"{'Triton cache: cold (kernels compiled in the run)' if args.cold_cache else ''}\n"
+        f"## {args.kind.upper()}\n\n`{shown}`\n\n{hardware(args.kind)}, {date}; target {TARGET[args.kind]}. "
+        f"`python benchmarks/bench_analyze.py {args.kind} --runs {','.join(labels)}`: each run a fresh process; "
+        "cold: an empty Triton cache (kernels compiled in the run), warm: the cache the runs before it filled.\n\n"
+        + table(rows)
     )
-    text = RESULTS.read_text() if RESULTS.exists() else "# `ssmquant analyze` wall-clock time\n\n"
-    pattern = re.compile(rf"## {args.kind.upper()}\n.*?(?=\n## |\Z)", re.S)
-    text = pattern.sub(section.rstrip("\n"), text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text.rstrip("\n") + "\n")
-    print(section)
+    print("\n" + section)
+    if args.json:
+        args.json.write_text(json.dumps({"command": shown, "hardware": hardware(args.kind), "date": date,
+                                         "sizes": sizes, "runs": rows}, indent=2) + "\n")  # fmt: skip
+    if args.results != "-":
+        results = pathlib.Path(args.results)
+        text = results.read_text() if results.exists() else "# `ssmquant analyze` wall-clock time\n\n"
+        pattern = re.compile(rf"## {args.kind.upper()}\n.*?(?=\n## |\Z)", re.S)
+        if pattern.search(text):
+            text = pattern.sub(lambda _: section.rstrip("\n"), text)
+        else:
+            text = text.rstrip("\n") + "\n\n" + section
+        results.write_text(text.rstrip("\n") + "\n")
 
 
 if __name__ == "__main__":

@@ -46,13 +46,22 @@ def formats_cmd(shape: str):
 
 def _silence() -> None:
     """--quiet: keep transformers' informational warnings and loading bars, modelopt's version warning and
-    flash-linear-attention's CPU notice off the terminal."""
+    flash-linear-attention's CPU notice off the terminal.
+
+    transformers is configured through the environment variables it reads at import (TRANSFORMERS_VERBOSITY
+    in transformers/utils/logging.py, HF_HUB_DISABLE_PROGRESS_BARS in huggingface_hub/constants.py), so that
+    a run that loads no checkpoint (--synthetic) never imports it (about 0.4 s); once imported, its API."""
+    import os
     import warnings
 
-    from transformers.utils import logging as hf_logging
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    else:
+        os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     warnings.filterwarnings("ignore", message=r".*is not tested with current version of modelopt.*")
     warnings.filterwarnings("ignore", message=r"Triton is not supported on current platform.*")
 
@@ -250,7 +259,7 @@ def analyze_cmd(
 ):
     """Per-layer error of each state format over the decode horizon: tables, JSON, plots."""
     from .analysis import AnalyzeConfig, analyze, default_model
-    from .report.files import check_out_dir, write_analysis
+    from .report.files import check_out_dir, prefetch_plotting, write_analysis
     from .report.tables import memory_text, summary_table
 
     if quiet:
@@ -277,6 +286,8 @@ def analyze_cmd(
     bar = _Bar(quiet, "layer", "analyze")
     try:
         check_out_dir(out_dir, force)
+        if not no_plots:
+            prefetch_plotting()
         result = analyze(
             cfg,
             progress=lambda done, total, layer: bar.update(done, total, "" if layer is None else f"layer {layer}"),

@@ -23,9 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .replay.trace import METRIC_BUFFER_BYTES
-
-if TYPE_CHECKING:  # torch is imported where used, so that the CLI's --help reads the defaults quickly
+if TYPE_CHECKING:  # torch (and replay, which imports it) where used, so that the CLI's --help reads the defaults quickly
     import torch
 
     from .calibrate.settings import LayerDims
@@ -150,6 +148,8 @@ def analyze_memory(
     ``prefill`` (``prefill_bytes_per_token``'s config) is given: the prefill runs on ``capture_device``
     and the captured inputs of up to two layers wait in host memory (``models.capture.iter_capture``)."""
     import torch
+
+    from .replay.trace import METRIC_BUFFER_BYTES
 
     device = torch.device(device)
     pool = _pool(device)

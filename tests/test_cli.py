@@ -560,3 +560,34 @@ def test_readme_outputs_are_git_ignored():
         probe = str(pathlib.PurePosixPath(path) / "report.json")
         res = subprocess.run(["git", "-C", ROOT, "check-ignore", "-q", probe])
         assert res.returncode == 0, f"{path} (written by a README command) is not git-ignored"
+
+
+# -- start-up (issue 15): what a command imports ----------------------------------------------------------
+
+
+def test_help_imports_neither_torch_nor_pandas():
+    code = "import sys; from ssmquant.cli import main; print(sorted({'torch', 'pandas', 'transformers'} & set(sys.modules)))"
+    res = run_cli([], prefix=["-c", code])
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+    assert run_cli(["--help"]).returncode == 0
+
+
+def test_quiet_synthetic_run_skips_transformers_and_times_the_write(tmp_path):
+    """-q silences transformers through its environment variables, so a run that loads no checkpoint never
+    imports it; report.json's stages time the tables' and plots' writing beside analyze()'s stages."""
+    out = tmp_path / "run"
+    args = ["analyze", "--model", "nemotron-3-nano", "--synthetic", "--layers", "0", "--formats", "int8",
+            "--schemes", "conventional", "--steps", 4, "--batch", 1, "--device", "cpu", "--out", out, "-q"]  # fmt: skip
+    code = (
+        "import sys; from ssmquant.cli import main\n"
+        f"sys.argv = ['ssmquant', *{[str(a) for a in args]!r}]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print('transformers' in sys.modules)"
+    )
+    res = run_cli([], prefix=["-c", code])
+    assert res.returncode == 0 and res.stdout.strip() == "False" and res.stderr == "", res.stdout + res.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["environment"]["transformers"]  # the version, read from the installed metadata
+    stages = report["stages"]
+    assert {"emulate_s", "tables_s", "write_tables_s", "plots_s"} <= set(stages)
+    assert stages["plots_s"] > 0 and {"drift.png", "heatmap.png", "heads.png"} <= {p.name for p in out.iterdir()}

@@ -11,11 +11,43 @@ import json
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
+import threading
+import time
 
 import pandas as pd
 
-from .plots import render_all
+_prefetch: threading.Thread | None = None
+
+
+def prefetch_plotting() -> None:
+    """Import the plotting stack (matplotlib, seaborn and the scipy it imports: about 1 s) and load the plot
+    fonts in a background thread, so that this overlaps the emulation: on a GPU the main thread then mostly
+    waits for the device. ``write_analysis`` and ``replot`` wait for it before plotting; an error in it
+    surfaces there, in the main thread, when plots.py is imported again."""
+    global _prefetch
+    if _prefetch is None and "ssmquant.report.plots" not in sys.modules:
+        _prefetch = threading.Thread(target=_warm_plots, name="ssmquant-plot-prefetch", daemon=True)
+        _prefetch.start()
+
+
+def _warm_plots() -> None:
+    try:
+        from .plots import warm_up
+
+        warm_up()
+    except Exception:  # noqa: BLE001 - re-raised by the main thread's own import or plot
+        pass
+
+
+def _plots():
+    """The plots module, once a running prefetch has finished (matplotlib is not thread-safe)."""
+    if _prefetch is not None:
+        _prefetch.join()
+    from . import plots
+
+    return plots
 
 
 class OutputError(ValueError):
@@ -126,6 +158,7 @@ def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) 
     """Write an AnalysisResult to out_dir (atomically); returns the directory."""
 
     def fill(tmp: pathlib.Path):
+        t0 = time.perf_counter()
         files = [
             write_table(result.traces, tmp, "traces"),
             write_table(result.heads, tmp, "heads"),
@@ -134,8 +167,16 @@ def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) 
         result.memory.to_csv(tmp / "memory.csv", index=False)
         files += ["summary.csv", "memory.csv"]
         report = result.report()
+        t_tables = time.perf_counter()
         if plots:
-            files += render_all(result.traces, result.heads, result.summary, report, tmp)
+            # matplotlib and seaborn are imported only when plotting (or by prefetch_plotting, meanwhile)
+            files += _plots().render_all(result.traces, result.heads, result.summary, report, tmp)
+        # the time of this write, beside analyze()'s stages (report.json itself is not counted)
+        report["stages"] = {
+            **report.get("stages", {}),
+            "write_tables_s": round(t_tables - t0, 3),
+            "plots_s": round(time.perf_counter() - t_tables, 3) if plots else None,
+        }
         report["files"] = files + ["report.json"]
         (tmp / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
 
@@ -156,4 +197,4 @@ def load_analysis(out_dir) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, di
 def replot(out_dir) -> list[str]:
     """Re-render the plots of an analysis directory from its saved tables (`ssmquant plot DIR`)."""
     traces, heads, summary, report = load_analysis(out_dir)
-    return render_all(traces, heads, summary, report, out_dir)
+    return _plots().render_all(traces, heads, summary, report, out_dir)

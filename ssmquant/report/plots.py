@@ -230,10 +230,25 @@ def heads_plot(heads: pd.DataFrame, summary: pd.DataFrame, report: dict, path: p
     plt.close(fig)
 
 
+def _theme() -> None:
+    sns.set_theme(style="whitegrid", context="notebook")
+
+
+def warm_up() -> None:
+    """Set the theme and draw a throwaway figure, which loads the fonts (about 0.5 s of the first plot)."""
+    _theme()
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.set_title("warm-up")
+    ax.set_yscale("log")
+    ax.plot([1, 10], [1e-3, 1e-1])
+    fig.canvas.draw()
+    plt.close(fig)
+
+
 def render_all(traces: pd.DataFrame, heads: pd.DataFrame, summary: pd.DataFrame, report: dict, out_dir) -> list[str]:
     """Write the three plots into out_dir; returns their file names."""
     out_dir = pathlib.Path(out_dir)
-    sns.set_theme(style="whitegrid", context="notebook")
+    _theme()
     drift_plot(traces, summary, report, out_dir / PLOT_FILES[0])
     heatmap_plot(summary, report, out_dir / PLOT_FILES[1])
     heads_plot(heads, summary, report, out_dir / PLOT_FILES[2])
