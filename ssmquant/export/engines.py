@@ -33,9 +33,11 @@ from .facts import (
     FACTS,
     VERSIONS,
     VLLM_PR_BUILD,
+    EngineVersionError,
     build,
     check_version,
     parse_gpu,
+    resolve_gpu,
 )
 
 TARGETS = ENGINES
@@ -192,9 +194,35 @@ def violations(target, setting, layer_kind: str, draft_tokens=None, *, version=N
     return out
 
 
-def takeable_by_any(setting, layer_kind: str) -> bool:
-    """True when at least one engine's newest release runs `setting` as measured on sm90 (sizes unchecked)."""
-    return any(not violations(t, setting, layer_kind) for t in TARGETS)
+def deployments(engine_versions: dict[str, str] | None = None, gpu=None) -> tuple[tuple[Target, ...], str | None]:
+    """(one Target per engine, note): each engine at the version given in `engine_versions` ({engine: version},
+    e.g. {"vllm": "0.33.0+pr52962"}; an engine left out: its newest release read) on `gpu` ("sm90" etc.; None:
+    the local GPU, else sm90). note: what was assumed about the GPU, or None. Raises EngineVersionError for an
+    unknown engine, version or GPU (the message lists the accepted values)."""
+    ev = dict(engine_versions or {})
+    unknown = sorted(set(ev) - set(TARGETS))
+    if unknown:
+        raise EngineVersionError(f"unknown engine {unknown[0]!r} in the engine versions; known: {', '.join(TARGETS)}")
+    cc, note = resolve_gpu(gpu)
+    return tuple(Target.make(e, ev.get(e), cc) for e in TARGETS), note
+
+
+def describe_deployments(targets, note: str | None = None) -> dict:
+    """What takeability was checked for, as recorded in a recipe: {"engines": {engine: version}, "gpu",
+    "unreleased": [labels of builds with open PRs], "note"}."""
+    return {
+        "engines": {t.engine: t.version for t in targets},
+        "gpu": f"sm{targets[0].gpu}",
+        "unreleased": [t.build.label(t.engine) for t in targets if t.build is not None],
+        "note": note,
+    }
+
+
+def takeable_by_any(setting, layer_kind: str, targets=None) -> bool:
+    """True when at least one of `targets` runs `setting` as measured (sizes unchecked). targets: Targets (see
+    `deployments`); None: every engine's newest release read, on sm90."""
+    targets = targets if targets is not None else tuple(Target.make(e) for e in TARGETS)
+    return any(not violations(t, setting, layer_kind) for t in targets)
 
 
 # -- rules ------------------------------------------------------------------------------------------------

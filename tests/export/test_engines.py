@@ -16,6 +16,8 @@ from ssmquant.export import (
     Target,
     UnknownTargetError,
     check_target,
+    deployments,
+    describe_deployments,
     engine_bytes,
     runtime,
     takeable_by_any,
@@ -263,6 +265,30 @@ def test_takeable_by_any_uses_newest_releases_on_sm90():
     assert takeable_by_any(Setting.parse("int8@replay16"), "mamba2")  # FlashInfer (sizes unchecked)
     assert not takeable_by_any(Setting.parse("int8@replay16"), "gdn")
     assert takeable_by_any(Setting.parse("fp16@conventional"), "gdn")
+
+
+def test_takeability_follows_the_given_engine_versions_and_gpu():
+    """vllm.replay_flags (ReplaySSM from vLLM 0.27.0) and flashinfer.sm80 (FlashInfer's Mamba kernels are built
+    for SM 8.x and later): on an sm75 GPU only vLLM can replay fp16 state, and only from 0.27.0 on."""
+    s = Setting.parse("fp16@replay8")
+    old, note = deployments({"vllm": "0.26.0"}, "sm75")
+    assert [t.label for t in old] == ["vLLM 0.26.0 on sm75", "TensorRT-LLM main@2829508 on sm75", "FlashInfer 0.7.4 on sm75"]
+    assert note is None and not takeable_by_any(s, "mamba2", old)
+    new, _ = deployments({}, "sm75")
+    assert takeable_by_any(s, "mamba2", new)
+    assert takeable_by_any(s, "mamba2", deployments({"vllm": "0.26.0"}, "sm90")[0])  # FlashInfer replays it
+    rec = describe_deployments(*deployments({"vllm": VLLM_PR_BUILD}, "sm100"))
+    assert rec["engines"] == {"vllm": VLLM_PR_BUILD, "trtllm": DEFAULT_VERSION["trtllm"], "flashinfer": "0.7.4"}
+    assert rec["gpu"] == "sm100" and "UNRELEASED vLLM code" in rec["unreleased"][0] and "#52962" in rec["unreleased"][0]
+
+
+def test_deployments_refuse_unknown_engines_versions_and_gpus():
+    with pytest.raises(EngineVersionError, match="unknown engine 'sglang'.*known: vllm, trtllm, flashinfer"):
+        deployments({"sglang": "1.0"})
+    with pytest.raises(EngineVersionError, match="vLLM version '0.1' is not covered.*accepted: 0.25.0"):
+        deployments({"vllm": "0.1"})
+    with pytest.raises(EngineVersionError, match="unknown GPU 'h200'"):
+        deployments({}, "h200")
 
 
 # -- bytes per sequence in the engines' own buffers -------------------------------------------------------------

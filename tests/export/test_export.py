@@ -312,3 +312,25 @@ def test_bad_targets_versions_and_gpus(mamba_recipe, tmp_path):
     with pytest.raises(ExportError, match="--force"):
         export(mamba_recipe, "vllm", other)
     assert export(mamba_recipe, "vllm", other, force=True).out_dir == other.resolve()
+
+
+def test_calibrate_checks_takeability_for_the_given_engine_versions_and_gpu(tmp_path):
+    """Item 2 of #13's residuals: "engine-takeable" in a recipe is checked for the user's engine versions and GPU,
+    and the recipe says which. fp16@replay8 on sm75: FlashInfer's Mamba kernels need SM 8.x (flashinfer.sm80),
+    TensorRT-LLM replays only with drafts (trtllm.replay_spec_only), vLLM replays from 0.27.0 (vllm.replay_flags)."""
+    kw = dict(budget=1.0, candidates=["fp16"], schemes=["replay8"], calibration=["none"], engine_fallbacks=[])
+    old = tiny_calibration(engine_versions={"vllm": "0.26.0"}, gpu="sm75", verify=False, **kw)
+    assert old.global_setting is None and old.global_status == "none"
+    assert old.takeability["engines"]["vllm"] == "0.26.0" and old.takeability["gpu"] == "sm75"
+    new = tiny_calibration(gpu="sm75", verify=False, **kw)
+    assert new.global_setting.name == "fp16@replay8"
+    doc = json.loads((write_recipe(new, tmp_path / "r") / CONFIG_NAME).read_text())
+    checked = doc["global"]["engines_checked"]
+    assert checked == {"engines": {"vllm": "0.33.0", "trtllm": "main@2829508", "flashinfer": "0.7.4"}, "gpu": "sm75",
+                       "unreleased": [], "note": None}  # fmt: skip
+    with pytest.raises(Exception, match="vLLM version '0.2' is not covered"):
+        tiny_calibration(engine_versions={"vllm": "0.2"}, **kw)
+    runner = CliRunner()
+    res = runner.invoke(main, ["calibrate", "--model", "tiny-nemotron", "--budget", "1", "--engine-version", "vllm",
+                               "--out", str(tmp_path / "x")])  # fmt: skip
+    assert res.exit_code != 0 and "expected ENGINE=VERSION" in res.output
