@@ -479,6 +479,30 @@ FACTS: dict[str, Fact] = {
             since="0.7.2.post1",
             quote="ReplaySSM caching currently requires SM100/SM103",
         ),
+        Fact(
+            "flashinfer.kda_decode",
+            "flashinfer",
+            "KDA decode is flashinfer.recurrent_kda (flashinfer.kda_decode.recurrent_kda is a deprecated shim): a "
+            "bfloat16 state [N, HV, V, K] updated in place, bfloat16 q, k, v, g, beta, K = V in {64, 128}, HV a "
+            "multiple of H, int32 ssm_state_indices; CuTe DSL kernels for SM 100 (Blackwell); no float32, 8-bit or "
+            "stochastically rounded decode state",
+            (
+                _fi("flashinfer/kda_kernels/recurrent_kda.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+                _fi("flashinfer/kda_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+            ),
+            quote="Requires SM100 (Blackwell) architecture; State is bfloat16 ``[N, HV, V, K]`` and updated in-place",
+        ),
+        Fact(
+            "flashinfer.kda_verify",
+            "flashinfer",
+            "KDA speculative verify (recurrent_kda(disable_state_update=True)): outputs of up to 16 tokens from the "
+            "committed bfloat16 state, which it never writes; the per-token corrections go to a float32 "
+            "correction_cache [slots, HV, T_max, V] and the raw key | gate to a bfloat16 kg_cache [slots, HV, "
+            "T_max, 2K] (vLLM's RecoverSSM convention), for a commit kernel; K = V = 128; SM 10.0 / 10.3 only",
+            (_fi("flashinfer/kda_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+             _fi("flashinfer/kda_kernels/recurrent_kda.py", "0.7.0.post1", "0.7.2.post1", "0.7.4")),
+            quote="frozen recurrent-KDA decode requires exact compute capability 10.0 (SM100a) or 10.3 (SM103a)",
+        ),
     ]
 }
 

@@ -310,18 +310,43 @@ def test_engine_bytes_per_layer_at_nemotron_3_nano_sizes():
 # --- Kimi Delta Attention (GLM-5.3-Flash, Kimi-Linear, Kimi-K3) ----------------------------------------
 
 
+GLM = LayerDims("kda", 64, 128, 128, 64)  # GLM-5.3-Flash's KDA layers: 64 heads, K = V = 128
+FI_B200 = ("flashinfer", "0.7.4", 100)
+
+
 @pytest.mark.parametrize(
-    "target, name",
+    "tgt, name",
     [
         ("vllm", "fp32@conventional"),
         ("vllm", "fp32@spec5x4:fp32"),  # RecoverSSM: a window of 1 + draft tokens, u recorded in FP32
         ("trtllm", "fp32@conventional"),
-        ("flashinfer", "bf16@conventional"),
-        ("flashinfer", "bf16@spec16x4"),
+        (FI_B200, "bf16@conventional"),
+        (FI_B200, "bf16@spec16x4"),
     ],
 )
-def test_kda_takeable_settings(target, name):
-    assert violations(target, Setting.parse(name), "kda") == []
+def test_kda_takeable_settings(tgt, name):
+    t = target(*tgt, dims=GLM) if isinstance(tgt, tuple) else tgt
+    assert violations(t, Setting.parse(name), "kda") == []
+
+
+def test_flashinfer_kda_is_recurrent_kda_on_blackwell_with_bf16_state():
+    """flashinfer.kda_decode: recurrent_kda, bf16 state [N, HV, V, K], K = V in {64, 128}, SM 100 kernels;
+    flashinfer.kda_verify: the speculative verify reads the committed state, K = V = 128, SM 10.0 / 10.3 only."""
+    b200 = target(*FI_B200, dims=GLM)
+    rt = runtime(b200, Setting.parse("bf16@conventional"), "kda")
+    assert rt.backend == "flashinfer.recurrent_kda" and rt.facts == ["flashinfer.kda_decode"]
+    assert runtime(b200, Setting.parse("bf16@spec16x4"), "kda").facts == ["flashinfer.kda_verify"]
+    h200 = target("flashinfer", dims=GLM)
+    assert "Requires SM100 (Blackwell) architecture" in rules(h200, "bf16@conventional", "kda")["gpu"]
+    assert "exact compute capability 10.0 (SM100a) or 10.3" in rules(target("flashinfer", gpu=107, dims=GLM),
+                                                                     "bf16@spec16x4", "kda")["gpu"]  # fmt: skip
+    assert "K = V in (64, 128), not K=96" in rules(target(*FI_B200, dims=LayerDims("kda", 4, 96, 96, 4)),
+                                                   "bf16@conventional", "kda")["shape"]  # fmt: skip
+    assert "K = V in (128,)" in rules(target(*FI_B200, dims=LayerDims("kda", 4, 64, 64, 4)), "bf16@spec8x4", "kda")["shape"]
+    assert "no stochastic rounding" in rules(b200, "bf16:sr@conventional", "kda")["sr"]
+    assert "verify" in rules(b200, "bf16@spec32x4", "kda")["buffer_len"]
+    b = engine_bytes(b200, Setting.parse("bf16@spec16x4"), "kda", GLM)
+    assert b["state"] == 64 * 128 * 128 * 2 and b["ring"] == 16 * 64 * (128 * 4 + 2 * 128 * 2)
 
 
 @pytest.mark.parametrize(
@@ -341,5 +366,5 @@ def test_kda_replay_is_speculative_recoverssm_in_vllm_only():
     assert "spec5x4" in rules("vllm", "fp32@spec8x4:fp32", "kda")["layer_kind"]
     assert "records u_t in FP32" in rules("vllm", "fp32@spec5x4", "kda")["layer_kind"]
     assert "deferred state promotion" in rules("trtllm", "fp32@spec5x4:fp32", "kda")["layer_kind"]
-    assert "kda_wy_output_only only" in rules("flashinfer", "bf16@replay16", "kda")["layer_kind"]
+    assert "its KDA replay is the speculative verify" in rules("flashinfer", "bf16@replay16", "kda")["scheme"]
     assert not takeable_by_any(Setting.parse("fp8_e4m3@replay16"), "kda")
