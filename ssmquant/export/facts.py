@@ -25,6 +25,10 @@ ENGINE_NAMES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "flashinfer": "FlashIn
 # Releases read, oldest first (vLLM and FlashInfer: the PyPI wheels; TensorRT-LLM: its repository at one
 # commit of main, because its PyPI package is a 10 kB stub that downloads the wheel from NVIDIA's own index,
 # which cannot be reached here).
+# Re-checked 2026-11-30 against the newest releases on PyPI (`pip index versions`): vllm 0.33.0, flashinfer-python
+# 0.7.4, tensorrt-llm 1.2.1 (the stub): nothing newer than the versions below. Every FlashInfer quote below was
+# found again in the 0.7.4 wheel, except gdn_replay's, which 0.7.4 words "ReplaySSM caching requires SM100/SM103
+# or SM120" (flashinfer/gdn_decode.py; the fact's text says so). vLLM 0.25.1 exists but was not read.
 VLLM_PR_BUILD = "0.33.0+pr52962"
 TRTLLM_MAIN = "main@2829508"
 VERSIONS: dict[str, tuple[str, ...]] = {
