@@ -509,6 +509,19 @@ class _BudgetNotMet(click.ClickException):
     help="auto: Triton kernels on a GPU, the torch reference on CPU.",
 )
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for data selection and stochastic rounding.")
+@click.option(
+    "--engine-version",
+    "engine_versions",
+    multiple=True,
+    metavar="ENGINE=VERSION",
+    help="Engine version that 'engine-takeable' is checked for, e.g. vllm=0.33.0+pr52962 (repeatable; as "
+    "`ssmquant export --engine-version`). [default: each engine's newest release covered]",
+)
+@click.option(
+    "--gpu",
+    default=None,
+    help="GPU that 'engine-takeable' is checked for: sm80, sm90, sm100, ... [default: the local GPU, else sm90]",
+)
 @click.option("--no-verify", is_flag=True, help="Skip the held-out verification.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Recipe directory.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out.")
@@ -535,6 +548,8 @@ def calibrate_cmd(
     device,
     backend,
     seed,
+    engine_versions,
+    gpu,
     no_verify,
     out_dir,
     force,
@@ -577,6 +592,8 @@ def calibrate_cmd(
         backend=backend,
         seed=seed,
         verify=not no_verify,
+        engine_versions=_engine_versions(engine_versions),
+        gpu=gpu,
     )
     bars: dict[str, _Bar] = {}
 
@@ -609,6 +626,17 @@ def calibrate_cmd(
         click.echo(f"\n{src.get('model')} ({src.get('kind')} data: {src.get('note', '')})")
         click.echo(summary_text(result))
         click.echo(f"\nwrote {path} in {result.elapsed_s:.1f} s")
+
+
+def _engine_versions(pairs) -> dict[str, str]:
+    """('vllm=0.33.0', ...) -> {'vllm': '0.33.0'} (names and versions are checked by calibrate)."""
+    out = {}
+    for pair in pairs:
+        engine, sep, version = pair.partition("=")
+        if not sep or not engine.strip() or not version.strip():
+            raise click.BadParameter(f"expected ENGINE=VERSION, e.g. vllm=0.33.0, got {pair!r}", param_hint="--engine-version")
+        out[engine.strip().lower()] = version.strip()
+    return out
 
 
 @main.command("export")

@@ -151,6 +151,7 @@ def build_document(result) -> dict:
             "dynamic per-row scales under FlashInfer ReplaySSM on Mamba-2 layers); add such candidates",
         }
 
+    glob["engines_checked"] = result.takeability  # what "engine-takeable" means in this recipe
     verification = None
     if result.verification is not None:
         vr = result.verification

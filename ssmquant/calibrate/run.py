@@ -76,6 +76,20 @@ class CalibrateConfig:
     backend: str = "auto"
     seed: int = 0
     verify: bool = True
+    # what "engine-takeable" is checked against: {engine: version} (an engine left out: its newest release the
+    # export's facts cover) on gpu ("sm90" ...; None: the local GPU, else sm90); recorded in the recipe
+    engine_versions: dict[str, str] = field(default_factory=dict)
+    gpu: str | None = None
+
+    def deployments(self):
+        """(Targets, GPU note) that takeability is checked for (`export.engines.deployments`)."""
+        from ..export.engines import deployments  # lazy: export imports calibrate
+        from ..export.facts import EngineVersionError
+
+        try:
+            return deployments(self.engine_versions, self.gpu)
+        except EngineVersionError as err:
+            raise CalibrateError(str(err)) from None
 
     def validate(self) -> None:
         if not isinstance(self.budget, (int, float)) or not math.isfinite(self.budget) or self.budget <= 0:
@@ -91,6 +105,7 @@ class CalibrateConfig:
             raise CalibrateError(f"--heldout-batch must be an integer >= 1, got {self.heldout_batch!r}")
         if self.backend not in BACKENDS:
             raise CalibrateError(f"unknown backend {self.backend!r}; accepted: {', '.join(BACKENDS)}")
+        self.deployments()
 
 
 @dataclass
@@ -117,6 +132,7 @@ class CalibrationResult:
     stats: dict[int, StateStats]
     uniform: pd.DataFrame
     takeable: dict[str, bool]
+    takeability: dict  # what takeable was checked for (export.engines.describe_deployments)
     global_setting: Setting | None
     global_status: str
     verification: dict | None
@@ -268,9 +284,10 @@ def calibrate(
         )
 
     uniform = uniform_table(evaluations, cfg.budget, cfg.metric)
-    from ..export.engines import takeable_by_any  # lazy: export imports calibrate
+    from ..export.engines import describe_deployments, takeable_by_any  # lazy: export imports calibrate
 
-    takeable = {name: takeable_by_any(by_name[name], layer_kind) for name in uniform["setting"]}
+    targets, gpu_note = cfg.deployments()
+    takeable = {name: takeable_by_any(by_name[name], layer_kind, targets) for name in uniform["setting"]}
     global_row, status = choose_global(uniform, takeable)
     global_setting = by_name[global_row["setting"]] if global_row is not None else None
     if cfg.force_global:
@@ -292,7 +309,7 @@ def calibrate(
         chosen_scales = {}
 
     verify_uniform = ([global_setting] if global_setting is not None else []) + [
-        by_name[name] for name in engine_picks(uniform, by_name, layer_kind)
+        by_name[name] for name in engine_picks(uniform, by_name, layer_kind, targets)
     ]
     verification, heldout_desc = None, None
     if cfg.verify:
@@ -348,6 +365,7 @@ def calibrate(
         stats=stats,
         uniform=uniform,
         takeable=takeable,
+        takeability=describe_deployments(targets, gpu_note),
         global_setting=global_setting,
         global_status=status,
         verification=verification,
@@ -391,14 +409,15 @@ def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, device, b
     )
 
 
-def engine_picks(uniform: pd.DataFrame, by_name: dict[str, Setting], layer_kind: str) -> list[str]:
+def engine_picks(uniform: pd.DataFrame, by_name: dict[str, Setting], layer_kind: str, targets=None) -> list[str]:
     """Per export target, the cheapest uniform setting it can take that meets the budget (what the export
-    picks when the global setting is not takeable); verified on held-out data with the global setting."""
+    picks when the global setting is not takeable); verified on held-out data with the global setting.
+    targets: the Targets checked (CalibrateConfig.deployments); None: every engine's newest release on sm90."""
     from ..export.engines import TARGETS, violations
 
     ok = uniform[uniform["meets_budget"]].sort_values(["bytes", "max_error", "setting"], kind="mergesort")
     picks = []
-    for t in TARGETS:
+    for t in targets if targets is not None else TARGETS:
         for name in ok["setting"]:
             if not by_name[name].is_static and not violations(t, by_name[name], layer_kind):
                 picks.append(name)

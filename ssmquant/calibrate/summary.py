@@ -9,6 +9,15 @@ def _f(x) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
+def engines_checked_text(takeability: dict) -> str:
+    """'vLLM 0.33.0, TensorRT-LLM main@2829508, FlashInfer 0.7.4 on sm90 (note)' from a recipe's record."""
+    from ..export.facts import ENGINE_NAMES
+
+    names = ", ".join(f"{ENGINE_NAMES[e]} {v}" for e, v in takeability["engines"].items())
+    extra = [*takeability.get("unreleased", []), *([takeability["note"]] if takeability.get("note") else [])]
+    return f"{names} on {takeability['gpu']}" + (f" ({'; '.join(extra)})" if extra else "")
+
+
 def summary_text(result) -> str:
     """Per layer: decision, bytes, calibration and held-out error vs the budget; then the global setting."""
     cfg = result.config
@@ -51,6 +60,7 @@ def summary_text(result) -> str:
                 f"  held-out: worst layer {metric} {vg['max_error']:.4g} "
                 f"({'meets' if vg['meets_budget'] else 'DOES NOT meet'} the budget)"
             )
+    lines.append(f"engine-takeable: runs as measured on one of {engines_checked_text(result.takeability)}")
     if result.verification is not None and not result.verification["passed"]:
         bad = [r["layer"] for r in result.verification["per_layer"] if not r["meets_budget"]]
         lines.append(

@@ -33,9 +33,11 @@ from .facts import (
     FACTS,
     VERSIONS,
     VLLM_PR_BUILD,
+    EngineVersionError,
     build,
     check_version,
     parse_gpu,
+    resolve_gpu,
 )
 
 TARGETS = ENGINES
@@ -61,10 +63,12 @@ FLASHINFER_8BIT_HEAD_DIM, FLASHINFER_8BIT_D_STATE = 64, 128
 #   torch.float32 for the recurrent state whatever --mamba-ssm-cache-dtype says;
 # - TensorRT-LLM: tensorrt_llm/_torch/models/modeling_kimi_linear.py (Kimi-K3): "a delta-rule recurrent slot of
 #   [num_heads, head_dim, head_dim] fp32";
-# - FlashInfer: flashinfer/kda_kernels/recurrent_kda.py ("State: [N,HV,V,K] bf16") and
-#   kda_decode_wy_output_only.py ("bf16 I/O and state").
-# These hold for the versions the other facts cover; they are not (yet) versioned facts of facts.py.
+# - FlashInfer: facts flashinfer.kda_decode / flashinfer.kda_verify (recurrent_kda, bf16 state [N, HV, V, K]).
+# vLLM's and TensorRT-LLM's hold for the versions the other facts cover; they are not (yet) versioned facts.
 KDA_STATE_DTYPE = {"vllm": "fp32", "trtllm": "fp32", "flashinfer": "bf16"}
+FLASHINFER_KDA_HEAD_DIMS = (64, 128)  # K = V
+FLASHINFER_KDA_DECODE_SM = (100, 103, 107)  # recurrent_kda's CuTe DSL kernels (SM 10.x)
+FLASHINFER_KDA_VERIFY_SM = (100, 103)  # the frozen verify: "exact compute capability 10.0 or 10.3"
 # vLLM's KDA replay is RecoverSSM (cache_config.use_kda_recoverssm; vllm/models/kimi_k3/nvidia/ops/recoverssm.py):
 # a speculative verify window of 1 + num_speculative_tokens tokens against one checkpoint, u_t recorded in FP32
 # and the raw k | gate in the activation dtype, the accepted tokens folded into the checkpoint after every round.
@@ -192,9 +196,35 @@ def violations(target, setting, layer_kind: str, draft_tokens=None, *, version=N
     return out
 
 
-def takeable_by_any(setting, layer_kind: str) -> bool:
-    """True when at least one engine's newest release runs `setting` as measured on sm90 (sizes unchecked)."""
-    return any(not violations(t, setting, layer_kind) for t in TARGETS)
+def deployments(engine_versions: dict[str, str] | None = None, gpu=None) -> tuple[tuple[Target, ...], str | None]:
+    """(one Target per engine, note): each engine at the version given in `engine_versions` ({engine: version},
+    e.g. {"vllm": "0.33.0+pr52962"}; an engine left out: its newest release read) on `gpu` ("sm90" etc.; None:
+    the local GPU, else sm90). note: what was assumed about the GPU, or None. Raises EngineVersionError for an
+    unknown engine, version or GPU (the message lists the accepted values)."""
+    ev = dict(engine_versions or {})
+    unknown = sorted(set(ev) - set(TARGETS))
+    if unknown:
+        raise EngineVersionError(f"unknown engine {unknown[0]!r} in the engine versions; known: {', '.join(TARGETS)}")
+    cc, note = resolve_gpu(gpu)
+    return tuple(Target.make(e, ev.get(e), cc) for e in TARGETS), note
+
+
+def describe_deployments(targets, note: str | None = None) -> dict:
+    """What takeability was checked for, as recorded in a recipe: {"engines": {engine: version}, "gpu",
+    "unreleased": [labels of builds with open PRs], "note"}."""
+    return {
+        "engines": {t.engine: t.version for t in targets},
+        "gpu": f"sm{targets[0].gpu}",
+        "unreleased": [t.build.label(t.engine) for t in targets if t.build is not None],
+        "note": note,
+    }
+
+
+def takeable_by_any(setting, layer_kind: str, targets=None) -> bool:
+    """True when at least one of `targets` runs `setting` as measured (sizes unchecked). targets: Targets (see
+    `deployments`); None: every engine's newest release read, on sm90."""
+    targets = targets if targets is not None else tuple(Target.make(e) for e in TARGETS)
+    return any(not violations(t, setting, layer_kind) for t in targets)
 
 
 # -- rules ------------------------------------------------------------------------------------------------
@@ -265,11 +295,13 @@ def _kda(t: Target, s, out: list) -> None:
     """What each engine keeps for a Kimi Delta Attention layer (KDA_STATE_DTYPE and the notes beside it)."""
     enc, want, replay = s.encoding, KDA_STATE_DTYPE[t.engine], _replay(s)
     L, T = s.buffer_len, t.drafts(s)
+    if t.engine == "flashinfer":
+        _flashinfer_kda(t, s, out)
+        return
     if enc != want:
         where = {
             "vllm": "MambaStateDtypeCalculator.kda_state_dtype: --mamba-ssm-cache-dtype does not apply",
             "trtllm": "the Kimi-K3 KDA runtime's recurrent slot",
-            "flashinfer": "recurrent_kda / kda_wy_output_only",
         }[t.engine]
         out.append(_v("dtype", None, f"{t.name} keeps KDA state in {want} only ({where}); the setting stores {enc}"))
     if not replay:
@@ -294,11 +326,6 @@ def _kda(t: Target, s, out: list) -> None:
                     f"fp32 buffer (spec{L}x{T}:fp32), not {s.scheme.buffer_dtype}",
                 )
             )
-    elif t.engine == "flashinfer":
-        if s.scheme_kind != "spec":
-            out.append(_v("layer_kind", None, "FlashInfer's KDA replay is the speculative verify kda_wy_output_only only"))
-        elif L > FLASHINFER_KDA_MAX_WINDOW:
-            out.append(_v("layer_kind", None, f"kda_wy_output_only takes at most {FLASHINFER_KDA_MAX_WINDOW} tokens, L={L}"))
     else:
         out.append(
             _v(
@@ -308,6 +335,48 @@ def _kda(t: Target, s, out: list) -> None:
                 "runtime verifies draft tokens with deferred state promotion, not from a checkpoint and input buffer",
             )
         )
+
+
+def _flashinfer_kda(t: Target, s, out: list) -> None:
+    """FlashInfer's KDA kernels (facts flashinfer.kda_decode, flashinfer.kda_verify): recurrent_kda keeps a bfloat16
+    state; its speculative verify reads the committed state for up to 16 tokens and never writes it."""
+    enc, L = s.encoding, s.buffer_len
+    if enc != "bf16":
+        out.append(_v("dtype", "flashinfer.kda_decode", f"FlashInfer keeps KDA state in bf16 only; the setting stores {enc}"))
+    if s.rounding == "sr":
+        out.append(_v("sr", "flashinfer.kda_decode", "FlashInfer's KDA decode has no stochastic rounding", quote=False))
+    if s.scheme_kind == "replay":
+        out.append(
+            _v(
+                "scheme",
+                "flashinfer.kda_verify",
+                f"FlashInfer has no KDA checkpoint + buffer decode without drafts; {s.scheme.name} is not what it "
+                "runs (its KDA replay is the speculative verify)",
+                quote=False,
+            )
+        )
+    spec = s.scheme_kind == "spec"
+    if spec and L > FLASHINFER_KDA_MAX_WINDOW:
+        out.append(
+            _v("buffer_len", "flashinfer.kda_verify", f"the KDA verify takes at most {FLASHINFER_KDA_MAX_WINDOW} tokens, L={L}", quote=False)
+        )
+    sms = FLASHINFER_KDA_VERIFY_SM if spec else FLASHINFER_KDA_DECODE_SM
+    if t.gpu not in sms:
+        fact = "flashinfer.kda_verify" if spec else "flashinfer.kda_decode"
+        out.append(_v("gpu", fact, f"FlashInfer's KDA {'verify' if spec else 'decode'} does not run on sm{t.gpu}"))
+    d = t.dims
+    if d is not None:
+        K, V = d.state_dim, d.rows
+        dims_ok = (128,) if spec else FLASHINFER_KDA_HEAD_DIMS
+        if K != V or K not in dims_ok:
+            out.append(
+                _v(
+                    "shape",
+                    "flashinfer.kda_verify" if spec else "flashinfer.kda_decode",
+                    f"FlashInfer's KDA {'verify' if spec else 'decode'} takes K = V in {dims_ok}, not K={K}, V={V}",
+                    quote=False,
+                )
+            )
 
 
 def _vllm(t: Target, s, kind: str, out: list) -> None:
@@ -522,6 +591,10 @@ def runtime(target: Target, setting, layer_kind: str) -> Runtime:
             env={env_key: "1"},
             facts=["trtllm.replay_gates", "trtllm.replay_history"],
         )
+    if layer_kind == "kda":
+        if s.scheme_kind == "spec":  # the committed state, read-only, for the L tokens of a verify
+            return Runtime("flashinfer.recurrent_kda", s.buffer_len, s.buffer_len, tokens, facts=["flashinfer.kda_verify"])
+        return Runtime("flashinfer.recurrent_kda", 0, 0, tokens, facts=["flashinfer.kda_decode"])
     if layer_kind != "mamba2":
         return Runtime("flashinfer.gated_delta_rule_decode_pretranspose", 0, 0, tokens, facts=["flashinfer.gdn_decode"])
     if not _replay(s):
@@ -549,7 +622,10 @@ def engine_bytes(target: Target, setting, layer_kind: str, dims, rt: Runtime | N
     scales = dims.heads * dims.rows * 4 if s.encoding in EIGHT_BIT_ENCODINGS else 0
     act = {"bf16": 2, "fp16": 2, "fp32": 4}[s.scheme.buffer_dtype]
     ring = slot = 0
-    if rt.replay:
+    if rt.replay and target.engine == "flashinfer" and layer_kind == "kda":
+        # the verify's caches per token: correction_cache V float32, kg_cache 2K bfloat16, per value head
+        ring = rt.ring_rows * dims.heads * (dims.rows * 4 + 2 * dims.state_dim * 2)
+    elif rt.replay:
         vectors = (dims.heads * dims.rows + dims.groups * dims.state_dim) * act
         if target.engine == "trtllm":
             ring = rt.ring_rows * (vectors + 2 * dims.heads * 4)  # old_x, old_B, old_dt, old_dA_cumsum

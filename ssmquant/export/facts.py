@@ -25,6 +25,10 @@ ENGINE_NAMES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "flashinfer": "FlashIn
 # Releases read, oldest first (vLLM and FlashInfer: the PyPI wheels; TensorRT-LLM: its repository at one
 # commit of main, because its PyPI package is a 10 kB stub that downloads the wheel from NVIDIA's own index,
 # which cannot be reached here).
+# Re-checked 2026-11-30 against the newest releases on PyPI (`pip index versions`): vllm 0.33.0, flashinfer-python
+# 0.7.4, tensorrt-llm 1.2.1 (the stub): nothing newer than the versions below. Every FlashInfer quote below was
+# found again in the 0.7.4 wheel, except gdn_replay's, which 0.7.4 words "ReplaySSM caching requires SM100/SM103
+# or SM120" (flashinfer/gdn_decode.py; the fact's text says so). vLLM 0.25.1 exists but was not read.
 VLLM_PR_BUILD = "0.33.0+pr52962"
 TRTLLM_MAIN = "main@2829508"
 VERSIONS: dict[str, tuple[str, ...]] = {
@@ -478,6 +482,30 @@ FACTS: dict[str, Fact] = {
             (_fi("flashinfer/gdn_decode.py", "0.7.2.post1", "0.7.4"),),
             since="0.7.2.post1",
             quote="ReplaySSM caching currently requires SM100/SM103",
+        ),
+        Fact(
+            "flashinfer.kda_decode",
+            "flashinfer",
+            "KDA decode is flashinfer.recurrent_kda (flashinfer.kda_decode.recurrent_kda is a deprecated shim): a "
+            "bfloat16 state [N, HV, V, K] updated in place, bfloat16 q, k, v, g, beta, K = V in {64, 128}, HV a "
+            "multiple of H, int32 ssm_state_indices; CuTe DSL kernels for SM 100 (Blackwell); no float32, 8-bit or "
+            "stochastically rounded decode state",
+            (
+                _fi("flashinfer/kda_kernels/recurrent_kda.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+                _fi("flashinfer/kda_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+            ),
+            quote="Requires SM100 (Blackwell) architecture; State is bfloat16 ``[N, HV, V, K]`` and updated in-place",
+        ),
+        Fact(
+            "flashinfer.kda_verify",
+            "flashinfer",
+            "KDA speculative verify (recurrent_kda(disable_state_update=True)): outputs of up to 16 tokens from the "
+            "committed bfloat16 state, which it never writes; the per-token corrections go to a float32 "
+            "correction_cache [slots, HV, T_max, V] and the raw key | gate to a bfloat16 kg_cache [slots, HV, "
+            "T_max, 2K] (vLLM's RecoverSSM convention), for a commit kernel; K = V = 128; SM 10.0 / 10.3 only",
+            (_fi("flashinfer/kda_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+             _fi("flashinfer/kda_kernels/recurrent_kda.py", "0.7.0.post1", "0.7.2.post1", "0.7.4")),
+            quote="frozen recurrent-KDA decode requires exact compute capability 10.0 (SM100a) or 10.3 (SM103a)",
         ),
     ]
 }

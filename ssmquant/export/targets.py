@@ -178,6 +178,23 @@ def _input_dtype(plan: ExportPlan) -> str:
 def flashinfer_kwargs(plan: ExportPlan, recipe: Recipe) -> dict:
     """What to allocate and pass to the FlashInfer kernel of the plan (shapes use "cache" and "batch")."""
     s, d, rt = plan.setting, recipe.dims, plan.runtime
+    if recipe.layer_kind == "kda":
+        out = {
+            "function": rt.backend,
+            "initial_state": {"dtype": "torch.bfloat16", "shape": ["cache", d.heads, d.rows, d.state_dim]},
+            "layout": "V-major: [pool, HV, V, K] (V = value head dim, K = key head dim), updated in place",
+            "ssm_state_indices": {"dtype": "torch.int32", "shape": ["batch"]},
+            "inputs": "q, k [B, T, H, K], v [B, T, HV, V], g [B, T, HV, K] (log decays), beta [B, T, HV]: bfloat16",
+            "constraints": [FACTS[f].says for f in rt.facts],
+        }
+        if rt.replay:
+            out["verify"] = {
+                "disable_state_update": True,
+                "tokens": rt.window,
+                "correction_cache": {"dtype": "torch.float32", "shape": ["slots", d.heads, rt.window, d.rows]},
+                "kg_cache": {"dtype": "torch.bfloat16", "shape": ["slots", d.heads, rt.window, 2 * d.state_dim]},
+            }
+        return out
     if recipe.layer_kind != "mamba2":
         return {
             "function": rt.backend,
@@ -313,6 +330,30 @@ state = torch.zeros(CACHE, HV, V, K, dtype={state_dtype}, device=DEVICE)
 '''
 
 
+_SNIPPET_KDA = '''
+import os
+
+import torch
+
+DEVICE = os.environ.get("SSMQUANT_DEVICE", "cuda")
+CACHE = int(os.environ.get("SSMQUANT_CACHE", "8"))  # state slots (sequences) to allocate
+HV, V, K = {heads}, {rows}, {state_dim}  # value heads, value head dim, key head dim (K = V)
+FUNCTION = "{function}"
+VERIFY_TOKENS = {window}  # 0: plain decode; else the speculative verify's tokens (disable_state_update=True)
+
+# V-major bfloat16 state pool [pool, HV, V, K], updated in place by decode calls
+state = torch.zeros(CACHE, HV, V, K, dtype=torch.bfloat16, device=DEVICE)
+if VERIFY_TOKENS:
+    # what the verify records for the commit kernel: per-token corrections (float32) and raw key | gate (bf16)
+    correction_cache = torch.zeros(CACHE, HV, VERIFY_TOKENS, V, dtype=torch.float32, device=DEVICE)
+    kg_cache = torch.zeros(CACHE, HV, VERIFY_TOKENS, 2 * K, dtype=torch.bfloat16, device=DEVICE)
+
+# per decode step, with q, k [B, 1, H, K], v [B, 1, HV, V], g [B, 1, HV, K], beta [B, 1, HV] in bfloat16 and
+# slots [B] int32:
+# out, _ = flashinfer.recurrent_kda(q, k, v, g, beta, initial_state=state, ssm_state_indices=slots)
+'''
+
+
 def flashinfer_snippet(plan: ExportPlan, recipe: Recipe, kw: dict) -> str:
     s, d, rt = plan.setting, recipe.dims, plan.runtime
     doc = ['"""FlashInfer SSM-state tensors for this recipe (ssmquant export).', ""]
@@ -332,6 +373,8 @@ def flashinfer_snippet(plan: ExportPlan, recipe: Recipe, kw: dict) -> str:
         state_dtype=TORCH_DTYPES[s.encoding],
         function=rt.backend,
     )
+    if recipe.layer_kind == "kda":
+        return "\n".join(doc) + "\n" + _SNIPPET_KDA.format(**fmt, window=rt.window)
     if recipe.layer_kind != "mamba2":
         return "\n".join(doc) + "\n" + _SNIPPET_GDN.format(**fmt)
     fmt.update(

@@ -16,6 +16,8 @@ from ssmquant.export import (
     Target,
     UnknownTargetError,
     check_target,
+    deployments,
+    describe_deployments,
     engine_bytes,
     runtime,
     takeable_by_any,
@@ -265,6 +267,30 @@ def test_takeable_by_any_uses_newest_releases_on_sm90():
     assert takeable_by_any(Setting.parse("fp16@conventional"), "gdn")
 
 
+def test_takeability_follows_the_given_engine_versions_and_gpu():
+    """vllm.replay_flags (ReplaySSM from vLLM 0.27.0) and flashinfer.sm80 (FlashInfer's Mamba kernels are built
+    for SM 8.x and later): on an sm75 GPU only vLLM can replay fp16 state, and only from 0.27.0 on."""
+    s = Setting.parse("fp16@replay8")
+    old, note = deployments({"vllm": "0.26.0"}, "sm75")
+    assert [t.label for t in old] == ["vLLM 0.26.0 on sm75", "TensorRT-LLM main@2829508 on sm75", "FlashInfer 0.7.4 on sm75"]
+    assert note is None and not takeable_by_any(s, "mamba2", old)
+    new, _ = deployments({}, "sm75")
+    assert takeable_by_any(s, "mamba2", new)
+    assert takeable_by_any(s, "mamba2", deployments({"vllm": "0.26.0"}, "sm90")[0])  # FlashInfer replays it
+    rec = describe_deployments(*deployments({"vllm": VLLM_PR_BUILD}, "sm100"))
+    assert rec["engines"] == {"vllm": VLLM_PR_BUILD, "trtllm": DEFAULT_VERSION["trtllm"], "flashinfer": "0.7.4"}
+    assert rec["gpu"] == "sm100" and "UNRELEASED vLLM code" in rec["unreleased"][0] and "#52962" in rec["unreleased"][0]
+
+
+def test_deployments_refuse_unknown_engines_versions_and_gpus():
+    with pytest.raises(EngineVersionError, match="unknown engine 'sglang'.*known: vllm, trtllm, flashinfer"):
+        deployments({"sglang": "1.0"})
+    with pytest.raises(EngineVersionError, match="vLLM version '0.1' is not covered.*accepted: 0.25.0"):
+        deployments({"vllm": "0.1"})
+    with pytest.raises(EngineVersionError, match="unknown GPU 'h200'"):
+        deployments({}, "h200")
+
+
 # -- bytes per sequence in the engines' own buffers -------------------------------------------------------------
 def test_engine_bytes_per_layer_at_nemotron_3_nano_sizes():
     """state H*P*N*elem; scales H*P*4; ring rows * (x + B in bf16 + dt in fp32), TensorRT-LLM two fp32 per head."""
@@ -284,18 +310,43 @@ def test_engine_bytes_per_layer_at_nemotron_3_nano_sizes():
 # --- Kimi Delta Attention (GLM-5.3-Flash, Kimi-Linear, Kimi-K3) ----------------------------------------
 
 
+GLM = LayerDims("kda", 64, 128, 128, 64)  # GLM-5.3-Flash's KDA layers: 64 heads, K = V = 128
+FI_B200 = ("flashinfer", "0.7.4", 100)
+
+
 @pytest.mark.parametrize(
-    "target, name",
+    "tgt, name",
     [
         ("vllm", "fp32@conventional"),
         ("vllm", "fp32@spec5x4:fp32"),  # RecoverSSM: a window of 1 + draft tokens, u recorded in FP32
         ("trtllm", "fp32@conventional"),
-        ("flashinfer", "bf16@conventional"),
-        ("flashinfer", "bf16@spec16x4"),
+        (FI_B200, "bf16@conventional"),
+        (FI_B200, "bf16@spec16x4"),
     ],
 )
-def test_kda_takeable_settings(target, name):
-    assert violations(target, Setting.parse(name), "kda") == []
+def test_kda_takeable_settings(tgt, name):
+    t = target(*tgt, dims=GLM) if isinstance(tgt, tuple) else tgt
+    assert violations(t, Setting.parse(name), "kda") == []
+
+
+def test_flashinfer_kda_is_recurrent_kda_on_blackwell_with_bf16_state():
+    """flashinfer.kda_decode: recurrent_kda, bf16 state [N, HV, V, K], K = V in {64, 128}, SM 100 kernels;
+    flashinfer.kda_verify: the speculative verify reads the committed state, K = V = 128, SM 10.0 / 10.3 only."""
+    b200 = target(*FI_B200, dims=GLM)
+    rt = runtime(b200, Setting.parse("bf16@conventional"), "kda")
+    assert rt.backend == "flashinfer.recurrent_kda" and rt.facts == ["flashinfer.kda_decode"]
+    assert runtime(b200, Setting.parse("bf16@spec16x4"), "kda").facts == ["flashinfer.kda_verify"]
+    h200 = target("flashinfer", dims=GLM)
+    assert "Requires SM100 (Blackwell) architecture" in rules(h200, "bf16@conventional", "kda")["gpu"]
+    assert "exact compute capability 10.0 (SM100a) or 10.3" in rules(target("flashinfer", gpu=107, dims=GLM),
+                                                                     "bf16@spec16x4", "kda")["gpu"]  # fmt: skip
+    assert "K = V in (64, 128), not K=96" in rules(target(*FI_B200, dims=LayerDims("kda", 4, 96, 96, 4)),
+                                                   "bf16@conventional", "kda")["shape"]  # fmt: skip
+    assert "K = V in (128,)" in rules(target(*FI_B200, dims=LayerDims("kda", 4, 64, 64, 4)), "bf16@spec8x4", "kda")["shape"]
+    assert "no stochastic rounding" in rules(b200, "bf16:sr@conventional", "kda")["sr"]
+    assert "verify" in rules(b200, "bf16@spec32x4", "kda")["buffer_len"]
+    b = engine_bytes(b200, Setting.parse("bf16@spec16x4"), "kda", GLM)
+    assert b["state"] == 64 * 128 * 128 * 2 and b["ring"] == 16 * 64 * (128 * 4 + 2 * 128 * 2)
 
 
 @pytest.mark.parametrize(
@@ -315,5 +366,5 @@ def test_kda_replay_is_speculative_recoverssm_in_vllm_only():
     assert "spec5x4" in rules("vllm", "fp32@spec8x4:fp32", "kda")["layer_kind"]
     assert "records u_t in FP32" in rules("vllm", "fp32@spec5x4", "kda")["layer_kind"]
     assert "deferred state promotion" in rules("trtllm", "fp32@spec5x4:fp32", "kda")["layer_kind"]
-    assert "kda_wy_output_only only" in rules("flashinfer", "bf16@replay16", "kda")["layer_kind"]
+    assert "its KDA replay is the speculative verify" in rules("flashinfer", "bf16@replay16", "kda")["scheme"]
     assert not takeable_by_any(Setting.parse("fp8_e4m3@replay16"), "kda")

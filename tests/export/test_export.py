@@ -312,3 +312,55 @@ def test_bad_targets_versions_and_gpus(mamba_recipe, tmp_path):
     with pytest.raises(ExportError, match="--force"):
         export(mamba_recipe, "vllm", other)
     assert export(mamba_recipe, "vllm", other, force=True).out_dir == other.resolve()
+
+
+def test_calibrate_checks_takeability_for_the_given_engine_versions_and_gpu(tmp_path):
+    """Item 2 of #13's residuals: "engine-takeable" in a recipe is checked for the user's engine versions and GPU,
+    and the recipe says which. fp16@replay8 on sm75: FlashInfer's Mamba kernels need SM 8.x (flashinfer.sm80),
+    TensorRT-LLM replays only with drafts (trtllm.replay_spec_only), vLLM replays from 0.27.0 (vllm.replay_flags)."""
+    kw = dict(budget=1.0, candidates=["fp16"], schemes=["replay8"], calibration=["none"], engine_fallbacks=[])
+    old = tiny_calibration(engine_versions={"vllm": "0.26.0"}, gpu="sm75", verify=False, **kw)
+    assert old.global_setting is None and old.global_status == "none"
+    assert old.takeability["engines"]["vllm"] == "0.26.0" and old.takeability["gpu"] == "sm75"
+    new = tiny_calibration(gpu="sm75", verify=False, **kw)
+    assert new.global_setting.name == "fp16@replay8"
+    doc = json.loads((write_recipe(new, tmp_path / "r") / CONFIG_NAME).read_text())
+    checked = doc["global"]["engines_checked"]
+    assert checked == {"engines": {"vllm": "0.33.0", "trtllm": "main@2829508", "flashinfer": "0.7.4"}, "gpu": "sm75",
+                       "unreleased": [], "note": None}  # fmt: skip
+    with pytest.raises(Exception, match="vLLM version '0.2' is not covered"):
+        tiny_calibration(engine_versions={"vllm": "0.2"}, **kw)
+    runner = CliRunner()
+    res = runner.invoke(main, ["calibrate", "--model", "tiny-nemotron", "--budget", "1", "--engine-version", "vllm",
+                               "--out", str(tmp_path / "x")])  # fmt: skip
+    assert res.exit_code != 0 and "expected ENGINE=VERSION" in res.output
+
+
+@pytest.fixture(scope="module")
+def kda_recipe(tmp_path_factory):
+    """A bf16 conventional recipe on layer 0 of a synthetic GLM-5.3-Flash (KDA, 64 heads, K = V = 128)."""
+    from ssmquant.calibrate import CalibrateConfig, calibrate
+
+    cfg = CalibrateConfig(
+        model="glm-5.3-flash", synthetic=True, budget=1.0, horizon=8, batch=1, candidates=["bf16"],
+        schemes=["conventional"], calibration=["none"], engine_fallbacks=[], layers=[0], device="cpu",
+        backend="torch", verify=False, gpu="sm100",
+    )  # fmt: skip
+    return write_recipe(calibrate(cfg), tmp_path_factory.mktemp("kda") / "recipe")
+
+
+def test_flashinfer_kda_export_names_recurrent_kda_and_its_bf16_state(kda_recipe, tmp_path, monkeypatch):
+    """flashinfer.kda_decode: KDA decode is flashinfer.recurrent_kda on a bf16 [N, HV, V, K] state, SM 100 only."""
+    res = export(kda_recipe, "flashinfer", tmp_path / "fi", gpu="sm100")
+    kw = json.loads((res.out_dir / "flashinfer_kwargs.json").read_text())
+    assert kw["function"] == "flashinfer.recurrent_kda"
+    assert kw["initial_state"] == {"dtype": "torch.bfloat16", "shape": ["cache", 64, 128, 128]}
+    assert "selective_state_update" not in (res.out_dir / "flashinfer_alloc.py").read_text()
+    monkeypatch.setenv("SSMQUANT_DEVICE", "cpu")
+    monkeypatch.setenv("SSMQUANT_CACHE", "2")
+    ns = runpy.run_path(str(res.out_dir / "flashinfer_alloc.py"))
+    assert ns["state"].dtype == torch.bfloat16 and tuple(ns["state"].shape) == (2, 64, 128, 128)
+    assert json.loads((res.out_dir / "export_report.json").read_text())["engine_bytes_per_sequence"]["per_layer"][
+        "state"] == 64 * 128 * 128 * 2  # fmt: skip
+    with pytest.raises(ExportError, match=r"Requires SM100 \(Blackwell\) architecture"):
+        export(kda_recipe, "flashinfer", tmp_path / "fi90", gpu="sm90")
