@@ -80,6 +80,7 @@ class EvalResult:
     environment: dict
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    timing: dict = field(default_factory=dict)
 
     @property
     def loss_unit(self) -> str:
@@ -95,6 +96,7 @@ class EvalResult:
             "settings": asdict(self.config),
             "environment": self.environment,
             "elapsed_s": round(self.elapsed_s, 3),
+            "timing": self.timing,
             "metrics": {
                 "kl": "KL(p_fp32 || p_variant) of the next-token distributions, nats",
                 "top1_agree": "fraction of sequences whose argmax equals the FP32-state model's",
@@ -383,6 +385,9 @@ def evaluate(
         if progress:
             progress(done, total)
 
+    t_loaded = time.time()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
     was_training = net.training
     net.eval()
     try:
@@ -394,6 +399,16 @@ def evaluate(
                 )  # fmt: skip
     finally:
         net.train(was_training)
+    decode_s = time.time() - t_loaded  # the loop ends on a host read of its checks: the device is done
+    timing = {
+        "load_s": round(t_loaded - t0, 3),
+        "decode_s": round(decode_s, 3),
+        "decode_steps_per_s": round(steps / decode_s, 3),
+        "passes": len(plans),
+        "forward_batch": [sum(len(r) for r in p.runs) * batch for p in plans] if fold else batch,
+    }
+    if dev.type == "cuda":
+        timing["peak_gpu_memory_GiB"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 3)
 
     vals = values.cpu().numpy()
     vals[:, 2] /= LN2  # delta loss in bits
@@ -452,6 +467,7 @@ def evaluate(
         ),
         notes=notes,
         elapsed_s=time.time() - t0,
+        timing=timing,
     )
 
 
