@@ -167,7 +167,7 @@ class StateWriter:
         self.exact = variant.format.is_exact
         self.finite: torch.Tensor | None = None  # [T, layers] bool, allocated at the first write
         self._mask_dev: torch.Tensor | None = None  # the mask on the states' device (copied once)
-        self._keys: dict[tuple[int, ...], torch.Tensor] = {}  # SR: per group of layers, seeds as a tensor
+        self._keys: torch.Tensor | None = None  # SR: stream keys [T, layers] int64 on the states' device
 
     def __call__(self, cache, step: int, offset: int = 0) -> None:
         if self.exact or not self.any[step]:
@@ -189,7 +189,8 @@ class StateWriter:
         bits = uniform = None
         if fmt.rounding is Rounding.SR:
             index = element_index(x.shape[1:], x.device)  # the slice's own element counter
-            bits = keyed_bits(self._group_keys(group, step, x.device), index)
+            keys = self._stream_keys(x.device)[step, group[0] : group[-1] + 1]
+            bits = keyed_bits(keys.view(-1, 1, 1, 1, 1), index)
             uniform = uniform_from_bits(bits)
         stored = encode(fmt, x, uniform=uniform, bits=bits).decode(fmt)
         if not self.all[step]:
@@ -198,10 +199,14 @@ class StateWriter:
         for j, i in enumerate(group):
             rows[i].copy_(stored[j])  # in place, in the cache's own tensor (a view of its slice)
 
-    def _group_keys(self, group: list[int], step: int, device) -> torch.Tensor:
-        """[G, 1, 1, 1, 1] int64: ``stream_key(layer_seed(seed, layer), step)`` of each layer in the group."""
-        keys = [stream_key(layer_seed(self.variant.seed, self.layers[i].index), step) for i in group]
-        return torch.tensor(keys, dtype=torch.int64, device=device).view(-1, 1, 1, 1, 1)
+    def _stream_keys(self, device) -> torch.Tensor:
+        """[T, layers] int64: ``stream_key(layer_seed(seed, layer), step)``, computed once and copied to the
+        device once (a host-to-device copy per write would wait for the device every step)."""
+        if self._keys is None:
+            seeds = [layer_seed(self.variant.seed, layer.index) for layer in self.layers]
+            keys = [[stream_key(s, t) if self.any[t] else 0 for s in seeds] for t in range(len(self.any))]
+            self._keys = torch.tensor(keys, dtype=torch.int64).to(device)
+        return self._keys
 
     def first_nonfinite(self) -> str | None:
         """None when every stored state so far was finite, else what was not (step and layer). Synchronises."""
