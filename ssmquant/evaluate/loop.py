@@ -168,15 +168,15 @@ def decode_pass(
                     # Step 0 (an empty cache: the mixers' chunked path) runs once at `batch`, as each run did on
                     # its own; its cache is then copied to every slice, so all slices start bit-identical.
                     run.expand(index)
-                    logits = logits[index]
+                    logits = logits[index.to(logits.device)]  # the logits may sit on another GPU (device_map)
             for j, s in enumerate(slices):
                 sliced[s] = logits[j * batch : (j + 1) * batch]
                 if s != REFERENCE:
                     writers[s](run.cache, t, j * batch)
         for s in plan.aliases:
             sliced[s] = sliced[REFERENCE]
-        target = ids[:, t + 1]
         ref_logits = sliced[REFERENCE]
+        target = ids[:, t + 1].to(ref_logits.device)
         finite[t] = torch.isfinite(ref_logits).all()
         ref = reference_step(ref_logits, target)
         if ref_nll is not None:

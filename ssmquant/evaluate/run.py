@@ -1,12 +1,11 @@
 """`evaluate`: decode a model over held-out text with every SSM layer's state stored in each variant, and
 measure how its predictions drift from the FP32-state model.
 
-One run = one FP32-state reference and one run per variant, in lockstep: at every decode step the
-reference's forward runs once and each variant's forward is compared with it, so the reference is
-computed once and shared, and only the current step's log-probs are held (no [B, T, vocab] tensor).
-Every run owns its transformers cache; a variant's run differs from the reference only in that, after
-each forward, its SSM states are replaced by their stored (fake-quantised) values where the variant's
-scheme writes (``states.StateWriter``).
+The FP32-state reference and every variant decode the same sequences, by default folded into one batch
+(``loop``: one forward per decode step for all of them; passes of fewer variants when memory is short);
+a variant's slice differs from the reference's only in that, after each forward, its SSM states are
+replaced by their stored (fake-quantised) values where the variant's scheme writes
+(``states.StateWriter``). Only the current step's log-probs are held (no [B, T, vocab] tensor).
 
 What this emulates. Conventional decoding: the state is rounded after every step, and the next step
 starts from the rounded state. Replay(L) and speculative replay: the cache holds the exact (unrounded)

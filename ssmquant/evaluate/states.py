@@ -166,8 +166,7 @@ class StateWriter:
         self.all = self.mask.all(0).tolist()
         self.exact = variant.format.is_exact
         self.finite: torch.Tensor | None = None  # [T, layers] bool, allocated at the first write
-        self._mask_dev: torch.Tensor | None = None  # the mask on the states' device (copied once)
-        self._keys: torch.Tensor | None = None  # SR: stream keys [T, layers] int64 on the states' device
+        self._on: dict[tuple[str, torch.device], torch.Tensor] = {}  # mask and SR keys per device, copied once
 
     def __call__(self, cache, step: int, offset: int = 0) -> None:
         if self.exact or not self.any[step]:
@@ -176,7 +175,6 @@ class StateWriter:
         dev = states[0].device
         if self.finite is None:
             self.finite = torch.ones(self.mask.shape[1], len(self.layers), dtype=torch.bool, device=dev)
-            self._mask_dev = self.mask.to(dev)
         sl = slice(offset, offset + self.batch)
         rows = [to_rows(s[sl], layer.kind) for s, layer in zip(states, self.layers)]  # [B, H, rows, state_dim]
         for group in _groups(rows):
@@ -189,24 +187,30 @@ class StateWriter:
         bits = uniform = None
         if fmt.rounding is Rounding.SR:
             index = element_index(x.shape[1:], x.device)  # the slice's own element counter
-            keys = self._stream_keys(x.device)[step, group[0] : group[-1] + 1]
+            keys = self._device_copy("keys", x.device)[step, group[0] : group[-1] + 1]
             bits = keyed_bits(keys.view(-1, 1, 1, 1, 1), index)
             uniform = uniform_from_bits(bits)
         stored = encode(fmt, x, uniform=uniform, bits=bits).decode(fmt)
         if not self.all[step]:
-            keep = self._mask_dev[:, step][None, :, None, None, None]
+            keep = self._device_copy("mask", x.device)[:, step][None, :, None, None, None]
             stored = torch.where(keep, stored, x)
         for j, i in enumerate(group):
             rows[i].copy_(stored[j])  # in place, in the cache's own tensor (a view of its slice)
 
-    def _stream_keys(self, device) -> torch.Tensor:
-        """[T, layers] int64: ``stream_key(layer_seed(seed, layer), step)``, computed once and copied to the
-        device once (a host-to-device copy per write would wait for the device every step)."""
-        if self._keys is None:
-            seeds = [layer_seed(self.variant.seed, layer.index) for layer in self.layers]
-            keys = [[stream_key(s, t) if self.any[t] else 0 for s in seeds] for t in range(len(self.any))]
-            self._keys = torch.tensor(keys, dtype=torch.int64).to(device)
-        return self._keys
+    def _device_copy(self, what: str, device) -> torch.Tensor:
+        """The write mask [B, T] or the SR stream keys [T, layers] (int64: ``stream_key(layer_seed(seed,
+        layer), step)``) on ``device``, copied there once: a host-to-device copy per write would wait for the
+        device every step. Per device, for models spread over GPUs."""
+        got = self._on.get((what, device))
+        if got is None:
+            if what == "mask":
+                host = self.mask
+            else:
+                seeds = [layer_seed(self.variant.seed, layer.index) for layer in self.layers]
+                keys = [[stream_key(s, t) if self.any[t] else 0 for s in seeds] for t in range(len(self.any))]
+                host = torch.tensor(keys, dtype=torch.int64)
+            got = self._on[(what, device)] = host.to(device)
+        return got
 
     def first_nonfinite(self) -> str | None:
         """None when every stored state so far was finite, else what was not (step and layer). Synchronises."""
@@ -220,11 +224,13 @@ class StateWriter:
 
 
 def _groups(rows: list[torch.Tensor]) -> list[list[int]]:
-    """Consecutive layers with equal state shape, at most WRITE_GROUP_ELEMENTS elements per group (one at least)."""
+    """Consecutive layers with equal state shape and device, at most WRITE_GROUP_ELEMENTS elements per group
+    (one layer at least)."""
     groups: list[list[int]] = []
     for i, r in enumerate(rows):
         g = groups[-1] if groups else None
-        if g and rows[g[0]].shape == r.shape and (len(g) + 1) * r.numel() <= WRITE_GROUP_ELEMENTS:
+        first = rows[g[0]] if g else None
+        if g and (first.shape, first.device) == (r.shape, r.device) and (len(g) + 1) * r.numel() <= WRITE_GROUP_ELEMENTS:
             g.append(i)
         else:
             groups.append([i])
