@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     t = time.time()
     loaded = load_model(args.model, device=torch.device(args.device))
     print(f"loaded {args.model} in {time.time() - t:.1f} s", flush=True)
+    evaluate(loaded, args.variants, steps=2, batch=args.batch)  # warm-up: CUDA context, cuBLAS handles, allocator
     runs = {}
     for fold in (True, False):
         r = evaluate(loaded, args.variants, steps=args.steps, batch=args.batch, fold=fold)

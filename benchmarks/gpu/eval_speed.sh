@@ -6,12 +6,14 @@
 #
 #   OUT=/tmp/o bash benchmarks/gpu/eval_speed.sh            # from the repo root, GPU 0 only, < 200 s
 #   OUT=/tmp/o MODEL=tiny-nemotron DEVICE=cpu STEPS=24 UNFOLDED_STEPS=8 bash benchmarks/gpu/eval_speed.sh   # CPU check
+#   CKPT=DIR reuses a built checkpoint. Expected on an H200: build ~35 s, CLI ~45 s, comparison ~30 s; each step
+#   has its own timeout (70 + 65 + 50 s).
 #
 # Writes $OUT/eval_speed.json (CLI timing + folded/unfolded comparison), $OUT/eval_cli.json (the CLI run's
 # eval.json) and $OUT/logs.tar.gz.
 set -euo pipefail
 : "${OUT:?set OUT to the output folder}"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 MODEL=${MODEL:-nemotron-h-8b}            # a preset to build, or a shipped model / checkpoint dir (no build)
 DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-128}
@@ -24,24 +26,24 @@ trap 'tar -czf "$OUT/logs.tar.gz" -C "$logs" . || true' EXIT
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, \
 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))" | tee "$logs/versions.txt"
 
-ckpt=$MODEL
-if python3 -c "import sys; from ssmquant.models.presets import get_preset; get_preset(sys.argv[1])" "$MODEL" 2>/dev/null; then
+ckpt=${CKPT:-$MODEL}
+if [ -z "${CKPT:-}" ] && python3 -c "import sys; from ssmquant.models.presets import get_preset; get_preset(sys.argv[1])" "$MODEL" 2>/dev/null; then
   ckpt=/tmp/eval_speed_ckpt_$MODEL
   if [ ! -f "$ckpt/config.json" ]; then
     echo "== build $MODEL into $ckpt ($DEVICE)"
-    timeout 100 python3 -m ssmquant.models.build "$MODEL" "$ckpt" --device "$DEVICE" 2>&1 | tee "$logs/build.log"
+    timeout 70 python3 -m ssmquant.models.build "$MODEL" "$ckpt" --device "$DEVICE" 2>&1 | tee "$logs/build.log"
   fi
 fi
 
 echo "== CLI eval, folded: $STEPS steps x batch $BATCH, FP32 reference + $VARIANTS"
 s=$(date +%s.%N)
-timeout 75 python3 -m ssmquant.cli eval --model "$ckpt" --variants "$VARIANTS" --steps "$STEPS" --batch "$BATCH" \
+timeout 65 python3 -m ssmquant.cli eval --model "$ckpt" --variants "$VARIANTS" --steps "$STEPS" --batch "$BATCH" \
   --device "$DEVICE" --out "$logs/eval_cli" --force --no-plots 2>&1 | tee "$logs/eval_cli.log"
 cli_wall=$(python3 -c "print(round($(date +%s.%N) - $s, 2))")
 cp "$logs/eval_cli/eval.json" "$OUT/eval_cli.json"
 
 echo "== folded vs unfolded in one process: $UNFOLDED_STEPS steps"
-timeout 60 python3 benchmarks/gpu/eval_speed.py "$ckpt" "$logs/compare.json" --steps "$UNFOLDED_STEPS" \
+timeout 50 python3 benchmarks/gpu/eval_speed.py "$ckpt" "$logs/compare.json" --steps "$UNFOLDED_STEPS" \
   --batch "$BATCH" --device "$DEVICE" --variants "$VARIANTS" 2>&1 | tee "$logs/compare.log" || echo "comparison FAILED (see logs)"
 
 python3 - "$OUT" "$logs" "$cli_wall" <<'PY'
