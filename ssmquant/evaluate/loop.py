@@ -125,8 +125,8 @@ class Clock:
         where = f"pass {pass_no + 1}/{passes}, " if passes > 1 else ""
         if estimate:
             self.notify(
-                f"estimate: about {format_seconds(left)} for {self.total} decode steps ({rate:.3g} steps/s, "
-                f"{1e3 / rate:.3g} ms per step, measured on the first steps)"
+                f"estimate: about {format_seconds(left)} for the {self.total - self.done} decode steps left "
+                f"({rate:.3g} steps/s, {1e3 / rate:.3g} ms per step, measured on the first steps)"
             )
         else:
             self.notify(f"{where}decode step {t + 1}/{steps}: {rate:.3g} steps/s, about {format_seconds(left)} left")
