@@ -57,3 +57,14 @@ class TeacherForced:
                 raise RuntimeError(f"{type(self.net).__name__} returned no cache with use_cache=True")
         self.next_step += 1
         return out.logits[:, -1].float()
+
+    def expand(self, index: torch.Tensor) -> None:
+        """Re-index the run's sequences along the batch: cache and ids become ``[index]`` (int64 [B'] on the
+        ids' device). transformers' beam-search API ``Cache.reorder_cache`` does it for every layer (keys,
+        values, conv and recurrent states). Used after step 0 to fold copies of a run into one batch."""
+        if self.cache is None:
+            raise RuntimeError("expand needs the cache of a first step")
+        if not hasattr(self.cache, "reorder_cache"):
+            raise RuntimeError(f"{type(self.cache).__name__} has no reorder_cache (transformers >= 5.2x has it)")
+        self.cache.reorder_cache(index)
+        self.ids = self.ids[index]

@@ -1,12 +1,11 @@
 """`evaluate`: decode a model over held-out text with every SSM layer's state stored in each variant, and
 measure how its predictions drift from the FP32-state model.
 
-One run = one FP32-state reference and one run per variant, in lockstep: at every decode step the
-reference's forward runs once and each variant's forward is compared with it, so the reference is
-computed once and shared, and only the current step's log-probs are held (no [B, T, vocab] tensor).
-Every run owns its transformers cache; a variant's run differs from the reference only in that, after
-each forward, its SSM states are replaced by their stored (fake-quantised) values where the variant's
-scheme writes (``states.StateWriter``).
+The FP32-state reference and every variant decode the same sequences, by default folded into one batch
+(``loop``: one forward per decode step for all of them; passes of fewer variants when memory is short);
+a variant's slice differs from the reference's only in that, after each forward, its SSM states are
+replaced by their stored (fake-quantised) values where the variant's scheme writes
+(``states.StateWriter``). Only the current step's log-probs are held (no [B, T, vocab] tensor).
 
 What this emulates. Conventional decoding: the state is rounded after every step, and the next step
 starts from the rounded state. Replay(L) and speculative replay: the cache holds the exact (unrounded)
@@ -34,10 +33,10 @@ from ..models.text import calibration_batch, load_text, split_bounds, text_origi
 from ..provenance import environment
 from ..replay.schemes import DEFAULT_BUFFER_LEN
 from ..replay.variants import Variant, VariantError, check_variants_fit, parse_variant, parse_variants
-from ..sizing import SizingError, check_memory, eval_memory, format_seconds, layer_dims
-from .decode import TeacherForced
-from .metrics import LN2, compare_step, horizon_window, positions_frame, reference_step, summary_rows
-from .states import EvalError, StateWriter, prepare_states, ssm_layers
+from ..sizing import SizingError, check_memory, eval_memory, free_bytes, layer_dims
+from .loop import CPU_ROW_MULTIPLE, Clock, decode_pass, plan_passes, run_steps, total_steps
+from .metrics import LN2, horizon_window, positions_frame, summary_rows
+from .states import WRITE_BYTES_PER_ELEMENT, WRITE_GROUP_ELEMENTS, EvalError, StateWriter, ssm_layers
 
 DEFAULT_HORIZON_FRACTION = 0.1
 # On CPU, models below this many parameters decode with one thread: their per-step ops are so small that
@@ -58,6 +57,8 @@ class EvalConfig:
     text: str | None = None
     horizon_fraction: float = DEFAULT_HORIZON_FRACTION
     threads: int | None = None
+    fold: bool = True
+    variants_per_pass: int | None = None
 
 
 @dataclass
@@ -78,6 +79,7 @@ class EvalResult:
     environment: dict
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    timing: dict = field(default_factory=dict)
 
     @property
     def loss_unit(self) -> str:
@@ -93,6 +95,7 @@ class EvalResult:
             "settings": asdict(self.config),
             "environment": self.environment,
             "elapsed_s": round(self.elapsed_s, 3),
+            "timing": self.timing,
             "metrics": {
                 "kl": "KL(p_fp32 || p_variant) of the next-token distributions, nats",
                 "top1_agree": "fraction of sequences whose argmax equals the FP32-state model's",
@@ -272,6 +275,8 @@ def evaluate(
     text_path: str | None = None,
     horizon_fraction: float = DEFAULT_HORIZON_FRACTION,
     threads: int | None = None,
+    fold: bool = True,
+    fold_width: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     notify: Callable[[str], None] | None = None,
 ) -> EvalResult:
@@ -283,8 +288,13 @@ def evaluate(
     drawn from the held-out split of the text (``text_path`` or the shipped corpus) with ``seed``; the last
     token is only a target. ``seed`` also seeds stochastic rounding of string variants. ``threads``: CPU
     threads for the decode loop (default: 1 for models under 100M parameters, else torch's setting).
-    ``progress(done, total)`` is called after every forward (total = (1 + variants) x steps); ``notify(line)``
-    receives a time estimate measured on the first decode steps.
+
+    ``fold`` (default): the reference and the variants are decoded as one batch of (1 + variants) x ``batch``
+    sequences, one forward per decode step (``loop``), in passes of at most ``fold_width`` variants (default:
+    as many as the memory estimate allows; a note says when it takes more than one pass); ``fold=False``
+    decodes each in its own forward. ``progress(done, total)`` is called after every decode step, counting
+    sequence batches decoded (total = (1 + variants) x steps in one pass); ``notify(line)`` receives a time
+    estimate measured on the first decode steps and, on long runs, the rate and time left every 30 s.
 
     Raises EvalError naming the problem (bad variant, too little held-out text for ``steps``, unknown
     device, a model whose cache holds no SSM state, a run whose memory estimate exceeds the free memory...).
@@ -319,8 +329,17 @@ def evaluate(
             f"the model's SSM mixers sit at layers {[layer.index for layer in layers]} but its config says "
             f"{list(layout['ssm_layers'])}"
         )
+    if fold_width is not None:
+        fold_width = _check_int("fold_width", fold_width)
+    exact = frozenset(i for i, v in enumerate(vlist) if v.format.is_exact)
+    decoded = len(vlist) - len(exact) if fold else len(vlist)
+    per_pass = None
     try:
-        check_memory(_memory(net, layout, batch, steps, len(vlist), loaded.device), batch=batch, steps=steps)
+        if fold and decoded:
+            per_pass = _fold_width(net, layout, batch, steps, decoded, loaded.device, False, fold_width)
+        else:
+            est = _memory(net, layout, batch, steps, decoded, loaded.device, step_batch=batch, exact=len(exact) == len(vlist))
+            check_memory(est, batch=batch, steps=steps, free=free_bytes)
     except SizingError as err:
         raise EvalError(str(err)) from None
 
@@ -341,53 +360,54 @@ def evaluate(
         threads = 1 if (loaded.device.type == "cpu" and small) else torch.get_num_threads()
     threads = _check_int("threads", threads)
 
-    writers = [StateWriter(v, layers, batch, steps) for v in vlist]
-    total = (1 + len(vlist)) * steps
+    writers = {i: StateWriter(v, layers, batch, steps) for i, v in enumerate(vlist)}
+    rows = CPU_ROW_MULTIPLE if loaded.device.type == "cpu" else 1
+    plans = plan_passes(len(vlist), fold, per_pass, exact, rows)
+    total = run_steps(plans, steps)
     done = 0
     notes = list(loaded.notes)
-    values = None  # [V, 3, B, T] float64 on the logits' device
-    ref_nll = None  # [B, T]
+    if len(plans) > 1:
+        notes.append(
+            f"memory: {per_pass} of {decoded} variants folded per pass with the reference, {len(plans)} passes "
+            "(the reference is decoded again in each)"
+        )
+        if notify is not None:
+            notify(notes[-1])
+    dev = ids.device
+    values = torch.zeros(len(vlist), 3, batch, steps, dtype=torch.float64, device=dev)  # kl, agree, dnll (nats)
+    ref_nll = torch.zeros(batch, steps, dtype=torch.float64, device=dev)
+    clock = Clock(total_steps(plans, steps), dev, notify if steps > 8 else None)
+
+    def advance(slices: int):
+        nonlocal done
+        done += slices
+        if progress:
+            progress(done, total)
+
+    t_loaded = time.time()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
     was_training = net.training
     net.eval()
     try:
         with _threads(threads), torch.inference_mode():
-            ref = TeacherForced(net, ids)
-            runs = [TeacherForced(net, ids) for _ in vlist]
-            for t in range(steps):
-                if t == 1:
-                    t1 = time.perf_counter()
-                elif t == 3 and notify is not None and steps > 8:
-                    per_step = (time.perf_counter() - t1) / 2
-                    notify(
-                        f"estimate: about {format_seconds(per_step * steps)} for {1 + len(vlist)} runs (FP32 state + "
-                        f"{len(vlist)} variants) x {steps} decode steps ({1e3 * per_step:.3g} ms per step, measured "
-                        "on the first steps)"
-                    )
-                logits = ref.step(t)
-                if t == 0:
-                    notes += prepare_states(ref.cache, layers, batch, state_shape)
-                if not bool(torch.isfinite(logits).all()):
-                    raise EvalError(f"the FP32-state model's logits are not finite at decode step {t}")
-                target = ids[:, t + 1].to(logits.device)
-                r = reference_step(logits, target)
-                if values is None:
-                    values = torch.zeros(len(vlist), 3, batch, steps, dtype=torch.float64, device=logits.device)
-                    ref_nll = torch.zeros(batch, steps, dtype=torch.float64, device=logits.device)
-                ref_nll[:, t] = r.nll
-                done += 1
-                if progress:
-                    progress(done, total)
-                for i, run in enumerate(runs):
-                    out = run.step(t)
-                    if t == 0:
-                        prepare_states(run.cache, layers, batch, state_shape)
-                    writers[i](run.cache, t)
-                    values[i, :, :, t] = compare_step(r, out, target)
-                    done += 1
-                    if progress:
-                        progress(done, total)
+            for n, plan in enumerate(plans):
+                notes += decode_pass(
+                    net, ids, plan, writers, layers, state_shape, values, ref_nll if n == 0 else None, clock,
+                    pass_no=n, passes=len(plans), progress=lambda slices=plan.slices: advance(slices),
+                )  # fmt: skip
     finally:
         net.train(was_training)
+    decode_s = time.time() - t_loaded  # the loop ends on a host read of its checks: the device is done
+    timing = {
+        "load_s": round(t_loaded - t0, 3),
+        "decode_s": round(decode_s, 3),
+        "decode_steps_per_s": round(steps / decode_s, 3),
+        "passes": len(plans),
+        "forward_batch": [sum(len(r) for r in p.runs) * batch for p in plans] if fold else batch,
+    }
+    if dev.type == "cuda":
+        timing["peak_gpu_memory_GiB"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 3)
 
     vals = values.cpu().numpy()
     vals[:, 2] /= LN2  # delta loss in bits
@@ -405,7 +425,7 @@ def evaluate(
                 "writes_per_seq": float(w.mask.sum(1).double().mean()),
                 **row,
             }
-            for v, w, row in zip(vlist, writers, summary_rows(vals, window))
+            for (v, w), row in zip(zip(vlist, writers.values()), summary_rows(vals, window))
         ]
     )
     nll_bits = ref_nll.cpu().numpy() / LN2
@@ -428,6 +448,8 @@ def evaluate(
         text=None if text_path is None else str(text_path),
         horizon_fraction=float(horizon_fraction),
         threads=threads,
+        fold=bool(fold),
+        variants_per_pass=per_pass,
     )
     return EvalResult(
         config=config,
@@ -444,11 +466,17 @@ def evaluate(
         ),
         notes=notes,
         elapsed_s=time.time() - t0,
+        timing=timing,
     )
 
 
-def _memory(net, layout: dict, batch: int, steps: int, variants: int, device):
-    """``sizing.eval_memory`` for a loaded model: its SSM layers, attention KV cache and vocabulary."""
+def _memory(
+    net, layout: dict, batch: int, steps: int, variants: int, device, *, step_batch: int, exact: bool = False
+):
+    """``sizing.eval_memory`` for a loaded model (its SSM layers, attention KV cache and vocabulary) plus the
+    temporaries of one decode step: a Mamba-2 / GDN decode step's state-sized intermediates for the
+    ``step_batch`` sequences of one forward (one layer at a time), one state write (``WRITE_GROUP_ELEMENTS``
+    at most; none when every variant is exact) and the float64 log-probs of the metrics."""
     text = net.config.get_text_config()
     types = list(getattr(text, "layer_types", None) or [])
     attention = sum(1 for t in types if "attention" in t and t != "linear_attention")
@@ -457,11 +485,36 @@ def _memory(net, layout: dict, batch: int, steps: int, variants: int, device):
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     elem = next(net.parameters()).element_size()
     heads_, rows, state_dim = layout["state_shape"]
-    return eval_memory(
+    vocab = int(text.vocab_size)
+    est = eval_memory(
         layer_dims(layout["layer_kind"], heads_, rows, state_dim, layout.get("groups") or heads_),
         batch=batch, steps=steps, variants=variants, ssm_layers=len(layout["ssm_layers"]), attention_layers=attention,
-        kv_per_token=2 * kv_heads * head_dim * elem, vocab=int(text.vocab_size), device=device,
+        kv_per_token=2 * kv_heads * head_dim * elem, vocab=vocab, device=device,
     )  # fmt: skip
+    pool = "device" if torch.device(device).type == "cuda" else "host"
+    per_seq = heads_ * rows * state_dim  # one layer's state elements per sequence
+    # transformers' torch decode step of one layer holds about four state-sized FP32 tensors (decay, input
+    # term, new state, its copy for the output) for every sequence of the forward
+    est.add("one decode step's state temporaries", pool, 4 * step_batch * per_seq * 4)
+    if not exact:
+        group = min(WRITE_GROUP_ELEMENTS, max(per_seq * batch, batch * per_seq * len(layout["ssm_layers"])))
+        est.add("one state write", pool, group * WRITE_BYTES_PER_ELEMENT)
+    est.add("float64 log-probs of the metrics", pool, 4 * batch * vocab * 8)
+    return est
+
+
+def _fold_width(net, layout, batch, steps, n_variants, device, exact, limit=None) -> int:
+    """The most variants (at most ``limit``) that one pass folds with the reference within the free memory:
+    all of them when they fit. Raises SizingError when not even one fits."""
+    err = None
+    for k in range(min(n_variants, limit or n_variants), 0, -1):
+        est = _memory(net, layout, batch, steps, k, device, step_batch=(k + 1) * batch, exact=exact)
+        try:
+            check_memory(est, batch=batch, steps=steps, free=free_bytes)
+            return k
+        except SizingError as e:
+            err = e  # the smallest run's: what to lower when not even one variant fits
+    raise err
 
 
 def summary_text(result: EvalResult, max_rows: int = 60) -> str:

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats import FormatError
-from ..formats.random import MASK32
+from ..formats import Rounding
+from ..formats.codec import element_index, encode
+from ..formats.random import MASK32, keyed_bits, stream_key, uniform_from_bits
 from ..models import find_ssm_mixers
 from ..replay.variants import Variant
 
@@ -128,38 +129,109 @@ def prepare_states(cache, layers: list[SSMLayer], batch: int, state_shape: tuple
     return notes
 
 
+# Layers whose states are stored by one set of tensor ops: a group holds at most this many state elements
+# (of one variant's sequences). Bounds the temporaries of a write (stochastic rounding's int64 random words
+# and the encode's FP32 intermediates: ~64 bytes per element, i.e. ~2 GiB) while cutting the op launches of
+# a write from one set per layer to one set per group.
+WRITE_GROUP_ELEMENTS = 2**25
+WRITE_BYTES_PER_ELEMENT = 64
+
+
 class StateWriter:
     """Stores every SSM layer's cached state in a variant's format at the variant's write steps.
 
     ``write_mask``: bool [batch, steps] from ``variant.scheme.write_mask`` (True: the state is stored, and so
-    rounded, after that step). Call ``writer(cache, step)`` right after the model's forward of ``step``:
-    where the mask is set, the cached FP32 state is replaced by ``format.fake_quant(state, seed=layer_seed,
-    stream=step)``; elsewhere it is left exactly as the model computed it. The stochastic-rounding stream of
-    the write after step t is t, as in ``replay.naive``; the seed is ``layer_seed(variant.seed, layer)``.
+    rounded, after that step). Call ``writer(cache, step, offset)`` right after the model's forward of
+    ``step``: the variant's sequences are ``offset .. offset + batch`` of the cache's batch (a folded run
+    keeps the reference and several variants in one batch). Where the mask is set, their cached FP32 state
+    is replaced by ``format.fake_quant(state, seed=layer_seed, stream=step)`` computed on that slice alone;
+    elsewhere it is left exactly as the model computed it, and the other sequences of the cache are never
+    touched. The stochastic-rounding stream of the write after step t is t, as in ``replay.naive``; the seed
+    is ``layer_seed(variant.seed, layer)``; the element counter is the index within the slice
+    [batch, heads, rows, state_dim], so a folded run draws the same random words as a run of its own.
+
+    Layers of equal state shape are stored together (stacked, at most ``WRITE_GROUP_ELEMENTS`` elements):
+    every scale group lies inside one layer's [rows, state_dim], so this is bit-identical to storing each
+    layer on its own. No host synchronisation: ``finite`` (bool [steps, layers], on the states' device)
+    records whether each stored state was finite, for the caller to check once per window
+    (``first_nonfinite``) instead of once per layer and step.
     """
 
     def __init__(self, variant: Variant, layers: list[SSMLayer], batch: int, steps: int):
         self.variant = variant
         self.layers = layers
+        self.batch = batch
         self.mask = variant.scheme.write_mask(batch, steps)  # [B, T]
         self.any = self.mask.any(0).tolist()
         self.all = self.mask.all(0).tolist()
         self.exact = variant.format.is_exact
+        self.finite: torch.Tensor | None = None  # [T, layers] bool, allocated at the first write
+        self._on: dict[tuple[str, torch.device], torch.Tensor] = {}  # mask and SR keys per device, copied once
 
-    def __call__(self, cache, step: int) -> None:
+    def __call__(self, cache, step: int, offset: int = 0) -> None:
         if self.exact or not self.any[step]:
             return
+        states = [get_state(cache, layer, step) for layer in self.layers]
+        dev = states[0].device
+        if self.finite is None:
+            self.finite = torch.ones(self.mask.shape[1], len(self.layers), dtype=torch.bool, device=dev)
+        sl = slice(offset, offset + self.batch)
+        rows = [to_rows(s[sl], layer.kind) for s, layer in zip(states, self.layers)]  # [B, H, rows, state_dim]
+        for group in _groups(rows):
+            self._store(group, rows, step)
+
+    def _store(self, group: list[int], rows: list[torch.Tensor], step: int) -> None:
         fmt = self.variant.format
-        for layer in self.layers:
-            state = get_state(cache, layer, step)
-            rows = to_rows(state, layer.kind)  # [B, H, rows, state_dim]
-            try:
-                stored = fmt.fake_quant(rows, seed=layer_seed(self.variant.seed, layer.index), stream=step)
-            except FormatError as exc:
-                raise EvalError(
-                    f"variant {self.variant.name}, layer {layer.index}, decode step {step}: cannot store the state: {exc}"
-                ) from exc
-            if not self.all[step]:
-                keep = self.mask[:, step].to(rows.device)[:, None, None, None]
-                stored = torch.where(keep, stored, rows)
-            cache.update_recurrent_state(from_rows(stored, layer.kind), layer.index)
+        x = torch.stack([rows[i] for i in group]).float()  # [G, B, H, rows, state_dim]
+        self.finite[step, group[0] : group[-1] + 1] = torch.isfinite(x).flatten(1).all(1)
+        bits = uniform = None
+        if fmt.rounding is Rounding.SR:
+            index = element_index(x.shape[1:], x.device)  # the slice's own element counter
+            keys = self._device_copy("keys", x.device)[step, group[0] : group[-1] + 1]
+            bits = keyed_bits(keys.view(-1, 1, 1, 1, 1), index)
+            uniform = uniform_from_bits(bits)
+        stored = encode(fmt, x, uniform=uniform, bits=bits).decode(fmt)
+        if not self.all[step]:
+            keep = self._device_copy("mask", x.device)[:, step][None, :, None, None, None]
+            stored = torch.where(keep, stored, x)
+        for j, i in enumerate(group):
+            rows[i].copy_(stored[j])  # in place, in the cache's own tensor (a view of its slice)
+
+    def _device_copy(self, what: str, device) -> torch.Tensor:
+        """The write mask [B, T] or the SR stream keys [T, layers] (int64: ``stream_key(layer_seed(seed,
+        layer), step)``) on ``device``, copied there once: a host-to-device copy per write would wait for the
+        device every step. Per device, for models spread over GPUs."""
+        got = self._on.get((what, device))
+        if got is None:
+            if what == "mask":
+                host = self.mask
+            else:
+                seeds = [layer_seed(self.variant.seed, layer.index) for layer in self.layers]
+                keys = [[stream_key(s, t) if self.any[t] else 0 for s in seeds] for t in range(len(self.any))]
+                host = torch.tensor(keys, dtype=torch.int64)
+            got = self._on[(what, device)] = host.to(device)
+        return got
+
+    def first_nonfinite(self) -> str | None:
+        """None when every stored state so far was finite, else what was not (step and layer). Synchronises."""
+        if self.finite is None or bool(self.finite.all()):
+            return None
+        step, i = (int(v) for v in (~self.finite).nonzero()[0])
+        return (
+            f"variant {self.variant.name}, layer {self.layers[i].index}, decode step {step}: cannot store the "
+            "state: it contains NaN/Inf"
+        )
+
+
+def _groups(rows: list[torch.Tensor]) -> list[list[int]]:
+    """Consecutive layers with equal state shape and device, at most WRITE_GROUP_ELEMENTS elements per group
+    (one layer at least)."""
+    groups: list[list[int]] = []
+    for i, r in enumerate(rows):
+        g = groups[-1] if groups else None
+        first = rows[g[0]] if g else None
+        if g and (first.shape, first.device) == (r.shape, r.device) and (len(g) + 1) * r.numel() <= WRITE_GROUP_ELEMENTS:
+            g.append(i)
+        else:
+            groups.append([i])
+    return groups

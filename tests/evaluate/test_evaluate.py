@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ssmquant.evaluate import EvalError, TeacherForced, evaluate, load_eval, variant_grid, write_eval
-from ssmquant.formats import StateFormat
+from ssmquant.evaluate import EvalError, StateWriter, TeacherForced, evaluate, load_eval, variant_grid, write_eval
 from ssmquant.models.text import calibration_batch
 
 STEPS = 40
@@ -54,21 +53,21 @@ def test_replay1_cadence_equals_conventional(nemotron):
 
 def test_replay16_stores_only_after_multiples_of_16(nemotron, monkeypatch):
     calls = []
-    original = StateFormat.fake_quant
+    original = StateWriter._store
 
-    def spy(self, state, *, scale=None, seed=None, stream=0):
-        calls.append((self.name, stream, tuple(state.shape)))
-        return original(self, state, scale=scale, seed=seed, stream=stream)
+    def spy(self, group, rows, step):
+        calls.append((self.variant.format.name, step, len(group), tuple(rows[group[0]].shape)))
+        return original(self, group, rows, step)
 
-    monkeypatch.setattr(StateFormat, "fake_quant", spy)
+    monkeypatch.setattr(StateWriter, "_store", spy)
     steps = 50
     r = evaluate(nemotron, ["int8@replay16", "fp8_e4m3@spec16x0"], steps=steps, batch=2, seed=0)
     n_ssm = len(r.source["ssm_layers"])
-    replay = [s for name, s, _ in calls if name == "int8"]
-    assert replay == [s for s in (15, 31, 47) for _ in range(n_ssm)]  # after steps 16, 32, 48 (1-based)
-    assert {shape for _, _, shape in calls} == {(2, *r.source["state_shape"])}
+    replay = [(s, n) for name, s, n, _ in calls if name == "int8"]
+    assert replay == [(s, n_ssm) for s in (15, 31, 47)]  # after steps 16, 32, 48 (1-based), all layers at once
+    assert {shape for *_, shape in calls} == {(2, *r.source["state_shape"])}  # the variant's own slice
     # spec with no drafts commits one token per round and flushes on a full buffer: replay's schedule
-    assert [s for name, s, _ in calls if name == "fp8_e4m3"] == replay
+    assert [(s, n) for name, s, n, _ in calls if name == "fp8_e4m3"] == replay
     kl = _per_variant(r, "int8@replay16").kl.to_numpy()
     assert (kl[:16] == 0).all() and kl[16] > 0  # exact until the first flush, after step 16
     assert r.summary.set_index("variant").writes_per_seq.to_dict() == {"int8@replay16": 3, "fp8_e4m3@spec16x0": 3}

@@ -128,3 +128,54 @@ def test_horizon_window_holds_whole_flush_cycles():
     assert horizon_window(512, 0.1, 16) == 64  # 52 rounded up to whole 16-step cycles
     assert horizon_window(20, 0.5, 16) == 16
     assert horizon_window(10, 0.5, 16) == 10  # capped at the run
+
+
+@pytest.mark.parametrize(
+    "spec", ["int8@conventional", "fp8_e4m3:sr", "nvfp4:sr", "nvfp4:head", "bf16:sr", "fp16", "int8:rows4:sr@spec8x3:p0.5:seed3"]
+)
+@pytest.mark.parametrize("group_elements", [2**25, 1])  # all layers in one group; one layer per group
+def test_a_slice_of_a_folded_batch_is_stored_as_a_run_of_its_own(spec, group_elements, monkeypatch):
+    """Variant slice = sequences 3..5 of a batch of 9: stored exactly as fake_quant stores that slice alone
+    (same random words), layer by layer; the other sequences are not touched."""
+    from ssmquant.evaluate import states
+
+    monkeypatch.setattr(states, "WRITE_GROUP_ELEMENTS", group_elements)
+    v = parse_variant(spec, seed=5)
+    layers = [SSMLayer(0, "mamba2"), SSMLayer(1, "mamba2"), SSMLayer(3, "gdn"), SSMLayer(4, "gdn")]
+    g = torch.Generator().manual_seed(2)
+    before = {
+        0: torch.randn(9, 2, 8, 16, generator=g),
+        1: 30 * torch.randn(9, 2, 8, 16, generator=g),
+        3: torch.randn(9, 2, 16, 8, generator=g),
+        4: 1e-3 * torch.randn(9, 2, 16, 8, generator=g),
+    }
+    writer = StateWriter(v, layers, batch=3, steps=12)
+    for t in range(12):
+        if not writer.any[t]:
+            continue
+        cache = FakeCache({k: s.clone() for k, s in before.items()})
+        writer(cache, t, 3)
+        for layer in layers:
+            x = before[layer.index]
+            rows = x[3:6].transpose(-1, -2) if layer.kind == "gdn" else x[3:6]
+            expect = v.format.fake_quant(rows, seed=layer_seed(v.seed, layer.index), stream=t)
+            keep = writer.mask[:, t][:, None, None, None]
+            expect = torch.where(keep, expect, rows)
+            expect = expect.transpose(-1, -2) if layer.kind == "gdn" else expect
+            got = cache.states[layer.index]
+            torch.testing.assert_close(got[3:6], expect, rtol=0, atol=0)
+            assert torch.equal(got[:3], x[:3]) and torch.equal(got[6:], x[6:])
+    assert writer.first_nonfinite() is None
+
+
+def test_a_non_finite_state_is_named_at_the_next_check():
+    v = parse_variant("int8@conventional")
+    states = _states()
+    states[2][1, 0, 3, 2] = float("nan")
+    writer = StateWriter(v, LAYERS, batch=3, steps=8)
+    writer(FakeCache({k: s.clone() for k, s in _states().items()}), 0)
+    assert writer.first_nonfinite() is None
+    writer(FakeCache(states), 1)  # no error here: the loop reads the flags once per window
+    assert writer.first_nonfinite() == (
+        "variant int8@conventional, layer 2, decode step 1: cannot store the state: it contains NaN/Inf"
+    )
