@@ -280,6 +280,23 @@ def parse_devices(devices: str | list[str] | None) -> list[str]:
     return out
 
 
+def dispatch(model: torch.nn.Module, plan: dict[str, str], *, force_hooks: bool = False) -> None:
+    """Attach the hooks that move each block's inputs to its device (accelerate's ``dispatch_model``, called
+    as transformers' ``from_pretrained(device_map=...)`` calls it: integrations/accelerate.py
+    ``accelerate_dispatch``, 5.24); on one device no hooks are needed unless ``force_hooks`` (tests)."""
+    if len(set(plan.values())) > 1 or force_hooks:
+        try:
+            from accelerate import dispatch_model
+        except ImportError:
+            raise BuildError(
+                "a model placed over several devices needs accelerate (a dependency of ssmquant): pip install accelerate"
+            ) from None
+        skip = sorted(getattr(model, "_skip_keys_device_placement", None) or []) or None
+        dispatch_model(model, device_map=plan, skip_keys=skip, force_hooks=force_hooks)
+    else:
+        model.hf_device_map = dict(plan)
+
+
 def build_random_model(
     preset: str | Preset,
     *,
@@ -335,12 +352,7 @@ def build_random_model(
     model.initialize_weights()  # the family's _init_weights, rotary tables included
     model.tie_weights()
     used = sorted(set(plan.values()), key=devs.index)
-    if len(used) > 1:
-        from accelerate import dispatch_model
-
-        dispatch_model(model, device_map=plan)
-    else:
-        model.hf_device_map = plan
+    dispatch(model, plan)
     model.eval()
     params = sum(p.numel() for p in model.parameters())
     text = getattr(config, "text_config", None) or config
@@ -400,6 +412,7 @@ __all__ = [
     "build_random_model",
     "byte_tokenizer",
     "config_provenance",
+    "dispatch",
     "device_room",
     "estimate_parameters",
     "parse_devices",
