@@ -79,12 +79,15 @@ class Recorder:
     def time_left(self) -> float:
         return self.budget - (time.time() - T0)
 
-    def run(self, name: str, cfg: AnalyzeConfig, model=None, optional: bool = True) -> None:
-        if optional and self.time_left() < 1.1 * self.last:
-            log(f"skip {name}: {self.time_left():.0f} s left, the previous run took {self.last:.0f} s")
+    def run(self, name: str, cfg: AnalyzeConfig, model=None, optional: bool = True, expect: float | None = None):
+        """Run and record one analysis; an optional one is skipped when less time is left than ``expect``
+        seconds (default: what the previous run took). Returns the record (None when skipped)."""
+        expect = self.last if expect is None else expect
+        if optional and self.time_left() < 1.1 * expect:
+            log(f"skip {name}: {self.time_left():.0f} s left, it should take about {expect:.0f} s")
             self.doc["runs"].append({"name": name, "skipped": "time limit"})
             self.write()
-            return
+            return None
         log(f"run {name}: {cfg.steps} steps x batch {cfg.batch}, emulation on {cfg.devices or cfg.device}")
         reset_peaks()
         t = time.time()
@@ -103,8 +106,8 @@ class Recorder:
             "elapsed_s": round(res.elapsed_s, 2),
             "stages": res.stages,
             "memory_after": memory(),
-            # state-element-steps per second of the emulation stage, all variants counted
-            "G_state_element_steps_per_s": round(
+            # state-element-steps per second over the layers' wall time (capture included), all variants counted
+            "layers_G_state_element_steps_per_s": round(
                 len(res.source["layers"]) * res.summary["variant"].nunique() * cfg.steps * cfg.batch
                 * int(torch.tensor(res.source["state_shape"]).prod()) / max(res.stages["layers_wall_s"], 1e-9) / 1e9,
                 1,
@@ -114,6 +117,7 @@ class Recorder:
         self.doc["runs"].append(rec)
         self.write()
         log(f"  done in {wall:.1f} s: {json.dumps(res.stages)}")
+        return rec
 
 
 def part_a(args) -> None:
@@ -136,16 +140,20 @@ def part_a(args) -> None:
     if args.warm_layers:
         rec.run("warm-up (synthetic, 2 layers)", warm, optional=False)
     cap = dict(model=str(args.model), steps=args.steps, batch=args.batch, **common)
-    rec.run("captured, emulation on 1 GPU", AnalyzeConfig(devices=one, **cap), model=loaded, optional=False)
+    c1 = rec.run("captured, emulation on 1 GPU", AnalyzeConfig(devices=one, **cap), model=loaded, optional=False)
+    c2 = None
     if two:
-        rec.run("captured, emulation on 2 GPUs", AnalyzeConfig(devices=two, **cap), model=loaded, optional=False)
+        c2 = rec.run("captured, emulation on 2 GPUs", AnalyzeConfig(devices=two, **cap), model=loaded, optional=False)
     if not args.synthetic:
         log("part a done (no synthetic runs)")
         return
     syn = dict(model=preset, synthetic=True, steps=args.steps, batch=args.batch, **common)
-    rec.run("synthetic, emulation on 1 GPU", AnalyzeConfig(devices=one, **syn))
+    # emulation alone (inputs drawn on the GPU, no capture): expected about the captured runs' emulation time
     if two:
-        rec.run("synthetic, emulation on 2 GPUs", AnalyzeConfig(devices=two, **syn))
+        busy = max((c2 or {}).get("stages", {}).get("busy_s_per_device", {"": 60.0}).values())
+        rec.run("synthetic, emulation on 2 GPUs", AnalyzeConfig(devices=two, **syn), expect=busy + 5)
+    rec.run("synthetic, emulation on 1 GPU", AnalyzeConfig(devices=one, **syn),
+            expect=(c1 or {}).get("stages", {}).get("emulate_s", 60.0) + 5)  # fmt: skip
     log("part a done")
 
 
@@ -176,7 +184,9 @@ def part_b(args) -> None:
     cap = dict(model=args.preset, device=first, **common)
     rec.run("captured, emulation on the GPU holding each layer", AnalyzeConfig(devices=devices, **cap), model=loaded,
             optional=False)  # fmt: skip
-    rec.run(f"captured, emulation on {first} only", AnalyzeConfig(devices=first, **cap), model=loaded)
+    done = rec.doc["runs"][-1]["stages"]
+    rec.run(f"captured, emulation on {first} only", AnalyzeConfig(devices=first, **cap), model=loaded,
+            expect=done["capture_wait_s"] + done["emulate_s"] + 5)  # fmt: skip
     log("part b done")
 
 

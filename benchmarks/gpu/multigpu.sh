@@ -8,7 +8,7 @@
 #     weights from the family's init, analyzed (1024 steps x batch 4) with emulation on the GPU holding each
 #     layer, then on cuda:0 only.
 # Writes $OUT/multigpu_{a,b}.json (stage times, peak memory per GPU) and $OUT/multigpu_{a,b}.log, plus
-# $OUT/multigpu_env.txt. Stops itself within 420 s (timeouts: build 60 s, a 190 s, b 165 s).
+# $OUT/multigpu_env.txt. Stops itself within 420 s (timeouts: build 55 s, a 215 s, b 140 s).
 # CPU check of the script's paths (tiny sizes, the shipped tiny model, no warm-up or synthetic runs):
 #   OUT=/tmp/mg CPU_CHECK=1 bash benchmarks/gpu/multigpu.sh
 set -uo pipefail
@@ -21,7 +21,7 @@ failed=0
 step() {  # step NAME LOG TIMEOUT CMD...: run with a time limit, append to LOG, note a failure and go on
   local name=$1 logf=$2 limit=$3; shift 3
   echo "== $name (limit ${limit} s)" | tee -a "$logf"
-  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$logf"
+  timeout --kill-after=3 "$limit" "$@" 2>&1 | tee -a "$logf"
   local rc=${PIPESTATUS[0]}
   if [ "$rc" -ne 0 ]; then echo "!! $name FAILED (rc $rc)" | tee -a "$logf"; failed=1; fi
 }
@@ -44,12 +44,12 @@ if [ -n "${CPU_CHECK:-}" ]; then
     --warm-layers none --out "$OUT/multigpu_b.json" --budget 100
 else
   rm -rf "$CKPT"
-  step "(a) build nemotron-h-8b on cuda:0 into $CKPT" "$A" 60 python3 -m ssmquant.models.build nemotron-h-8b "$CKPT" --device cuda:0
-  step "(a) nemotron-h-8b: emulation on 1 vs 2 GPUs" "$A" 190 python3 benchmarks/gpu/multigpu.py a \
-    --model "$CKPT" --preset nemotron-h-8b --device cuda:0 --steps 2048 --batch 8 --out "$OUT/multigpu_a.json" --budget 175
+  step "(a) build nemotron-h-8b on cuda:0 into $CKPT" "$A" 55 python3 -m ssmquant.models.build nemotron-h-8b "$CKPT" --device cuda:0
+  step "(a) nemotron-h-8b: emulation on 1 vs 2 GPUs" "$A" 215 python3 benchmarks/gpu/multigpu.py a \
+    --model "$CKPT" --preset nemotron-h-8b --device cuda:0 --steps 2048 --batch 8 --out "$OUT/multigpu_a.json" --budget 200
   rm -rf "$CKPT"
-  step "(b) qwen3.5-122b-a10b built in memory over 2 GPUs" "$B" 165 python3 benchmarks/gpu/multigpu.py b \
-    --preset qwen3.5-122b-a10b --steps 1024 --batch 4 --out "$OUT/multigpu_b.json" --budget 150
+  step "(b) qwen3.5-122b-a10b built in memory over 2 GPUs" "$B" 140 python3 benchmarks/gpu/multigpu.py b \
+    --preset qwen3.5-122b-a10b --steps 1024 --batch 4 --out "$OUT/multigpu_b.json" --budget 125
 fi
 echo "== results"; cat "$OUT"/multigpu_a.json "$OUT"/multigpu_b.json 2>/dev/null | python3 -c 'import sys; print(sys.stdin.read()[-6000:])'
 exit $failed

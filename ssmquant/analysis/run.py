@@ -286,14 +286,11 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     t_loaded = time.time()
     layers = source.select(cfg.layers)
     source.check_formats([v.format for v in variants])
-    for i, dev in enumerate(emu_devices):  # every emulation device must hold one layer's emulation
-        per_step = plan_layers(
-            source, layers, variants, steps=cfg.steps, batch=cfg.batch, device=dev, backend=chosen_backend,
-            recorded=cfg.steps // record_every, measure_time=notify is not None and i == 0, workers=len(emu_devices),
-        )  # fmt: skip
-        if i == 0:
-            first_per_step = per_step
-    per_step = first_per_step
+    sizes = dict(steps=cfg.steps, batch=cfg.batch, backend=chosen_backend, recorded=cfg.steps // record_every,
+                 workers=len(emu_devices))  # fmt: skip
+    per_step = plan_layers(source, layers, variants, device=emu_devices[0], measure_time=notify is not None, **sizes)
+    for dev in emu_devices[1:]:  # every emulation device holds one layer's emulation at a time
+        plan_layers(source, layers, variants, device=dev, **sizes)
     if per_step is not None:
         notify(
             f"estimate: about {format_seconds(per_step * cfg.steps * len(layers))} to emulate {len(layers)} layers x "
