@@ -8,7 +8,7 @@
 #     weights from the family's init, analyzed (1024 steps x batch 4) with emulation on the GPU holding each
 #     layer, then on cuda:0 only.
 # Writes $OUT/multigpu_{a,b}.json (stage times, peak memory per GPU) and $OUT/multigpu_{a,b}.log, plus
-# $OUT/multigpu_env.txt. Stops itself within 420 s (timeouts: build 55 s, a 215 s, b 140 s).
+# $OUT/multigpu_env.txt. Stops itself within 420 s (timeouts: build 55 s, a 210 s, b 135 s, plus ~10 s of start-up checks).
 # CPU check of the script's paths (tiny sizes, the shipped tiny model, no warm-up or synthetic runs):
 #   OUT=/tmp/mg CPU_CHECK=1 bash benchmarks/gpu/multigpu.sh
 set -uo pipefail
@@ -45,11 +45,11 @@ if [ -n "${CPU_CHECK:-}" ]; then
 else
   rm -rf "$CKPT"
   step "(a) build nemotron-h-8b on cuda:0 into $CKPT" "$A" 55 python3 -m ssmquant.models.build nemotron-h-8b "$CKPT" --device cuda:0
-  step "(a) nemotron-h-8b: emulation on 1 vs 2 GPUs" "$A" 215 python3 benchmarks/gpu/multigpu.py a \
-    --model "$CKPT" --preset nemotron-h-8b --device cuda:0 --steps 2048 --batch 8 --out "$OUT/multigpu_a.json" --budget 200
+  step "(a) nemotron-h-8b: emulation on 1 vs 2 GPUs" "$A" 210 python3 benchmarks/gpu/multigpu.py a \
+    --model "$CKPT" --preset nemotron-h-8b --device cuda:0 --steps 2048 --batch 8 --out "$OUT/multigpu_a.json" --budget 195
   rm -rf "$CKPT"
-  step "(b) qwen3.5-122b-a10b built in memory over 2 GPUs" "$B" 140 python3 benchmarks/gpu/multigpu.py b \
-    --preset qwen3.5-122b-a10b --steps 1024 --batch 4 --out "$OUT/multigpu_b.json" --budget 125
+  step "(b) qwen3.5-122b-a10b built in memory over 2 GPUs" "$B" 135 python3 benchmarks/gpu/multigpu.py b \
+    --preset qwen3.5-122b-a10b --steps 1024 --batch 4 --out "$OUT/multigpu_b.json" --budget 120
 fi
 echo "== results"; cat "$OUT"/multigpu_a.json "$OUT"/multigpu_b.json 2>/dev/null | python3 -c 'import sys; print(sys.stdin.read()[-6000:])'
 exit $failed
