@@ -143,10 +143,16 @@ def analyze_memory(
     backend: str,
     prefill: dict | None = None,
     capture_device: torch.device | None = None,
+    workers: int = 1,
 ) -> MemoryEstimate:
-    """Peak memory of emulating one layer at a time (``analyze``, ``calibrate``), with capture when
-    ``prefill`` (``prefill_bytes_per_token``'s config) is given: the prefill runs on ``capture_device``
-    and the captured inputs of up to two layers wait in host memory (``models.capture.iter_capture``)."""
+    """Peak memory of emulating one layer at a time on ``device`` (``analyze``, ``calibrate``), with capture
+    when ``prefill`` (``prefill_bytes_per_token``'s config) is given: the prefill runs on ``capture_device``
+    and the captured inputs of up to two layers wait in host memory (``models.capture.iter_capture``).
+
+    Several GPUs (``workers`` > 1 emulation devices, ``analysis.devices``): each device holds one layer's
+    emulation at a time, so this per-device estimate is checked on each of them; the prefill of a model
+    spread over them runs a part on each (counted on every device, an upper bound); the host holds one
+    more queued layer per worker."""
     import torch
 
     from .replay.trace import METRIC_BUFFER_BYTES
@@ -182,8 +188,9 @@ def analyze_memory(
         # down to one sequence: that is the part that must fit
         est.add("prefill activations of the capture (one sequence)", _pool(cap), steps * pt)
         if pool != "host" or cap.type != "cpu":
-            held = 2 * input_bytes_per_token(dims)
-            est.add("captured inputs waiting in host memory (2 layers)", "host", tokens * held, held)
+            waiting = 2 if workers <= 1 else 2 + workers
+            held = waiting * input_bytes_per_token(dims)
+            est.add(f"captured inputs waiting in host memory ({waiting} layers)", "host", tokens * held, held)
         else:
             held = input_bytes_per_token(dims)
             est.add("the next layer's captured inputs", "host", tokens * held, held)

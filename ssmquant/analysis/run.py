@@ -28,6 +28,7 @@ from ..replay import Trace, cycle_window, parse_scheme, simulate
 from ..replay.schemes import SchemeError
 from ..replay.variants import Variant, VariantError
 from ..sizing import format_seconds
+from .devices import DeviceError, assign_layers, parse_emulation_devices, run_on_devices
 from .fit import DIVERGED, MIN_FORECAST_R2, fit_power_law, forecast_columns
 from .sources import LayerSource, SourceError, check_backend, open_source, plan_layers, resolve_device
 
@@ -61,6 +62,8 @@ class AnalyzeConfig:
     seed: int = 0
     record_every: int | None = None  # window length; None: whole flush cycles, at most 1024 windows
     engines: list[str] = field(default_factory=lambda: ["ideal"])  # engine profiles (ssmquant.engines.profiles)
+    # emulation devices: "cuda:0,cuda:1", a list, or "all" (analysis.devices); None: `device` alone
+    devices: str | list[str] | None = None
 
 
 def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
@@ -240,10 +243,14 @@ def memory_table(source: LayerSource, variants: list[Variant], num_layers: int) 
     return pd.DataFrame(rows)
 
 
-def analyze(cfg: AnalyzeConfig, *, progress=None, notify=None) -> AnalysisResult:
+def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> AnalysisResult:
     """Run the analysis. progress: optional callable(done_layers, total_layers, layer_index) for a bar;
     notify: optional callable(line) that receives the time estimate before the emulation starts (the
     estimate is measured only when notify is given) and, after the first layer, what it implies for the rest.
+    model: a LoadedModel already in memory (``load_model``, ``models.build.build_random_model``, possibly
+    spread over several GPUs) to capture from instead of loading ``cfg.model``. With several emulation
+    devices (``cfg.devices``) each layer is emulated on the GPU holding it, or round-robin
+    (``analysis.devices``), one worker thread per GPU.
 
     Raises AnalyzeError / SourceError with a message naming the problem, SizingError (before any layer
     runs) when the run's memory estimate exceeds the free memory; NaN/Inf in captured inputs raise
@@ -255,8 +262,12 @@ def analyze(cfg: AnalyzeConfig, *, progress=None, notify=None) -> AnalysisResult
     if cfg.record_every is not None and cfg.record_every < 1:
         raise AnalyzeError(f"--record-every must be >= 1 (keep every k-th step), got {cfg.record_every}")
     variants = build_variants(cfg)
-    device = resolve_device(cfg.device)
-    chosen_backend = check_backend(cfg.backend, device)
+    device = model.device if model is not None and cfg.device == "auto" else resolve_device(cfg.device)
+    try:
+        emu_devices = parse_emulation_devices(cfg.devices, device)
+    except DeviceError as err:
+        raise AnalyzeError(str(err)) from None
+    chosen_backend = check_backend(cfg.backend, emu_devices[0])
     record_every = cfg.record_every or cycle_window([flush_cycle(v) for v in variants], cfg.steps, MAX_RECORDED_STEPS)
     if not 1 <= record_every <= cfg.steps:
         raise AnalyzeError(f"--record-every must lie in [1, --steps={cfg.steps}], got {record_every}")
@@ -270,64 +281,75 @@ def analyze(cfg: AnalyzeConfig, *, progress=None, notify=None) -> AnalysisResult
         device=device,
         text_path=cfg.text,
         synthetic_profile=cfg.synthetic_profile,
+        loaded=model,
     )
     t_loaded = time.time()
     layers = source.select(cfg.layers)
     source.check_formats([v.format for v in variants])
-    per_step = plan_layers(
-        source, layers, variants, steps=cfg.steps, batch=cfg.batch, device=device, backend=chosen_backend,
-        recorded=cfg.steps // record_every, measure_time=notify is not None,
-    )  # fmt: skip
+    sizes = dict(steps=cfg.steps, batch=cfg.batch, backend=chosen_backend, recorded=cfg.steps // record_every,
+                 workers=len(emu_devices))  # fmt: skip
+    per_step = plan_layers(source, layers, variants, device=emu_devices[0], measure_time=notify is not None, **sizes)
+    for dev in emu_devices[1:]:  # every emulation device holds one layer's emulation at a time
+        plan_layers(source, layers, variants, device=dev, **sizes)
     if per_step is not None:
         notify(
             f"estimate: about {format_seconds(per_step * cfg.steps * len(layers))} to emulate {len(layers)} layers x "
             f"{len(variants)} variants x {cfg.steps} steps x batch {cfg.batch} (torch backend, "
             f"{1e3 * per_step:.3g} ms per layer-step measured on this machine; loading and capture not included)"
         )
-    traces, heads, summary = [], [], []
     if progress:
         progress(0, len(layers), None)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    waited = emulated = 0.0  # seconds waiting for the next layer's captured inputs / emulating
-    t_layers = time.perf_counter()
-    layer_iter = enumerate(source.iter_layers(layers), start=1)
-    while True:
-        t_wait = time.time()
-        item = next(layer_iter, None)
-        waited += time.time() - t_wait
-        if item is None:
-            break
-        n, (layer, inputs) = item
-        t_emulate = time.time()
-        inputs = inputs.to(device)
+    assignment = assign_layers(layers, emu_devices, source.layer_devices)
+    in_use = {d for d in [device, *emu_devices, *(source.layer_devices or {}).values()] if d.type == "cuda"}
+    in_use = sorted({torch.device("cuda", d.index or 0) for d in in_use}, key=str)
+    for d in in_use:
+        torch.cuda.reset_peak_memory_stats(d)
+    done = []
+
+    def emulate(layer, inputs, dev):
+        t_sim = time.perf_counter()
+        inputs = inputs.to(dev)
         inputs.meta.setdefault("layer", layer)
         try:
             trace = simulate(inputs, variants, backend=cfg.backend, record_every=record_every)
         except ValueError as err:
             raise AnalyzeError(f"layer {layer}: {err}") from err
-        emulated += time.time() - t_emulate
+        sim_s = time.perf_counter() - t_sim
+        del inputs
         frame = trace.to_frame()
         frame.insert(0, "layer", layer)
-        traces.append(frame)
-        heads.append(head_table(layer, trace))
-        summary.extend(summarize_layer(layer, source.layer_kind, trace, variants))
-        del inputs
-        if notify is not None and n == 1 and len(layers) > 1:
-            first = time.perf_counter() - t_layers
-            notify(f"the first layer took {format_seconds(first)}: about {format_seconds(first * (len(layers) - 1))} more")
+        return frame, head_table(layer, trace), summarize_layer(layer, source.layer_kind, trace, variants), sim_s
+
+    def finished(layer, _result, seconds):
+        done.append(layer)
+        if notify is not None and len(done) == 1 and len(layers) > 1:
+            more = seconds * (len(layers) - 1) / len(emu_devices)
+            notify(f"the first layer took {format_seconds(seconds)}: about {format_seconds(more)} more")
         if progress:
-            progress(n, len(layers), layer)
+            progress(len(done), len(layers), layer)
+
+    results, run = run_on_devices(source.iter_layers(layers), assignment, emulate, on_result=finished)
+    traces = [results[i][0] for i in layers]
+    heads = [results[i][1] for i in layers]
+    summary = [row for i in layers for row in results[i][2]]
+    emulated = sum(results[i][3] for i in layers)
     stages = {
         "load_s": round(t_loaded - t0, 3),
         # capture runs in a worker thread beside the emulation: this is the time spent waiting for it
-        "capture_wait_s": round(waited, 3),
-        "emulate_s": round(emulated, 3),
-        "tables_s": round(time.time() - t_loaded - waited - emulated, 3),
+        "capture_wait_s": round(run.wait_s, 3),
+        "emulate_s": round(emulated, 3),  # summed over devices: above the wall time when they overlap
+        "layers_wall_s": round(run.wall_s, 3),  # from the first layer requested to the last one done
+        "tables_s": round(time.time() - t_loaded - run.wall_s, 3),
         "peak_gpu_memory_GiB": round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
         if device.type == "cuda"
         else None,
     }
+    if len(emu_devices) > 1 or len(in_use) > 1:
+        stages["emulation_devices"] = {str(d): sorted(run.layers.get(str(d), [])) for d in emu_devices}
+        stages["busy_s_per_device"] = {d: round(v, 3) for d, v in run.busy_s.items()}
+        stages["peak_gpu_memory_GiB_per_device"] = {
+            str(d): round(torch.cuda.max_memory_allocated(d) / 2**30, 3) for d in in_use
+        }
     return AnalysisResult(
         config=cfg,
         source={

@@ -15,6 +15,7 @@ import torch
 
 from ..formats import FormatError
 from ..models import (
+    LoadedModel,
     ModelLoadError,
     available_shipped_models,
     capture_text_batch,
@@ -25,6 +26,7 @@ from ..models import (
     ssm_layout,
     synthetic_layers,
 )
+from ..models.placement import ssm_mixer_devices
 from ..models.synthetic import PROFILES
 from ..models.text import TextError, load_text, split_bounds, text_origin, text_phrase
 from ..replay.inputs import LayerInputs
@@ -44,7 +46,8 @@ class LayerSource:
     indices of its SSM layers; layer_kind: "mamba2" | "gdn" | "kda"; state_shape: (heads, rows, state_dim);
     describe: the provenance dict written into report.json; groups: Mamba-2 B/C groups, GDN key heads or
     KDA heads (None: unknown, taken as heads by the estimates); prefill: the checkpoint's config when capture
-    runs a prefill (for the memory estimate), None for synthetic inputs.
+    runs a prefill (for the memory estimate), None for synthetic inputs; layer_devices: the device holding
+    each SSM layer of a loaded model (None for synthetic inputs).
     """
 
     kind: str
@@ -56,6 +59,7 @@ class LayerSource:
     _iterate: object = None
     groups: int | None = None
     prefill: dict | None = None
+    layer_devices: dict[int, torch.device] | None = None  # where each SSM layer's weights are (captured models)
 
     def iter_layers(self, layers: list[int]) -> Iterator[tuple[int, LayerInputs]]:
         """Yield (layer index, inputs) for the requested layers, streaming (one layer alive at a time)."""
@@ -143,12 +147,21 @@ def open_source(
     text_path: str | None = None,
     split: str = "calibration",
     synthetic_profile: str = "init",
+    loaded: LoadedModel | None = None,
 ) -> LayerSource:
     """Resolve `model` into a LayerSource. Loading a checkpoint happens here; capture is lazy, per layer.
 
     synthetic_profile: the dynamics profile of synthetic inputs (a name in `ssmquant.models.PROFILES`);
-    anything but "init" needs `synthetic`.
+    anything but "init" needs `synthetic`. loaded: a model already in memory (``load_model``,
+    ``models.build.build_random_model``), captured instead of loading `model`.
     """
+    if loaded is not None and not isinstance(loaded, LoadedModel):
+        raise SourceError(
+            f"model must be a LoadedModel (from ssmquant.models.load_model or models.build.build_random_model), "
+            f"got {type(loaded).__name__}"
+        )
+    if loaded is not None and synthetic:
+        raise SourceError("an in-memory model is captured from; --synthetic uses no model: pass one or the other")
     if synthetic_profile not in PROFILES:
         raise SourceError(f"unknown synthetic profile {synthetic_profile!r}; accepted: {', '.join(PROFILES)}")
     if synthetic_profile != "init" and not synthetic:
@@ -202,10 +215,11 @@ def open_source(
         )
 
     text = check_text(text_path, batch=batch, length=steps, split=split)
-    try:
-        loaded = load_model(model, device=device)
-    except ModelLoadError as err:
-        raise SourceError(str(err)) from None
+    if loaded is None:
+        try:
+            loaded = load_model(model, device=device)
+        except ModelLoadError as err:
+            raise SourceError(str(err)) from None
     layout = ssm_layout(loaded.model.config)
     try:
         ids, text_meta = capture_text_batch(loaded, batch=batch, steps=steps, seed=seed, split=split, text=text)
@@ -240,6 +254,7 @@ def open_source(
         iterate,
         groups=layout.get("groups"),
         prefill=loaded.model.config.get_text_config().to_dict(),
+        layer_devices=ssm_mixer_devices(loaded.model),
     )
 
 
@@ -255,11 +270,13 @@ def plan_layers(
     recorded: int,
     measure_time: bool = False,
     variants_at_once: int | None = None,
+    workers: int = 1,
 ) -> float | None:
     """Check, before any layer runs, that emulating ``layers`` one at a time fits in memory.
 
     Raises SizingError with the estimate and the largest --steps that fits. ``variants_at_once``: how many
-    variants one emulation call holds (default all of ``variants``). When ``measure_time`` and the torch
+    variants one emulation call holds (default all of ``variants``); ``workers``: emulation devices working
+    at once (each holds one more layer's inputs queued in host memory). When ``measure_time`` and the torch
     backend runs, returns the seconds per decode step of one layer for ``variants`` measured on this
     machine (``sizing.probe_step_seconds``); else None.
     """
@@ -267,7 +284,7 @@ def plan_layers(
     at_once = len(variants) if variants_at_once is None else variants_at_once
     est = analyze_memory(
         dims, batch=batch, steps=steps, variants=at_once, recorded=recorded, device=device, backend=backend,
-        prefill=source.prefill, capture_device=device,
+        prefill=source.prefill, capture_device=device, workers=workers,
     )  # fmt: skip
     check_memory(est, batch=batch, steps=steps)
     if not measure_time or backend != "torch" or not layers:

@@ -25,6 +25,19 @@ import torch
 
 from .presets import GDNShape, Mamba2Shape, Preset, get_preset
 
+# Published fields that a preset does not carry (it keeps the SSM shapes) but without which the model would
+# not have its published size: transformers' Qwen3_5MoeConfig defaults (moe_intermediate_size 512, those of
+# Qwen3.5-35B-A3B) give 63.5 B parameters for Qwen3.5-122B-A10B's 48 layers x hidden 3072 x 256 experts;
+# expert and shared-expert widths of 1024 give 121.6 B, the published 122 B total (model card; transformers
+# docs/source/en/model_doc/qwen3_5_moe.md, 5.24: 256 experts, 8 routed + 1 shared per token).
+PUBLISHED_EXTRA_FIELDS: dict[str, dict] = {
+    "qwen3.5-122b-a10b": {"moe_intermediate_size": 1024, "shared_expert_intermediate_size": 1024},
+}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# GPU memory kept free on every device beyond the weights when a model is built in memory: the prefill
+# of capture and one layer's emulation run there (sizing.analyze_memory gives the run's own estimate)
+DEFAULT_HEADROOM_GIB = 8.0
+
 
 class BuildError(ValueError):
     """The checkpoint cannot be built as asked; the message says why and what to pass instead."""
@@ -74,6 +87,7 @@ def preset_config(preset: Preset, *, num_layers: int | None = None, overrides: d
         }
     else:
         raise BuildError(f"{preset.name}: building random checkpoints of {preset.layer_kind} layers is not supported")
+    cfg.update(PUBLISHED_EXTRA_FIELDS.get(preset.name, {}))
     cfg.update(overrides or {})
     return cfg
 
@@ -129,8 +143,9 @@ def _byte_level_chars() -> dict[int, str]:
     return chars
 
 
-def _byte_tokenizer_files(out: Path, vocab_size: int) -> None:
-    """tokenizer.json + tokenizer_config.json of a byte-level tokenizer: ids 3..258 are the bytes."""
+def byte_tokenizer(vocab_size: int):
+    """A byte-level fast tokenizer (ids 3..258 are the bytes, 0..2 pad / bos / eos) for a vocabulary of
+    ``vocab_size`` ids; what random-weight checkpoints and in-memory models are read with."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -141,8 +156,12 @@ def _byte_tokenizer_files(out: Path, vocab_size: int) -> None:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
-    fast.save_pretrained(out)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def _byte_tokenizer_files(out: Path, vocab_size: int) -> None:
+    """tokenizer.json + tokenizer_config.json of a byte-level tokenizer: ids 3..258 are the bytes."""
+    byte_tokenizer(vocab_size).save_pretrained(out)
 
 
 def build_random_checkpoint(
@@ -169,7 +188,7 @@ def build_random_checkpoint(
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise BuildError(f"{out} is not empty; pick a new directory")
-    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    dtypes = DTYPES
     if dtype not in dtypes:
         raise BuildError(f"unknown dtype {dtype!r}; accepted: {', '.join(dtypes)}")
     cfg = preset_config(preset, num_layers=num_layers, overrides=overrides)
@@ -208,15 +227,153 @@ def build_random_checkpoint(
     return summary
 
 
-def estimate_parameters(preset: str | Preset, *, num_layers: int | None = None) -> int:
-    """Parameter count of the checkpoint `build_random_checkpoint` would write (built on the meta device)."""
+def _meta_model(preset: Preset, config, dtype: torch.dtype | None = None):
     import transformers
 
+    with torch.device("meta"):  # transformers skips every init on the meta device (PreTrainedModel.init_weights)
+        return getattr(transformers, preset.architecture)._from_config(config, **({"dtype": dtype} if dtype else {}))
+
+
+def device_room(devices: list[str], headroom_bytes: int, free=None) -> dict[str, int]:
+    """Bytes each device may take for weights: its free memory (``sizing.free_bytes``) less the headroom."""
+    from ..sizing import free_bytes
+
+    free = free or free_bytes
+    out = {}
+    for d in devices:
+        f = free(torch.device(d))
+        if f is None:
+            raise BuildError(f"cannot read the free memory of {d}")
+        out[d] = int(f) - int(headroom_bytes)
+    return out
+
+
+def parse_devices(devices: str | list[str] | None) -> list[str]:
+    """``"cuda:0,cuda:1"`` / ``["cuda:0", "cuda:1"]`` / ``"all"`` (every visible GPU) / None (the one default
+    device) -> a list of distinct device names. Raises BuildError naming a bad entry and the accepted forms."""
+    if devices is None:
+        return ["cuda:0" if torch.cuda.is_available() else "cpu"]
+    if isinstance(devices, str):
+        if devices == "all":
+            n = torch.cuda.device_count()
+            if n == 0:
+                raise BuildError("devices 'all' asks for every GPU but none is visible; pass cpu")
+            return [f"cuda:{i}" for i in range(n)]
+        devices = [d.strip() for d in devices.split(",") if d.strip()]
+    out = []
+    for d in devices:
+        try:
+            dev = torch.device(d)
+        except RuntimeError:
+            raise BuildError(f"unknown device {d!r}; accepted: cpu, cuda:N, or 'all'") from None
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda:0")
+        if dev.type not in ("cpu", "cuda"):
+            raise BuildError(f"unknown device {d!r}; accepted: cpu, cuda:N, or 'all'")
+        if dev.type == "cuda" and dev.index >= torch.cuda.device_count():
+            raise BuildError(f"device {d} does not exist here: {torch.cuda.device_count()} GPU(s) visible")
+        if str(dev) in out:
+            raise BuildError(f"device {dev} is listed twice in {devices}")
+        out.append(str(dev))
+    if not out:
+        raise BuildError("no device given; accepted: cpu, cuda:N (comma-separated), or 'all'")
+    return out
+
+
+def dispatch(model: torch.nn.Module, plan: dict[str, str], *, force_hooks: bool = False) -> None:
+    """Attach the hooks that move each block's inputs to its device (accelerate's ``dispatch_model``, called
+    as transformers' ``from_pretrained(device_map=...)`` calls it: integrations/accelerate.py
+    ``accelerate_dispatch``, 5.24); on one device no hooks are needed unless ``force_hooks`` (tests)."""
+    if len(set(plan.values())) > 1 or force_hooks:
+        try:
+            from accelerate import dispatch_model
+        except ImportError:
+            raise BuildError(
+                "a model placed over several devices needs accelerate (a dependency of ssmquant): pip install accelerate"
+            ) from None
+        skip = sorted(getattr(model, "_skip_keys_device_placement", None) or []) or None
+        dispatch_model(model, device_map=plan, skip_keys=skip, force_hooks=force_hooks)
+    else:
+        model.hf_device_map = dict(plan)
+
+
+def build_random_model(
+    preset: str | Preset,
+    *,
+    devices: str | list[str] | None = None,
+    dtype: str = "bfloat16",
+    num_layers: int | None = None,
+    overrides: dict | None = None,
+    seed: int = 0,
+    headroom_gib: float = DEFAULT_HEADROOM_GIB,
+    free=None,
+    progress=print,
+):
+    """A random-weight model of ``preset`` built in memory over ``devices`` (no checkpoint on disk), as a
+    ``LoadedModel`` that ``analyze`` / ``iter_capture`` take like a loaded checkpoint.
+
+    The model is built on the meta device (shapes only), placed with ``placement.balanced_plan`` (decoder
+    layers cut into contiguous runs, each device's share proportional to its free memory less
+    ``headroom_gib``), materialised block by block on its device, and initialised there by transformers'
+    own ``initialize_weights`` of the family (what ``from_pretrained`` does for missing weights): the
+    distributions of ``build_random_checkpoint``, and on one device bit-identical to ``initialize_weights``
+    run on the same model built there directly, for a given seed.
+    Over several devices accelerate's ``dispatch_model`` adds the hooks that move hidden states from one
+    device to the next (as ``from_pretrained(device_map="auto")`` does). Raises SizingError before any
+    allocation when the weights do not fit (estimate per device, what to lower); BuildError for bad input.
+    ``free``: the free-memory reader (``sizing.free_bytes``; tests pass fakes).
+    """
+    from .loading import LoadedModel, ModelSource, detect_architecture
+    from .placement import balanced_plan, model_units, plan_loads
+
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    if dtype not in DTYPES:
+        raise BuildError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+    devs = parse_devices(devices)
+    cfg = preset_config(preset, num_layers=num_layers, overrides=overrides)
+    config = _config_object(preset, cfg)
+    config.dtype = dtype
+    t0 = time.time()
+    model = _meta_model(preset, config, DTYPES[dtype])
+    units = model_units(model)
+    room = device_room(devs, int(headroom_gib * 2**30), free=free)
+    plan = balanced_plan(units, room, what=f"{preset.name} in {dtype}")
+    loads = plan_loads(plan, units)
+    progress(
+        f"{preset.name}: {sum(u.nbytes for u in units) / 2**30:.1f} GiB of {dtype} weights over "
+        + ", ".join(f"{d} {loads.get(d, 0) / 2**30:.1f} GiB" for d in devs)
+    )
+    for name, dev in plan.items():
+        model.get_submodule(name).to_empty(device=dev)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise BuildError(f"{preset.name}: tensors {left[:3]} belong to no placed block; cannot materialise them")
+    torch.manual_seed(seed)  # seeds every device's generator
+    model.initialize_weights()  # the family's _init_weights, rotary tables included
+    model.tie_weights()
+    used = sorted(set(plan.values()), key=devs.index)
+    dispatch(model, plan)
+    model.eval()
+    params = sum(p.numel() for p in model.parameters())
+    text = getattr(config, "text_config", None) or config
+    progress(f"built {preset.name} in memory: {params / 1e9:.2f} B parameters in {time.time() - t0:.1f} s on {', '.join(used)}")
+    full = config.to_dict()
+    source = ModelSource("memory", f"memory:{preset.name}", preset.name, preset)
+    notes = [
+        "random weights drawn by transformers' _init_weights of the family, built in memory (no trained dynamics)",
+        f"config fields: {json.dumps(config_provenance(preset, config))}",
+    ]
+    return LoadedModel(
+        model, byte_tokenizer(int(text.vocab_size)), full, detect_architecture(full), source,
+        torch.device(used[0]), DTYPES[dtype], notes,
+    )  # fmt: skip
+
+
+def estimate_parameters(preset: str | Preset, *, num_layers: int | None = None) -> int:
+    """Parameter count of the checkpoint `build_random_checkpoint` would write (built on the meta device)."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
     config = _config_object(preset, preset_config(preset, num_layers=num_layers))
-    with torch.device("meta"):
-        model = getattr(transformers, preset.architecture)._from_config(config)
-    return sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in _meta_model(preset, config).parameters())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -249,4 +406,15 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["BuildError", "build_random_checkpoint", "config_provenance", "estimate_parameters", "preset_config"]
+__all__ = [
+    "BuildError",
+    "build_random_checkpoint",
+    "build_random_model",
+    "byte_tokenizer",
+    "config_provenance",
+    "dispatch",
+    "device_room",
+    "estimate_parameters",
+    "parse_devices",
+    "preset_config",
+]

@@ -265,16 +265,22 @@ def prefill_bytes_per_sequence(net: torch.nn.Module, tokens: int) -> int:
     return 2 * chunks * chunk * chunk * heads * state * 4
 
 
-def auto_micro_batch(net: torch.nn.Module, batch: int, tokens: int, device: torch.device) -> int:
+def auto_micro_batch(net: torch.nn.Module, batch: int, tokens: int, device: torch.device, free=None) -> int:
     """Sequences per prefill pass so that the estimated prefill peak fits in half the free memory of the
-    device the prefill runs on (GPU memory, or the host's available memory for the CPU)."""
+    device the prefill runs on (GPU memory, or the host's available memory for the CPU). A model spread over
+    several devices runs each layer's prefill on the device holding it: the least free of them counts.
+    ``free``: the free-memory reader (``sizing.free_bytes``; tests pass fakes)."""
     from ..sizing import free_bytes
 
+    free = free or free_bytes
     per_seq = prefill_bytes_per_sequence(net, tokens)
-    free = free_bytes(device) if per_seq else None
-    if free is None:
+    if not per_seq:
         return batch
-    return max(1, min(batch, int(0.5 * free) // per_seq))
+    devices = {torch.device(device)} | {p.device for p in net.parameters()}
+    rooms = [r for r in (free(d) for d in devices) if r is not None]
+    if not rooms:
+        return batch
+    return max(1, min(batch, int(0.5 * min(rooms)) // per_seq))
 
 
 class _State:

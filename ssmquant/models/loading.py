@@ -97,7 +97,8 @@ _IMAGE_TEXT_FAMILIES = {"glm5_next"}
 
 @dataclass(frozen=True)
 class ModelSource:
-    """Where a model comes from. kind: "local" | "hub" | "shipped"; location: a directory or a hub id."""
+    """Where a model comes from. kind: "local" | "hub" | "shipped" | "memory" (built in memory,
+    ``build.build_random_model``); location: a directory, a hub id, or "memory:<preset>"."""
 
     kind: str
     location: str

@@ -1,0 +1,195 @@
+"""Emulating layers on several devices at once: which device emulates which layer, and the workers.
+
+Each layer's emulation is independent of the others (analysis/run.py), so the layers of one run can be
+spread over GPUs. ``assign_layers`` decides where each runs: on the GPU that holds the layer's weights when
+the model itself is spread over the emulation devices (its captured inputs are produced there, and while
+the prefill works on one GPU's layers the other GPU emulates the layers it already passed), else
+round-robin in layer order. ``run_on_devices`` runs one worker thread per device, each fed through a queue
+of one layer: Triton and torch launches are asynchronous per device, so while one thread waits for its
+GPU the others launch on theirs. A layer's inputs move to its device inside the worker (the host holds at
+most one queued layer per device); the per-device busy time and the time spent waiting for capture come
+back with the results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+
+class DeviceError(ValueError):
+    """Bad emulation devices; the message names the entry and the accepted forms."""
+
+
+def parse_emulation_devices(
+    spec: str | list[str] | None, default: torch.device, *, cuda_count: int | None = None
+) -> list[torch.device]:
+    """The emulation devices of a run: None -> [default]; "all" -> every visible GPU; "cuda:0,cuda:1" or a
+    list -> those devices (distinct, all CUDA or one CPU). ``cuda_count``: visible GPUs (default: torch's
+    count; tests pass a number)."""
+    count = torch.cuda.device_count() if cuda_count is None else cuda_count
+    if spec is None:
+        return [torch.device(default)]
+    if isinstance(spec, str):
+        if spec.strip() == "all":
+            if count == 0:
+                raise DeviceError("--devices all asks for every GPU but none is visible; use --devices cpu")
+            return [torch.device("cuda", i) for i in range(count)]
+        spec = [s.strip() for s in spec.split(",") if s.strip()]
+    out: list[torch.device] = []
+    for s in spec:
+        try:
+            dev = torch.device(s)
+        except RuntimeError:
+            raise DeviceError(f"unknown device {s!r}; accepted: cpu, cuda:N (comma-separated), or all") from None
+        if dev.type == "cuda":
+            dev = torch.device("cuda", 0 if dev.index is None else dev.index)
+            if dev.index >= count:
+                raise DeviceError(f"device {dev} does not exist here: {count} GPU(s) visible")
+        elif dev.type != "cpu":
+            raise DeviceError(f"unknown device {s!r}; accepted: cpu, cuda:N (comma-separated), or all")
+        if dev in out:
+            raise DeviceError(f"device {dev} is listed twice")
+        out.append(dev)
+    if not out:
+        raise DeviceError("no emulation device given; accepted: cpu, cuda:N (comma-separated), or all")
+    if len(out) > 1 and any(d.type != "cuda" for d in out):
+        raise DeviceError(f"several emulation devices must all be GPUs, got {', '.join(map(str, out))}")
+    return out
+
+
+def assign_layers(
+    layers: list[int], devices: list[torch.device], holders: dict[int, torch.device] | None = None
+) -> dict[int, torch.device]:
+    """{layer: emulation device}. The device holding the layer's weights (``holders``) when every selected
+    layer is held by one of ``devices`` and the held layers span more than one of them; otherwise
+    round-robin over ``devices`` in layer order (a model on one GPU, or on GPUs not emulating)."""
+    devices = [torch.device(d) for d in devices]
+    if not devices:
+        raise DeviceError("no emulation device")
+    if holders:
+        held = {i: torch.device(holders[i]) for i in layers if i in holders}
+        if len(held) == len(layers) and all(d in devices for d in held.values()) and len(set(held.values())) > 1:
+            return held
+    return {layer: devices[n % len(devices)] for n, layer in enumerate(layers)}
+
+
+@dataclass
+class DeviceRun:
+    """What ``run_on_devices`` measured: seconds waiting for the next item (capture), busy seconds per
+    device, and the wall time from the first item requested to the last result."""
+
+    wait_s: float = 0.0
+    busy_s: dict[str, float] = field(default_factory=dict)
+    layers: dict[str, list[int]] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+_DONE = object()
+
+
+def run_on_devices(
+    items: Iterable[tuple[int, object]],
+    assignment: dict[int, torch.device],
+    work: Callable[[int, object, torch.device], object],
+    *,
+    on_result: Callable[[int, object, float], None] | None = None,
+) -> tuple[dict[int, object], DeviceRun]:
+    """Run ``work(key, item, device)`` for each (key, item) of ``items`` on ``assignment[key]``.
+
+    One device: inline, in this thread. Several: one worker thread per device (its CUDA device current in
+    that thread), each fed by a queue of one item; this thread reads ``items`` (e.g. a capture stream) and
+    blocks while the target device's queue is full, which holds the producer back. ``on_result(key,
+    result, seconds)`` is called as each finishes (from the worker threads, under one lock). The first
+    error stops the other workers and is raised here. Returns ({key: result}, DeviceRun).
+    """
+    stats = DeviceRun()
+    results: dict[int, object] = {}
+    lock = threading.Lock()
+    devices = list(dict.fromkeys(assignment.values()))
+    t_start = time.perf_counter()
+
+    def one(key, item, dev):
+        t0 = time.perf_counter()
+        with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+            res = work(key, item, dev)
+        dt = time.perf_counter() - t0
+        with lock:
+            results[key] = res
+            stats.busy_s[str(dev)] = stats.busy_s.get(str(dev), 0.0) + dt
+            stats.layers.setdefault(str(dev), []).append(key)
+            if on_result is not None:
+                on_result(key, res, dt)
+
+    iterator: Iterator = iter(items)
+
+    def next_item():
+        t0 = time.perf_counter()
+        item = next(iterator, _DONE)
+        stats.wait_s += time.perf_counter() - t0
+        return item
+
+    if len(devices) <= 1:
+        while (item := next_item()) is not _DONE:
+            key, payload = item
+            one(key, payload, assignment[key])
+            del item, payload
+        stats.wall_s = time.perf_counter() - t_start
+        return results, stats
+
+    queues = {d: queue.Queue(maxsize=1) for d in devices}
+    failed = threading.Event()
+    errors: list[tuple[int, BaseException]] = []
+
+    def worker(dev):
+        q = queues[dev]
+        while True:
+            got = q.get()
+            if got is _DONE:
+                return
+            if failed.is_set():
+                continue  # drain without working
+            key, payload = got
+            del got
+            try:
+                one(key, payload, dev)
+            except BaseException as exc:  # raised in the caller's thread
+                with lock:
+                    errors.append((key, exc))
+                failed.set()
+            del payload
+
+    threads = [threading.Thread(target=worker, args=(d,), name=f"ssmquant-emulate-{d}", daemon=True) for d in devices]
+    for t in threads:
+        t.start()
+    try:
+        while not failed.is_set() and (item := next_item()) is not _DONE:
+            key = item[0]
+            q = queues[assignment[key]]
+            while not failed.is_set():
+                try:
+                    q.put(item, timeout=0.05)
+                    break
+                except queue.Full:
+                    continue
+            del item
+    finally:
+        for d in devices:
+            queues[d].put(_DONE)
+        for t in threads:
+            t.join()
+        if hasattr(iterator, "close"):
+            iterator.close()  # stops a capture still running after an error
+    if errors:
+        raise min(errors, key=lambda e: e[0])[1]
+    stats.wall_s = time.perf_counter() - t_start
+    return results, stats
+
+
+__all__ = ["DeviceError", "DeviceRun", "assign_layers", "parse_emulation_devices", "run_on_devices"]

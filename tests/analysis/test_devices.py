@@ -1,0 +1,131 @@
+"""Emulation over several devices (analysis.devices): parsing, the layer-to-device assignment with fake
+device lists, and the per-device workers (threads over distinct CPU device objects)."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from ssmquant.analysis.devices import DeviceError, assign_layers, parse_emulation_devices, run_on_devices
+from ssmquant.sizing import GIB, SizingError, analyze_memory, check_memory, layer_dims
+
+G0, G1 = torch.device("cuda", 0), torch.device("cuda", 1)
+
+
+def test_parse_emulation_devices():
+    cpu = torch.device("cpu")
+    assert parse_emulation_devices(None, cpu, cuda_count=0) == [cpu]
+    assert parse_emulation_devices("all", cpu, cuda_count=2) == [G0, G1]
+    assert parse_emulation_devices("cuda:1, cuda:0", cpu, cuda_count=2) == [G1, G0]
+    assert parse_emulation_devices(["cuda"], cpu, cuda_count=1) == [G0]
+    for spec, msg in [
+        ("all", "none is visible"),
+        ("cuda:0,cuda:0", "listed twice"),
+        ("cuda:3", r"cuda:3 does not exist here: 2 GPU\(s\)"),
+        ("cpu,cuda:0", "must all be GPUs"),
+        ("xpu", "unknown device 'xpu'; accepted: cpu, cuda:N"),
+        (",", "no emulation device"),
+    ]:
+        with pytest.raises(DeviceError, match=msg):
+            parse_emulation_devices(spec, cpu, cuda_count=0 if spec == "all" else 2)
+
+
+def test_assign_layers_follows_the_holder_else_round_robin():
+    layers = [0, 2, 4, 6, 8]
+    spread = {0: G0, 2: G0, 4: G1, 6: G1, 8: G1}
+    assert assign_layers(layers, [G0, G1], spread) == spread  # the GPU that holds the layer emulates it
+    on_one = dict.fromkeys(layers, G0)  # a model on one GPU: round-robin over the emulation devices
+    assert assign_layers(layers, [G0, G1], on_one) == {0: G0, 2: G1, 4: G0, 6: G1, 8: G0}
+    assert assign_layers(layers, [G1], spread) == dict.fromkeys(layers, G1)  # holders not emulating
+    assert assign_layers([4, 8], [G0, G1], None) == {4: G0, 8: G1}  # synthetic inputs: no holders
+    with pytest.raises(DeviceError):
+        assign_layers(layers, [], spread)
+
+
+def test_workers_run_each_item_on_its_device_and_hold_the_producer_back():
+    devs = [torch.device("cpu", 0), torch.device("cpu", 1)]
+    keys = list(range(8))
+    assignment = {k: devs[k % 2] for k in keys}
+    produced, finished, lock = [], [], threading.Lock()
+    outstanding = []
+
+    def items():
+        for k in keys:
+            with lock:
+                produced.append(k)
+                outstanding.append(len(produced) - len(finished))
+            yield k, torch.full((2,), float(k))
+
+    def work(key, item, dev):
+        time.sleep(0.01)
+        return (key, float(item.sum()), threading.current_thread().name, dev)
+
+    done = []
+    results, run = run_on_devices(items(), assignment, work, on_result=lambda k, r, s: (done.append(k), finished.append(k)))
+    assert sorted(results) == keys and sorted(done) == keys
+    for k, (key, total, thread, dev) in results.items():
+        assert key == k and total == 2 * k and dev == assignment[k] and thread.endswith(str(dev))
+    assert {d: sorted(v) for d, v in run.layers.items()} == {"cpu:0": [0, 2, 4, 6], "cpu:1": [1, 3, 5, 7]}
+    assert set(run.busy_s) == {"cpu:0", "cpu:1"} and run.wall_s > 0
+    # one item running and one queued per device, one in the producer's hand: never more outstanding
+    assert max(outstanding) <= 2 * len(devs) + 1
+
+
+def test_workers_raise_the_first_error_and_close_the_producer():
+    devs = [torch.device("cpu", 0), torch.device("cpu", 1)]
+    closed = []
+
+    def items():
+        try:
+            for k in range(100):
+                yield k, k
+        finally:
+            closed.append(True)
+
+    def work(key, item, dev):
+        if key in (3, 5):
+            raise ValueError(f"bad layer {key}")
+        return key
+
+    with pytest.raises(ValueError, match="bad layer 3"):
+        run_on_devices(items(), {k: devs[k % 2] for k in range(100)}, work)
+    assert closed == [True]
+
+
+def test_one_device_runs_inline():
+    results, run = run_on_devices(iter([(1, "a"), (2, "b")]), {1: torch.device("cpu"), 2: torch.device("cpu")},
+                                  lambda k, x, d: (x, threading.current_thread() is threading.main_thread()))  # fmt: skip
+    assert results == {1: ("a", True), 2: ("b", True)} and run.layers == {"cpu": [1, 2]}
+
+
+def test_memory_check_per_gpu_names_the_device_and_counts_queued_layers():
+    dims = layer_dims("mamba2", 128, 64, 128, 8)
+    kw = dict(batch=8, steps=2048, variants=6, recorded=128, backend="triton", prefill={"hidden_size": 4096})
+    one = analyze_memory(dims, device=G1, capture_device=G1, **kw)
+    two = analyze_memory(dims, device=G1, capture_device=G1, workers=2, **kw)
+    assert two.total("host") == 2 * one.total("host")  # 2 + 2 queued layers instead of 2
+    assert two.total("device") == one.total("device")  # a device holds one layer's emulation either way
+    free = {"cuda": GIB // 8, "cpu": 1000 * GIB}
+    with pytest.raises(SizingError, match=r"of GPU cuda:1 memory .* lower --steps or --batch"):
+        check_memory(two, batch=8, steps=2048, free=lambda d: free[d.type])
+
+
+def test_analyze_captures_from_a_model_built_in_memory():
+    from ssmquant.analysis import AnalyzeConfig, AnalyzeError, analyze
+    from ssmquant.models.build import build_random_model
+
+    small = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 96, "mamba_num_heads": 4, "mamba_head_dim": 8,
+             "ssm_state_size": 16, "n_groups": 2}  # fmt: skip
+    model = build_random_model("nemotron-h-8b", devices="cpu", dtype="float32", num_layers=4, overrides=small,
+                               free=lambda d: 64 * GIB, progress=lambda s: None)  # fmt: skip
+    cfg = AnalyzeConfig(model="nemotron-h-8b", steps=24, batch=2, formats=["fp8_e4m3"], schemes=["replay4"], device="cpu")
+    res = analyze(cfg, model=model)
+    assert res.source["layers"] == [0, 2] and res.source["model"] == "nemotron-h-8b"  # "M-M-": two Mamba-2 layers
+    assert res.source["location"] == "memory:nemotron-h-8b"
+    assert list(res.summary["layer"]) == [0, 2] and res.summary["out_rel_err"].gt(0).all()
+    assert res.stages["layers_wall_s"] > 0 and "emulation_devices" not in res.stages  # one device: no split
+    with pytest.raises(AnalyzeError, match="listed twice"):
+        analyze(AnalyzeConfig(**{**cfg.__dict__, "devices": "cpu,cpu"}), model=model)
+    with pytest.raises(ValueError, match="must be a LoadedModel"):
+        analyze(cfg, model=model.model)
