@@ -99,7 +99,9 @@ def toolkit(cache: Path) -> Path:
 def _local_tvm_ffi(bundle: Path, cache: Path) -> Path | None:
     """A folder with apache-tvm-ffi for this interpreter when the bundle's (built for the GPU machine's
     Python) does not import here; None when the bundle's own imports."""
-    probe = subprocess.run([sys.executable, "-c", "import tvm_ffi"], env={**os.environ, "PYTHONPATH": str(bundle)})
+    probe = subprocess.run(
+        [sys.executable, "-c", "import tvm_ffi"], env={**os.environ, "PYTHONPATH": str(bundle)}, capture_output=True
+    )
     if probe.returncode == 0:
         return None
     manifest = json.loads((bundle / MANIFEST).read_text())
