@@ -1,16 +1,22 @@
-"""Folding the reference and the variants into one batch (evaluate(fold=True), the default) against one
+"""Folding the reference and the variants into one batch (evaluate(fold=True); off by default) against one
 forward per run (fold=False), and the memory plan that splits variants into passes."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from ssmquant.evaluate import EvalError, evaluate
+from ssmquant.evaluate import EvalError
+from ssmquant.evaluate import evaluate as _evaluate
 from ssmquant.evaluate import run as run_module
 from ssmquant.evaluate.loop import CPU_ROW_MULTIPLE, REFERENCE, Pass, plan_passes
+
+# folding is opt-in (evaluate's default is fold=False); these tests are about the folded path
+evaluate = functools.partial(_evaluate, fold=True)
 
 METRIC_COLS = ["kl", "top1_agree", "delta_loss"]
 # stochastic rounding, a speculative per-sequence flush schedule, replay, bf16 and an exact format
