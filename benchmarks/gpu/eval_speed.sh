@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `ssmquant eval` speed on a full-size random-weight checkpoint (issue 15: >= 20 decode steps/s at batch 8 on
-# an H200). Builds nemotron-h-8b with the project's builder, times the CLI (folded: the reference and the
-# variants in one batch, one forward per step), then, in one process, the folded and the unfolded loop
-# (one forward per run per step, as before) on fewer steps, with the largest metric difference between them.
+# an H200). Builds nemotron-h-8b with the project's builder, times the CLI (the default loop: one forward per run
+# per step), then, in one process, the folded loop (evaluate(fold=True): the reference and the variants in one
+# batch; opt-in, see evaluate's docstring) and the unfolded one on fewer steps, with the largest metric difference.
 #
 #   OUT=/tmp/o bash benchmarks/gpu/eval_speed.sh            # from the repo root, GPU 0 only, < 200 s
 #   OUT=/tmp/o MODEL=tiny-nemotron DEVICE=cpu STEPS=24 UNFOLDED_STEPS=8 bash benchmarks/gpu/eval_speed.sh   # CPU check
