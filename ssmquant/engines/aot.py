@@ -117,9 +117,13 @@ def _local_tvm_ffi(bundle: Path, cache: Path) -> Path | None:
 
 def _build_in_this_process(bundle: Path, arch: str, captured_shapes: list[tuple[int, int]], jobs: int) -> dict:
     """Run the oracle's prebuild with FlashInfer's loader replaced by build-and-record; copy the .so files."""
-    import flashinfer.mamba.selective_state_update as fi_ssu
+    import importlib
+
     import torch
     from flashinfer.jit import core
+
+    # the module, not the function of the same name that `flashinfer.mamba` re-exports over it
+    fi_ssu = importlib.import_module("flashinfer.mamba.selective_state_update")
 
     from . import oracle
 
