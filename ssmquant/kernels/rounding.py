@@ -10,6 +10,8 @@ Format codes (constexpr FMT): see `FORMAT_CODES`.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -127,14 +129,19 @@ def round_element(v, u, bits, FMT: tl.constexpr, SR: tl.constexpr):
 
 
 @triton.jit
-def group_reduce_max(a, BN: tl.constexpr, BR: tl.constexpr, GROUP: tl.constexpr):
-    """Max over each group of GROUP consecutive rows of a tile [BN, BR] (state_dim x rows) -> [BR]
-    (broadcast back to the group's rows)."""
-    m = tl.max(a, axis=0)  # [BR]
+def group_max(m, BR: tl.constexpr, GROUP: tl.constexpr):
+    """Max of each group of GROUP consecutive entries of a per-row vector m [BR], broadcast back to its rows."""
     if GROUP > 1:
         g = tl.max(tl.reshape(m, [BR // GROUP, GROUP]), axis=1)
         m = tl.reshape(tl.broadcast_to(g[:, None], [BR // GROUP, GROUP]), [BR])
     return m
+
+
+@triton.jit
+def group_reduce_max(a, BN: tl.constexpr, BR: tl.constexpr, GROUP: tl.constexpr):
+    """Max over each group of GROUP consecutive rows of a tile [BN, BR] (state_dim x rows) -> [BR]
+    (broadcast back to the group's rows)."""
+    return group_max(tl.max(a, axis=0), BR, GROUP)
 
 
 @triton.jit
@@ -184,38 +191,122 @@ def fake_quant_tile(
             dec = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), mult)
         q = round_element(s * mult[None, :], u, bits, FMT, SR)
         return q * dec[None, :]
+    elif _NVFP4_LEGACY_WRITE and not SR:
+        return _nvfp4_tile_legacy(s, static_scale, BN, BR, GROUP, STATIC)
     else:
-        if STATIC:
-            s2 = static_scale
-        else:
-            amax = group_reduce_max(tl.abs(s), BN, BR, GROUP)
-            s2 = tl.math.div_rn(amax, tl.full([BR], 2688.0, tl.float32))
-            s2 = tl.where(s2 == 0.0, 1.0, s2)
         blocks = tl.reshape(s, [BN // 16, 16, BR])
         bamax = tl.max(tl.abs(blocks), axis=1)  # [BN // 16, BR]
-        bs = tl.math.div_rn(bamax, 6.0 * s2[None, :])
-        bs = tl.where(bs == 0.0, 1.0, bs)
-        bs = tl.minimum(tl.maximum(bs, 0.001953125), 448.0)
-        bs = round_e4m3(bs, 0.0, False)
-        d = bs * s2[None, :]  # [BN // 16, BR]
+        if STATIC:
+            s2 = static_scale
+        else:  # the row amax is the max of its blocks' (max is exact: the same bits as over the elements)
+            s2 = tl.math.div_rn(group_max(tl.max(bamax, axis=0), BR, GROUP), tl.full([BR], 2688.0, tl.float32))
+            s2 = tl.where(s2 == 0.0, 1.0, s2)
         if SR:  # the draw compares the exact quotient's fraction: only the correctly rounded one will do
+            bs = tl.math.div_rn(bamax, 6.0 * s2[None, :])
+            bs = tl.where(bs == 0.0, 1.0, bs)
+            bs = round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False)
+            d = bs * s2[None, :]  # [BN // 16, BR]
             v = tl.math.div_rn(blocks, d[:, None, :])
-            q = round_element(tl.reshape(v, [BN, BR]), u, bits, 5, SR)
+            q = tl.reshape(round_element(tl.reshape(v, [BN, BR]), u, bits, 5, SR), [BN // 16, 16, BR])
         else:
-            q = e2m1_quotient_rne(blocks, d, BN, BR)
-        return tl.reshape(tl.reshape(q, [BN // 16, 16, BR]) * d[:, None, :], [BN, BR])
+            q, d = nvfp4_rne_blocks(blocks, bamax, s2, BN, BR)
+        return tl.reshape(q * d[:, None, :], [BN, BR])
 
 
-# Margin (in units of the E2M1 spacing) that a fast quotient must keep from every rounding midpoint; see
-# `e2m1_quotient_rne`. The fast and the correctly rounded quotient differ by < 2^-20 spacings.
+# The nvfp4 RNE write without one correctly rounded division per element (`nvfp4_rne_blocks`): quotients by
+# reciprocals, exact unless one lands near a rounding midpoint of its grid; margins in units of the grid spacing.
+# E2M1 (x / d by x * (1 / d), 1 / d within 2 ulps): the fast and the correctly rounded quotient differ by
+# < 1.5 * 2^-22 |x / d| < 2^-19.4 spacings (|x / d| < 4 spacings); the margin keeps 2^-18 from a midpoint.
 _E2M1_MARGIN = tl.constexpr(0.5 - 2.0**-18)
+# E4M3 block scales (bamax * RN(1 / (6 s2))): < 1.5 * 2^-23 relative, < 2^-18.4 spacings (16 spacings at most).
+_E4M3_MARGIN = tl.constexpr(0.5 - 2.0**-17)
+# s2 in [2^-116, 2^116] keeps 6 s2 and every decode scale d = bs s2 (bs in [2^-9, 448]) in [2^-125, 2^125]:
+# their reciprocals are normal numbers and the error bounds above hold.
+_S2_MIN = tl.constexpr(2.0**-116)
+_S2_MAX = tl.constexpr(2.0**116)
+# A nonzero block scale quotient below this takes the exact path (it must not flush to zero on one path only).
+_TINY = tl.constexpr(2.0**-100)
 _FP32_MIN_NORMAL = tl.constexpr(2.0**-126)
+# SSMQUANT_NVFP4_WRITE=legacy selects the previous RNE write (`_nvfp4_tile_legacy`), for benchmarks that time
+# both in one run; read once at import (a constexpr global: it enters Triton's cache key).
+_NVFP4_LEGACY_WRITE = tl.constexpr(os.environ.get("SSMQUANT_NVFP4_WRITE", "fast") == "legacy")
 
 
 @triton.jit
-def e2m1_rne_with_distance(v):
-    """round_to_grid(v, 0, 1, 0, 6.0, SATURATE, RNE) op for op (the E2M1 grid), and |r - round(r)| for r = |v|
-    in units of the grid spacing (0.5 at a midpoint): (rounded, distance), both shaped like v."""
+def rne_with_distance(a, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """RNE of a >= 0, already clamped to the grid's max, to the float grid (MBITS, EMIN), and |a - rounded| in
+    units of the grid spacing (0.5 at a midpoint): (rounded, distance), both shaped like a.
+
+    The values of `round_to_grid(a, 0, MBITS, EMIN, ...)`: with c = 2^23 x spacing (a power of two), a + c has
+    an ulp of one spacing, so the FP32 addition rounds a to the grid, half to even, and (a + c) - c is exact.
+    a - rounded is exact (at most half a spacing) and scaling it by 1 / spacing is exact.
+    """
+    eb = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, (EMIN + 127) << 23)  # biased exponent, at least EMIN
+    c = (eb + ((23 - MBITS) << 23)).to(tl.float32, bitcast=True)
+    out = (a + c) - c
+    inv_spacing = ((((127 + MBITS) << 23) - eb) + (127 << 23)).to(tl.float32, bitcast=True)  # int32 constants
+    return out, tl.abs(a - out) * inv_spacing
+
+
+@triton.jit
+def nvfp4_rne_blocks(blocks, bamax, s2, BN: tl.constexpr, BR: tl.constexpr):
+    """NVFP4 RNE encode of 16-element blocks, as `formats.codec.encode`: (E2M1 values q [BN // 16, 16, BR],
+    decode scales d [BN // 16, BR]) of blocks [BN // 16, 16, BR] with block amax bamax [BN // 16, BR] and
+    second-level scales s2 [BR].
+
+    The reference divides every block amax by 6 s2 and every element by its block's d, correctly rounded.
+    Here one correctly rounded reciprocal per row and one approximate reciprocal per block replace those
+    divisions, and the quotients are rounded with their distance to the nearest rounding midpoint. The two
+    quotients (fast and correctly rounded) round alike unless a midpoint lies between them, which the margins
+    above exclude. Where any quotient of the tile comes within its margin of a midpoint (about one tile write
+    in 10^3 on Gaussian-like states), or a scale leaves the range where the bounds hold, the tile takes the
+    reference's divisions. A NaN element gives the same code either way (both quotients are NaN).
+    """
+    den = 6.0 * s2  # [BR]
+    r6 = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), den)
+    q6 = bamax * r6[None, :]  # ~ div_rn(bamax, den)
+    bs = tl.minimum(tl.maximum(tl.where(q6 == 0.0, 1.0, q6), 0.001953125), 448.0)
+    bs, bs_dist = rne_with_distance(bs, 3, -6)
+    d = bs * s2[None, :]  # [BN // 16, BR]
+    v = blocks * (1.0 / d)[:, None, :]  # the division: approximate (within 2 ulps) on the GPU
+    q, dist = rne_with_distance(tl.minimum(tl.abs(v), 6.0), 1, 0)
+    q = (q.to(tl.uint32, bitcast=True) | (v.to(tl.uint32, bitcast=True) & 0x80000000)).to(tl.float32, bitcast=True)
+    blk_bad = (bs_dist > _E4M3_MARGIN) | ((bamax > 0.0) & (q6 < _TINY))
+    row_bad = (tl.max(blk_bad.to(tl.int32), axis=0) != 0) | ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # also NaN
+    row_bad = row_bad | (tl.max(tl.max(dist, axis=0), axis=0) > _E2M1_MARGIN)
+    if tl.max(row_bad.to(tl.int32), axis=0) != 0:
+        bs = tl.math.div_rn(bamax, den[None, :])
+        bs = tl.where(bs == 0.0, 1.0, bs)
+        bs = round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False)
+        d = bs * s2[None, :]
+        v = tl.math.div_rn(blocks, d[:, None, :])
+        q = tl.reshape(round_to_grid(tl.reshape(v, [BN, BR]), 0.0, 1, 0, 6.0, True, False), [BN // 16, 16, BR])
+    return q, d
+
+
+# The previous nvfp4 RNE write (SSMQUANT_NVFP4_WRITE=legacy): correctly rounded divisions for every block scale
+# and block reciprocal, the element quotients checked against the E2M1 midpoints; kept to time it beside the new.
+@triton.jit
+def _nvfp4_tile_legacy(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, GROUP: tl.constexpr, STATIC: tl.constexpr):
+    if STATIC:
+        s2 = static_scale
+    else:
+        amax = group_reduce_max(tl.abs(s), BN, BR, GROUP)
+        s2 = tl.math.div_rn(amax, tl.full([BR], 2688.0, tl.float32))
+        s2 = tl.where(s2 == 0.0, 1.0, s2)
+    blocks = tl.reshape(s, [BN // 16, 16, BR])
+    bamax = tl.max(tl.abs(blocks), axis=1)  # [BN // 16, BR]
+    bs = tl.math.div_rn(bamax, 6.0 * s2[None, :])
+    bs = tl.where(bs == 0.0, 1.0, bs)
+    bs = tl.minimum(tl.maximum(bs, 0.001953125), 448.0)
+    bs = round_e4m3(bs, 0.0, False)
+    d = bs * s2[None, :]  # [BN // 16, BR]
+    q = _e2m1_quotient_rne_legacy(blocks, d, BN, BR)
+    return tl.reshape(tl.reshape(q, [BN // 16, 16, BR]) * d[:, None, :], [BN, BR])
+
+
+@triton.jit
+def _e2m1_rne_with_distance_legacy(v):
     vb = v.to(tl.uint32, bitcast=True)
     a = tl.minimum(tl.abs(v), 6.0)
     e = ((a.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
@@ -229,19 +320,9 @@ def e2m1_rne_with_distance(v):
 
 
 @triton.jit
-def e2m1_quotient_rne(blocks, d, BN: tl.constexpr, BR: tl.constexpr):
-    """E2M1 RNE codes (as FP32) of div_rn(blocks, d): blocks [BN // 16, 16, BR], d [BN // 16, BR] -> [BN, BR].
-
-    Bit-exact without one correctly rounded division per element: v = x * div_rn(1, d) (one division per
-    16-element block) is within 2^-22.9 |x / d| of x / d, and div_rn(x, d) within 2^-24 |x / d|; both
-    have the same E2M1 rounding unless a midpoint (0.25, 0.75, ..., 5) lies between them, i.e. unless
-    v lies within 2^-20 spacings of one (the spacing is >= |v| / 4). Where any element of the tile comes
-    within 2^-18 spacings of a midpoint, or 1 / d is not a normal FP32 number, the tile takes the exact
-    division (about one tile write in 10^3 on Gaussian-like states). A NaN or infinite element (a state
-    that diverged) gives the same code either way: both quotients are NaN, or both overflow or saturate.
-    """
+def _e2m1_quotient_rne_legacy(blocks, d, BN: tl.constexpr, BR: tl.constexpr):
     r = tl.math.div_rn(tl.full([BN // 16, BR], 1.0, tl.float32), d)
-    q, dist = e2m1_rne_with_distance(tl.reshape(blocks * r[:, None, :], [BN, BR]))
+    q, dist = _e2m1_rne_with_distance_legacy(tl.reshape(blocks * r[:, None, :], [BN, BR]))
     r_bad = tl.where((r >= _FP32_MIN_NORMAL) & (r < float("inf")), 0, 1)  # also NaN
     near = tl.where(tl.max(tl.reshape(dist, [BN * BR]), axis=0) > _E2M1_MARGIN, 1, 0)
     if near + tl.max(tl.reshape(r_bad, [(BN // 16) * BR]), axis=0) != 0:

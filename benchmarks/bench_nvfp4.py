@@ -1,0 +1,178 @@
+"""Throughput of the fused Mamba-2 emulation kernel for nvfp4, beside fp8, at Nemotron-3-Nano shapes.
+
+Times `emulate_triton_steps` (one launch for all T steps, metrics every step) for a list of cases, each a
+variant list with the planned tiling or a forced (BLOCK_P, num_warps), at each batch size: H=64 heads,
+P=64, N=128, G=8 groups, inputs drawn on the GPU (silu of Gaussians, dt = softplus(z - 4) >= 1e-3).
+The nvfp4 RNE write is chosen at import by SSMQUANT_NVFP4_WRITE (fast, the default, or legacy: the write
+before the one-reciprocal-per-block rewrite), so benchmarks/gpu/kernels_nvfp4.sh runs this script once
+per implementation and sets the two against each other. G/s = G state-element-steps per second per
+variant (B x H x P x N x T x variants / time).
+
+    python benchmarks/bench_nvfp4.py [--steps 4096] [--batch 8,16] [--cases all] [--reps 3] [--json FILE]
+        [--warm] [--device cpu]
+    python benchmarks/bench_nvfp4.py --report RUN.json [RUN.json ...] --out TABLE.md
+
+--warm runs every case on 32 steps and exits (compiles the kernels into Triton's cache, for a parallel
+warm-up); --device cpu checks the script in Triton's interpreter (tiny shapes, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import triton  # noqa: E402
+
+from ssmquant.kernels import emulate_triton_steps, plan_launches  # noqa: E402
+from ssmquant.replay import Mamba2Inputs, parse_variants  # noqa: E402
+
+SIX = ["fp8_e4m3", "fp8_e4m3@replay16", "int8", "int8@replay16", "nvfp4", "nvfp4@replay16"]
+# name -> (variants, tiling or None for the plan); the nvfp4 conventional tilings around the planned (16, 1)
+CASES = {
+    "fp8_conv": (["fp8_e4m3"], None),
+    "nvfp4_conv": (["nvfp4"], None),
+    "nvfp4_conv_8x1": (["nvfp4"], (8, 1)),
+    "nvfp4_conv_16x2": (["nvfp4"], (16, 2)),
+    "nvfp4_conv_32x2": (["nvfp4"], (32, 2)),
+    "nvfp4_conv_64x4": (["nvfp4"], (64, 4)),
+    "nvfp4_replay16": (["nvfp4@replay16"], None),
+    "six": (SIX, None),
+}
+
+
+def nano_inputs(batch: int, steps: int, device: str, shape=(64, 64, 128, 8)) -> Mamba2Inputs:
+    """Nemotron-3-Nano Mamba-2 layer inputs drawn on the device (the CPU takes seconds for these sizes)."""
+    h, p, n, grp = shape
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*size):
+        return torch.randn(*size, generator=g, device=device)
+
+    silu = torch.nn.functional.silu
+    x = silu(randn(batch, steps, h, p)).bfloat16()
+    b = silu(randn(batch, steps, grp, n)).bfloat16()
+    c = silu(randn(batch, steps, grp, n)).bfloat16()
+    dt = torch.nn.functional.softplus(randn(batch, steps, h) - 4.0).clamp(min=1e-3)
+    a = -torch.exp(torch.linspace(-1.0, 2.0, h, device=device))
+    return Mamba2Inputs(x=x, dt=dt, B=b, C=c, A=a, D=torch.ones(h, device=device))
+
+
+def run_case(inputs, variants, tiling) -> None:
+    for _ in emulate_triton_steps(inputs, variants, tiling=tiling):
+        pass
+
+
+def time_case(inputs, variants, tiling, reps: int) -> float:
+    """Median seconds over reps runs after one warm-up (CUDA events; wall clock on the CPU)."""
+    run_case(inputs, variants, tiling)
+    times = []
+    for _ in range(reps):
+        if inputs.device.type == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run_case(inputs, variants, tiling)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            run_case(inputs, variants, tiling)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=4096)
+    ap.add_argument("--batch", default="8,16", help="comma-separated batch sizes")
+    ap.add_argument("--cases", default="all", help=f"comma-separated among {', '.join(CASES)}, or all")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", default=None, help="write the results here (a list of records)")
+    ap.add_argument("--warm", action="store_true", help="run each case on 32 steps (compile only) and exit")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--report", nargs="+", default=None, help="JSON files of earlier runs: write a table and exit")
+    ap.add_argument("--out", default=None, help="the table's file (--report)")
+    args = ap.parse_args()
+    if args.report:
+        report(args.report, args.out)
+        return
+    names = list(CASES) if args.cases == "all" else [c.strip() for c in args.cases.split(",") if c.strip()]
+    bad = [c for c in names if c not in CASES]
+    if bad or not names:
+        sys.exit(f"--cases takes a comma-separated subset of {', '.join(CASES)} or all, got {args.cases!r}")
+    batches = [int(b) for b in args.batch.split(",")]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_nvfp4.py needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 to check the script)")
+    impl = os.environ.get("SSMQUANT_NVFP4_WRITE", "fast")
+    small = args.device == "cpu"
+    shape = (2, 64, 128, 1) if small else (64, 64, 128, 8)
+    steps = 32 if args.warm else args.steps
+    gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (Triton interpreter, not a measurement)"
+    records = []
+    for batch in batches:
+        inputs = nano_inputs(batch, steps, args.device, shape)
+        elems = batch * shape[0] * shape[1] * shape[2]
+        for name in names:
+            spec, tiling = CASES[name]
+            variants = parse_variants(spec)
+            plan = [t for _, t in plan_launches(variants, shape[1], shape[2], tiling)]
+            if args.warm:
+                t0 = time.perf_counter()
+                run_case(inputs, variants, tiling)
+                print(f"warm {impl} {name} batch {batch}: {time.perf_counter() - t0:.1f} s", flush=True)
+                continue
+            t = time_case(inputs, variants, tiling, args.reps)
+            gps = len(variants) * elems * steps / t / 1e9
+            rec = dict(impl=impl, case=name, variants=spec, tiling=plan, batch=batch, steps=steps, ms=t * 1e3, gps=gps)
+            records.append(rec)
+            print(f"{impl:6s} {name:16s} batch {batch:2d} tiling {plan}: {t * 1e3:8.2f} ms {gps:7.1f} G/s", flush=True)
+        del inputs
+    if args.json and not args.warm:
+        meta = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d"))
+        pathlib.Path(args.json).write_text(json.dumps([{**meta, **r} for r in records], indent=1))
+
+
+def report(files: list[str], out: str | None) -> None:
+    """A markdown table of every run's records, each against the legacy write's median for its (case, batch)."""
+    recs = [r for f in files for r in json.loads(pathlib.Path(f).read_text())]
+    if not recs:
+        sys.exit(f"no records in {files}")
+    legacy: dict[tuple, list[float]] = {}
+    for r in recs:
+        if r["impl"] == "legacy":
+            legacy.setdefault((r["case"], r["batch"]), []).append(r["gps"])
+    lines = [
+        f"GPU: {recs[0]['gpu']}; torch {recs[0]['torch']}; triton {recs[0]['triton']}; date {recs[0]['date']}; "
+        f"T={recs[0]['steps']} steps, metrics every step. G/s per variant; x legacy = G/s over the legacy write's "
+        "(median of its runs) in the same case and batch.",
+        "",
+        "| write | case | variants | tiling (BLOCK_P, warps) | batch | ms | G/s per variant | x legacy |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(recs, key=lambda r: (r["batch"], r["case"], r["impl"])):
+        base = legacy.get((r["case"], r["batch"]))
+        ratio = f"{r['gps'] / statistics.median(base):.2f}" if base else "—"
+        tiling = " + ".join(f"({p}, {w})" for p, w in r["tiling"])
+        lines.append(
+            f"| {r['impl']} | {r['case']} | {', '.join(r['variants'])} | {tiling} | {r['batch']} | {r['ms']:.1f} | "
+            f"{r['gps']:.1f} | {ratio} |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        pathlib.Path(out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
