@@ -16,11 +16,50 @@ _kernel -> launcher (`mamba2_launch`, no validation; `ssmquant.replay.simulate` 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
-from .common import slot_round_buffer, slot_static_scale, slot_write, store_slot_metrics
+from .common import slot_round_buffer, slot_static_scale, slot_write
+
+# Triton's interpreter (TRITON_INTERPRET=1, CPU) has no libdevice; it never fuses a multiply and an add either.
+_INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+# SSMQUANT_MAMBA2_FMA=0 compiles without FMA contraction (the kernel before it was enabled), for benchmarks that
+# time both in one run.
+_CONTRACT = os.environ.get("SSMQUANT_MAMBA2_FMA", "1") != "0"
+
+
+@triton.jit
+def _mul_add_rn(a, b, c):
+    """a * b + c rounded twice, as torch computes it: the kernel is compiled with FMA contraction on (for the
+    output dots and the metric sums), and mul.rn / add.rn with an explicit rounding mode are never contracted."""
+    if _INTERPRETING:
+        return a * b + c
+    else:
+        return libdevice.add_rn(libdevice.mul_rn(a, b), c)
+
+
+@triton.jit
+def _sum_squares(a):
+    """sum of a^2 over a tile [BN, BR]: over the state dim (in-thread, so the products and adds contract to one
+    FMA chain per row), then over the rows."""
+    return tl.sum(tl.sum(a * a, axis=0), axis=0)
+
+
+@triton.jit
+def _store_slot_metrics(metrics_ptr, k, slot_stride, base, s_var, s_ref, y_var, y_ref, ss_ref, yy_ref):
+    """Slot k's partial sums at a recorded step, to metrics [NV, R, B, H, NPB, 4] (base: this program's offset
+    within one slot): ||S~ - S||^2, ||S||^2 over its tile, ||y~ - y||^2, ||y||^2 over its rows (the reference's
+    two, ss_ref and yy_ref, are summed once for all slots)."""
+    dy = y_var - y_ref
+    p = metrics_ptr + k * slot_stride + base
+    tl.store(p + 0, _sum_squares(s_var - s_ref))
+    tl.store(p + 1, ss_ref)
+    tl.store(p + 2, tl.sum(dy * dy, axis=0))
+    tl.store(p + 3, yy_ref)
 
 
 @triton.jit
@@ -28,7 +67,7 @@ def _slot_update(s, a, dt, x, bvec, cvec, d, SPEC: tl.constexpr):
     """One variant's step: the buffered inputs in its buffer dtype, then the update and the output."""
     xb = slot_round_buffer(x, SPEC)
     bb = slot_round_buffer(bvec, SPEC)
-    s = a * s + bb[:, None] * (dt * xb)[None, :]
+    s = _mul_add_rn(a, s, bb[:, None] * (dt * xb)[None, :])
     return s, tl.sum(s * cvec[:, None], axis=0) + d * x
 
 
@@ -106,7 +145,7 @@ def _mamba2_emulate_kernel(
         a = tl.load(a_ptr + bt * H + h)
         bvec = tl.load(bm_ptr + (bt * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32)
         cvec = tl.load(cm_ptr + (bt * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32)
-        s_ref = a * s_ref + bvec[:, None] * (dt * x)[None, :]
+        s_ref = _mul_add_rn(a, s_ref, bvec[:, None] * (dt * x)[None, :])
         y_ref = tl.sum(s_ref * cvec[:, None], axis=0) + d * x
         v0, y0 = _slot_update(v0, a, dt, x, bvec, cvec, d, SPEC0)
         v0 = slot_write(v0, 0, t, bt, BT, write_ptr, seed_ptr, c0, sr_index, BLOCK_N, BLOCK_P, SPEC0)
@@ -128,19 +167,19 @@ def _mamba2_emulate_kernel(
         if (t + 1) % record_every == 0:
             rec = ((t + 1) // record_every - 1).to(tl.int64)
             base = (((rec * B + b) * H + h) * npb + pid_p) * 4
-            ss = tl.sum(tl.reshape(s_ref * s_ref, [BLOCK_N * BLOCK_P]), axis=0)
+            ss = _sum_squares(s_ref)
             yy = tl.sum(y_ref * y_ref, axis=0)
-            store_slot_metrics(metrics_ptr, 0, metrics_stride, base, v0, s_ref, y0, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+            _store_slot_metrics(metrics_ptr, 0, metrics_stride, base, v0, s_ref, y0, y_ref, ss, yy)
             if NV > 1:
-                store_slot_metrics(metrics_ptr, 1, metrics_stride, base, v1, s_ref, y1, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+                _store_slot_metrics(metrics_ptr, 1, metrics_stride, base, v1, s_ref, y1, y_ref, ss, yy)
             if NV > 2:
-                store_slot_metrics(metrics_ptr, 2, metrics_stride, base, v2, s_ref, y2, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+                _store_slot_metrics(metrics_ptr, 2, metrics_stride, base, v2, s_ref, y2, y_ref, ss, yy)
             if NV > 3:
-                store_slot_metrics(metrics_ptr, 3, metrics_stride, base, v3, s_ref, y3, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+                _store_slot_metrics(metrics_ptr, 3, metrics_stride, base, v3, s_ref, y3, y_ref, ss, yy)
             if NV > 4:
-                store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+                _store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy)
             if NV > 5:
-                store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+                _store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy)
 
 
 def mamba2_launch(
@@ -209,6 +248,7 @@ def mamba2_launch(
         SPEC4=padded[4],
         SPEC5=padded[5],
         num_warps=num_warps,
-        enable_fp_fusion=False,
+        enable_fp_fusion=_CONTRACT,  # contracts the dots and metric sums; the state update is _mul_add_rn
+        enable_reflect_ftz=False,  # libdevice's mul.rn / add.rn keep subnormals, as torch does
     )
     return metrics
