@@ -3,9 +3,11 @@
 Times `emulate_triton_steps` (one launch for all T steps, metrics every step) for a list of cases, each a
 variant list with the planned tiling or a forced (BLOCK_P, num_warps), at each batch size: H=64 heads,
 P=64, N=128, G=8 groups, inputs drawn on the GPU (silu of Gaussians, dt = softplus(z - 4) >= 1e-3).
-The nvfp4 RNE write is chosen at import by SSMQUANT_NVFP4_WRITE (fast, the default, or legacy: the write
-before the one-reciprocal-per-block rewrite), so benchmarks/gpu/kernels_nvfp4.sh runs this script once
-per implementation and sets the two against each other. G/s = G state-element-steps per second per
+Two choices are made at import, by environment variables: SSMQUANT_NVFP4_WRITE (fast, the default, or
+legacy: the nvfp4 RNE write before the one-reciprocal-per-block rewrite) and SSMQUANT_MAMBA2_FMA (1, the
+default, or 0: no FMA contraction of the output dots and metric sums). A run is labelled with them: "main"
+is legacy without FMA (the kernel before both changes), "fast+fma" the default. benchmarks/gpu/kernels_nvfp4.sh
+runs this script once per label and sets each against main. G/s = G state-element-steps per second per
 variant (B x H x P x N x T x variants / time).
 
     python benchmarks/bench_nvfp4.py [--steps 4096] [--batch 8,16] [--cases all] [--reps 3] [--json FILE]
@@ -114,7 +116,9 @@ def main():
     batches = [int(b) for b in args.batch.split(",")]
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_nvfp4.py needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 to check the script)")
-    impl = os.environ.get("SSMQUANT_NVFP4_WRITE", "fast")
+    write = os.environ.get("SSMQUANT_NVFP4_WRITE", "fast")
+    fma = os.environ.get("SSMQUANT_MAMBA2_FMA", "1") != "0"
+    impl = "main" if write == "legacy" and not fma else f"{write}+{'fma' if fma else 'nofma'}"
     small = args.device == "cpu"
     shape = (2, 64, 128, 1) if small else (64, 64, 128, 8)
     steps = 32 if args.warm else args.steps
@@ -136,7 +140,7 @@ def main():
             gps = len(variants) * elems * steps / t / 1e9
             rec = dict(impl=impl, case=name, variants=spec, tiling=plan, batch=batch, steps=steps, ms=t * 1e3, gps=gps)
             records.append(rec)
-            print(f"{impl:6s} {name:16s} batch {batch:2d} tiling {plan}: {t * 1e3:8.2f} ms {gps:7.1f} G/s", flush=True)
+            print(f"{impl:12s} {name:16s} batch {batch:2d} tiling {plan}: {t * 1e3:8.2f} ms {gps:7.1f} G/s", flush=True)
         del inputs
     if args.json and not args.warm:
         meta = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d"))
@@ -144,24 +148,24 @@ def main():
 
 
 def report(files: list[str], out: str | None) -> None:
-    """A markdown table of every run's records, each against the legacy write's median for its (case, batch)."""
+    """A markdown table of every run's records, each against main's median for its (case, batch)."""
     recs = [r for f in files for r in json.loads(pathlib.Path(f).read_text())]
     if not recs:
         sys.exit(f"no records in {files}")
-    legacy: dict[tuple, list[float]] = {}
+    main_runs: dict[tuple, list[float]] = {}
     for r in recs:
-        if r["impl"] == "legacy":
-            legacy.setdefault((r["case"], r["batch"]), []).append(r["gps"])
+        if r["impl"] == "main":
+            main_runs.setdefault((r["case"], r["batch"]), []).append(r["gps"])
     lines = [
         f"GPU: {recs[0]['gpu']}; torch {recs[0]['torch']}; triton {recs[0]['triton']}; date {recs[0]['date']}; "
-        f"T={recs[0]['steps']} steps, metrics every step. G/s per variant; x legacy = G/s over the legacy write's "
-        "(median of its runs) in the same case and batch.",
+        f"T={recs[0]['steps']} steps, metrics every step. G/s per variant; x main = G/s over main's (legacy nvfp4 "
+        "write, no FMA contraction; median of its runs) in the same case and batch.",
         "",
-        "| write | case | variants | tiling (BLOCK_P, warps) | batch | ms | G/s per variant | x legacy |",
+        "| kernel | case | variants | tiling (BLOCK_P, warps) | batch | ms | G/s per variant | x main |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(recs, key=lambda r: (r["batch"], r["case"], r["impl"])):
-        base = legacy.get((r["case"], r["batch"]))
+        base = main_runs.get((r["case"], r["batch"]))
         ratio = f"{r['gps'] / statistics.median(base):.2f}" if base else "—"
         tiling = " + ".join(f"({p}, {w})" for p, w in r["tiling"])
         lines.append(

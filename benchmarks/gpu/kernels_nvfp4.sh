@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# The nvfp4 write of the Mamba-2 emulation kernel on one GPU: its correctness tests at full shapes, and the
-# new write timed against the legacy one (and fp8) at Nemotron-3-Nano shapes, inside BUDGET (115) s of wall time.
+# The Mamba-2 emulation kernel's nvfp4 write and FMA-contracted sums on one GPU: the kernel tests at full shapes,
+# and the kernel timed at Nemotron-3-Nano shapes against main's (the legacy write, no contraction), inside BUDGET
+# (115) s of wall time.
 #
 #   OUT=/tmp/out bash benchmarks/gpu/kernels_nvfp4.sh       (from the repository root)
 #
 # 1. in parallel: the kernel tests (tests/kernels without KDA, three pytest processes; on a GPU they run at the
-#    real models' shapes) and one warm-up process per benchmark case and write, which compiles its kernels into
-#    Triton's cache (the compiles are CPU-bound; the timed runs then find them cached);
-# 2. benchmarks/bench_nvfp4.py, one process at a time on the idle GPU: the new (fast) write for every case, the
-#    legacy write (SSMQUANT_NVFP4_WRITE=legacy) for the nvfp4 cases, then the fast write's main cases again (the
-#    spread between the two fast runs is the noise to read the ratios against);
-# 3. the table of all runs, each against the legacy write (bench_nvfp4.py --report).
-# Writes $OUT/nvfp4_sweep.md (the table), $OUT/nvfp4_{fast,legacy,fast2}.json, $OUT/pytest.txt (its summary) and
-# $OUT/logs.tar.gz (every stage's log). A failed or timed-out stage is reported at the end and the script exits 1.
+#    real models' shapes) and one warm-up process per benchmark case and kernel build, which compiles its kernels
+#    into Triton's cache (the compiles are CPU-bound; the timed runs then find them cached);
+# 2. benchmarks/bench_nvfp4.py, one process at a time on the idle GPU: the default kernel (fast+fma) for every
+#    case (fp8 and nvfp4 conventional, nvfp4 at four forced tilings, nvfp4 replay16, the six default variants in
+#    one launch), main's (SSMQUANT_NVFP4_WRITE=legacy SSMQUANT_MAMBA2_FMA=0) and the new write without FMA
+#    contraction (fast+nofma) for the main cases, then fast+fma's main cases again (the spread between its two
+#    runs is the noise to read the ratios against);
+# 3. the table of all runs, each against main (bench_nvfp4.py --report).
+# Writes $OUT/nvfp4_sweep.md (the table), $OUT/nvfp4_{fast,main,nofma,fast2}.json, $OUT/pytest.txt (its summary)
+# and $OUT/logs.tar.gz (every stage's log). A failed or timed-out stage is reported at the end; the script then
+# exits 1.
 # BENCH_ARGS is appended to every bench_nvfp4.py call: a check of this script without a GPU runs it with
 #   TRITON_INTERPRET=1 BENCH_ARGS="--device cpu --steps 8 --batch 1 --reps 1" TESTS=0 OUT=/tmp/o bash ...
-# (TESTS=0 leaves the pytest processes out; FAST_CASES / LEGACY_CASES narrow the cases).
+# (TESTS=0 leaves the pytest processes out; FAST_CASES / MAIN_CASES narrow the cases).
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -32,7 +36,7 @@ stage() { # stage NAME LIMIT_S COMMAND...: run with a timeout, keep the log, pri
     local l
     l=$(left)
     ((limit > l)) && limit=$l
-    if ((limit < 10)); then
+    if ((l < 8)); then
         echo "== $name: SKIPPED, only ${l} s of the budget left"
         failed+=("$name (skipped)")
         return
@@ -53,17 +57,21 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 BENCH="python3 benchmarks/bench_nvfp4.py"
 BENCH_ARGS=${BENCH_ARGS:-}
 FAST_CASES=${FAST_CASES:-fp8_conv nvfp4_conv nvfp4_conv_8x1 nvfp4_conv_16x2 nvfp4_conv_32x2 nvfp4_conv_64x4 nvfp4_replay16 six}
-LEGACY_CASES=${LEGACY_CASES:-nvfp4_conv nvfp4_replay16 six}
+MAIN_CASES=${MAIN_CASES:-fp8_conv nvfp4_conv nvfp4_replay16 six}
+NOFMA_CASES="fp8_conv nvfp4_conv six"
+MAIN_ENV="SSMQUANT_NVFP4_WRITE=legacy SSMQUANT_MAMBA2_FMA=0"
 TESTS=${TESTS:-1}
 
 # 1. tests and warm-up compiles, all at once (16 CPU cores); each process under its own time limit
 parallel_start() {
     local limit=$1 pids=() rc=0 i=0 parts=()
+    # the Mamba-2 kernel's tests and the tile fake-quant's (GDN and KDA run other kernels: kernels.sh has them)
     ((TESTS)) && parts=("tests/kernels/test_nvfp4_write.py tests/kernels/test_int16_tile.py"
         "tests/kernels/test_emulation_kernels.py" "tests/kernels/test_multi_variant.py")
     for part in "${parts[@]}"; do
         # shellcheck disable=SC2086
-        timeout "$limit" python3 -m pytest -q -rfE -p no:cacheprovider $part >"$OUT/logs/pytest_$i.log" 2>&1 &
+        timeout "$limit" python3 -m pytest -q -rfE -p no:cacheprovider -k "not gdn and not kda" $part \
+            >"$OUT/logs/pytest_$i.log" 2>&1 &
         pids+=($!)
         i=$((i + 1))
     done
@@ -72,8 +80,12 @@ parallel_start() {
         timeout "$limit" $BENCH --warm --cases "$c" $BENCH_ARGS >"$OUT/logs/warm_fast_$c.log" 2>&1 &
         warm+=($!)
     done
-    for c in $LEGACY_CASES; do
-        SSMQUANT_NVFP4_WRITE=legacy timeout "$limit" $BENCH --warm --cases "$c" $BENCH_ARGS >"$OUT/logs/warm_legacy_$c.log" 2>&1 &
+    for c in $MAIN_CASES; do
+        env $MAIN_ENV timeout "$limit" $BENCH --warm --cases "$c" $BENCH_ARGS >"$OUT/logs/warm_main_$c.log" 2>&1 &
+        warm+=($!)
+    done
+    for c in $NOFMA_CASES; do
+        SSMQUANT_MAMBA2_FMA=0 timeout "$limit" $BENCH --warm --cases "$c" $BENCH_ARGS >"$OUT/logs/warm_nofma_$c.log" 2>&1 &
         warm+=($!)
     done
     for pid in "${pids[@]+"${pids[@]}"}"; do wait "$pid" || rc=1; done
@@ -83,26 +95,30 @@ parallel_start() {
     return $rc
 }
 export -f parallel_start
-export OUT BENCH BENCH_ARGS FAST_CASES LEGACY_CASES TESTS
+export OUT BENCH BENCH_ARGS FAST_CASES MAIN_CASES NOFMA_CASES MAIN_ENV TESTS
 l=$(left)
-stage tests_and_warmup $((l - 40)) bash -c "parallel_start $((l - 45))"
+stage tests_and_warmup $((l - 55)) bash -c "parallel_start $((l - 58))"
 grep -hE "passed|failed|error" "$OUT"/logs/pytest_*.log >"$OUT/pytest.txt" 2>/dev/null
 
 # 2. timed runs, one process at a time
+csv() { echo "$*" | tr ' ' ,; }
 # shellcheck disable=SC2086
-stage bench_fast 18 $BENCH --batch 8,16 --cases "$(echo $FAST_CASES | tr ' ' ,)" --json "$OUT/nvfp4_fast.json" $BENCH_ARGS
+stage bench_fast 18 $BENCH --batch 8,16 --cases "$(csv $FAST_CASES)" --json "$OUT/nvfp4_fast.json" $BENCH_ARGS
 # shellcheck disable=SC2086
-stage bench_legacy 12 env SSMQUANT_NVFP4_WRITE=legacy $BENCH --batch 8,16 --cases "$(echo $LEGACY_CASES | tr ' ' ,)" \
-    --json "$OUT/nvfp4_legacy.json" $BENCH_ARGS
+stage bench_main 11 env $MAIN_ENV $BENCH --batch 8,16 --cases "$(csv $MAIN_CASES)" --json "$OUT/nvfp4_main.json" \
+    $BENCH_ARGS
 # shellcheck disable=SC2086
-stage bench_fast2 10 $BENCH --batch 8,16 --cases fp8_conv,nvfp4_conv,nvfp4_replay16 --json "$OUT/nvfp4_fast2.json" \
+stage bench_nofma 9 env SSMQUANT_MAMBA2_FMA=0 $BENCH --batch 8,16 --cases "$(csv $NOFMA_CASES)" \
+    --json "$OUT/nvfp4_nofma.json" $BENCH_ARGS
+# shellcheck disable=SC2086
+stage bench_fast2 9 $BENCH --batch 8,16 --cases fp8_conv,nvfp4_conv,nvfp4_replay16 --json "$OUT/nvfp4_fast2.json" \
     $BENCH_ARGS
 
 # 3. the table
 runs=$(ls "$OUT"/nvfp4_*.json 2>/dev/null)
 if [[ -n $runs ]]; then
     # shellcheck disable=SC2086
-    stage report 10 $BENCH --report $runs --out "$OUT/nvfp4_sweep.md"
+    stage report 6 $BENCH --report $runs --out "$OUT/nvfp4_sweep.md"
 fi
 
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"

@@ -71,7 +71,8 @@ def _slot_update(s, a, dt, x, bvec, cvec, d, SPEC: tl.constexpr):
     return s, tl.sum(s * cvec[:, None], axis=0) + d * x
 
 
-@triton.jit
+# batch size and offset vary with the batch slices of one run: not specialised, so that they share one compile
+@triton.jit(do_not_specialize=["B", "batch_offset"])
 def _mamba2_emulate_kernel(
     x_ptr,
     dt_ptr,
