@@ -24,9 +24,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from .common import slot_round_buffer, slot_static_scale, slot_write
+from .rounding import INTERPRETING
 
-# Triton's interpreter (TRITON_INTERPRET=1, CPU) has no libdevice; it never fuses a multiply and an add either.
-_INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 # SSMQUANT_MAMBA2_FMA=0 compiles without FMA contraction (the kernel before it was enabled), for benchmarks that
 # time both in one run.
 _CONTRACT = os.environ.get("SSMQUANT_MAMBA2_FMA", "1") != "0"
@@ -36,7 +35,7 @@ _CONTRACT = os.environ.get("SSMQUANT_MAMBA2_FMA", "1") != "0"
 def _mul_add_rn(a, b, c):
     """a * b + c rounded twice, as torch computes it: the kernel is compiled with FMA contraction on (for the
     output dots and the metric sums), and mul.rn / add.rn with an explicit rounding mode are never contracted."""
-    if _INTERPRETING:
+    if INTERPRETING:  # no libdevice there, and no fused multiply-add either
         return a * b + c
     else:
         return libdevice.add_rn(libdevice.mul_rn(a, b), c)

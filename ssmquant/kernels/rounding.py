@@ -14,6 +14,7 @@ import os
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from ..formats import Encoding
 
@@ -28,6 +29,10 @@ FORMAT_CODES = {
     Encoding.NVFP4: FMT_NVFP4,
     Encoding.INT16: FMT_INT16,
 }
+
+# Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) has no libdevice; its arithmetic is numpy's, correctly
+# rounded and never fused.
+INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 # random-bit mixer constants (see ssmquant.formats.random)
 _MIX_MUL_1 = 0x7FEB352D
@@ -215,7 +220,7 @@ def fake_quant_tile(
 
 # The nvfp4 RNE write without one correctly rounded division per element (`nvfp4_rne_blocks`): quotients by
 # reciprocals, exact unless one lands near a rounding midpoint of its grid; margins in units of the grid spacing.
-# E2M1 (x / d by x * (1 / d), 1 / d within 2 ulps): the fast and the correctly rounded quotient differ by
+# E2M1 (x / d by x * approx_reciprocal(d)): the fast and the correctly rounded quotient differ by
 # < 1.5 * 2^-22 |x / d| < 2^-19.4 spacings (|x / d| < 4 spacings); the margin keeps 2^-18 from a midpoint.
 _E2M1_MARGIN = tl.constexpr(0.5 - 2.0**-18)
 # E4M3 block scales (bamax * RN(1 / (6 s2))): < 1.5 * 2^-23 relative, < 2^-18.4 spacings (16 spacings at most).
@@ -249,6 +254,16 @@ def rne_with_distance(a, MBITS: tl.constexpr, EMIN: tl.constexpr):
 
 
 @triton.jit
+def approx_reciprocal(d):
+    """1 / d within 2 ulps for |d| in [2^-126, 2^126]: PTX div.approx.f32 (a MUFU.RCP and a multiply, without
+    div.full's range scaling); in the interpreter, the correctly rounded 1 / d."""
+    if INTERPRETING:
+        return 1.0 / d
+    else:
+        return libdevice.fast_dividef(tl.full(d.shape, 1.0, tl.float32), d)
+
+
+@triton.jit
 def nvfp4_rne_blocks(blocks, bamax, s2, BN: tl.constexpr, BR: tl.constexpr):
     """NVFP4 RNE encode of 16-element blocks, as `formats.codec.encode`: (E2M1 values q [BN // 16, 16, BR],
     decode scales d [BN // 16, BR]) of blocks [BN // 16, 16, BR] with block amax bamax [BN // 16, BR] and
@@ -268,7 +283,7 @@ def nvfp4_rne_blocks(blocks, bamax, s2, BN: tl.constexpr, BR: tl.constexpr):
     bs = tl.minimum(tl.maximum(tl.where(q6 == 0.0, 1.0, q6), 0.001953125), 448.0)
     bs, bs_dist = rne_with_distance(bs, 3, -6)
     d = bs * s2[None, :]  # [BN // 16, BR]
-    v = blocks * (1.0 / d)[:, None, :]  # the division: approximate (within 2 ulps) on the GPU
+    v = blocks * approx_reciprocal(d)[:, None, :]
     q, dist = rne_with_distance(tl.minimum(tl.abs(v), 6.0), 1, 0)
     q = (q.to(tl.uint32, bitcast=True) | (v.to(tl.uint32, bitcast=True) & 0x80000000)).to(tl.float32, bitcast=True)
     blk_bad = (bs_dist > _E4M3_MARGIN) | ((bamax > 0.0) & (q6 < _TINY))
