@@ -120,7 +120,10 @@ def _mamba2_emulate_kernel(
     head_base = (b64 * H + h) * P
     state_offs = (head_base + rows)[None, :] * N + cols[:, None]  # [BLOCK_N, BLOCK_P] flat indices
     if HAS_S0:
-        s_ref = tl.load(s0_ptr + state_offs, mask=tile_ok, other=0.0)
+        # N is contiguous in memory; told so, Triton lays the whole loop out along it (32 lanes over N, every
+        # per-row reduction crossing lanes: the slow tile). Hidden, the tile keeps the rows on the lanes.
+        s0_offs = (head_base + rows)[None, :] * N + tl.max_contiguous(cols, 1)[:, None]
+        s_ref = tl.load(s0_ptr + s0_offs, mask=tile_ok, other=0.0)
     else:
         s_ref = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
     v0, v1, v2, v3, v4, v5 = s_ref, s_ref, s_ref, s_ref, s_ref, s_ref
