@@ -3,10 +3,11 @@
 Times `emulate_triton_steps` (one launch for all T steps, metrics every step) for a list of cases, each a
 variant list with the planned tiling or a forced (BLOCK_P, num_warps), at each batch size: H=64 heads,
 P=64, N=128, G=8 groups, inputs drawn on the GPU (silu of Gaussians, dt = softplus(z - 4) >= 1e-3).
-Two choices are made at import, by environment variables: SSMQUANT_NVFP4_WRITE (fast, the default, or
-legacy: the nvfp4 RNE write before the one-reciprocal-per-block rewrite) and SSMQUANT_MAMBA2_FMA (1, the
-default, or 0: no FMA contraction of the output dots and metric sums). A run is labelled with them: "main"
-is legacy without FMA (the kernel before both changes), "fast+fma" the default. benchmarks/gpu/kernels_nvfp4.sh
+Three choices are made at import, by environment variables: SSMQUANT_NVFP4_WRITE (fast, the default, or
+legacy: the nvfp4 RNE write before the one-reciprocal-per-block rewrite), SSMQUANT_MAMBA2_FMA (1, the
+default, or 0: no FMA contraction of the output dots and metric sums) and SSMQUANT_MAMBA2_S0_HINT (1, the
+default, or 0: the initial state loaded without the hint that keeps the tile's layout). A run is labelled
+with them: "main" is legacy, 0, 0 (the kernel before the three changes), "fast+fma" the default. benchmarks/gpu/kernels_nvfp4.sh
 runs this script once per label and sets each against main. G/s = G state-element-steps per second per
 variant (B x H x P x N x T x variants / time).
 
@@ -129,7 +130,10 @@ def main():
         sys.exit("bench_nvfp4.py needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 to check the script)")
     write = os.environ.get("SSMQUANT_NVFP4_WRITE", "fast")
     fma = os.environ.get("SSMQUANT_MAMBA2_FMA", "1") != "0"
-    impl = "main" if write == "legacy" and not fma else f"{write}+{'fma' if fma else 'nofma'}"
+    hint = os.environ.get("SSMQUANT_MAMBA2_S0_HINT", "1") != "0"
+    impl = "main" if write == "legacy" and not fma and not hint else f"{write}+{'fma' if fma else 'nofma'}"
+    if not hint and impl != "main":
+        impl += "-nohint"
     small = args.device == "cpu"
     shape = (2, 64, 128, 1) if small else (64, 64, 128, 8)
     steps = 32 if args.warm else args.steps

@@ -10,9 +10,9 @@
 #    into Triton's cache (the compiles are CPU-bound; the timed runs then find them cached);
 # 2. benchmarks/bench_nvfp4.py, one process at a time on the idle GPU: the default kernel (fast+fma) for every
 #    case (fp8 and nvfp4 conventional, nvfp4 from an initial state and at four forced tilings, nvfp4 replay16,
-#    the six default variants in one launch), main's (SSMQUANT_NVFP4_WRITE=legacy SSMQUANT_MAMBA2_FMA=0) and the new write without FMA
-#    contraction (fast+nofma) for the main cases, then fast+fma's main cases again (the spread between its two
-#    runs is the noise to read the ratios against);
+#    the six default variants in one launch), main's (SSMQUANT_NVFP4_WRITE=legacy SSMQUANT_MAMBA2_FMA=0
+#    SSMQUANT_MAMBA2_S0_HINT=0) and the new write without FMA contraction (fast+nofma) for the main cases,
+#    then fast+fma's main cases again (the spread between its two runs is the noise to read the ratios against);
 # 3. the table of all runs, each against main (bench_nvfp4.py --report).
 # Writes $OUT/nvfp4_sweep.md (the table), $OUT/nvfp4_{fast,main,nofma,fast2}.json, $OUT/pytest.txt (its summary)
 # and $OUT/logs.tar.gz (every stage's log). A failed or timed-out stage is reported at the end; the script then
@@ -57,9 +57,9 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 BENCH="python3 benchmarks/bench_nvfp4.py"
 BENCH_ARGS=${BENCH_ARGS:-}
 FAST_CASES=${FAST_CASES:-fp8_conv nvfp4_conv nvfp4_conv_s0 nvfp4_conv_8x1 nvfp4_conv_16x2 nvfp4_conv_32x2 nvfp4_conv_64x4 nvfp4_replay16 six}
-MAIN_CASES=${MAIN_CASES:-fp8_conv nvfp4_conv nvfp4_replay16 six}
+MAIN_CASES=${MAIN_CASES:-fp8_conv nvfp4_conv nvfp4_conv_s0 nvfp4_replay16 six}
 NOFMA_CASES="fp8_conv nvfp4_conv six"
-MAIN_ENV="SSMQUANT_NVFP4_WRITE=legacy SSMQUANT_MAMBA2_FMA=0"
+MAIN_ENV="SSMQUANT_NVFP4_WRITE=legacy SSMQUANT_MAMBA2_FMA=0 SSMQUANT_MAMBA2_S0_HINT=0"
 TESTS=${TESTS:-1}
 
 # 1. tests and warm-up compiles, all at once (16 CPU cores); each process under its own time limit

@@ -26,9 +26,10 @@ from triton.language.extra import libdevice
 from .common import slot_round_buffer, slot_static_scale, slot_write
 from .rounding import INTERPRETING
 
-# SSMQUANT_MAMBA2_FMA=0 compiles without FMA contraction (the kernel before it was enabled), for benchmarks that
-# time both in one run.
+# For benchmarks that time the kernel before and after in one run: SSMQUANT_MAMBA2_FMA=0 compiles without FMA
+# contraction, SSMQUANT_MAMBA2_S0_HINT=0 loads the initial state without the contiguity hint.
 _CONTRACT = os.environ.get("SSMQUANT_MAMBA2_FMA", "1") != "0"
+_S0_HINT = tl.constexpr(os.environ.get("SSMQUANT_MAMBA2_S0_HINT", "1") != "0")
 
 
 @triton.jit
@@ -122,7 +123,10 @@ def _mamba2_emulate_kernel(
     if HAS_S0:
         # N is contiguous in memory; told so, Triton lays the whole loop out along it (32 lanes over N, every
         # per-row reduction crossing lanes: the slow tile). Hidden, the tile keeps the rows on the lanes.
-        s0_offs = (head_base + rows)[None, :] * N + tl.max_contiguous(cols, 1)[:, None]
+        if _S0_HINT:
+            s0_offs = (head_base + rows)[None, :] * N + tl.max_contiguous(cols, 1)[:, None]
+        else:
+            s0_offs = state_offs
         s_ref = tl.load(s0_ptr + s0_offs, mask=tile_ok, other=0.0)
     else:
         s_ref = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
