@@ -3,11 +3,12 @@
 Times `emulate_triton_steps` (one launch for all T steps, metrics every step) for a list of cases, each a
 variant list with the planned tiling or a forced (BLOCK_P, num_warps), at each batch size: H=64 heads,
 P=64, N=128, G=8 groups, inputs drawn on the GPU (silu of Gaussians, dt = softplus(z - 4) >= 1e-3).
-Three choices are made at import, by environment variables: SSMQUANT_NVFP4_WRITE (fast, the default, or
-legacy: the nvfp4 RNE write before the one-reciprocal-per-block rewrite), SSMQUANT_MAMBA2_FMA (1, the
-default, or 0: no FMA contraction of the output dots and metric sums) and SSMQUANT_MAMBA2_S0_HINT (1, the
-default, or 0: the initial state loaded without the hint that keeps the tile's layout). A run is labelled
-with them: "main" is legacy, 0, 0 (the kernel before the three changes), "fast+fma" the default. benchmarks/gpu/kernels_nvfp4.sh
+Four choices are made at import, by environment variables, each defaulting to the new kernel:
+SSMQUANT_NVFP4_WRITE=legacy (the nvfp4 RNE write before the one-reciprocal-per-block rewrite),
+SSMQUANT_MAMBA2_FMA=0 (no FMA contraction of the output dots and metric sums), SSMQUANT_MAMBA2_S0_HINT=0
+(the initial state loaded without the hint that keeps the tile's layout) and SSMQUANT_MAMBA2_KMAJOR=0 (the
+tile's state dim in column order). A run is labelled "main" with all four set (the kernel before the
+changes), "new" with none, else "new" and what is set (e.g. "new-nofma"). benchmarks/gpu/kernels_nvfp4.sh
 runs this script once per label and sets each against main. G/s = G state-element-steps per second per
 variant (B x H x P x N x T x variants / time).
 
@@ -128,12 +129,13 @@ def main():
     batches = [int(b) for b in args.batch.split(",")]
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_nvfp4.py needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 to check the script)")
-    write = os.environ.get("SSMQUANT_NVFP4_WRITE", "fast")
-    fma = os.environ.get("SSMQUANT_MAMBA2_FMA", "1") != "0"
-    hint = os.environ.get("SSMQUANT_MAMBA2_S0_HINT", "1") != "0"
-    impl = "main" if write == "legacy" and not fma and not hint else f"{write}+{'fma' if fma else 'nofma'}"
-    if not hint and impl != "main":
-        impl += "-nohint"
+    old = {
+        "legacywrite": os.environ.get("SSMQUANT_NVFP4_WRITE", "fast") == "legacy",
+        "nofma": os.environ.get("SSMQUANT_MAMBA2_FMA", "1") == "0",
+        "nohint": os.environ.get("SSMQUANT_MAMBA2_S0_HINT", "1") == "0",
+        "colorder": os.environ.get("SSMQUANT_MAMBA2_KMAJOR", "1") == "0",
+    }
+    impl = "main" if all(old.values()) else "new" + "".join(f"-{k}" for k, v in old.items() if v)
     small = args.device == "cpu"
     shape = (2, 64, 128, 1) if small else (64, 64, 128, 8)
     steps = 32 if args.warm else args.steps
@@ -176,7 +178,7 @@ def report(files: list[str], out: str | None) -> None:
     lines = [
         f"GPU: {recs[0]['gpu']}; torch {recs[0]['torch']}; triton {recs[0]['triton']}; date {recs[0]['date']}; "
         f"T={recs[0]['steps']} steps, metrics every step. G/s per variant; x main = G/s over main's (legacy nvfp4 "
-        "write, no FMA contraction; median of its runs) in the same case and batch.",
+        "write, no FMA contraction, column order; median of its runs) in the same case and batch.",
         "",
         "| kernel | case | variants | tiling (BLOCK_P, warps) | batch | ms | G/s per variant | x main |",
         "|---|---|---|---|---|---|---|---|",

@@ -43,7 +43,7 @@ def compile_and_count(kind: str, nv: int, block_p: int, num_warps: int) -> str:
         fn = _mamba2_emulate_kernel
         ptrs = dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
         ptrs.update(x_ptr="*bf16", bm_ptr="*bf16", cm_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
-        const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, NV=nv)
+        const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, NV=nv, KMAJOR=True)
     else:
         fn = _delta_rule_emulate_kernel
         ptrs = dict.fromkeys(["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")

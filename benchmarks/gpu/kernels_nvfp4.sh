@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# The Mamba-2 emulation kernel's nvfp4 write and FMA-contracted sums on one GPU: the kernel tests at full shapes,
-# and the kernel timed at Nemotron-3-Nano shapes against main's (the legacy write, no contraction), inside BUDGET
+# The Mamba-2 emulation kernel (new nvfp4 write, FMA-contracted sums, k-major tile, initial-state hint) on one GPU:
+# the kernel tests at full shapes, and the kernel timed at Nemotron-3-Nano shapes against main's, inside BUDGET
 # (115) s of wall time.
 #
 #   OUT=/tmp/out bash benchmarks/gpu/kernels_nvfp4.sh       (from the repository root)
 #
-# 1. in parallel: the kernel tests (tests/kernels without KDA, three pytest processes; on a GPU they run at the
-#    real models' shapes) and one warm-up process per benchmark case and kernel build, which compiles its kernels
-#    into Triton's cache (the compiles are CPU-bound; the timed runs then find them cached);
-# 2. benchmarks/bench_nvfp4.py, one process at a time on the idle GPU: the default kernel (fast+fma) for every
-#    case (fp8 and nvfp4 conventional, nvfp4 from an initial state and at four forced tilings, nvfp4 replay16,
-#    the six default variants in one launch), main's (SSMQUANT_NVFP4_WRITE=legacy SSMQUANT_MAMBA2_FMA=0
-#    SSMQUANT_MAMBA2_S0_HINT=0) and the new write without FMA contraction (fast+nofma) for the main cases,
-#    then fast+fma's main cases again (the spread between its two runs is the noise to read the ratios against);
+# 1. in parallel: the Mamba-2 kernel tests (tests/kernels without GDN and KDA, three pytest processes; on a GPU
+#    they run at the real models' shapes) and one warm-up process per benchmark case and kernel build, which
+#    compiles its kernels into Triton's cache (the compiles are CPU-bound; the timed runs then find them cached);
+# 2. benchmarks/bench_nvfp4.py, one process at a time on the idle GPU: the new kernel for every case (fp8 and
+#    nvfp4 conventional, nvfp4 from an initial state and at four forced tilings, nvfp4 replay16, the six default
+#    variants in one launch), main's (MAIN_ENV: the four knobs that restore it) and the new kernel without FMA
+#    contraction (new-nofma) for the main cases, then the new kernel's main cases again (the spread between its
+#    two runs is the noise to read the ratios against);
 # 3. the table of all runs, each against main (bench_nvfp4.py --report).
 # Writes $OUT/nvfp4_sweep.md (the table), $OUT/nvfp4_{fast,main,nofma,fast2}.json, $OUT/pytest.txt (its summary)
 # and $OUT/logs.tar.gz (every stage's log). A failed or timed-out stage is reported at the end; the script then
@@ -59,7 +59,7 @@ BENCH_ARGS=${BENCH_ARGS:-}
 FAST_CASES=${FAST_CASES:-fp8_conv nvfp4_conv nvfp4_conv_s0 nvfp4_conv_8x1 nvfp4_conv_16x2 nvfp4_conv_32x2 nvfp4_conv_64x4 nvfp4_replay16 six}
 MAIN_CASES=${MAIN_CASES:-fp8_conv nvfp4_conv nvfp4_conv_s0 nvfp4_replay16 six}
 NOFMA_CASES="fp8_conv nvfp4_conv six"
-MAIN_ENV="SSMQUANT_NVFP4_WRITE=legacy SSMQUANT_MAMBA2_FMA=0 SSMQUANT_MAMBA2_S0_HINT=0"
+MAIN_ENV="SSMQUANT_NVFP4_WRITE=legacy SSMQUANT_MAMBA2_FMA=0 SSMQUANT_MAMBA2_S0_HINT=0 SSMQUANT_MAMBA2_KMAJOR=0"
 TESTS=${TESTS:-1}
 
 # 1. tests and warm-up compiles, all at once (16 CPU cores); each process under its own time limit

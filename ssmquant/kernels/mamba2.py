@@ -23,13 +23,15 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .common import slot_round_buffer, slot_static_scale, slot_write
-from .rounding import INTERPRETING
+from .common import slot_round_buffer, slot_static_scale
+from .rounding import INTERPRETING, fake_quant_tile, stream_key
 
 # For benchmarks that time the kernel before and after in one run: SSMQUANT_MAMBA2_FMA=0 compiles without FMA
 # contraction, SSMQUANT_MAMBA2_S0_HINT=0 loads the initial state without the contiguity hint.
 _CONTRACT = os.environ.get("SSMQUANT_MAMBA2_FMA", "1") != "0"
 _S0_HINT = tl.constexpr(os.environ.get("SSMQUANT_MAMBA2_S0_HINT", "1") != "0")
+# SSMQUANT_MAMBA2_KMAJOR=0: the tile's state dim in column order (see KMAJOR in the kernel)
+_KMAJOR = os.environ.get("SSMQUANT_MAMBA2_KMAJOR", "1") != "0"
 
 
 @triton.jit
@@ -60,6 +62,34 @@ def _store_slot_metrics(metrics_ptr, k, slot_stride, base, s_var, s_ref, y_var, 
     tl.store(p + 1, ss_ref)
     tl.store(p + 2, tl.sum(dy * dy, axis=0))
     tl.store(p + 3, yy_ref)
+
+
+@triton.jit
+def _slot_write(
+    s,
+    k,
+    t,
+    bt,
+    BT,
+    write_ptr,
+    seed_ptr,
+    static_scale,
+    sr_index,
+    BN: tl.constexpr,
+    BR: tl.constexpr,
+    SPEC: tl.constexpr,
+    KMAJOR: tl.constexpr,
+):
+    """Slot k's store-and-reload of its state tile at step t, if its write mask [NV, B, T] says so (`common.slot_write`
+    for a tile in KMAJOR order)."""
+    if tl.load(write_ptr + k * BT + bt) != 0:
+        key = stream_key(tl.load(seed_ptr + k), t)
+        fmt: tl.constexpr = SPEC % 8
+        group: tl.constexpr = SPEC // 128
+        static: tl.constexpr = (SPEC // 16) % 2 == 1
+        sr: tl.constexpr = (SPEC // 8) % 2 == 1
+        s = fake_quant_tile(s, static_scale, sr_index, key, BN, BR, fmt, group, static, sr, KMAJOR)
+    return s
 
 
 @triton.jit
@@ -98,6 +128,7 @@ def _mamba2_emulate_kernel(
     BLOCK_N: tl.constexpr,
     HAS_S0: tl.constexpr,
     NV: tl.constexpr,
+    KMAJOR: tl.constexpr,
     SPEC0: tl.constexpr,
     SPEC1: tl.constexpr,
     SPEC2: tl.constexpr,
@@ -112,7 +143,14 @@ def _mamba2_emulate_kernel(
     h = pid_bh % H
     g = h // HEADS_PER_GROUP
     rows = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    cols = tl.arange(0, BLOCK_N)
+    if KMAJOR:
+        # tile position k * (BLOCK_N // 16) + i holds state column 16 i + k: the default layout spreads the tile's
+        # axis 0 over lanes with a stride, so each lane holds whole 16-element blocks (nvfp4 block maxima and
+        # scales without shuffles, each computed by one lane instead of all); every other use is order-free
+        pos = tl.arange(0, BLOCK_N)
+        cols = (pos % (BLOCK_N // 16)) * 16 + pos // (BLOCK_N // 16)
+    else:
+        cols = tl.arange(0, BLOCK_N)
     row_ok = rows < P
     col_ok = cols < N
     tile_ok = col_ok[:, None] & row_ok[None, :]
@@ -155,22 +193,22 @@ def _mamba2_emulate_kernel(
         s_ref = _mul_add_rn(a, s_ref, bvec[:, None] * (dt * x)[None, :])
         y_ref = tl.sum(s_ref * cvec[:, None], axis=0) + d * x
         v0, y0 = _slot_update(v0, a, dt, x, bvec, cvec, d, SPEC0)
-        v0 = slot_write(v0, 0, t, bt, BT, write_ptr, seed_ptr, c0, sr_index, BLOCK_N, BLOCK_P, SPEC0)
+        v0 = _slot_write(v0, 0, t, bt, BT, write_ptr, seed_ptr, c0, sr_index, BLOCK_N, BLOCK_P, SPEC0, KMAJOR)
         if NV > 1:
             v1, y1 = _slot_update(v1, a, dt, x, bvec, cvec, d, SPEC1)
-            v1 = slot_write(v1, 1, t, bt, BT, write_ptr, seed_ptr, c1, sr_index, BLOCK_N, BLOCK_P, SPEC1)
+            v1 = _slot_write(v1, 1, t, bt, BT, write_ptr, seed_ptr, c1, sr_index, BLOCK_N, BLOCK_P, SPEC1, KMAJOR)
         if NV > 2:
             v2, y2 = _slot_update(v2, a, dt, x, bvec, cvec, d, SPEC2)
-            v2 = slot_write(v2, 2, t, bt, BT, write_ptr, seed_ptr, c2, sr_index, BLOCK_N, BLOCK_P, SPEC2)
+            v2 = _slot_write(v2, 2, t, bt, BT, write_ptr, seed_ptr, c2, sr_index, BLOCK_N, BLOCK_P, SPEC2, KMAJOR)
         if NV > 3:
             v3, y3 = _slot_update(v3, a, dt, x, bvec, cvec, d, SPEC3)
-            v3 = slot_write(v3, 3, t, bt, BT, write_ptr, seed_ptr, c3, sr_index, BLOCK_N, BLOCK_P, SPEC3)
+            v3 = _slot_write(v3, 3, t, bt, BT, write_ptr, seed_ptr, c3, sr_index, BLOCK_N, BLOCK_P, SPEC3, KMAJOR)
         if NV > 4:
             v4, y4 = _slot_update(v4, a, dt, x, bvec, cvec, d, SPEC4)
-            v4 = slot_write(v4, 4, t, bt, BT, write_ptr, seed_ptr, c4, sr_index, BLOCK_N, BLOCK_P, SPEC4)
+            v4 = _slot_write(v4, 4, t, bt, BT, write_ptr, seed_ptr, c4, sr_index, BLOCK_N, BLOCK_P, SPEC4, KMAJOR)
         if NV > 5:
             v5, y5 = _slot_update(v5, a, dt, x, bvec, cvec, d, SPEC5)
-            v5 = slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, BLOCK_N, BLOCK_P, SPEC5)
+            v5 = _slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, BLOCK_N, BLOCK_P, SPEC5, KMAJOR)
         if (t + 1) % record_every == 0:
             rec = ((t + 1) // record_every - 1).to(tl.int64)
             base = (((rec * B + b) * H + h) * npb + pid_p) * 4
@@ -248,6 +286,7 @@ def mamba2_launch(
         BLOCK_N=block_n,
         HAS_S0=s0 is not None,
         NV=nv,
+        KMAJOR=_KMAJOR and block_n % 16 == 0,
         SPEC0=padded[0],
         SPEC1=padded[1],
         SPEC2=padded[2],

@@ -161,6 +161,7 @@ def fake_quant_tile(
     GROUP: tl.constexpr,
     STATIC: tl.constexpr,
     SR: tl.constexpr,
+    KMAJOR: tl.constexpr = False,
 ):
     """Store-and-reload of a state tile in format FMT: the FP32 values that come back.
 
@@ -169,6 +170,9 @@ def fake_quant_tile(
     static_scale: [BR] decode scale of each row's group (STATIC only); index: [BN, BR] flat element
     indices (SR counters); key: the write's stream key. GROUP rows share one scale (GROUP divides BR;
     a whole head is GROUP = BR). Padded rows / columns must hold zeros.
+    KMAJOR: the tile's axis 0 holds state column 16 i + k at position k * (BN // 16) + i (nvfp4 block i,
+    element k): with the default layout each thread then holds whole 16-element blocks (mamba2.py).
+    Only nvfp4 looks at the order; every other format reduces over the whole state dim.
     """
     if FMT == 0:
         return s
@@ -197,10 +201,16 @@ def fake_quant_tile(
         q = round_element(s * mult[None, :], u, bits, FMT, SR)
         return q * dec[None, :]
     elif _NVFP4_LEGACY_WRITE and not SR:
+        tl.static_assert(not KMAJOR, "the legacy nvfp4 write takes tiles in column order")
         return _nvfp4_tile_legacy(s, static_scale, BN, BR, GROUP, STATIC)
     else:
-        blocks = tl.reshape(s, [BN // 16, 16, BR])
-        bamax = tl.max(tl.abs(blocks), axis=1)  # [BN // 16, BR]
+        if KMAJOR:
+            blocks = tl.reshape(s, [16, BN // 16, BR])
+            BAXIS: tl.constexpr = 0
+        else:
+            blocks = tl.reshape(s, [BN // 16, 16, BR])
+            BAXIS: tl.constexpr = 1
+        bamax = tl.max(tl.abs(blocks), axis=BAXIS)  # [BN // 16, BR]
         if STATIC:
             s2 = static_scale
         else:  # the row amax is the max of its blocks' (max is exact: the same bits as over the elements)
@@ -211,11 +221,11 @@ def fake_quant_tile(
             bs = tl.where(bs == 0.0, 1.0, bs)
             bs = round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False)
             d = bs * s2[None, :]  # [BN // 16, BR]
-            v = tl.math.div_rn(blocks, d[:, None, :])
-            q = tl.reshape(round_element(tl.reshape(v, [BN, BR]), u, bits, 5, SR), [BN // 16, 16, BR])
+            v = tl.math.div_rn(blocks, tl.expand_dims(d, BAXIS))
+            q = tl.reshape(round_element(tl.reshape(v, [BN, BR]), u, bits, 5, SR), blocks.shape)
         else:
-            q, d = nvfp4_rne_blocks(blocks, bamax, s2, BN, BR)
-        return tl.reshape(q * d[:, None, :], [BN, BR])
+            q, d = nvfp4_rne_blocks(blocks, bamax, s2, BR, BAXIS)
+        return tl.reshape(q * tl.expand_dims(d, BAXIS), [BN, BR])
 
 
 # The nvfp4 RNE write without one correctly rounded division per element (`nvfp4_rne_blocks`): quotients by
@@ -264,10 +274,10 @@ def approx_reciprocal(d):
 
 
 @triton.jit
-def nvfp4_rne_blocks(blocks, bamax, s2, BN: tl.constexpr, BR: tl.constexpr):
-    """NVFP4 RNE encode of 16-element blocks, as `formats.codec.encode`: (E2M1 values q [BN // 16, 16, BR],
-    decode scales d [BN // 16, BR]) of blocks [BN // 16, 16, BR] with block amax bamax [BN // 16, BR] and
-    second-level scales s2 [BR].
+def nvfp4_rne_blocks(blocks, bamax, s2, BR: tl.constexpr, BAXIS: tl.constexpr):
+    """NVFP4 RNE encode of 16-element blocks, as `formats.codec.encode`: (E2M1 values q shaped like blocks,
+    decode scales d [NB, BR]) of blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR] (BAXIS = 0, the elements of a
+    block along axis 0), with block amax bamax [NB, BR] and second-level scales s2 [BR].
 
     The reference divides every block amax by 6 s2 and every element by its block's d, correctly rounded.
     Here one correctly rounded reciprocal per row and one approximate reciprocal per block replace those
@@ -282,8 +292,8 @@ def nvfp4_rne_blocks(blocks, bamax, s2, BN: tl.constexpr, BR: tl.constexpr):
     q6 = bamax * r6[None, :]  # ~ div_rn(bamax, den)
     bs = tl.minimum(tl.maximum(tl.where(q6 == 0.0, 1.0, q6), 0.001953125), 448.0)
     bs, bs_dist = rne_with_distance(bs, 3, -6)
-    d = bs * s2[None, :]  # [BN // 16, BR]
-    v = blocks * approx_reciprocal(d)[:, None, :]
+    d = bs * s2[None, :]  # [NB, BR]
+    v = blocks * tl.expand_dims(approx_reciprocal(d), BAXIS)
     q, dist = rne_with_distance(tl.minimum(tl.abs(v), 6.0), 1, 0)
     q = (q.to(tl.uint32, bitcast=True) | (v.to(tl.uint32, bitcast=True) & 0x80000000)).to(tl.float32, bitcast=True)
     blk_bad = (bs_dist > _E4M3_MARGIN) | ((bamax > 0.0) & (q6 < _TINY))
@@ -294,8 +304,7 @@ def nvfp4_rne_blocks(blocks, bamax, s2, BN: tl.constexpr, BR: tl.constexpr):
         bs = tl.where(bs == 0.0, 1.0, bs)
         bs = round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False)
         d = bs * s2[None, :]
-        v = tl.math.div_rn(blocks, d[:, None, :])
-        q = tl.reshape(round_to_grid(tl.reshape(v, [BN, BR]), 0.0, 1, 0, 6.0, True, False), [BN // 16, 16, BR])
+        q = round_to_grid(tl.math.div_rn(blocks, tl.expand_dims(d, BAXIS)), 0.0, 1, 0, 6.0, True, False)
     return q, d
 
 
