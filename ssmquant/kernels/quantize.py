@@ -30,10 +30,15 @@ def _fake_quant_kernel(
     GROUP: tl.constexpr,
     STATIC: tl.constexpr,
     SR: tl.constexpr,
+    KMAJOR: tl.constexpr,
 ):
     m = tl.program_id(0).to(tl.int64)
     rows = tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_N)
+    if KMAJOR:  # the Mamba-2 kernel's tile order: position k * (BLOCK_N // 16) + i holds column 16 i + k
+        pos = tl.arange(0, BLOCK_N)
+        cols = (pos % (BLOCK_N // 16)) * 16 + pos // (BLOCK_N // 16)
+    else:
+        cols = tl.arange(0, BLOCK_N)
     ok = (cols < N)[:, None] & (rows < R)[None, :]
     offs = (m * R + rows)[None, :] * N + cols[:, None]  # the kernels' transposed tile [BLOCK_N, BLOCK_R]
     s = tl.load(s_ptr + offs, mask=ok, other=0.0)
@@ -41,7 +46,7 @@ def _fake_quant_kernel(
     if STATIC:
         scale = tl.load(scale_ptr + m * R + rows, mask=rows < R, other=1.0)
     key = stream_key(seed, stream)
-    out = fake_quant_tile(s, scale, offs, key, BLOCK_N, BLOCK_R, FMT, GROUP, STATIC, SR)
+    out = fake_quant_tile(s, scale, offs, key, BLOCK_N, BLOCK_R, FMT, GROUP, STATIC, SR, KMAJOR)
     tl.store(out_ptr + offs, out, mask=ok)
 
 
@@ -56,11 +61,18 @@ def group_rows_for_kernel(fmt: StateFormat, rows: int, block_rows: int) -> int:
 
 
 def fake_quant_triton(
-    fmt: StateFormat, state: torch.Tensor, *, scale: torch.Tensor | None = None, seed: int = 0, stream: int = 0
+    fmt: StateFormat,
+    state: torch.Tensor,
+    *,
+    scale: torch.Tensor | None = None,
+    seed: int = 0,
+    stream: int = 0,
+    kmajor: bool = False,
 ) -> torch.Tensor:
     """Fake-quantize a state [..., rows, state_dim] with the kernels' tile helper (one program per head).
 
-    scale: static decode scales with the group shape [..., rows // group_rows] (static formats only).
+    scale: static decode scales with the group shape [..., rows // group_rows] (static formats only);
+    kmajor: hold the tile in the Mamba-2 kernel's k-major order (state_dim padded to a multiple of 16).
     Returns FP32 values of the same shape; bit-identical to `fmt.fake_quant` by construction and test.
     """
     check_seed(seed)
@@ -68,6 +80,8 @@ def fake_quant_triton(
     *lead, r, n = x.shape
     m = x.numel() // (r * n)
     block_r = triton.next_power_of_2(r)
+    if kmajor and triton.next_power_of_2(n) % 16:
+        raise ValueError(f"kmajor tiles need state_dim >= 16 (whole 16-element blocks), got state shape {tuple(x.shape)}")
     group = group_rows_for_kernel(fmt, r, block_r)
     static = fmt.scale_mode is ScaleMode.STATIC
     rows_scale = None
@@ -89,6 +103,7 @@ def fake_quant_triton(
         GROUP=group,
         STATIC=static,
         SR=fmt.rounding is Rounding.SR,
+        KMAJOR=kmajor,
         num_warps=4,
         enable_fp_fusion=False,
     )

@@ -45,15 +45,29 @@ def steered_state(fmt, shape, seed, share):
     return x, ties
 
 
+@pytest.mark.parametrize("kmajor", [False, True])
 @pytest.mark.parametrize("spec", ["nvfp4", "nvfp4:head", "nvfp4:rows4"])
 @pytest.mark.parametrize("share", [0.1, 0.5])
-def test_nvfp4_rne_write_is_bit_exact_at_rounding_midpoints(spec, share):
+def test_nvfp4_rne_write_is_bit_exact_at_rounding_midpoints(spec, share, kmajor):
     fmt = formats.parse(spec)
     shape = (4, 64, 128) if GPU else (2, 8, 48)
     x, ties = steered_state(fmt, shape, seed=5, share=share)
     assert ties > 0  # the steering reached exact ties
     x = x.to(DEVICE)
-    assert torch.equal(fake_quant_triton(fmt, x), fmt.fake_quant(x))
+    assert torch.equal(fake_quant_triton(fmt, x, kmajor=kmajor), fmt.fake_quant(x))
+
+
+@pytest.mark.parametrize("spec", ["nvfp4", "nvfp4:sr", "nvfp4:head:sr", "nvfp4:rows4"])
+def test_nvfp4_kmajor_tile_is_bit_exact(spec):
+    """The Mamba-2 kernel's k-major tile (whole blocks per lane) encodes like the column-ordered one and codec."""
+    fmt = formats.parse(spec)
+    g = torch.Generator().manual_seed(3)
+    shape = (4, 64, 128) if GPU else (2, 8, 48)
+    x = (torch.randn(shape, generator=g) * torch.exp2(torch.randint(-12, 12, (*shape[:-1], 3), generator=g).float())
+         .repeat_interleave(16, -1)).to(DEVICE)  # block maxima spanning 2^24
+    want = fmt.fake_quant(x, seed=7)
+    assert torch.equal(fake_quant_triton(fmt, x, seed=7, kmajor=True), want)
+    assert torch.equal(fake_quant_triton(fmt, x, seed=7), want)
 
 
 def test_nvfp4_static_scale_far_from_the_state_is_bit_exact():
@@ -99,10 +113,11 @@ def steered_block_scales(shape, seed):
     return x, ties
 
 
-def test_nvfp4_rne_write_is_bit_exact_at_block_scale_midpoints():
+@pytest.mark.parametrize("kmajor", [False, True])
+def test_nvfp4_rne_write_is_bit_exact_at_block_scale_midpoints(kmajor):
     fmt = formats.parse("nvfp4")
     shape = (8, 64, 128) if GPU else (2, 8, 64)
     x, ties = steered_block_scales(shape, seed=11)
     assert ties > 0  # the steering reached exact ties
     x = x.to(DEVICE)
-    assert torch.equal(fake_quant_triton(fmt, x), fmt.fake_quant(x))
+    assert torch.equal(fake_quant_triton(fmt, x, kmajor=kmajor), fmt.fake_quant(x))
