@@ -77,12 +77,17 @@ def round_to_grid(
 
     Mirrors `ssmquant.formats.grids.round_to_grid`: clamp |v| (saturating grids), spacing
     2^(max(e, EMIN) - MBITS), round |v| / spacing to an integer (RNE via the 2^23 trick, or up iff
-    u < fraction), scale back, restore the sign bit.
+    u < fraction), scale back, restore the sign bit. Saturating grids round to nearest in one addition
+    and one subtraction (`rne_with_distance`, the same values in fewer instructions); non-saturating ones
+    keep the steps above, which also carry an infinite |v| through.
     """
     vb = v.to(tl.uint32, bitcast=True)
     a = tl.abs(v)
     if SATURATE:
         a = tl.minimum(a, MAXV)
+    if SATURATE and not SR:
+        out, _ = rne_with_distance(a, MBITS, EMIN)
+        return (out.to(tl.uint32, bitcast=True) | (vb & 0x80000000)).to(tl.float32, bitcast=True)
     e = ((a.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
     e = tl.maximum(e, EMIN)
     spacing = ((e - MBITS + 127) << 23).to(tl.float32, bitcast=True)
