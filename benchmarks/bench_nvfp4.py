@@ -4,7 +4,7 @@ Times `emulate_triton_steps` (one launch for all T steps, metrics every step) fo
 variant list with the planned tiling or a forced (BLOCK_P, num_warps), at each batch size: H=64 heads,
 P=64, N=128, G=8 groups, inputs drawn on the GPU (silu of Gaussians, dt = softplus(z - 4) >= 1e-3).
 Four choices are made at import, by environment variables, each defaulting to the new kernel:
-SSMQUANT_NVFP4_WRITE=legacy (the nvfp4 RNE write before the one-reciprocal-per-block rewrite),
+SSMQUANT_ROUNDING=legacy (the RNE rounding of saturating grids and the nvfp4 write before this rewrite),
 SSMQUANT_MAMBA2_FMA=0 (no FMA contraction of the output dots and metric sums), SSMQUANT_MAMBA2_S0_HINT=0
 (the initial state loaded without the hint that keeps the tile's layout) and SSMQUANT_MAMBA2_KMAJOR=0 (the
 tile's state dim in column order). A run is labelled "main" with all four set (the kernel before the
@@ -130,7 +130,7 @@ def main():
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_nvfp4.py needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 to check the script)")
     old = {
-        "legacywrite": os.environ.get("SSMQUANT_NVFP4_WRITE", "fast") == "legacy",
+        "legacyrounding": os.environ.get("SSMQUANT_ROUNDING", "new") == "legacy",
         "nofma": os.environ.get("SSMQUANT_MAMBA2_FMA", "1") == "0",
         "nohint": os.environ.get("SSMQUANT_MAMBA2_S0_HINT", "1") == "0",
         "colorder": os.environ.get("SSMQUANT_MAMBA2_KMAJOR", "1") == "0",
@@ -177,8 +177,8 @@ def report(files: list[str], out: str | None) -> None:
             main_runs.setdefault((r["case"], r["batch"]), []).append(r["gps"])
     lines = [
         f"GPU: {recs[0]['gpu']}; torch {recs[0]['torch']}; triton {recs[0]['triton']}; date {recs[0]['date']}; "
-        f"T={recs[0]['steps']} steps, metrics every step. G/s per variant; x main = G/s over main's (legacy nvfp4 "
-        "write, no FMA contraction, column order; median of its runs) in the same case and batch.",
+        f"T={recs[0]['steps']} steps, metrics every step. G/s per variant; x main = G/s over main's (the four "
+        "knobs of bench_nvfp4.py set; median of its runs) in the same case and batch.",
         "",
         "| kernel | case | variants | tiling (BLOCK_P, warps) | batch | ms | G/s per variant | x main |",
         "|---|---|---|---|---|---|---|---|",

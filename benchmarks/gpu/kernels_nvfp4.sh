@@ -59,14 +59,15 @@ BENCH_ARGS=${BENCH_ARGS:-}
 FAST_CASES=${FAST_CASES:-fp8_conv nvfp4_conv nvfp4_conv_s0 nvfp4_conv_8x1 nvfp4_conv_16x2 nvfp4_conv_32x2 nvfp4_conv_64x4 nvfp4_replay16 six}
 MAIN_CASES=${MAIN_CASES:-fp8_conv nvfp4_conv nvfp4_conv_s0 nvfp4_replay16 six}
 NOFMA_CASES="fp8_conv nvfp4_conv six"
-MAIN_ENV="SSMQUANT_NVFP4_WRITE=legacy SSMQUANT_MAMBA2_FMA=0 SSMQUANT_MAMBA2_S0_HINT=0 SSMQUANT_MAMBA2_KMAJOR=0"
+MAIN_ENV="SSMQUANT_ROUNDING=legacy SSMQUANT_MAMBA2_FMA=0 SSMQUANT_MAMBA2_S0_HINT=0 SSMQUANT_MAMBA2_KMAJOR=0"
 TESTS=${TESTS:-1}
 
 # 1. tests and warm-up compiles, all at once (16 CPU cores); each process under its own time limit
 parallel_start() {
     local limit=$1 pids=() rc=0 i=0 parts=()
-    # the Mamba-2 kernel's tests and the tile fake-quant's (GDN and KDA run other kernels: kernels.sh has them)
-    ((TESTS)) && parts=("tests/kernels/test_nvfp4_write.py tests/kernels/test_int16_tile.py"
+    # the Mamba-2 kernel's tests, the tile fake-quant's (every format) and the engine kernel's (it shares the
+    # rounding helpers); GDN and KDA run other kernels: kernels.sh has them
+    ((TESTS)) && parts=("tests/kernels/test_nvfp4_write.py tests/kernels/test_int16_tile.py tests/engines/test_profiles.py"
         "tests/kernels/test_emulation_kernels.py" "tests/kernels/test_multi_variant.py")
     for part in "${parts[@]}"; do
         # shellcheck disable=SC2086

@@ -85,7 +85,7 @@ def round_to_grid(
     a = tl.abs(v)
     if SATURATE:
         a = tl.minimum(a, MAXV)
-    if SATURATE and not SR:
+    if SATURATE and not SR and not _LEGACY_ROUNDING:
         out, _ = rne_with_distance(a, MBITS, EMIN)
         return (out.to(tl.uint32, bitcast=True) | (vb & 0x80000000)).to(tl.float32, bitcast=True)
     e = ((a.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
@@ -205,7 +205,7 @@ def fake_quant_tile(
             dec = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), mult)
         q = round_element(s * mult[None, :], u, bits, FMT, SR)
         return q * dec[None, :]
-    elif _NVFP4_LEGACY_WRITE and not SR:
+    elif _LEGACY_ROUNDING and not SR:
         tl.static_assert(not KMAJOR, "the legacy nvfp4 write takes tiles in column order")
         return _nvfp4_tile_legacy(s, static_scale, BN, BR, GROUP, STATIC)
     else:
@@ -247,9 +247,10 @@ _S2_MAX = tl.constexpr(2.0**116)
 # A nonzero block scale quotient below this takes the exact path (it must not flush to zero on one path only).
 _TINY = tl.constexpr(2.0**-100)
 _FP32_MIN_NORMAL = tl.constexpr(2.0**-126)
-# SSMQUANT_NVFP4_WRITE=legacy selects the previous RNE write (`_nvfp4_tile_legacy`), for benchmarks that time
-# both in one run; read once at import (a constexpr global: it enters Triton's cache key).
-_NVFP4_LEGACY_WRITE = tl.constexpr(os.environ.get("SSMQUANT_NVFP4_WRITE", "fast") == "legacy")
+# SSMQUANT_ROUNDING=legacy selects the previous RNE rounding of saturating grids and the previous nvfp4 write
+# (`_nvfp4_tile_legacy`), for benchmarks that time both in one run; read once at import (a constexpr global: it
+# enters Triton's cache key).
+_LEGACY_ROUNDING = tl.constexpr(os.environ.get("SSMQUANT_ROUNDING", "new") == "legacy")
 
 
 @triton.jit
@@ -313,7 +314,7 @@ def nvfp4_rne_blocks(blocks, bamax, s2, BR: tl.constexpr, BAXIS: tl.constexpr):
     return q, d
 
 
-# The previous nvfp4 RNE write (SSMQUANT_NVFP4_WRITE=legacy): correctly rounded divisions for every block scale
+# The previous nvfp4 RNE write (SSMQUANT_ROUNDING=legacy): correctly rounded divisions for every block scale
 # and block reciprocal, the element quotients checked against the E2M1 midpoints; kept to time it beside the new.
 @triton.jit
 def _nvfp4_tile_legacy(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, GROUP: tl.constexpr, STATIC: tl.constexpr):
