@@ -84,11 +84,19 @@ def _slot_write(
     for a tile in KMAJOR order)."""
     if tl.load(write_ptr + k * BT + bt) != 0:
         key = stream_key(tl.load(seed_ptr + k), t)
-        fmt: tl.constexpr = SPEC % 8
-        group: tl.constexpr = SPEC // 128
-        static: tl.constexpr = (SPEC // 16) % 2 == 1
-        sr: tl.constexpr = (SPEC // 8) % 2 == 1
-        s = fake_quant_tile(s, static_scale, sr_index, key, BN, BR, fmt, group, static, sr, KMAJOR)
+        s = fake_quant_tile(
+            s,
+            static_scale,
+            sr_index,
+            key,
+            BN,
+            BR,
+            SPEC % 8,
+            SPEC // 128,
+            (SPEC // 16) % 2 == 1,
+            (SPEC // 8) % 2 == 1,
+            KMAJOR,
+        )
     return s
 
 

@@ -208,29 +208,43 @@ def fake_quant_tile(
     elif _LEGACY_ROUNDING and not SR:
         tl.static_assert(not KMAJOR, "the legacy nvfp4 write takes tiles in column order")
         return _nvfp4_tile_legacy(s, static_scale, BN, BR, GROUP, STATIC)
+    elif KMAJOR:
+        return _nvfp4_tile(tl.reshape(s, [16, BN // 16, BR]), static_scale, u, bits, BN, BR, GROUP, STATIC, SR, 0)
     else:
-        if KMAJOR:
-            blocks = tl.reshape(s, [16, BN // 16, BR])
-            BAXIS: tl.constexpr = 0
-        else:
-            blocks = tl.reshape(s, [BN // 16, 16, BR])
-            BAXIS: tl.constexpr = 1
-        bamax = tl.max(tl.abs(blocks), axis=BAXIS)  # [BN // 16, BR]
-        if STATIC:
-            s2 = static_scale
-        else:  # the row amax is the max of its blocks' (max is exact: the same bits as over the elements)
-            s2 = tl.math.div_rn(group_max(tl.max(bamax, axis=0), BR, GROUP), tl.full([BR], 2688.0, tl.float32))
-            s2 = tl.where(s2 == 0.0, 1.0, s2)
-        if SR:  # the draw compares the exact quotient's fraction: only the correctly rounded one will do
-            bs = tl.math.div_rn(bamax, 6.0 * s2[None, :])
-            bs = tl.where(bs == 0.0, 1.0, bs)
-            bs = round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False)
-            d = bs * s2[None, :]  # [BN // 16, BR]
-            v = tl.math.div_rn(blocks, tl.expand_dims(d, BAXIS))
-            q = tl.reshape(round_element(tl.reshape(v, [BN, BR]), u, bits, 5, SR), blocks.shape)
-        else:
-            q, d = nvfp4_rne_blocks(blocks, bamax, s2, BR, BAXIS)
-        return tl.reshape(q * tl.expand_dims(d, BAXIS), [BN, BR])
+        return _nvfp4_tile(tl.reshape(s, [BN // 16, 16, BR]), static_scale, u, bits, BN, BR, GROUP, STATIC, SR, 1)
+
+
+@triton.jit
+def _nvfp4_tile(
+    blocks,
+    static_scale,
+    u,
+    bits,
+    BN: tl.constexpr,
+    BR: tl.constexpr,
+    GROUP: tl.constexpr,
+    STATIC: tl.constexpr,
+    SR: tl.constexpr,
+    BAXIS: tl.constexpr,
+):
+    """`fake_quant_tile` for nvfp4 on the tile's block view, blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR]
+    (BAXIS = 0): the FP32 values that come back, [BN, BR] in the tile's order."""
+    bamax = tl.max(tl.abs(blocks), axis=BAXIS)  # [BN // 16, BR]
+    if STATIC:
+        s2 = static_scale
+    else:  # the row amax is the max of its blocks' (max is exact: the same bits as over the elements)
+        s2 = tl.math.div_rn(group_max(tl.max(bamax, axis=0), BR, GROUP), tl.full([BR], 2688.0, tl.float32))
+        s2 = tl.where(s2 == 0.0, 1.0, s2)
+    if SR:  # the draw compares the exact quotient's fraction: only the correctly rounded one will do
+        bs = tl.math.div_rn(bamax, 6.0 * s2[None, :])
+        bs = tl.where(bs == 0.0, 1.0, bs)
+        bs = round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False)
+        d = bs * s2[None, :]  # [BN // 16, BR]
+        v = tl.math.div_rn(blocks, tl.expand_dims(d, BAXIS))
+        q = tl.reshape(round_element(tl.reshape(v, [BN, BR]), u, bits, 5, SR), blocks.shape)
+    else:
+        q, d = nvfp4_rne_blocks(blocks, bamax, s2, BR, BAXIS)
+    return tl.reshape(q * tl.expand_dims(d, BAXIS), [BN, BR])
 
 
 # The nvfp4 RNE write without one correctly rounded division per element (`nvfp4_rne_blocks`): quotients by
