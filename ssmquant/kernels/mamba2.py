@@ -8,8 +8,11 @@ reads each step's inputs once, keeps the FP32 reference state and the emulated s
 it carries (NV slots) in registers for the whole time loop, and writes only the per-step metrics. Its
 torch reference is `ssmquant.replay.naive` (state form), which it follows op for op: a = exp(dt A) is
 precomputed by the caller (shared by both backends), the state update is a * S + (dt * x) B^T with no
-fused multiply-add, and the store at a write step is `fake_quant_tile`, the exact mirror of
-`ssmquant.formats.codec.encode`. A slot computes exactly what it computes when launched alone.
+fused multiply-add (mul.rn, add.rn), and the store at a write step is `fake_quant_tile`, the exact mirror
+of `ssmquant.formats.codec.encode`. A slot computes exactly what it computes when launched alone. The
+outputs S C and the metric sums, which no state depends on, are compiled with FMA contraction (their
+summation order differs from torch's anyway; the tests compare them with tolerances). The tile's state
+dim is held in k-major order (KMAJOR), which puts whole nvfp4 blocks in each lane.
 
 _kernel -> launcher (`mamba2_launch`, no validation; `ssmquant.replay.simulate` validates).
 """
