@@ -65,10 +65,11 @@ TESTS=${TESTS:-1}
 # 1. tests and warm-up compiles, all at once (16 CPU cores); each process under its own time limit
 parallel_start() {
     local limit=$1 pids=() rc=0 i=0 parts=()
-    # the Mamba-2 kernel's tests, the tile fake-quant's (every format) and the engine kernel's (it shares the
-    # rounding helpers); GDN and KDA run other kernels: kernels.sh has them
-    ((TESTS)) && parts=("tests/kernels/test_nvfp4_write.py tests/kernels/test_int16_tile.py tests/engines/test_profiles.py"
-        "tests/kernels/test_emulation_kernels.py" "tests/kernels/test_multi_variant.py")
+    # the Mamba-2 kernel's tests (and its batch slicing, test_windows), the tile fake-quant's (every format) and the
+    # engine kernel's (it shares the rounding helpers); GDN and KDA run other kernels: kernels.sh has them
+    ((TESTS)) && parts=("tests/kernels/test_emulation_kernels.py" "tests/kernels/test_multi_variant.py"
+        "tests/kernels/test_nvfp4_write.py tests/kernels/test_int16_tile.py tests/engines/test_profiles.py \
+tests/replay/test_windows.py")
     for part in "${parts[@]}"; do
         # shellcheck disable=SC2086
         timeout "$limit" python3 -m pytest -q -rfE -p no:cacheprovider -k "not gdn and not kda" $part \
