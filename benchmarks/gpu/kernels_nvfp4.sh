@@ -68,8 +68,8 @@ parallel_start() {
     # the Mamba-2 kernel's tests (and its batch slicing, test_windows), the tile fake-quant's (every format) and the
     # engine kernel's (it shares the rounding helpers); GDN and KDA run other kernels: kernels.sh has them
     ((TESTS)) && parts=("tests/kernels/test_emulation_kernels.py" "tests/kernels/test_multi_variant.py"
-        "tests/kernels/test_nvfp4_write.py tests/kernels/test_int16_tile.py tests/engines/test_profiles.py \
-tests/replay/test_windows.py")
+        "tests/kernels/test_nvfp4_write.py tests/kernels/test_int16_tile.py tests/kernels/test_rounding_ties.py \
+tests/engines/test_profiles.py tests/replay/test_windows.py")
     for part in "${parts[@]}"; do
         # shellcheck disable=SC2086
         timeout "$limit" python3 -m pytest -q -rfE -p no:cacheprovider -k "not gdn and not kda" $part \
