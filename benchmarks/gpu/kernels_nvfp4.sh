@@ -7,7 +7,8 @@
 #
 # 1. in parallel: the Mamba-2 kernel tests (tests/kernels without GDN and KDA, three pytest processes; on a GPU
 #    they run at the real models' shapes) and one warm-up process per benchmark case and kernel build, which
-#    compiles its kernels into Triton's cache (the compiles are CPU-bound; the timed runs then find them cached);
+#    compiles its kernels into Triton's cache (the compiles are CPU-bound; the timed runs then find them cached),
+#    and benchmarks/kernel_sass.py for the new kernel and main's (instructions per step, the device's Triton);
 # 2. benchmarks/bench_nvfp4.py, one process at a time on the idle GPU: the new kernel for every case (fp8 and
 #    nvfp4 conventional, nvfp4 from an initial state and at four forced tilings, nvfp4 replay16, the six default
 #    variants in one launch), main's (MAIN_ENV: the four knobs that restore it) and the new kernel without FMA
@@ -90,9 +91,14 @@ tests/engines/test_profiles.py tests/replay/test_windows.py")
         SSMQUANT_MAMBA2_FMA=0 timeout "$limit" $BENCH --warm --cases "$c" $BENCH_ARGS >"$OUT/logs/warm_nofma_$c.log" 2>&1 &
         warm+=($!)
     done
+    # instructions per step from the device Triton's machine code (CPU only), new kernel and main's
+    env -u TRITON_INTERPRET timeout "$limit" python3 benchmarks/kernel_sass.py >"$OUT/logs/sass_new.log" 2>&1 &
+    warm+=($!)
+    env -u TRITON_INTERPRET $MAIN_ENV timeout "$limit" python3 benchmarks/kernel_sass.py >"$OUT/logs/sass_main.log" 2>&1 &
+    warm+=($!)
     for pid in "${pids[@]+"${pids[@]}"}"; do wait "$pid" || rc=1; done
     for pid in "${warm[@]}"; do wait "$pid" || echo "a warm-up process failed (rc $?): the timed run compiles it"; done
-    cat "$OUT"/logs/warm_*.log
+    cat "$OUT"/logs/warm_*.log "$OUT"/logs/sass_*.log
     cat "$OUT"/logs/pytest_*.log 2>/dev/null
     return $rc
 }
