@@ -140,6 +140,7 @@ def main():
     shape = (2, 64, 128, 1) if small else (64, 64, 128, 8)
     steps = 32 if args.warm else args.steps
     gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (Triton interpreter, not a measurement)"
+    meta = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d"))
     records = []
     for batch in batches:
         plain = nano_inputs(batch, steps, args.device, shape)
@@ -158,12 +159,11 @@ def main():
             t = time_case(inputs, variants, tiling, args.reps)
             gps = len(variants) * elems * steps / t / 1e9
             rec = dict(impl=impl, case=name, variants=spec, tiling=plan, batch=batch, steps=steps, ms=t * 1e3, gps=gps)
-            records.append(rec)
+            records.append({**meta, **rec})
             print(f"{impl:12s} {name:16s} batch {batch:2d} tiling {plan}: {t * 1e3:8.2f} ms {gps:7.1f} G/s", flush=True)
+            if args.json:  # after every case: a run stopped by its time limit keeps what it measured
+                pathlib.Path(args.json).write_text(json.dumps(records, indent=1))
         del plain, started, inputs
-    if args.json and not args.warm:
-        meta = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d"))
-        pathlib.Path(args.json).write_text(json.dumps([{**meta, **r} for r in records], indent=1))
 
 
 def report(files: list[str], out: str | None) -> None:
