@@ -105,28 +105,28 @@ tests/engines/test_profiles.py tests/replay/test_windows.py")
 export -f parallel_start
 export OUT BENCH BENCH_ARGS FAST_CASES MAIN_CASES NOFMA_CASES MAIN_ENV TESTS
 l=$(left)
-stage tests_and_warmup $((l - 50)) bash -c "parallel_start $((l - 53))"
+stage tests_and_warmup $((l - 43)) bash -c "parallel_start $((l - 46))"
 grep -hE "passed|failed|error" "$OUT"/logs/pytest_*.log >"$OUT/pytest.txt" 2>/dev/null
 
 # 2. timed runs, one process at a time
 csv() { echo "$*" | tr ' ' ,; }
 # shellcheck disable=SC2086
-stage bench_fast 16 $BENCH --batch 8,16 --cases "$(csv $FAST_CASES)" --json "$OUT/nvfp4_fast.json" $BENCH_ARGS
+stage bench_fast 14 $BENCH --batch 8,16 --cases "$(csv $FAST_CASES)" --json "$OUT/nvfp4_fast.json" $BENCH_ARGS
 # shellcheck disable=SC2086
-stage bench_main 11 env $MAIN_ENV $BENCH --batch 8,16 --cases "$(csv $MAIN_CASES)" --json "$OUT/nvfp4_main.json" \
+stage bench_main 10 env $MAIN_ENV $BENCH --batch 8,16 --cases "$(csv $MAIN_CASES)" --json "$OUT/nvfp4_main.json" \
     $BENCH_ARGS
 # shellcheck disable=SC2086
 stage bench_nofma 8 env SSMQUANT_MAMBA2_FMA=0 $BENCH --batch 8,16 --cases "$(csv $NOFMA_CASES)" \
     --json "$OUT/nvfp4_nofma.json" $BENCH_ARGS
 # shellcheck disable=SC2086
-stage bench_fast2 8 $BENCH --batch 8,16 --cases fp8_conv,nvfp4_conv,nvfp4_replay16 --json "$OUT/nvfp4_fast2.json" \
+stage bench_fast2 7 $BENCH --batch 8,16 --cases fp8_conv,nvfp4_conv,nvfp4_replay16 --json "$OUT/nvfp4_fast2.json" \
     $BENCH_ARGS
 
 # 3. the table
 runs=$(ls "$OUT"/nvfp4_*.json 2>/dev/null)
 if [[ -n $runs ]]; then
     # shellcheck disable=SC2086
-    stage report 5 $BENCH --report $runs --out "$OUT/nvfp4_sweep.md"
+    stage report 4 $BENCH --report $runs --out "$OUT/nvfp4_sweep.md"
 fi
 
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"
