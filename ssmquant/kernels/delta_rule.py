@@ -25,6 +25,64 @@ import triton
 import triton.language as tl
 
 from .common import slot_round_buffer, slot_static_scale, slot_write, store_slot_metrics
+from .rounding import group_reduce_max
+
+_E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
+_E4M3_MAGIC_SCALE = tl.constexpr(1.5 * 2.0**20)  # 1.5 * 2^(e + 20) has an FP32 ulp of 2^(e - 3), E4M3's spacing
+_INT_MAGIC = tl.constexpr(1.5 * 2.0**23)  # ulp 1 over (2^23, 2^24): x + M - M rounds |x| < 2^22 half to even
+
+
+@triton.jit
+def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr,
+                         STATIC: tl.constexpr):
+    """`rounding.fake_quant_tile` for FP8 E4M3 (FMT 3) and INT8 (FMT 4) with RNE, in fewer instructions.
+
+    The same scales (mult, dec) and the same grid value for every element, from signed values: x + M - M
+    with M = 1.5 * 2^(e + 20), 2^e the power of two at or below max(|x|, 2^-6), rounds x half to even at
+    E4M3's spacing 2^(e - 3) (2^-9 in its subnormal range), because x + M lies in [2^(e + 20), 2^(e + 21))
+    whose FP32 ulp is that spacing, and the subtraction is exact; INT8 takes M = 1.5 * 2^23 (spacing 1).
+    Dynamic scales keep |x| <= QMAX (1 + 2^-23), which rounds to QMAX, so only static scales clamp.
+    A value that rounds to zero comes back +0 (torch's copysign keeps -0): no metric sees a zero's sign.
+    """
+    if FMT == 3:
+        qmax = 448.0
+    else:
+        qmax = 127.0
+    if STATIC:
+        dec = static_scale
+        mult = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), dec)
+    else:
+        amax = group_reduce_max(tl.abs(s), BN, BR, GROUP)
+        mult = tl.math.div_rn(tl.full([BR], qmax, tl.float32), tl.where(amax == 0.0, 1.0, amax))
+        mult = tl.where(amax == 0.0, 1.0, mult)
+        dec = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), mult)
+    x = s * mult[None, :]
+    if STATIC:
+        x = tl.minimum(tl.maximum(x, -qmax), qmax)
+    if FMT == 3:
+        p2 = (tl.maximum(tl.abs(x), _E4M3_MIN_NORMAL).to(tl.uint32, bitcast=True) & 0x7F800000).to(
+            tl.float32, bitcast=True
+        )
+        m = p2 * _E4M3_MAGIC_SCALE
+    else:
+        m = _INT_MAGIC
+    return ((x + m) - m) * dec[None, :]
+
+
+@triton.jit
+def _slot_write(
+    s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, BN: tl.constexpr, BR: tl.constexpr,
+    SPEC: tl.constexpr, FAST_ROUND: tl.constexpr
+):
+    """`common.slot_write`, with FP8 / INT8 RNE slots rounded by `_fake_quant_8bit_rne` when FAST_ROUND."""
+    FMT: tl.constexpr = SPEC % 8
+    SR: tl.constexpr = (SPEC // 8) % 2 == 1
+    if FAST_ROUND and (FMT == 3 or FMT == 4) and not SR:
+        if tl.load(write_ptr + k * BT + bt) != 0:
+            s = _fake_quant_8bit_rne(s, static_scale, BN, BR, FMT, SPEC // 128, (SPEC // 16) % 2 == 1)
+    else:
+        s = slot_write(s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, BN, BR, SPEC)
+    return s
 
 
 @triton.jit
@@ -62,6 +120,7 @@ def _delta_rule_emulate_kernel(
     BLOCK_N: tl.constexpr,
     VEC_DECAY: tl.constexpr,
     HAS_S0: tl.constexpr,
+    FAST_ROUND: tl.constexpr,
     NV: tl.constexpr,
     SPEC0: tl.constexpr,
     SPEC1: tl.constexpr,
@@ -118,22 +177,22 @@ def _delta_rule_emulate_kernel(
         s_ref = s_ref + kvec[:, None] * u[None, :]
         y_ref = tl.sum(s_ref * qvec[:, None], axis=0)
         v0, y0 = _slot_update(v0, alpha, kvec, qvec, v, beta, SPEC0)
-        v0 = slot_write(v0, 0, t, bt, BT, write_ptr, seed_ptr, c0, sr_index, BLOCK_N, BLOCK_P, SPEC0)
+        v0 = _slot_write(v0, 0, t, bt, BT, write_ptr, seed_ptr, c0, sr_index, BLOCK_N, BLOCK_P, SPEC0, FAST_ROUND)
         if NV > 1:
             v1, y1 = _slot_update(v1, alpha, kvec, qvec, v, beta, SPEC1)
-            v1 = slot_write(v1, 1, t, bt, BT, write_ptr, seed_ptr, c1, sr_index, BLOCK_N, BLOCK_P, SPEC1)
+            v1 = _slot_write(v1, 1, t, bt, BT, write_ptr, seed_ptr, c1, sr_index, BLOCK_N, BLOCK_P, SPEC1, FAST_ROUND)
         if NV > 2:
             v2, y2 = _slot_update(v2, alpha, kvec, qvec, v, beta, SPEC2)
-            v2 = slot_write(v2, 2, t, bt, BT, write_ptr, seed_ptr, c2, sr_index, BLOCK_N, BLOCK_P, SPEC2)
+            v2 = _slot_write(v2, 2, t, bt, BT, write_ptr, seed_ptr, c2, sr_index, BLOCK_N, BLOCK_P, SPEC2, FAST_ROUND)
         if NV > 3:
             v3, y3 = _slot_update(v3, alpha, kvec, qvec, v, beta, SPEC3)
-            v3 = slot_write(v3, 3, t, bt, BT, write_ptr, seed_ptr, c3, sr_index, BLOCK_N, BLOCK_P, SPEC3)
+            v3 = _slot_write(v3, 3, t, bt, BT, write_ptr, seed_ptr, c3, sr_index, BLOCK_N, BLOCK_P, SPEC3, FAST_ROUND)
         if NV > 4:
             v4, y4 = _slot_update(v4, alpha, kvec, qvec, v, beta, SPEC4)
-            v4 = slot_write(v4, 4, t, bt, BT, write_ptr, seed_ptr, c4, sr_index, BLOCK_N, BLOCK_P, SPEC4)
+            v4 = _slot_write(v4, 4, t, bt, BT, write_ptr, seed_ptr, c4, sr_index, BLOCK_N, BLOCK_P, SPEC4, FAST_ROUND)
         if NV > 5:
             v5, y5 = _slot_update(v5, alpha, kvec, qvec, v, beta, SPEC5)
-            v5 = slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, BLOCK_N, BLOCK_P, SPEC5)
+            v5 = _slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, BLOCK_N, BLOCK_P, SPEC5, FAST_ROUND)
         if (t + 1) % record_every == 0:
             rec = ((t + 1) // record_every - 1).to(tl.int64)
             base = (((rec * B + b) * HV + h) * npb + pid_p) * 4
@@ -168,12 +227,16 @@ def delta_rule_launch(
     block_p: int,
     num_warps: int,
     batch_offset: int = 0,
+    fast_round: bool = False,
+    fp_fusion: bool = False,
 ) -> torch.Tensor:
     """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, R, B, Hv, NPB, 4].
 
     alpha: [B, T, Hv] (GDN) or [B, T, Hv, Dk] (KDA, the decay per key channel); write: [NV, B, T] int8;
     seeds: [NV] int64; static_scale_rows: [NV, B, Hv, Dv] fp32 (ones for dynamic slots) or None when no
     slot is static; specs: `common.slot_spec` of each slot, whose rows group divides block_p.
+    fast_round: FP8 / INT8 RNE writes through `_fake_quant_8bit_rne` (same values, fewer instructions);
+    fp_fusion: let the compiler contract multiply-adds into FMAs (one rounding instead of two).
     """
     bsz, steps, hv, dv = v.shape
     hk, dk = k.shape[2], k.shape[3]
@@ -209,6 +272,7 @@ def delta_rule_launch(
         BLOCK_N=block_n,
         VEC_DECAY=alpha.dim() == 4,
         HAS_S0=s0 is not None,
+        FAST_ROUND=fast_round,
         NV=nv,
         SPEC0=padded[0],
         SPEC1=padded[1],
@@ -217,6 +281,6 @@ def delta_rule_launch(
         SPEC4=padded[4],
         SPEC5=padded[5],
         num_warps=num_warps,
-        enable_fp_fusion=False,
+        enable_fp_fusion=fp_fusion,
     )
     return metrics
