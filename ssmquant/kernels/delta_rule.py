@@ -86,13 +86,51 @@ def _slot_write(
 
 
 @triton.jit
-def _slot_update(s, alpha, kvec, qvec, v, beta, SPEC: tl.constexpr):
+def _rank1(s, k, u, FP_FUSION: tl.constexpr):
+    """s + k u^T on a tile [BLOCK_N, BLOCK_P]: one FMA per element under FP_FUSION (one rounding), else the
+    reference's product-then-sum (the compiler leaves this outer product unfused even when it may fuse)."""
+    if FP_FUSION:
+        return tl.fma(k[:, None], u[None, :], s)
+    else:
+        return s + k[:, None] * u[None, :]
+
+
+@triton.jit
+def _slot_update(s, alpha, kvec, qvec, v, beta, SPEC: tl.constexpr, FP_FUSION: tl.constexpr):
     """One variant's step: decay, the delta rule with its buffered k and u in its buffer dtype, output."""
     kb = slot_round_buffer(kvec, SPEC)
     s = alpha * s
     ub = slot_round_buffer(beta * (v - tl.sum(s * kb[:, None], axis=0)), SPEC)
-    s = s + kb[:, None] * ub[None, :]
+    s = _rank1(s, kb, ub, FP_FUSION)
     return s, tl.sum(s * qvec[:, None], axis=0)
+
+
+@triton.jit
+def _tile_sum_sq(x, TILE: tl.constexpr, FP_FUSION: tl.constexpr):
+    """Sum of squares over a tile [BLOCK_N, BLOCK_P]: under FP_FUSION over the key dim first (a chain of FMAs
+    inside each thread), else over the flattened tile in `common.store_slot_metrics`' order."""
+    if FP_FUSION:
+        return tl.sum(tl.sum(x * x, axis=0), axis=0)
+    else:
+        return tl.sum(tl.reshape(x * x, [TILE]), axis=0)
+
+
+@triton.jit
+def _store_slot_metrics(
+    metrics_ptr, k, slot_stride, base, s_var, s_ref, y_var, y_ref, ss_ref, yy_ref, TILE: tl.constexpr,
+    FP_FUSION: tl.constexpr
+):
+    """`common.store_slot_metrics`, with the tile's sum of squares taken by `_tile_sum_sq`."""
+    if FP_FUSION:
+        ds = s_var - s_ref
+        dy = y_var - y_ref
+        p = metrics_ptr + k * slot_stride + base
+        tl.store(p + 0, _tile_sum_sq(ds, TILE, FP_FUSION))
+        tl.store(p + 1, ss_ref)
+        tl.store(p + 2, tl.sum(dy * dy, axis=0))
+        tl.store(p + 3, yy_ref)
+    else:
+        store_slot_metrics(metrics_ptr, k, slot_stride, base, s_var, s_ref, y_var, y_ref, ss_ref, yy_ref, TILE)
 
 
 @triton.jit
@@ -121,6 +159,7 @@ def _delta_rule_emulate_kernel(
     VEC_DECAY: tl.constexpr,
     HAS_S0: tl.constexpr,
     FAST_ROUND: tl.constexpr,
+    FP_FUSION: tl.constexpr,
     NV: tl.constexpr,
     SPEC0: tl.constexpr,
     SPEC1: tl.constexpr,
@@ -174,41 +213,41 @@ def _delta_rule_emulate_kernel(
         beta = tl.load(beta_ptr + bt * HV + h)
         s_ref = alpha * s_ref
         u = beta * (v - tl.sum(s_ref * kvec[:, None], axis=0))
-        s_ref = s_ref + kvec[:, None] * u[None, :]
+        s_ref = _rank1(s_ref, kvec, u, FP_FUSION)
         y_ref = tl.sum(s_ref * qvec[:, None], axis=0)
-        v0, y0 = _slot_update(v0, alpha, kvec, qvec, v, beta, SPEC0)
+        v0, y0 = _slot_update(v0, alpha, kvec, qvec, v, beta, SPEC0, FP_FUSION)
         v0 = _slot_write(v0, 0, t, bt, BT, write_ptr, seed_ptr, c0, sr_index, BLOCK_N, BLOCK_P, SPEC0, FAST_ROUND)
         if NV > 1:
-            v1, y1 = _slot_update(v1, alpha, kvec, qvec, v, beta, SPEC1)
+            v1, y1 = _slot_update(v1, alpha, kvec, qvec, v, beta, SPEC1, FP_FUSION)
             v1 = _slot_write(v1, 1, t, bt, BT, write_ptr, seed_ptr, c1, sr_index, BLOCK_N, BLOCK_P, SPEC1, FAST_ROUND)
         if NV > 2:
-            v2, y2 = _slot_update(v2, alpha, kvec, qvec, v, beta, SPEC2)
+            v2, y2 = _slot_update(v2, alpha, kvec, qvec, v, beta, SPEC2, FP_FUSION)
             v2 = _slot_write(v2, 2, t, bt, BT, write_ptr, seed_ptr, c2, sr_index, BLOCK_N, BLOCK_P, SPEC2, FAST_ROUND)
         if NV > 3:
-            v3, y3 = _slot_update(v3, alpha, kvec, qvec, v, beta, SPEC3)
+            v3, y3 = _slot_update(v3, alpha, kvec, qvec, v, beta, SPEC3, FP_FUSION)
             v3 = _slot_write(v3, 3, t, bt, BT, write_ptr, seed_ptr, c3, sr_index, BLOCK_N, BLOCK_P, SPEC3, FAST_ROUND)
         if NV > 4:
-            v4, y4 = _slot_update(v4, alpha, kvec, qvec, v, beta, SPEC4)
+            v4, y4 = _slot_update(v4, alpha, kvec, qvec, v, beta, SPEC4, FP_FUSION)
             v4 = _slot_write(v4, 4, t, bt, BT, write_ptr, seed_ptr, c4, sr_index, BLOCK_N, BLOCK_P, SPEC4, FAST_ROUND)
         if NV > 5:
-            v5, y5 = _slot_update(v5, alpha, kvec, qvec, v, beta, SPEC5)
+            v5, y5 = _slot_update(v5, alpha, kvec, qvec, v, beta, SPEC5, FP_FUSION)
             v5 = _slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, BLOCK_N, BLOCK_P, SPEC5, FAST_ROUND)
         if (t + 1) % record_every == 0:
             rec = ((t + 1) // record_every - 1).to(tl.int64)
             base = (((rec * B + b) * HV + h) * npb + pid_p) * 4
-            ss = tl.sum(tl.reshape(s_ref * s_ref, [BLOCK_N * BLOCK_P]), axis=0)
+            ss = _tile_sum_sq(s_ref, BLOCK_N * BLOCK_P, FP_FUSION)
             yy = tl.sum(y_ref * y_ref, axis=0)
-            store_slot_metrics(metrics_ptr, 0, metrics_stride, base, v0, s_ref, y0, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+            _store_slot_metrics(metrics_ptr, 0, metrics_stride, base, v0, s_ref, y0, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
             if NV > 1:
-                store_slot_metrics(metrics_ptr, 1, metrics_stride, base, v1, s_ref, y1, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+                _store_slot_metrics(metrics_ptr, 1, metrics_stride, base, v1, s_ref, y1, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
             if NV > 2:
-                store_slot_metrics(metrics_ptr, 2, metrics_stride, base, v2, s_ref, y2, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+                _store_slot_metrics(metrics_ptr, 2, metrics_stride, base, v2, s_ref, y2, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
             if NV > 3:
-                store_slot_metrics(metrics_ptr, 3, metrics_stride, base, v3, s_ref, y3, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+                _store_slot_metrics(metrics_ptr, 3, metrics_stride, base, v3, s_ref, y3, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
             if NV > 4:
-                store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+                _store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
             if NV > 5:
-                store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy, BLOCK_N * BLOCK_P)
+                _store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
 
 
 def delta_rule_launch(
@@ -273,6 +312,7 @@ def delta_rule_launch(
         VEC_DECAY=alpha.dim() == 4,
         HAS_S0=s0 is not None,
         FAST_ROUND=fast_round,
+        FP_FUSION=fp_fusion,
         NV=nv,
         SPEC0=padded[0],
         SPEC1=padded[1],
