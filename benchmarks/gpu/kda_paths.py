@@ -65,6 +65,8 @@ CANDIDATES = [
     (SIX, None, None, None),
     (SIX, None, True, True),
 ]
+# the final comparison: main's kernel against the defaults (fast_round, fp_fusion) at the planned tiling
+FINAL = [c for c in CANDIDATES if c[1] is None and (c[2] is None or (c[2] and c[3]))]
 
 
 def launch_args(inputs, names, tiling):
@@ -103,7 +105,7 @@ def launch_args(inputs, names, tiling):
 def paths(args, inputs):
     elems = math.prod(inputs.state_shape)
     rows, ref = [], {}
-    for names, tiling, fast, fusion in CANDIDATES:
+    for names, tiling, fast, fusion in FINAL if args.final else CANDIDATES:
         tensors, specs, block_p, warps = launch_args(inputs, names, tiling)
         options = {} if fast is None else {"fast_round": fast, "fp_fusion": fusion}
         run = functools.partial(
@@ -175,6 +177,7 @@ def main():
     ap.add_argument("--peer-steps", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--stage", default="paths", choices=["paths", "peers"])
+    ap.add_argument("--final", action="store_true", help="paths: only main's kernel and the defaults (FINAL)")
     ap.add_argument("--modes", default="default,reduce-overhead", help="torch.compile modes of the peer")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: check the script (interpreter)")
     ap.add_argument("--out", required=True)
