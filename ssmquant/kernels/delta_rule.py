@@ -85,11 +85,9 @@ def _slot_write(
     SPEC: tl.constexpr, FAST_ROUND: tl.constexpr
 ):
     """`common.slot_write`, with FP8 / INT8 RNE slots rounded by `_fake_quant_8bit_rne` when FAST_ROUND."""
-    FMT: tl.constexpr = SPEC % 8
-    SR: tl.constexpr = (SPEC // 8) % 2 == 1
-    if FAST_ROUND and (FMT == 3 or FMT == 4) and not SR:
+    if FAST_ROUND and (SPEC % 8 == 3 or SPEC % 8 == 4) and (SPEC // 8) % 2 == 0:  # FP8 / INT8, RNE
         if tl.load(write_ptr + k * BT + bt) != 0:
-            s = _fake_quant_8bit_rne(s, static_scale, BN, BR, FMT, SPEC // 128, (SPEC // 16) % 2 == 1)
+            s = _fake_quant_8bit_rne(s, static_scale, BN, BR, SPEC % 8, SPEC // 128, (SPEC // 16) % 2 == 1)
     else:
         s = slot_write(s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, BN, BR, SPEC)
     return s
