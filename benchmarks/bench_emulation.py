@@ -71,10 +71,13 @@ OPS_PER_ELEMENT_STEP = {
     ("gdn", "fp8_e4m3"): (28, 10),
     ("gdn", "int8"): (28, 10),
     ("gdn", "nvfp4"): (34, 12),
-    # KDA: GDN's work; the decay is one multiply per element either way (a vector over Dk instead of a scalar)
-    ("kda", "fp8_e4m3"): (28, 10),
-    ("kda", "int8"): (28, 10),
-    ("kda", "nvfp4"): (34, 12),
+    # KDA: counted, not estimated: SASS instructions per element-step of the kernel's time loop with a write
+    # every step (Triton 3.9, sm_90a, tile [128, 16] per warp, fast_round and fp_fusion; see
+    # ssmquant/kernels/delta_rule.py), all counted as FP32 issue slots (one instruction issues per lane-clock
+    # whatever its pipe); nvfp4 includes its rarely taken exact-division path, so its floor is low
+    ("kda", "fp8_e4m3"): (25.3, 0),
+    ("kda", "int8"): (22.3, 0),
+    ("kda", "nvfp4"): (67.3, 0),
 }
 # H200 SXM: 132 SMs x 128 FP32 lanes x ~1.98 GHz = 33.4 T FP32 instructions/s; integer ops ~half rate.
 FP32_INSTR_PER_S = 132 * 128 * 1.98e9
@@ -221,6 +224,12 @@ def main():
     ap.add_argument("--peer-steps", type=int, default=64, help="steps timed for the per-step peers")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    ap.add_argument(
+        "--compile-mode",
+        default="default",
+        choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+        help="torch.compile mode of the compiled peer (reduce-overhead: CUDA graphs, no per-step launch cost)",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "emulation.md"))
     ap.add_argument("--sweep", action="store_true", help="also time tilings (BLOCK_P, num_warps) of fp8 conventional")
     ap.add_argument("--sweep-only", action="store_true", help="only the tiling sweep")
@@ -260,10 +269,12 @@ def main():
                 eager_rate = elems / t_eager / 1e9
                 compiled_rate = None
                 if not args.no_compile and (kind, name) in COMPILE_VARIANTS:
-                    compiled_fn = torch.compile(step_fn, dynamic=False)
+                    mode = None if args.compile_mode == "default" else args.compile_mode
+                    compiled_fn = torch.compile(step_fn, dynamic=False, mode=mode)
                     comp = peer_loop(kind, inputs, variant, args.peer_steps, compiled_fn)
                     t0 = time.time()
                     comp()  # compile
+                    comp()  # CUDA graphs (reduce-overhead) record on a second call; cuda_time warms up once more
                     if dev == "cuda":
                         torch.cuda.synchronize()
                     compile_s = time.time() - t0
@@ -408,6 +419,7 @@ def write_table(rows, multi_rows, args):
         f"metrics recorded every step. G/s = G state-element-steps per second. "
         f"Floor: estimated FP32/int operations per element-step against the GPU's instruction rates "
         f"(see OPS_PER_ELEMENT_STEP in the script); an estimate, not a measurement.\n\n"
+        f"Compiled peer: torch.compile mode {args.compile_mode}, timed after its compile and warm-up runs.\n\n"
         f"Command: `python benchmarks/bench_emulation.py {' '.join(sys.argv[1:])}`\n\n"
     )
     multi_head = (
