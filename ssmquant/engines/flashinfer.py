@@ -212,8 +212,8 @@ def checkpointing_ssu_reference(
                 rep = replay_8bit(s_in, state_scale[b], total_decay, old_x, coef, old_b)
                 chunk = None
                 if rand_seed is not None:
-                    chunk = philox.checkpoint_8bit_words(rand_seed, (1, heads, p, n), philox_rounds, dev)[0]
-                    chunk = chunk.to(dev)
+                    # cache slot b: the kernel's Philox offset starts at b * state_stride_seq
+                    chunk = philox.checkpoint_8bit_words(rand_seed, (1, heads, p, n), philox_rounds, dev, first_slot=b)[0]
                 codes, dec = encode_rows(rep, state.dtype, chunk)
                 state[b] = store_codes(codes, state.dtype)
                 state_scale[b] = dec
