@@ -89,14 +89,17 @@ def encode_rows(s: torch.Tensor, dtype: torch.dtype, chunk: torch.Tensor | None 
     zero = amax == 0
     enc = torch.where(zero, 1.0, ieee_div(qmax, torch.where(zero, 1.0, amax)))
     dec = ieee_div(1.0, enc)
-    v = s * enc[..., None]
+    return round_codes(s * enc[..., None], dtype, chunk), dec
+
+
+def round_codes(v: torch.Tensor, dtype: torch.dtype, chunk: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled FP32 values -> code values (FP32) of an int8 / fp8_e4m3 / int16 state: RNE, or SR with `chunk`."""
     if dtype is torch.float8_e4m3fn:
-        codes = philox.sr_e4m3(v, chunk) if chunk is not None else round_to_grid(v, E4M3)
-    elif dtype is torch.int8:
-        codes = philox.sr_int8(v, chunk) if chunk is not None else round_to_grid(v, INT8)
-    else:  # int16: clamp to +-32767, then round to nearest even (`__float2int_rn`)
-        codes = torch.round(torch.clamp(v, -qmax, qmax))
-    return codes, dec
+        return philox.sr_e4m3(v, chunk) if chunk is not None else round_to_grid(v, E4M3)
+    if dtype is torch.int8:
+        return philox.sr_int8(v, chunk) if chunk is not None else round_to_grid(v, INT8)
+    qmax = QMAX[dtype]  # int16: clamp to +-32767, then round to nearest even (`__float2int_rn`)
+    return torch.round(torch.clamp(v, -qmax, qmax))
 
 
 def store_codes(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

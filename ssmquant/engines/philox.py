@@ -115,7 +115,7 @@ def ssu_fp16_words(seed: int, shape: tuple[int, ...], rounds: int, device=None, 
         raise ValueError(f"load_count must be a multiple of 4, got {load_count}")
     slots, heads, p, n = shape
     c = torch.arange(n, device=device)
-    base = ((torch.arange(slots * heads, device=device) + first_slot * heads) * (p * n)).reshape(slots, heads, 1, 1)
+    base = (torch.arange(slots * heads, device=device) * (p * n)).reshape(slots, heads, 1, 1)
     offset = base + (torch.arange(p, device=device) * n)[:, None] + (c - c % 4)[None, :]
     words = philox4x32(seed, offset, rounds)
     return torch.gather(words, -1, (c % 4).expand(slots, heads, p, n)[..., None])[..., 0]
