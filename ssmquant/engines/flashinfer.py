@@ -89,14 +89,17 @@ def encode_rows(s: torch.Tensor, dtype: torch.dtype, chunk: torch.Tensor | None 
     zero = amax == 0
     enc = torch.where(zero, 1.0, ieee_div(qmax, torch.where(zero, 1.0, amax)))
     dec = ieee_div(1.0, enc)
-    v = s * enc[..., None]
+    return round_codes(s * enc[..., None], dtype, chunk), dec
+
+
+def round_codes(v: torch.Tensor, dtype: torch.dtype, chunk: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled FP32 values -> code values (FP32) of an int8 / fp8_e4m3 / int16 state: RNE, or SR with `chunk`."""
     if dtype is torch.float8_e4m3fn:
-        codes = philox.sr_e4m3(v, chunk) if chunk is not None else round_to_grid(v, E4M3)
-    elif dtype is torch.int8:
-        codes = philox.sr_int8(v, chunk) if chunk is not None else round_to_grid(v, INT8)
-    else:  # int16: clamp to +-32767, then round to nearest even (`__float2int_rn`)
-        codes = torch.round(torch.clamp(v, -qmax, qmax))
-    return codes, dec
+        return philox.sr_e4m3(v, chunk) if chunk is not None else round_to_grid(v, E4M3)
+    if dtype is torch.int8:
+        return philox.sr_int8(v, chunk) if chunk is not None else round_to_grid(v, INT8)
+    qmax = QMAX[dtype]  # int16: clamp to +-32767, then round to nearest even (`__float2int_rn`)
+    return torch.round(torch.clamp(v, -qmax, qmax))
 
 
 def store_codes(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -212,8 +215,8 @@ def checkpointing_ssu_reference(
                 rep = replay_8bit(s_in, state_scale[b], total_decay, old_x, coef, old_b)
                 chunk = None
                 if rand_seed is not None:
-                    chunk = philox.checkpoint_8bit_words(rand_seed, (1, heads, p, n), philox_rounds, dev)[0]
-                    chunk = chunk.to(dev)
+                    # cache slot b: the kernel's Philox offset starts at b * state_stride_seq
+                    chunk = philox.checkpoint_8bit_words(rand_seed, (1, heads, p, n), philox_rounds, dev, first_slot=b)[0]
                 codes, dec = encode_rows(rep, state.dtype, chunk)
                 state[b] = store_codes(codes, state.dtype)
                 state_scale[b] = dec

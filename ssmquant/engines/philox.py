@@ -75,7 +75,9 @@ def bitrev16(x: torch.Tensor) -> torch.Tensor:
 # --- element -> random word maps ----------------------------------------------------------------------
 
 
-def checkpoint_8bit_words(seed: int, shape: tuple[int, ...], rounds: int, device=None) -> torch.Tensor:
+def checkpoint_8bit_words(
+    seed: int, shape: tuple[int, ...], rounds: int, device=None, first_slot: int = 0
+) -> torch.Tensor:
     """The 16-bit SR chunk of every element of an int8 / fp8 `checkpointing_ssu` state write.
 
     shape: [cache_slots, H, P, N] with P == 64, N == 128 (the kernel's only 8-bit shape). Per 64-row head
@@ -83,7 +85,9 @@ def checkpoint_8bit_words(seed: int, shape: tuple[int, ...], rounds: int, device
     c0 = 8n + 2 (l % 4) and c0 + 1 of pass n. One Philox call at pass n = 4m (offset = element index of
     (r_lo, 32m + 2 (l % 4)) in the cache) feeds passes 4m..4m+3 (word n % 4); the low 16 bits go to row
     r_lo, the high 16 to r_lo + 8; column c0 takes the chunk, c0 + 1 its bit reversal.
-    Returns int64 [*shape] in [0, 2^16).
+    The offset counts from the start of the whole cache (`state_ptr_offset = cache_slot * state_stride_seq
+    + head * DIM * DSTATE`, kernel_checkpointing_ssu_8bit.cuh), so the words of cache slot s are those of
+    `first_slot=s`; shape[0] slots are taken from first_slot on. Returns int64 [*shape] in [0, 2^16).
     """
     slots, heads, p, n = shape
     r = torch.arange(p, device=device)
@@ -92,7 +96,7 @@ def checkpoint_8bit_words(seed: int, shape: tuple[int, ...], rounds: int, device
     r_lo = r - 8 * hi_row.long()
     m, k = c // 32, (c // 8) % 4
     pair_col = 32 * m + 2 * ((c % 8) // 2)  # [N]
-    base = (torch.arange(slots * heads, device=device) * (p * n)).reshape(slots, heads, 1, 1)
+    base = ((torch.arange(slots * heads, device=device) + first_slot * heads) * (p * n)).reshape(slots, heads, 1, 1)
     offset = base + (r_lo * n)[:, None] + pair_col[None, :]
     words = philox4x32(seed, offset, rounds)  # [..., P, N, 4]
     word = torch.gather(words, -1, k.expand(slots, heads, p, n)[..., None])[..., 0]

@@ -1,0 +1,242 @@
+"""Which arithmetic does the real `checkpointing_ssu` flush use? Hypotheses measured on a kernel dump.
+
+    python -m ssmquant.engines.fit DUMP.safetensors [--json OUT.json]
+
+DUMP is written on a GPU by `ssmquant.engines.dump` (benchmarks/gpu/fi_dump.sh). Every 8-bit flush of
+the dump is re-computed teacher-forced (from the kernel's own stored state before the call and the ring
+it read) under each hypothesis, and the stored decode scales and codes are compared bit for bit.
+
+What the sources and the SASS fix (FlashInfer 0.7.2.post1, module built with FlashInfer's default
+`-use_fast_math`; `cuobjdump -sass` of the ahead-of-time int8 max_window=16 module):
+  - replay: `HMMA.16816.F32.BF16` from a zero accumulator (`clear(frag_h)`), then the old state is added
+    with one `FFMA` per element: `fma(code, decode_scale * total_decay, mma)`;
+  - encode = `MUFU.RCP(amax)` times QMAX (`FMUL`), stored decode = `MUFU.RCP(encode)`: approximate
+    reciprocals (rcp.approx.ftz, at most 1 ulp), not IEEE divisions;
+  - `__expf(v)` = `MUFU.EX2(v * 1.442695f)`.
+The hypotheses vary what the sources do not fix: how the tensor core sums the 8 or 16 products of one
+output (`sum`), and model the pieces above (`add`, `enc`, `exp`), each against the previous model.
+MUFU.RCP / MUFU.EX2 are modelled as correctly rounded (their exact tables are not public).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..formats.codec import ieee_div
+from . import flashinfer as fi
+from . import philox
+
+LOG2E_F32 = float(torch.tensor(1.4426950408889634, dtype=torch.float32))
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    sum: str = "seq"  # seq | exact_rn | exact_rz | align_rz<e> (aligned to the largest product, e extra bits)
+    add: str = "mul_add"  # mul_add (code * ts, then + mma: two roundings) | fma (one rounding)
+    enc: str = "div"  # div (QMAX / amax, IEEE) | rcp (QMAX * RN(1 / amax))
+    exp: str = "exp"  # exp (torch.exp) | ex2 (2 ** RN(v * log2e), correctly rounded)
+
+    @property
+    def name(self) -> str:
+        return f"sum={self.sum} add={self.add} enc={self.enc} exp={self.exp}"
+
+
+def _rz_f32(v: torch.Tensor) -> torch.Tensor:
+    """FP64 -> FP32 rounded toward zero."""
+    f = v.float()
+    over = f.double().abs() > v.abs()
+    return torch.where(over, torch.nextafter(f, torch.zeros_like(f)), f)
+
+
+def mma_sum(a: torch.Tensor, b: torch.Tensor, mode: str) -> torch.Tensor:
+    """sum_k a[..., P, k] * b[..., k, N] -> FP32 [..., P, N] under a tensor-core summation model.
+
+    a, b hold bf16 values (as FP32); their products are exact in FP32 and FP64.
+    """
+    if mode == "seq":
+        acc = torch.zeros(a.shape[:-1] + b.shape[-1:], dtype=torch.float32)
+        for k in range(a.shape[-1]):
+            acc = acc + a[..., :, k, None] * b[..., k, None, :]
+        return acc
+    prod = a.double()[..., :, None, :] * b.double().transpose(-1, -2)[..., None, :, :]  # [..., P, N, K]
+    if mode == "exact_rn":
+        return prod.sum(-1).float()
+    if mode == "exact_rz":
+        return _rz_f32(prod.sum(-1))
+    if mode.startswith("align_rz"):
+        extra = int(mode[len("align_rz") :])
+        mag = prod.abs().amax(-1, keepdim=True)
+        e = torch.floor(torch.log2(torch.where(mag > 0, mag, 1.0)))
+        ulp = torch.exp2(e - 23 - extra)
+        return _rz_f32((torch.trunc(prod / ulp) * ulp).sum(-1))
+    raise ValueError(f"unknown sum mode {mode!r}; accepted: seq, exact_rn, exact_rz, align_rz<bits>")
+
+
+def _exp(v: torch.Tensor, mode: str) -> torch.Tensor:
+    if mode == "exp":
+        return torch.exp(v)
+    return torch.exp2((v.float() * LOG2E_F32).double()).float()
+
+
+def replay_flush(h: Hypothesis, codes, dec, xs, bs, dts, A):
+    """One head group's replayed FP32 state and the new decode scale per row under `h`.
+
+    codes [H, P, N] FP32 code values; dec [H, P]; xs [H, k, P]; bs [H, k, N]; dts [H, k]; A [H].
+    """
+    cum = A[:, None] * fi.hs_scan(dts)
+    total = cum[:, -1]
+    decay = _exp(total, h.exp)
+    coef = _exp(total[:, None] - cum, h.exp) * dts  # [H, k]
+    a = fi.bf16(xs * coef[..., None]).transpose(-1, -2)  # [H, P, k]
+    mma = mma_sum(a, bs, h.sum)
+    ts = (dec * decay[:, None])[..., None]  # [H, P, 1]
+    if h.add == "fma":
+        rep = (codes.double() * ts.double() + mma.double()).float()
+    else:
+        rep = codes * ts + mma
+    amax = rep.abs().amax(-1)
+    return rep, amax
+
+
+def encode(h: Hypothesis, rep, amax, qmax: float):
+    zero = amax == 0
+    safe = torch.where(zero, 1.0, amax)
+    if h.enc == "rcp":
+        enc = torch.where(zero, 1.0, ieee_div(1.0, safe) * qmax)
+    else:
+        enc = torch.where(zero, 1.0, ieee_div(qmax, safe))
+    return enc, ieee_div(1.0, enc)
+
+
+def flushes(t: dict[str, torch.Tensor], case: dict):
+    """Every (call, row) flush of one dumped 8-bit case: (before codes, before scale, ring rows..., after)."""
+    window, tn = case["window"], case["npred"]
+    ring = window + tn
+    st, sc = t["init/state"], t["init/scale"]
+    calls = t["call/changed"].shape[0]
+    for c in range(calls):
+        if f"snap{c}/state" not in t:
+            continue
+        for b in range(st.shape[0]):
+            if not t["call/changed"][c, b]:
+                continue
+            k, start = int(t["call/pnat_before"][c, b]), int(t["call/start_before"][c, b])
+            rows = [(start + j) % ring for j in range(k)]
+            hs = st.shape[1]
+            hpg = hs // t[f"snap{c}/B_cache"].shape[1]
+            yield {
+                "call": c,
+                "row": b,
+                "codes": st[b].float(),
+                "dec": sc[b],
+                "xs": t[f"snap{c}/x_cache"][b][:, rows].float(),
+                "bs": t[f"snap{c}/B_cache"][b][:, rows].float().repeat_interleave(hpg, 0),
+                "dts": t[f"snap{c}/dt_cache"][b][:, rows].float(),
+                "state_after": t[f"snap{c}/state"][b],
+                "scale_after": t[f"snap{c}/scale"][b],
+                "seed": int(t["call/seed"][c]),
+            }
+        st, sc = t[f"snap{c}/state"], t[f"snap{c}/scale"]
+
+
+def _ulp_close(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.view(torch.int32).long() - b.view(torch.int32).long()).abs() <= 1
+
+
+def measure(cases: dict, meta: dict, hyps: list[Hypothesis]) -> list[dict]:
+    """Bit-identical fractions of scales and codes per 8-bit case and hypothesis (teacher-forced flushes)."""
+    rows = []
+    for key, info in meta["cases"].items():
+        case = info["case"]
+        if info["kind"] != "ckpt" or case["state"] not in ("int8", "fp8_e4m3") or key not in cases:
+            continue
+        t = cases[key]
+        dtype = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}[case["state"]]
+        qmax = fi.QMAX[dtype]
+        recs = list(flushes(t, case))
+        for h in hyps:
+            n_sc = eq_sc = ulp_sc = n_codes = eq_codes = 0
+            for r in recs:
+                rep, amax = replay_flush(h, r["codes"], r["dec"], r["xs"], r["bs"], r["dts"], t["A"])
+                enc, dec = encode(h, rep, amax, qmax)
+                chunk = None
+                if case["sr"]:
+                    hs, p, n = rep.shape
+                    words = philox.checkpoint_8bit_words(r["seed"], (1, meta["heads"], p, n), 10, first_slot=r["row"])
+                    chunk = words[0, :hs]
+                codes = fi.round_codes(rep * enc[..., None], dtype, chunk)
+                eq_sc += int((dec == r["scale_after"]).sum())
+                ulp_sc += int(_ulp_close(dec, r["scale_after"]).sum())
+                n_sc += dec.numel()
+                got = r["state_after"].view(torch.uint8) if dtype is torch.float8_e4m3fn else r["state_after"]
+                mine = codes.to(dtype)
+                mine = mine.view(torch.uint8) if dtype is torch.float8_e4m3fn else mine
+                eq_codes += int((mine == got).sum())
+                n_codes += mine.numel()
+            rows.append({
+                "case": key, "hypothesis": asdict(h), "name": h.name, "flushes": len(recs),
+                "scales_identical": eq_sc / max(n_sc, 1), "scales_within_ulp": ulp_sc / max(n_sc, 1),
+                "codes_identical": eq_codes / max(n_codes, 1),
+            })  # fmt: skip
+    return rows
+
+
+def flush_rule(cases: dict, meta: dict) -> list[dict]:
+    """Per checkpointing case: how often each candidate rule predicts the flushes the kernel made."""
+    out = []
+    rules = {
+        "pnat + T > max_window (kernel source)": lambda k, w, tn: k + tn > w,
+        "pnat + 2T > max_window": lambda k, w, tn: k + 2 * tn > w,
+        "pnat + T >= max_window": lambda k, w, tn: k + tn >= w,
+    }
+    for key, info in meta["cases"].items():
+        if info["kind"] != "ckpt" or key not in cases:
+            continue
+        t, case = cases[key], info["case"]
+        got = t["call/changed"].bool()
+        k = t["call/pnat_before"]
+        res = {"case": key, "calls": int(got.numel()), "flushes": int(got.sum())}
+        for name, rule in rules.items():
+            res[name] = float((rule(k, case["window"], case["npred"]) == got).float().mean())
+        out.append(res)
+    return out
+
+
+def default_hypotheses() -> list[Hypothesis]:
+    sums = ("seq", "exact_rn", "exact_rz", "align_rz0", "align_rz1", "align_rz2", "align_rz3")
+    return [Hypothesis(s, a, e, x) for s, a, e, x in itertools.product(sums, ("mul_add", "fma"), ("div", "rcp"), ("exp", "ex2"))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .dump import HEADS, load
+
+    ap = argparse.ArgumentParser(prog="python -m ssmquant.engines.fit", description=__doc__.split("\n\n")[0])
+    ap.add_argument("dump", type=Path)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--quick", action="store_true", help="only the 4 sum models with the source-fixed pieces")
+    args = ap.parse_args(argv)
+    cases, meta = load(args.dump)
+    meta.setdefault("heads", HEADS)
+    hyps = default_hypotheses()
+    if args.quick:
+        hyps = [Hypothesis()] + [Hypothesis(s, "fma", "rcp", "ex2") for s in ("seq", "exact_rn", "exact_rz", "align_rz0")]
+    rule = flush_rule(cases, meta)
+    for r in rule:
+        print(json.dumps(r))
+    rows = measure(cases, meta, hyps)
+    for r in sorted(rows, key=lambda r: (r["case"], -r["scales_identical"])):
+        print(f"{r['case']:24s} {r['name']:55s} scales {r['scales_identical']:.4f} (<=1ulp {r['scales_within_ulp']:.4f}) "
+              f"codes {r['codes_identical']:.5f}")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"flush_rule": rule, "hypotheses": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
