@@ -20,7 +20,8 @@ if [ -z "${SSMQUANT_SSU:-}" ] || [ ! -f "$SSMQUANT_SSU/MANIFEST.json" ]; then
 fi
 echo "ssu sources: $SSMQUANT_SSU"; cat "$SSMQUANT_SSU/MANIFEST.json" | head -5
 mkdir -p "$OUT/oracle_ssu"
-# Nemotron-3-Nano-30B-A3B layer heads (64 x 64 x 128, 8 groups), batch 2, 4096 steps; then a 256-step batch-16 run
-timeout 70 python3 -m ssmquant.engines.oracle_ssu --out "$OUT/oracle_ssu" --steps 4096 --device cuda \
-  --shape 2,64,64,128,8 2>&1 | grep -v "default Mamba SSU config" | tee "$OUT/engines_vllm.log"
+# Nemotron-3-Nano-30B-A3B layer heads (64 x 64 x 128, 8 groups), batch 2, 4096 steps (CPU check:
+# SSU_DEVICE=cpu SSU_STEPS=20 SSU_SHAPE=1,4,8,16,2 TRITON_INTERPRET=1), then the oracle tests
+timeout 70 python3 -m ssmquant.engines.oracle_ssu --out "$OUT/oracle_ssu" --steps "${SSU_STEPS:-4096}" --device "${SSU_DEVICE:-cuda}" \
+  --shape "${SSU_SHAPE:-2,64,64,128,8}" 2>&1 | grep -v "default Mamba SSU config" | tee "$OUT/engines_vllm.log"
 timeout 20 python3 -m pytest -q -x tests/engines/test_ssu_oracle.py 2>&1 | tail -5 | tee -a "$OUT/engines_vllm.log"
