@@ -17,9 +17,11 @@
   with sources): the ideal recurrence except the decay's ex2.approx bits, the input term's order
   (dt B, then x) and one FMA rounding for a S + input; fp32 / bf16 / fp16 state stored to nearest. vLLM's
   fp16 stochastic rounding (cvt.rs, SM 10.x only) is emulated with ssmquant's own stream: statistically,
-  not bitwise, equivalent. vLLM's GDN / KDA decode (fla-derived fused recurrent kernels, fp32 arithmetic,
-  state stored in the cache dtype) is the ideal arithmetic: the `vllm` profile runs those layers on the
-  ideal kernels and contributes only its constraints. Replay and speculative schemes are refused with
+  not bitwise, equivalent. vLLM's GDN decode (`fused_recurrent_gated_delta_rule_packed_decode`,
+  vllm/third_party/flash_linear_attention/ops/fused_recurrent.py @ 0.33.0: decay, delta, update, output
+  in the ideal's order in fp32, the state stored in the cache dtype) runs on the ideal kernels: the `vllm`
+  profile contributes only its constraints there (FMA contraction and the in-kernel l2norm / gate are
+  not modelled, and no oracle ran that kernel here). Replay and speculative schemes are refused with
   the engines' own words (vLLM's FlashInfer ReplaySSM is the `flashinfer` profile).
 
 Refused, with the engine's constraint: GDN / KDA layers (FlashInfer's `gdn_decode` is CuTe DSL and not
