@@ -8,21 +8,18 @@ import pytest
 import torch
 
 from ssmquant.engines import triton_ssu
-from ssmquant.engines.oracle import bf16_inputs
 from ssmquant.models.synthetic import synthetic_inputs
-from ssmquant.replay import Mamba2Inputs, VariantError, emulate, parse_variant, simulate
+from ssmquant.replay import VariantError, emulate, parse_variant, simulate
 from ssmquant.replay.reference import expand_groups
 from ssmquant.replay.simulate import triton_interpreting
+
+from .test_profiles import _layer as nano_slice
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _layer(steps, heads=2, p=12, n=48, batch=2):
-    inp = bf16_inputs(synthetic_inputs("nemotron-3-nano", 0, batch=batch, steps=steps))
-    return Mamba2Inputs(
-        x=inp.x[:, :, :heads, :p], dt=inp.dt[:, :, :heads], B=inp.B[:, :, :1, :n], C=inp.C[:, :, :1, :n],
-        A=inp.A[:heads], D=inp.D[:heads],
-    ).validate()  # fmt: skip
+def _layer(steps):
+    return nano_slice(steps, heads=2, p=12, n=48, batch=2)
 
 
 @pytest.mark.parametrize("engine", ["vllm", "trtllm"])
