@@ -170,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    import triton
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    meta = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "sources": {k: man[k]["version"] for k in ("vllm", "trtllm")}}
     cases = []
     for eng in args.engines.split(","):
         for dt in args.dtypes.split(","):
@@ -177,12 +181,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{eng} {dt}: identical vs profile {c.identical_profile}, vs ideal {c.identical_ideal}, "
                   f"curve gap {c.curve_gap_profile:.2e} / ideal {c.curve_gap_ideal:.2e} ({c.seconds:.1f} s)", flush=True)  # fmt: skip
             cases.append(c)
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    import triton
-
-    meta = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "sources": {k: man[k]["version"] for k in ("vllm", "trtllm")}}
-    (args.out / "oracle_ssu.json").write_text(json.dumps({"meta": meta, "cases": [asdict(c) for c in cases]}, indent=1))
-    (args.out / "oracle_ssu.md").write_text(f"{meta}\n\n{table(cases)}\n")
+            # written after every case, so a run stopped by a time limit keeps what it measured
+            (args.out / "oracle_ssu.json").write_text(json.dumps({"meta": meta, "cases": [asdict(c) for c in cases]}, indent=1))
+            (args.out / "oracle_ssu.md").write_text(f"{meta}\n\n{table(cases)}\n")
     print(table(cases))
     return 0
 
