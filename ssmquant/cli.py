@@ -229,7 +229,8 @@ def _layers(value: str | None) -> list[int] | None:
     "--engine",
     default="ideal",
     show_default=True,
-    help="Engine profile(s) whose arithmetic is emulated: ideal, flashinfer, or ideal,flashinfer side by side.",
+    help="Engine profile(s) whose arithmetic is emulated: ideal, flashinfer, vllm, trtllm, or several side by side "
+    "(ideal,vllm).",
 )
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out.")

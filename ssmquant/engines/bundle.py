@@ -21,6 +21,14 @@ What goes in (pinned; see `PINS`):
 - `apache-tvm-ffi` (FlashInfer's FFI runtime), the CPython 3.12 manylinux x86_64 wheel, unpacked.
 - flash-linear-attention and fla-core (pure Triton): the `fla` package.
 
+With `--ssu`, the Triton decode kernels of vLLM and TensorRT-LLM go into `OUTDIR/bundle/ssu` instead
+(`build_ssu`; loaded by `ssmquant.engines.vendored`): vLLM's `mamba_ssm.py`, `triton_helpers.py` and tuned
+launch configs from its wheel (`SSU_PINS`), and TensorRT-LLM's `selective_state_update.py` and
+`softplus.py` from a folder given with `--trtllm-src` (TensorRT-LLM's PyPI package is a stub that
+downloads the wheel from NVIDIA's index; the two files are read from its repository at `SSU_PINS`'s
+commit, the kernel file trimmed after `selective_state_update`). `ssu/MANIFEST.json` records versions
+and sha256 of every file; about 0.1 MiB, to be merged into the main bundle as its `ssu/` folder.
+
 The bundle is build output, never committed.
 """
 
@@ -78,6 +86,14 @@ HEADER_ARCHIVE = "headers.tar.xz"
 HEADER_MARKER = ".headers-unpacked"
 MANIFEST = "MANIFEST.json"
 SIZE_BUDGET = 40 * 2**20
+# The Triton decode kernels of vLLM and TensorRT-LLM (`build_ssu`); see ssmquant.engines.vendored.
+SSU_PINS = {"vllm": "0.33.0", "trtllm": "main@1d2bb3b7f395a79221edbead8e8aac5db58df264"}
+VLLM_SSU_FILES = (
+    "vllm/model_executor/layers/mamba/ops/mamba_ssm.py",
+    "vllm/model_executor/layers/mamba/ops/triton_helpers.py",
+)
+VLLM_SSU_CONFIGS = "vllm/model_executor/layers/mamba/ops/configs/selective_state_update/"
+TRTLLM_SSU_FILES = ("selective_state_update.py", "softplus.py")
 
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
@@ -361,6 +377,57 @@ def build(outdir: Path, wheels: Path | None = None) -> Path:
     return bundle
 
 
+def build_ssu(outdir: Path, vllm_wheel: Path | None, trtllm_src: Path) -> Path:
+    """Write `outdir/bundle/ssu` (vLLM's and TensorRT-LLM's Triton decode kernels, see the module doc).
+
+    vllm_wheel: the vllm==SSU_PINS["vllm"] wheel (None: pip download it into outdir/wheels, ~500 MB);
+    trtllm_src: a folder with TensorRT-LLM's selective_state_update.py and softplus.py. Returns the folder.
+    """
+    import hashlib
+
+    outdir = outdir.resolve()
+    if vllm_wheel is None:
+        wheels = outdir / "wheels"
+        wheels.mkdir(parents=True, exist_ok=True)
+        if not list(wheels.glob(f"vllm-{SSU_PINS['vllm']}-*.whl")):
+            _pip_download([f"vllm=={SSU_PINS['vllm']}"], wheels)
+        vllm_wheel = _find_wheel(wheels, "vllm", SSU_PINS["vllm"])
+    if f"-{SSU_PINS['vllm']}-" not in Path(vllm_wheel).name:
+        raise BundleError(f"{Path(vllm_wheel).name} is not the vllm {SSU_PINS['vllm']} wheel the oracle was written against")
+    ssu = outdir / "bundle" / "ssu"
+    shutil.rmtree(ssu, ignore_errors=True)
+    files: dict[str, dict[str, str]] = {"vllm": {}, "trtllm": {}}
+    with zipfile.ZipFile(vllm_wheel) as z:
+        names = [n for n in z.namelist() if n in VLLM_SSU_FILES or (n.startswith(VLLM_SSU_CONFIGS) and n.endswith(".json"))]
+        if not set(VLLM_SSU_FILES) <= set(names):
+            raise BundleError(f"{Path(vllm_wheel).name} lacks {sorted(set(VLLM_SSU_FILES) - set(names))}")
+        for n in names:
+            rel = n.removeprefix("vllm/model_executor/layers/mamba/ops/")
+            dst = ssu / "vllm" / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(z.read(n))
+            files["vllm"][rel] = hashlib.sha256(dst.read_bytes()).hexdigest()
+    for name in TRTLLM_SSU_FILES:
+        src = Path(trtllm_src) / name
+        if not src.is_file():
+            raise BundleError(f"{src} is missing: give --trtllm-src a folder with {', '.join(TRTLLM_SSU_FILES)}")
+        dst = ssu / "trtllm" / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+        files["trtllm"][name] = hashlib.sha256(dst.read_bytes()).hexdigest()
+    man = {
+        "vllm": {"version": SSU_PINS["vllm"], "source": f"PyPI wheel {Path(vllm_wheel).name}", "files": files["vllm"]},
+        "trtllm": {
+            "version": SSU_PINS["trtllm"],
+            "source": "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/modules/mamba/ at that commit",
+            "files": files["trtllm"],
+        },
+    }
+    man["bytes"] = _dir_size(ssu)
+    (ssu / MANIFEST).write_text(json.dumps(man, indent=1) + "\n")
+    return ssu
+
+
 def unpack_headers(bundle: Path) -> bool:
     """Unpack the header archive in place (once); returns True if it unpacked now."""
     data = Path(bundle) / "flashinfer" / "data"
@@ -377,7 +444,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("outdir", type=Path, help="output folder; the bundle is OUTDIR/bundle")
     ap.add_argument("--wheels", type=Path, default=None, help="folder with the wheels (default OUTDIR/wheels)")
     ap.add_argument("--unpack", action="store_true", help="only unpack the header archive of OUTDIR/bundle")
+    ap.add_argument("--ssu", action="store_true", help="only build OUTDIR/bundle/ssu (vLLM / TensorRT-LLM Triton kernels)")
+    ap.add_argument("--vllm-wheel", type=Path, default=None, help="--ssu: the vllm wheel (default: pip download)")
+    ap.add_argument("--trtllm-src", type=Path, default=None, help="--ssu: folder with TensorRT-LLM's kernel files")
     args = ap.parse_args(argv)
+    if args.ssu:
+        if args.trtllm_src is None:
+            ap.error("--ssu needs --trtllm-src DIR (TensorRT-LLM's selective_state_update.py and softplus.py)")
+        try:
+            ssu = build_ssu(args.outdir, args.vllm_wheel, args.trtllm_src)
+        except BundleError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        print(f"{ssu}: {json.loads((ssu / MANIFEST).read_text())['bytes'] / 2**10:.0f} KiB ({SSU_PINS})")
+        return 0
     if args.unpack:
         done = unpack_headers(args.outdir / "bundle")
         print("headers unpacked" if done else "headers already unpacked (or no archive)")

@@ -1,4 +1,6 @@
-"""The flashinfer profile of the torch reference: one step of a Mamba-2 variant, called by `replay.naive`.
+"""Engine profiles in the torch reference: one step of a Mamba-2 variant, called by `replay.naive`.
+
+`Mamba2SSUStep` is the vllm / trtllm profiles' conventional step (`ssmquant.engines.triton_ssu`).
 
 `Mamba2EngineStep` replaces the ideal state-form step of one variant (`naive._Mamba2Emulation`). Its
 arithmetic is that of `ssmquant.engines.flashinfer` (the kernels re-computed call by call), with the
@@ -136,3 +138,35 @@ class Mamba2EngineStep:
         st = self.tab.start[:, t]
         return torch.where(self.tab.flush_call[:, t], torch.full_like(st, t), st)
 
+
+
+class Mamba2SSUStep:
+    """vLLM's / TensorRT-LLM's Triton `selective_state_update` on one variant (conventional decode).
+
+    The decays are the engine's bits (`triton_ssu.ssu_decays`, computed once), the update is
+    fma(S, dA, fp32(dt B) x) and the output sum(S C) + D x from the FP32 state before the store; the store
+    is the variant's own (round to nearest, or ssmquant's SR stream for fp16:sr). `step(t)` returns
+    (the state the metrics see [B, H, P, N], y [B, H, P]); the Triton twin is `kernels.mamba2_engine` (SSU).
+    """
+
+    def __init__(self, runner, i: int):
+        from .triton_ssu import ssu_decays
+
+        v = runner.variants[i]
+        self.r, self.i = runner, i
+        self.mask = runner.masks[i]  # [B, T]
+        self.s = runner.s0.clone()
+        self.da = ssu_decays(runner.inputs.A, runner.inputs.dt, v.engine)  # [B, T, H]
+
+    def step(self, t: int):
+        from .triton_ssu import ssu_update
+
+        r = self.r
+        s = ssu_update(self.s, self.da[:, t], r.dt[:, t], r.xb[self.i][:, t], r.bb[self.i][:, t])
+        y = mamba2_output(s, r.c[:, t], r.d, r.x[:, t])
+        write = self.mask[:, t]
+        if bool(write.any()):
+            store = r.stores[self.i]
+            s = torch.where(write[:, None, None, None], store(s, store.key(t)), s)
+        self.s = s
+        return s, y

@@ -12,6 +12,17 @@
   coefficient matrices, and the output of the call that flushes comes from a bf16 copy of the replayed,
   not yet rounded, state. The state the metrics see between flushes is the stored checkpoint advanced
   in FP32 (what a replay of the ring in exact arithmetic would give).
+- `vllm` (0.33.0) and `trtllm` (TensorRT-LLM main; decode kernel read at 1d2bb3b): Mamba-2 conventional
+  decoding through their Triton `selective_state_update` (`ssmquant.engines.triton_ssu` has the arithmetic,
+  with sources): the ideal recurrence except the decay's ex2.approx bits, the input term's order
+  (dt B, then x) and one FMA rounding for a S + input; fp32 / bf16 / fp16 state stored to nearest. vLLM's
+  fp16 stochastic rounding (cvt.rs, SM 10.x only) is emulated with ssmquant's own stream: statistically,
+  not bitwise, equivalent. vLLM's GDN decode (`fused_recurrent_gated_delta_rule_packed_decode`,
+  vllm/third_party/flash_linear_attention/ops/fused_recurrent.py @ 0.33.0: decay, delta, update, output
+  in the ideal's order in fp32, the state stored in the cache dtype) runs on the ideal kernels: the `vllm`
+  profile contributes only its constraints there (FMA contraction and the in-kernel l2norm / gate are
+  not modelled, and no oracle ran that kernel here). Replay and speculative schemes are refused with
+  the engines' own words (vLLM's FlashInfer ReplaySSM is the `flashinfer` profile).
 
 Refused, with the engine's constraint: GDN / KDA layers (FlashInfer's `gdn_decode` is CuTe DSL and not
 modelled; vLLM decodes them with fla's fused recurrent kernels, which the oracle finds equal to the ideal
@@ -33,8 +44,9 @@ from ..formats import Encoding, Rounding, ScaleMode, StateFormat
 from ..replay.schemes import SchemeKind
 from .flashinfer import CKPT_8BIT_SHAPE, MAX_WINDOW, bf16, hs_scan
 
-ENGINES = ("ideal", "flashinfer")
+ENGINES = ("ideal", "flashinfer", "vllm", "trtllm")
 IDEAL = "ideal"
+SSU_ENGINES = ("vllm", "trtllm")  # conventional Mamba-2 decode by a mamba_ssm-descended Triton kernel
 
 
 class EngineError(ValueError):
@@ -47,10 +59,66 @@ def check_engine(name: str) -> str:
     return name
 
 
+def arithmetic(engine: str, kind: str) -> str:
+    """Which emulation computes `engine` on a `kind` layer: "ideal", "flashinfer" or "triton_ssu".
+
+    Both backends dispatch on this: "ideal" variants share the ideal kernels (fused with other variants),
+    the others run their engine step (`emulation.py`) / kernel (`kernels/mamba2_engine.py`).
+    """
+    if engine == IDEAL or (engine == "vllm" and kind != "mamba2"):
+        return "ideal"
+    return "triton_ssu" if engine in SSU_ENGINES else engine
+
+
+def _fact(fid: str) -> str:
+    """An export fact's quote (the engine's own words) and citation, for refusals."""
+    from ..export.facts import FACTS
+
+    f = FACTS[fid]
+    return f"\"{f.quote}\" {f.cite()}" if f.quote else f"{f.says} {f.cite()}"
+
+
+def _check_ssu(engine: str, fmt: StateFormat, scheme, kind: str) -> None:
+    """The vllm / trtllm profiles' constraints (the engines' words quoted from `ssmquant.export.facts`)."""
+    where = f"{fmt.name}@{scheme.name}~{engine}"
+    enc, sr = fmt.encoding, fmt.rounding is Rounding.SR
+    if engine == "trtllm" and kind != "mamba2":
+        raise EngineError(f"{where}: the trtllm profile models TensorRT-LLM's Mamba-2 decode only; its {kind} decode kernel was not read")
+    if enc not in (Encoding.FP32, Encoding.BF16, Encoding.FP16):
+        fid = "vllm.state_dtype" if engine == "vllm" else "trtllm.state_dtype"
+        raise EngineError(f"{where}: the SSM cache dtype is one of float32, bfloat16, float16: {_fact(fid)}")
+    if scheme.kind is SchemeKind.REPLAY:
+        if engine == "trtllm":
+            raise EngineError(f"{where}: without speculative decoding TensorRT-LLM stores the state every token: {_fact('trtllm.replay_spec_only')}; use a conventional scheme")
+        if kind != "mamba2":
+            raise EngineError(f"{where}: {_fact('vllm.replay_arch')}")
+        raise EngineError(
+            f"{where}: vLLM's ReplaySSM runs FlashInfer checkpointing_ssu with --mamba-backend flashinfer (use ~flashinfer); "
+            "its Triton ReplaySSM kernel (selective_state_update_replayssm_output_only.py) is not modelled"
+        )
+    if scheme.kind is SchemeKind.SPEC:
+        fid = "vllm.spec_fi" if engine == "vllm" else "trtllm.replay_gates"
+        raise EngineError(f"{where}: speculative decoding is not modelled by the {engine} profile ({_fact(fid)})")
+    if sr and engine == "trtllm":
+        raise EngineError(
+            f"{where}: TensorRT-LLM's selective_state_update (read at 1d2bb3b) stores the state with .to(dtype), to "
+            "nearest; its stochastic rounding is not modelled"
+        )
+    if sr and enc is not Encoding.FP16:
+        raise EngineError(f"{where}: {_fact('vllm.sr_fp16')}")
+    if sr and kind != "mamba2":
+        raise EngineError(f"{where}: {_fact('vllm.sr_mamba_only')}")
+
+
 def check_variant(engine: str, fmt: StateFormat, scheme, kind: str, state_shape: tuple[int, ...]) -> None:
     """Raise EngineError when `engine` cannot run `fmt` under `scheme` on a `kind` layer of `state_shape`."""
     check_engine(engine)
     if engine == IDEAL:
+        return
+    if engine in SSU_ENGINES:
+        if fmt.scale_mode is ScaleMode.STATIC:
+            raise EngineError(f"{fmt.name}@{scheme.name}~{engine}: the engine stores float state, no static scales")
+        _check_ssu(engine, fmt, scheme, kind)
         return
     where = f"{fmt.name}@{scheme.name}"
     if kind != "mamba2":

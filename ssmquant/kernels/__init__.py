@@ -61,16 +61,19 @@ def plan_blocks(variants: list[Variant], rows: int, state_dim: int) -> tuple[int
 
 
 def plan_launches(
-    variants: list[Variant], rows: int, state_dim: int, tiling: tuple[int, int] | None = None
+    variants: list[Variant], rows: int, state_dim: int, tiling: tuple[int, int] | None = None, kind: str = "mamba2"
 ) -> list[tuple[list[int], tuple[int, int]]]:
     """Group the ideal (non-engine) variants into launches: [(variant indices, (BLOCK_P, num_warps))].
 
     Variants whose scale groups need the same rows per program (at the smallest tile of a full launch)
     share launches of at most MAX_SLOTS, in their given order; a group needing more rows than the register
     budget leaves to _MAX_WARPS warps carries fewer variants. tiling: one (BLOCK_P, num_warps) for every
-    launch (benchmark sweeps and tests), which must hold every variant's scale group.
+    launch (benchmark sweeps and tests), which must hold every variant's scale group. kind: the layer kind
+    (an engine profile whose arithmetic on it is the ideal one, `profiles.arithmetic`, launches here too).
     """
-    ideal = [i for i, v in enumerate(variants) if v.engine == "ideal"]
+    from ..engines.profiles import arithmetic
+
+    ideal = [i for i, v in enumerate(variants) if arithmetic(v.engine, kind) == "ideal"]
     if tiling is not None:
         for i in ideal:
             if _rows_needed(variants[i], rows) > tiling[0]:
@@ -156,12 +159,14 @@ def emulate_triton_steps(
         )
         launch = delta_rule_launch
         per_sequence = set(shared)
+    from ..engines.profiles import arithmetic
+
     for i, variant in enumerate(variants):
-        if variant.engine != "ideal":  # an engine profile: its own kernel (mamba2_engine.py)
+        if arithmetic(variant.engine, inputs.kind) != "ideal":  # an engine profile: its own kernel (mamba2_engine.py)
             from .mamba2_engine import engine_steps
 
             yield from engine_steps(inputs, variant, i, shared, s0, metric_budget)
-    for idx, (block_p, num_warps) in plan_launches(variants, rows, sdim, tiling):
+    for idx, (block_p, num_warps) in plan_launches(variants, rows, sdim, tiling, inputs.kind):
         group = [variants[i] for i in idx]
         specs = tuple(
             slot_spec(

@@ -102,10 +102,10 @@ def _sr_fp16(v, word):
 @triton.jit
 def _mamba2_engine_kernel(
     x_ptr, dt_ptr, a_ptr, bm_ptr, cm_ptr, d_ptr, s0_ptr, write_ptr, metrics_ptr,
-    fac_ptr, cbn_ptr, cbo_ptr, coef_ptr, tdec_ptr, start_ptr, fcall_ptr,
+    fac_ptr, cbn_ptr, cbo_ptr, coef_ptr, tdec_ptr, start_ptr, fcall_ptr, ae_ptr,
     B, T, H, P, N, HEADS_PER_GROUP, G, seed_hi, batch_offset, store_seed, record_every,
     L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FMT: tl.constexpr, REPLAY: tl.constexpr,
-    SR: tl.constexpr, BUF: tl.constexpr, HAS_S0: tl.constexpr,
+    SR: tl.constexpr, BUF: tl.constexpr, HAS_S0: tl.constexpr, SSU: tl.constexpr,
 ):  # fmt: skip
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -220,10 +220,14 @@ def _mamba2_engine_kernel(
                     cnext = tl.load(cm_ptr + ((bt + 1) * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32)
                     pending = tl.sum(_bf16(out_state) * cnext[:, None], axis=0)
         else:
-            s_var = a * s_var + bb[:, None] * (dt * xb)[None, :]
+            if SSU:  # vLLM / TensorRT-LLM selective_state_update: fma(S, dA, fp32(dt B) x), one rounding (float64)
+                ae = tl.load(ae_ptr + bt * H + h)  # the engine's decay bits; `a` stays the reference's
+                s_var = (s_var.to(tl.float64) * ae.to(tl.float64) + ((bb * dt)[:, None] * xb[None, :]).to(tl.float64)).to(tl.float32)
+            else:
+                s_var = a * s_var + bb[:, None] * (dt * xb)[None, :]
             y = tl.sum(s_var * cvec[:, None], axis=0) + d * x
             if write:
-                if FMT == 2 and SR:  # FlashInfer's fp16 SR: Philox word of (row, col - col % 4), word col % 4
+                if FMT == 2 and SR and not SSU:  # FlashInfer's fp16 SR: Philox word of (row, col - col % 4), word col % 4
                     offset = (global_head * N + rows.to(tl.int64) * N)[None, :] + (cols - cols % 4)[:, None].to(tl.int64)
                     r0, r1, r2, r3 = tl.randint4x(seed_hi + t, offset, 10)
                     word = _select4(r0, r1, r2, r3, (cols % 4)[:, None]).to(tl.int64) & 0xFFFFFFFF
@@ -236,11 +240,12 @@ def _mamba2_engine_kernel(
 
 def mamba2_engine_launch(
     x, dt, a, bm, cm, d, s0, write, tables, *, fmt_code: int, replay: bool, sr: bool, seed: int, buf_code: int,
-    block_p: int, num_warps: int, batch_offset: int = 0,
+    block_p: int, num_warps: int, batch_offset: int = 0, a_engine: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Launch on contiguous inputs; returns per-step metrics [T, B, H, NPB, 4] (fp32).
 
-    tables: `FlashInferTables` sliced to this batch (replay), or None (conventional). seed: the variant's
+    tables: `FlashInferTables` sliced to this batch (replay), or None (conventional). a_engine: the vllm /
+    trtllm conventional arithmetic with these decays [B, T, H] (`triton_ssu.ssu_decays`), None otherwise. seed: the variant's
     seed (the engine's rand_seed of call c is `philox.engine_seed(seed, c)`; ssmquant's stream for the
     rest). Per-row scales need the whole state row in one program: block_p covers the rows given.
     """
@@ -265,10 +270,10 @@ def mamba2_engine_launch(
         fcall = tables.flush_call.to(torch.int8).contiguous()
     _mamba2_engine_kernel[(bsz * heads, npb)](
         x, dt, a, bm, cm, d, s0 if s0 is not None else dummy, write, metrics,
-        fac, cbn, cbo, coef, tdec, start, fcall,
+        fac, cbn, cbo, coef, tdec, start, fcall, dummy if a_engine is None else a_engine,
         bsz, steps, heads, p, n, heads // groups, groups, engine_seed(seed, 0), batch_offset, seed, 1,
         L=length, BLOCK_P=block_p, BLOCK_N=block_n, FMT=fmt_code, REPLAY=replay, SR=sr, BUF=buf_code,
-        HAS_S0=s0 is not None, num_warps=num_warps, enable_fp_fusion=False,
+        HAS_S0=s0 is not None, SSU=a_engine is not None, num_warps=num_warps, enable_fp_fusion=False,
     )  # fmt: skip
     return metrics
 
@@ -284,13 +289,18 @@ def engine_steps(inputs, variant, index: int, shared: dict, s0, metric_budget: i
     shared: the contiguous inputs `emulate_triton_steps` prepared (x, dt, a, bm, cm, d); metric_budget:
     bytes of one launch's per-step metric buffer.
     """
-    from ..engines.profiles import flashinfer_tables
+    from ..engines.profiles import arithmetic, flashinfer_tables
     from ..formats import Rounding
     from ..replay.schemes import SchemeKind
     from .rounding import FORMAT_CODES
 
     fmt, scheme = variant.format, variant.scheme
     replay = scheme.kind is SchemeKind.REPLAY
+    a_engine = None
+    if arithmetic(variant.engine, inputs.kind) == "triton_ssu":  # the engine's decay bits (engines.triton_ssu)
+        from ..engines.triton_ssu import ssu_decays
+
+        a_engine = ssu_decays(inputs.A, inputs.dt, variant.engine).contiguous()
     write = scheme.write_mask(inputs.batch, inputs.steps).to(inputs.device)
     tables = flashinfer_tables(inputs, write, scheme.buffer_len) if replay else None
     rows, sdim = inputs.rows, inputs.state_dim
@@ -311,6 +321,6 @@ def engine_steps(inputs, variant, index: int, shared: dict, s0, metric_budget: i
         m = mamba2_engine_launch(
             *args, None if s0 is None else s0[b0:b1], write8[b0:b1], tab, fmt_code=FORMAT_CODES[fmt.encoding],
             replay=replay, sr=fmt.rounding is Rounding.SR, seed=variant.seed, buf_code=buf, block_p=block_p,
-            num_warps=num_warps, batch_offset=b0,
+            num_warps=num_warps, batch_offset=b0, a_engine=None if a_engine is None else a_engine[b0:b1],
         )  # fmt: skip
         yield index, b0, m.sum(3)

@@ -270,12 +270,15 @@ class _Emulation:
 
 
 def _engine_step(runner, i: int):
-    """The engine profile's step object of variant i (`ssmquant.engines.emulation`), None for `ideal`."""
-    if runner.variants[i].engine == "ideal":
-        return None
-    from ..engines.emulation import Mamba2EngineStep
+    """The engine profile's step object of variant i (`ssmquant.engines.emulation`), None for the ideal arithmetic."""
+    from ..engines.profiles import arithmetic
 
-    return Mamba2EngineStep(runner, i)
+    kind = arithmetic(runner.variants[i].engine, runner.inputs.kind)
+    if kind == "ideal":
+        return None
+    from ..engines.emulation import Mamba2EngineStep, Mamba2SSUStep
+
+    return Mamba2SSUStep(runner, i) if kind == "triton_ssu" else Mamba2EngineStep(runner, i)
 
 
 class _Mamba2Emulation(_Emulation):

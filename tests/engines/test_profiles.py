@@ -113,8 +113,8 @@ def test_flashinfer_profile_refuses_what_the_engine_cannot_run(spec, shape, mess
 
 
 def test_unknown_engine_and_gdn_layers_are_refused():
-    with pytest.raises(VariantError, match="accepted: ideal, flashinfer"):
-        parse_variant("int8@replay16~vllm")
+    with pytest.raises(VariantError, match="accepted: ideal, flashinfer, vllm, trtllm"):
+        parse_variant("int8@replay16~sglang")
     gdn = synthetic_inputs("qwen3.5-0.8b", 0, batch=1, steps=4)
     with pytest.raises(VariantError, match="gdn layer is not modelled"):
         simulate(gdn, ["bf16@conventional"], engine="flashinfer")
