@@ -112,6 +112,7 @@ def run_on_devices(
     inputs, the host syncs of a launch) with another layer's kernels: a host sync waits only for its own
     lane's stream. This thread synchronizes the producer's stream of the device before it queues an item, and a
     lane its own stream before it drops one, so neither reads memory early nor frees it for reuse too soon.
+    A device's other lanes join once its first item is done (the first launches compile the kernels).
     ``on_result(key, result, seconds)`` is called as each finishes (from the worker threads, under one
     lock). The first error stops the other workers and is raised here. Returns ({key: result}, DeviceRun).
     """
@@ -156,12 +157,15 @@ def run_on_devices(
     failed = threading.Event()
     errors: list[tuple[int, BaseException]] = []
 
-    def worker(dev):
+    def worker(dev, lane):
         q = queues[dev]
         stream = torch.cuda.Stream(dev) if dev.type == "cuda" and stream_lanes else None
+        if lane:
+            warmed[dev].wait()
         while True:
             got = q.get()
             if got is _DONE:
+                warmed[dev].set()
                 return
             if failed.is_set():
                 continue  # drain without working
@@ -173,12 +177,17 @@ def run_on_devices(
                 with lock:
                     errors.append((key, exc))
                 failed.set()
+            finally:
+                warmed[dev].set()
             del payload
 
     per_device = max(1, lanes)
     stream_lanes = lanes > 1 and all(d.type == "cuda" for d in devices)
+    # a device's other lanes start after its first item is done: the first launches compile or load the
+    # kernels (Triton's JIT and its cache), once, in one thread
+    warmed = {d: threading.Event() for d in devices}
     threads = [
-        threading.Thread(target=worker, args=(d,), name=f"ssmquant-emulate-{d}" + (f"-lane{k}" if k else ""), daemon=True)
+        threading.Thread(target=worker, args=(d, k), name=f"ssmquant-emulate-{d}" + (f"-lane{k}" if k else ""), daemon=True)
         for d in devices
         for k in range(per_device)
     ]

@@ -168,3 +168,9 @@ def test_analyze_captures_from_a_model_built_in_memory():
         analyze(AnalyzeConfig(**{**cfg.__dict__, "devices": "cpu,cpu"}), model=model)
     with pytest.raises(ValueError, match="must be a LoadedModel"):
         analyze(cfg, model=model.model)
+
+
+def test_lanes_with_no_items_or_one_item_finish():
+    cpu = torch.device("cpu")
+    assert run_on_devices(iter([]), {}, lambda k, x, d: x, lanes=2)[0] == {}
+    assert run_on_devices(iter([(3, "x")]), {3: cpu}, lambda k, x, d: x, lanes=3)[0] == {3: "x"}
