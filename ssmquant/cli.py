@@ -728,4 +728,4 @@ def export_cmd(recipe_dir, target, out_dir, num_speculative_tokens, engine_versi
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    entry()
