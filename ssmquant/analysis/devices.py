@@ -4,9 +4,10 @@ Each layer's emulation is independent of the others (analysis/run.py), so the la
 spread over GPUs. ``assign_layers`` decides where each runs: on the GPU that holds the layer's weights when
 the model itself is spread over the emulation devices (its captured inputs are produced there, and while
 the prefill works on one GPU's layers the other GPU emulates the layers it already passed), else
-round-robin in layer order. ``run_on_devices`` runs one worker thread per device, each fed through a queue
-of one layer: Triton and torch launches are asynchronous per device, so while one thread waits for its
-GPU the others launch on theirs. A layer's inputs move to its device inside the worker (the host holds at
+round-robin in layer order. ``run_on_devices`` runs worker threads ("lanes", ``lanes`` per device, each
+GPU lane on a CUDA stream of its own) fed through one queue of one layer per device: Triton and torch
+launches are asynchronous per stream, so while one thread waits for its stream the others launch on theirs,
+and a GPU never waits for the host between layers. A layer's inputs move to its device inside the worker (the host holds at
 most one queued layer per device); the per-device busy time and the time spent waiting for capture come
 back with the results.
 """
