@@ -7,9 +7,9 @@ the prefill works on one GPU's layers the other GPU emulates the layers it alrea
 round-robin in layer order. ``run_on_devices`` runs worker threads ("lanes", ``lanes`` per device, each
 GPU lane on a CUDA stream of its own) fed through one queue of one layer per device: Triton and torch
 launches are asynchronous per stream, so while one thread waits for its stream the others launch on theirs,
-and a GPU never waits for the host between layers. A layer's inputs move to its device inside the worker (the host holds at
-most one queued layer per device); the per-device busy time and the time spent waiting for capture come
-back with the results.
+and a GPU never waits for the host between layers. A layer's inputs move to its device inside the worker
+(the host holds at most one queued layer per device); the per-device busy time and the time spent waiting
+for capture come back with the results.
 """
 
 from __future__ import annotations
