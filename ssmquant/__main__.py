@@ -1,5 +1,5 @@
 """`python -m ssmquant ...`: the same command line as the `ssmquant` script."""
 
-from .cli import main
+from .cli import entry
 
-main(prog_name="ssmquant")
+entry()

@@ -44,6 +44,45 @@ def formats_cmd(shape: str):
     click.echo(formats_table(parse_shape(shape)))
 
 
+def entry() -> None:
+    """The ``ssmquant`` console script and ``python -m ssmquant``: ``main``, and after a command that succeeded
+    an exit that skips the interpreter's teardown (unloading torch, Triton and CUDA's context: a large part
+    of a short GPU run's wall clock). Every command has written and renamed its files, joined its worker
+    threads and printed its output by then; only stdout and stderr remain to flush."""
+    import os
+
+    try:
+        main(prog_name="ssmquant")
+    except SystemExit as done:
+        if done.code in (0, None):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        raise
+
+
+def _start_cuda(device: str) -> None:
+    """Create the CUDA context in a background thread while the command imports the rest (pandas, Triton,
+    the analysis modules): torch's ops release the GIL, so the driver's start-up overlaps the imports. torch
+    itself is imported here, in the calling thread, so that no module is imported by two threads at once.
+    Errors are left to the command's own device checks, which name the problem."""
+    if device == "cpu":
+        return
+    import threading
+
+    import torch
+
+    def start():
+        try:
+            if torch.cuda.is_available():
+                dev = torch.device(device) if device.startswith("cuda:") else torch.device("cuda", 0)
+                torch.zeros(1, device=dev)
+        except Exception:  # noqa: BLE001, S110 - reported by the command itself
+            pass
+
+    threading.Thread(target=start, name="ssmquant-cuda-start", daemon=True).start()
+
+
 def _silence() -> None:
     """--quiet: keep transformers' informational warnings and loading bars, modelopt's version warning and
     flash-linear-attention's CPU notice off the terminal.
@@ -259,6 +298,7 @@ def analyze_cmd(
     quiet,
 ):
     """Per-layer error of each state format over the decode horizon: tables, JSON, plots."""
+    _start_cuda(device)
     from .analysis import AnalyzeConfig, analyze, default_model
     from .report.files import check_out_dir, prefetch_plotting, write_analysis
     from .report.tables import memory_text, summary_table
@@ -689,4 +729,4 @@ def export_cmd(recipe_dir, target, out_dir, num_speculative_tokens, engine_versi
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    entry()

@@ -144,6 +144,7 @@ def analyze_memory(
     prefill: dict | None = None,
     capture_device: torch.device | None = None,
     workers: int = 1,
+    lanes: int = 1,
 ) -> MemoryEstimate:
     """Peak memory of emulating one layer at a time on ``device`` (``analyze``, ``calibrate``), with capture
     when ``prefill`` (``prefill_bytes_per_token``'s config) is given: the prefill runs on ``capture_device``
@@ -152,7 +153,9 @@ def analyze_memory(
     Several GPUs (``workers`` > 1 emulation devices, ``analysis.devices``): each device holds one layer's
     emulation at a time, so this per-device estimate is checked on each of them; the prefill of a model
     spread over them runs a part on each (counted on every device, an upper bound); the host holds one
-    more queued layer per worker."""
+    more queued layer per worker. ``lanes`` > 1: the device emulates that many layers at once (one CUDA
+    stream each, ``analysis.devices.run_on_devices``), so every per-layer part of the device counts that many
+    times, plus the inputs of the next layer generated while they run."""
     import torch
 
     from .replay.trace import METRIC_BUFFER_BYTES
@@ -181,6 +184,11 @@ def analyze_memory(
     per_step_sums = variants * dims.heads * 4 * 8
     est.add("window statistics", pool, variants * recorded * batch * dims.heads * 12 * 8 + steps * per_step_sums,
             -(-per_step_sums // batch))  # fmt: skip
+    if lanes > 1:
+        one = est.total(pool)
+        est.add(f"{lanes - 1} more layer(s) emulated at once on other streams", pool, (lanes - 1) * one,
+                (lanes - 1) * est.per_token.get(pool, 0))  # fmt: skip
+        est.add("the next layer's inputs, generated meanwhile", pool, tokens * per_token, per_token)
     if prefill is not None:
         cap = torch.device(capture_device or device)
         pt = prefill_bytes_per_token(dims, prefill)

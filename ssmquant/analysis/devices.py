@@ -4,11 +4,12 @@ Each layer's emulation is independent of the others (analysis/run.py), so the la
 spread over GPUs. ``assign_layers`` decides where each runs: on the GPU that holds the layer's weights when
 the model itself is spread over the emulation devices (its captured inputs are produced there, and while
 the prefill works on one GPU's layers the other GPU emulates the layers it already passed), else
-round-robin in layer order. ``run_on_devices`` runs one worker thread per device, each fed through a queue
-of one layer: Triton and torch launches are asynchronous per device, so while one thread waits for its
-GPU the others launch on theirs. A layer's inputs move to its device inside the worker (the host holds at
-most one queued layer per device); the per-device busy time and the time spent waiting for capture come
-back with the results.
+round-robin in layer order. ``run_on_devices`` runs worker threads ("lanes", ``lanes`` per device, each
+GPU lane on a CUDA stream of its own) fed through one queue of one layer per device: Triton and torch
+launches are asynchronous per stream, so while one thread waits for its stream the others launch on theirs,
+and a GPU never waits for the host between layers. A layer's inputs move to its device inside the worker
+(the host holds at most one queued layer per device); the per-device busy time and the time spent waiting
+for capture come back with the results.
 """
 
 from __future__ import annotations
@@ -100,14 +101,21 @@ def run_on_devices(
     work: Callable[[int, object, torch.device], object],
     *,
     on_result: Callable[[int, object, float], None] | None = None,
+    lanes: int = 1,
 ) -> tuple[dict[int, object], DeviceRun]:
     """Run ``work(key, item, device)`` for each (key, item) of ``items`` on ``assignment[key]``.
 
-    One device: inline, in this thread. Several: one worker thread per device (its CUDA device current in
-    that thread), each fed by a queue of one item; this thread reads ``items`` (e.g. a capture stream) and
-    blocks while the target device's queue is full, which holds the producer back. ``on_result(key,
-    result, seconds)`` is called as each finishes (from the worker threads, under one lock). The first
-    error stops the other workers and is raised here. Returns ({key: result}, DeviceRun).
+    One device and one lane: inline, in this thread. Otherwise one worker thread per lane, ``lanes`` per
+    device (its CUDA device current in that thread and, on a GPU, a CUDA stream of its own), the lanes of a
+    device fed by one queue of one item; this thread reads ``items`` (e.g. a capture stream or synthetic
+    inputs, made on its own stream) and blocks while the target device's queue is full, which holds the
+    producer back. Several lanes on a GPU overlap one layer's host work (its tables, the next layer's
+    inputs, the host syncs of a launch) with another layer's kernels: a host sync waits only for its own
+    lane's stream. This thread synchronizes the producer's stream of the device before it queues an item, and a
+    lane its own stream before it drops one, so neither reads memory early nor frees it for reuse too soon.
+    A device's other lanes join once its first item is done (the first launches compile the kernels).
+    ``on_result(key, result, seconds)`` is called as each finishes (from the worker threads, under one
+    lock). The first error stops the other workers and is raised here. Returns ({key: result}, DeviceRun).
     """
     stats = DeviceRun()
     results: dict[int, object] = {}
@@ -115,10 +123,13 @@ def run_on_devices(
     devices = list(dict.fromkeys(assignment.values()))
     t_start = time.perf_counter()
 
-    def one(key, item, dev):
+    def one(key, item, dev, stream=None):
         t0 = time.perf_counter()
         with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
-            res = work(key, item, dev)
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                res = work(key, item, dev)
+            if stream is not None:
+                stream.synchronize()  # the item may be freed (and its memory reused by the producer) after this
         dt = time.perf_counter() - t0
         with lock:
             results[key] = res
@@ -135,7 +146,7 @@ def run_on_devices(
         stats.wait_s += time.perf_counter() - t0
         return item
 
-    if len(devices) <= 1:
+    if len(devices) <= 1 and lanes <= 1:
         while (item := next_item()) is not _DONE:
             key, payload = item
             one(key, payload, assignment[key])
@@ -147,31 +158,51 @@ def run_on_devices(
     failed = threading.Event()
     errors: list[tuple[int, BaseException]] = []
 
-    def worker(dev):
+    def worker(dev, lane):
         q = queues[dev]
+        stream = torch.cuda.Stream(dev) if dev.type == "cuda" and stream_lanes else None
+        if lane:
+            warmed[dev].wait()
         while True:
             got = q.get()
             if got is _DONE:
+                warmed[dev].set()
                 return
             if failed.is_set():
                 continue  # drain without working
             key, payload = got
             del got
             try:
-                one(key, payload, dev)
+                one(key, payload, dev, stream)
             except BaseException as exc:  # raised in the caller's thread
                 with lock:
                     errors.append((key, exc))
                 failed.set()
+            finally:
+                warmed[dev].set()
             del payload
 
-    threads = [threading.Thread(target=worker, args=(d,), name=f"ssmquant-emulate-{d}", daemon=True) for d in devices]
+    per_device = max(1, lanes)
+    stream_lanes = lanes > 1 and all(d.type == "cuda" for d in devices)
+    # a device's other lanes start after its first item is done: the first launches compile or load the
+    # kernels (Triton's JIT and its cache), once, in one thread
+    warmed = {d: threading.Event() for d in devices}
+    threads = [
+        threading.Thread(target=worker, args=(d, k), name=f"ssmquant-emulate-{d}" + (f"-lane{k}" if k else ""), daemon=True)
+        for d in devices
+        for k in range(per_device)
+    ]
     for t in threads:
         t.start()
     try:
         while not failed.is_set() and (item := next_item()) is not _DONE:
             key = item[0]
-            q = queues[assignment[key]]
+            dev = assignment[key]
+            if stream_lanes and torch.cuda.is_initialized():
+                # the item was made on this thread's stream of the device (the lanes run on streams of
+                # their own, which do not wait for it): this waits for the item's work alone
+                torch.cuda.current_stream(dev).synchronize()
+            q = queues[dev]
             while not failed.is_set():
                 try:
                     q.put(item, timeout=0.05)
@@ -181,7 +212,8 @@ def run_on_devices(
             del item
     finally:
         for d in devices:
-            queues[d].put(_DONE)
+            for _ in range(per_device):
+                queues[d].put(_DONE)
         for t in threads:
             t.join()
         if hasattr(iterator, "close"):

@@ -36,6 +36,10 @@ FORECAST_STEPS = (32768, 131072)
 ROUNDINGS = ("rne", "sr")
 MAX_RECORDED_STEPS = 1024
 HEAD_TABLE_POINTS = 8
+# Layers each GPU emulates at once, one CUDA stream each (analysis.devices.run_on_devices): while one
+# layer's kernels run, another's host work (its tables, the host syncs of its launches) proceeds and the next
+# layer's inputs are made, so the GPU does not wait for the host between layers.
+GPU_LANES = 2
 
 
 class AnalyzeError(ValueError):
@@ -250,7 +254,7 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     model: a LoadedModel already in memory (``load_model``, ``models.build.build_random_model``, possibly
     spread over several GPUs) to capture from instead of loading ``cfg.model``. With several emulation
     devices (``cfg.devices``) each layer is emulated on the GPU holding it, or round-robin
-    (``analysis.devices``), one worker thread per GPU.
+    (``analysis.devices``); each GPU emulates GPU_LANES layers at once, one worker thread and CUDA stream each.
 
     Raises AnalyzeError / SourceError with a message naming the problem, SizingError (before any layer
     runs) when the run's memory estimate exceeds the free memory; NaN/Inf in captured inputs raise
@@ -286,8 +290,9 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     t_loaded = time.time()
     layers = source.select(cfg.layers)
     source.check_formats([v.format for v in variants])
+    lanes = GPU_LANES if all(d.type == "cuda" for d in emu_devices) else 1
     sizes = dict(steps=cfg.steps, batch=cfg.batch, backend=chosen_backend, recorded=cfg.steps // record_every,
-                 workers=len(emu_devices))  # fmt: skip
+                 workers=len(emu_devices), lanes=lanes)  # fmt: skip
     per_step = plan_layers(source, layers, variants, device=emu_devices[0], measure_time=notify is not None, **sizes)
     for dev in emu_devices[1:]:  # every emulation device holds one layer's emulation at a time
         plan_layers(source, layers, variants, device=dev, **sizes)
@@ -323,12 +328,12 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     def finished(layer, _result, seconds):
         done.append(layer)
         if notify is not None and len(done) == 1 and len(layers) > 1:
-            more = seconds * (len(layers) - 1) / len(emu_devices)
+            more = seconds * (len(layers) - 1) / (len(emu_devices) * lanes)
             notify(f"the first layer took {format_seconds(seconds)}: about {format_seconds(more)} more")
         if progress:
             progress(len(done), len(layers), layer)
 
-    results, run = run_on_devices(source.iter_layers(layers), assignment, emulate, on_result=finished)
+    results, run = run_on_devices(source.iter_layers(layers), assignment, emulate, on_result=finished, lanes=lanes)
     traces = [results[i][0] for i in layers]
     heads = [results[i][1] for i in layers]
     summary = [row for i in layers for row in results[i][2]]

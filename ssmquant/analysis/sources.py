@@ -271,12 +271,14 @@ def plan_layers(
     measure_time: bool = False,
     variants_at_once: int | None = None,
     workers: int = 1,
+    lanes: int = 1,
 ) -> float | None:
     """Check, before any layer runs, that emulating ``layers`` one at a time fits in memory.
 
     Raises SizingError with the estimate and the largest --steps that fits. ``variants_at_once``: how many
     variants one emulation call holds (default all of ``variants``); ``workers``: emulation devices working
-    at once (each holds one more layer's inputs queued in host memory). When ``measure_time`` and the torch
+    at once (each holds one more layer's inputs queued in host memory); ``lanes``: layers each device emulates
+    at once (``analysis.devices.run_on_devices``). When ``measure_time`` and the torch
     backend runs, returns the seconds per decode step of one layer for ``variants`` measured on this
     machine (``sizing.probe_step_seconds``); else None.
     """
@@ -284,7 +286,7 @@ def plan_layers(
     at_once = len(variants) if variants_at_once is None else variants_at_once
     est = analyze_memory(
         dims, batch=batch, steps=steps, variants=at_once, recorded=recorded, device=device, backend=backend,
-        prefill=source.prefill, capture_device=device, workers=workers,
+        prefill=source.prefill, capture_device=device, workers=workers, lanes=lanes,
     )  # fmt: skip
     check_memory(est, batch=batch, steps=steps)
     if not measure_time or backend != "torch" or not layers:

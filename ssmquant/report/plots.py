@@ -25,7 +25,7 @@ from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
+from .files import PLOT_FILES  # noqa: E402
 
 
 def subtitle(report: dict) -> str:
@@ -216,7 +216,14 @@ def heads_plot(heads: pd.DataFrame, summary: pd.DataFrame, report: dict, path: p
         sns.boxplot(data=d, x="variant", y="out_rel_err", hue="format", order=order, hue_order=formats,
                     palette=dict(zip(formats, sns.color_palette("deep", len(formats)))), ax=ax, fliersize=0,
                     legend=False)  # fmt: skip
-        sns.stripplot(data=d, x="variant", y="out_rel_err", order=order, color="k", size=2.5, alpha=0.6, ax=ax)
+        # seaborn's jitter draws from numpy's global generator (seaborn/categorical.py, 0.13): a fixed seed
+        # makes the PNG the same in every process and run
+        state = np.random.get_state()
+        np.random.seed(0)
+        try:
+            sns.stripplot(data=d, x="variant", y="out_rel_err", order=order, color="k", size=2.5, alpha=0.6, ax=ax)
+        finally:
+            np.random.set_state(state)
         ax.set_yscale("log")
     ax.set_xlabel("variant (format@scheme)")
     ax.set_ylabel("relative output error per head")
@@ -245,11 +252,23 @@ def warm_up() -> None:
     plt.close(fig)
 
 
+def render_one(
+    name: str, traces: pd.DataFrame, heads: pd.DataFrame, summary: pd.DataFrame, report: dict, out_dir
+) -> str:
+    """Write the plot ``name`` (one of PLOT_FILES) into out_dir; returns its file name."""
+    path = pathlib.Path(out_dir) / name
+    _theme()
+    if name == "drift.png":
+        drift_plot(traces, summary, report, path)
+    elif name == "heatmap.png":
+        heatmap_plot(summary, report, path)
+    elif name == "heads.png":
+        heads_plot(heads, summary, report, path)
+    else:
+        raise ValueError(f"unknown plot {name!r}; plots: {', '.join(PLOT_FILES)}")
+    return name
+
+
 def render_all(traces: pd.DataFrame, heads: pd.DataFrame, summary: pd.DataFrame, report: dict, out_dir) -> list[str]:
     """Write the three plots into out_dir; returns their file names."""
-    out_dir = pathlib.Path(out_dir)
-    _theme()
-    drift_plot(traces, summary, report, out_dir / PLOT_FILES[0])
-    heatmap_plot(summary, report, out_dir / PLOT_FILES[1])
-    heads_plot(heads, summary, report, out_dir / PLOT_FILES[2])
-    return list(PLOT_FILES)
+    return [render_one(name, traces, heads, summary, report, out_dir) for name in PLOT_FILES]

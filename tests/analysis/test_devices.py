@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ssmquant.analysis.devices import DeviceError, assign_layers, parse_emulation_devices, run_on_devices
-from ssmquant.sizing import GIB, SizingError, analyze_memory, check_memory, layer_dims
+from ssmquant.sizing import GIB, SizingError, analyze_memory, check_memory, input_bytes_per_token, layer_dims
 
 G0, G1 = torch.device("cuda", 0), torch.device("cuda", 1)
 
@@ -99,6 +99,45 @@ def test_one_device_runs_inline():
     assert results == {1: ("a", True), 2: ("b", True)} and run.layers == {"cpu": [1, 2]}
 
 
+def test_lanes_work_on_one_device_at_once_and_bound_the_items_alive():
+    keys = list(range(10))
+    produced, finished, lock = [], [], threading.Lock()
+    outstanding, running, peak = [], [0], [0]
+
+    def items():
+        for k in keys:
+            with lock:
+                produced.append(k)
+                outstanding.append(len(produced) - len(finished))
+            yield k, k
+
+    def work(key, item, dev):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return key, threading.current_thread().name
+
+    cpu = torch.device("cpu")
+    results, run = run_on_devices(items(), dict.fromkeys(keys, cpu), work, on_result=lambda k, r, s: finished.append(k),
+                                  lanes=2)  # fmt: skip
+    assert {k: r[0] for k, r in results.items()} == {k: k for k in keys}
+    assert {r[1] for r in results.values()} == {"ssmquant-emulate-cpu", "ssmquant-emulate-cpu-lane1"}
+    assert peak[0] == 2 and sorted(run.layers["cpu"]) == keys
+    assert max(outstanding) <= 2 + 1 + 1  # two working, one queued, one in the producer's hand
+
+
+def test_memory_estimate_counts_every_lane():
+    dims = layer_dims("mamba2", 64, 64, 128, 8)
+    kw = dict(batch=8, steps=4096, variants=6, recorded=256, backend="triton", device=G1)
+    one, two = analyze_memory(dims, **kw), analyze_memory(dims, lanes=2, **kw)
+    inputs = 8 * 4096 * input_bytes_per_token(dims)
+    assert two.total("device") == 2 * one.total("device") + inputs
+    assert two.per_token["device"] == 2 * one.per_token["device"] + input_bytes_per_token(dims)
+
+
 def test_memory_check_per_gpu_names_the_device_and_counts_queued_layers():
     dims = layer_dims("mamba2", 128, 64, 128, 8)
     kw = dict(batch=8, steps=2048, variants=6, recorded=128, backend="triton", prefill={"hidden_size": 4096})
@@ -129,3 +168,9 @@ def test_analyze_captures_from_a_model_built_in_memory():
         analyze(AnalyzeConfig(**{**cfg.__dict__, "devices": "cpu,cpu"}), model=model)
     with pytest.raises(ValueError, match="must be a LoadedModel"):
         analyze(cfg, model=model.model)
+
+
+def test_lanes_with_no_items_or_one_item_finish():
+    cpu = torch.device("cpu")
+    assert run_on_devices(iter([]), {}, lambda k, x, d: x, lanes=2)[0] == {}
+    assert run_on_devices(iter([(3, "x")]), {3: cpu}, lambda k, x, d: x, lanes=3)[0] == {3: "x"}
