@@ -179,3 +179,24 @@ def test_a_non_finite_state_is_named_at_the_next_check():
     assert writer.first_nonfinite() == (
         "variant int8@conventional, layer 2, decode step 1: cannot store the state: it contains NaN/Inf"
     )
+
+
+# A finite state row whose amax lies below max_code / FLT_MAX (fp8_e4m3: 448 / 3.4e38 = 1.3e-36; int8: 3.7e-37)
+# gets an infinite encode multiplier (formats.codec.scales_from_amax: max_code / amax overflows FP32), so its zero
+# elements become 0 x inf = NaN and its decode scale 1 / inf = 0. On an H200 the folded eval of a random-weight
+# nemotron-h-8b stopped at "fp8_e4m3@conventional, layer 44, decode step 110"; benchmarks/gpu/eval_profile.sh
+# checks whether that was this row (stored state non-finite while its input was finite). The dynamic-scale
+# formula is FlashInfer's (engines/flashinfer.encode_rows, kernels/rounding.py): the fix belongs to the codec and
+# the kernels together, and whether the engine itself makes the NaN is for the engine oracle to say.
+@pytest.mark.xfail(strict=True, reason="formats.codec: max_code / amax overflows FP32 for a row amax < 1.3e-36")
+@pytest.mark.parametrize("spec", ["fp8_e4m3@conventional", "int8@conventional"])
+def test_a_finite_state_with_a_vanishing_row_is_stored_finite(spec):
+    states = _states()
+    row = states[0][1, 0, 3]  # one Mamba-2 row (sequence 1, head 0, head_dim 3): finite, amax 1e-37, zeros
+    row.zero_()
+    row[5] = 1e-37
+    writer = StateWriter(parse_variant(spec), LAYERS, batch=3, steps=4)
+    cache = FakeCache(states)
+    writer(cache, 0)
+    assert writer.first_nonfinite() is None  # the input was finite
+    assert torch.isfinite(cache.states[0]).all()
