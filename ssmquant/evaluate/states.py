@@ -152,12 +152,14 @@ class StateWriter:
 
     Layers of equal state shape are stored together (stacked, at most ``WRITE_GROUP_ELEMENTS`` elements):
     every scale group lies inside one layer's [rows, state_dim], so this is bit-identical to storing each
-    layer on its own. No host synchronisation: ``finite`` (bool [steps, layers], on the states' device)
+    layer on its own. On a GPU each layer is stored by one fused Triton kernel instead (``kernel``: None picks
+    it for CUDA states, True / False force it; the same bits). No host synchronisation: ``finite`` (bool
+    [steps, layers], on the states' device)
     records whether each stored state was finite, for the caller to check once per window
     (``first_nonfinite``) instead of once per layer and step.
     """
 
-    def __init__(self, variant: Variant, layers: list[SSMLayer], batch: int, steps: int):
+    def __init__(self, variant: Variant, layers: list[SSMLayer], batch: int, steps: int, kernel: bool | None = None):
         self.variant = variant
         self.layers = layers
         self.batch = batch
@@ -165,6 +167,7 @@ class StateWriter:
         self.any = self.mask.any(0).tolist()
         self.all = self.mask.all(0).tolist()
         self.exact = variant.format.is_exact
+        self.kernel = kernel
         self.finite: torch.Tensor | None = None  # [T, layers] bool, allocated at the first write
         self._on: dict[tuple[str, torch.device], torch.Tensor] = {}  # mask and SR keys per device, copied once
 
@@ -177,8 +180,31 @@ class StateWriter:
             self.finite = torch.ones(self.mask.shape[1], len(self.layers), dtype=torch.bool, device=dev)
         sl = slice(offset, offset + self.batch)
         rows = [to_rows(s[sl], layer.kind) for s, layer in zip(states, self.layers)]  # [B, H, rows, state_dim]
+        if self._use_kernel(dev):
+            self._store_kernel(rows, step)
+            return
         for group in _groups(rows):
             self._store(group, rows, step)
+
+    def _use_kernel(self, device: torch.device) -> bool:
+        """The fused Triton fake-quant (``kernels.fake_quant_triton``, bit-identical to ``fmt.fake_quant`` by
+        construction and test) for states on a GPU, unless ``kernel`` says otherwise; groups of rows that are
+        not a power of two stay on the torch path (the kernel needs power-of-two groups)."""
+        use = device.type == "cuda" if self.kernel is None else self.kernel
+        g = self.variant.format.granularity.rows
+        return use and (g is None or g & (g - 1) == 0)
+
+    def _store_kernel(self, rows: list[torch.Tensor], step: int) -> None:
+        """One fused read-quantize-dequantize-write per layer: the state is read once and written once, where
+        the torch path's encode makes a dozen passes over it (a GPU-memory-bound cost at full size)."""
+        from ..kernels import fake_quant_triton  # Triton is imported only when a GPU path (or a test) needs it
+
+        fmt = self.variant.format
+        self.finite[step] = torch.stack([torch.isfinite(x).all() for x in rows])
+        keep = None if self.all[step] else self._device_copy("mask", rows[0].device)[:, step][:, None, None, None]
+        for x, layer in zip(rows, self.layers):
+            stored = fake_quant_triton(fmt, x, seed=layer_seed(self.variant.seed, layer.index), stream=step)
+            x.copy_(stored if keep is None else torch.where(keep, stored, x))
 
     def _store(self, group: list[int], rows: list[torch.Tensor], step: int) -> None:
         fmt = self.variant.format

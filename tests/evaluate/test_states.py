@@ -200,3 +200,28 @@ def test_a_finite_state_with_a_vanishing_row_is_stored_finite(spec):
     writer(cache, 0)
     assert writer.first_nonfinite() is None  # the input was finite
     assert torch.isfinite(cache.states[0]).all()
+
+
+@pytest.mark.parametrize(
+    "spec", ["fp8_e4m3@conventional", "int8:sr@conventional", "nvfp4@conventional", "bf16:sr@conventional",
+             "nvfp4:sr@replay4", "fp8_e4m3:rows2@spec4x2"],
+)  # fmt: skip
+def test_the_fused_kernel_write_gives_the_torch_bits(spec):
+    # the GPU path (one Triton fake-quant per layer; here in Triton's interpreter) against the torch path, on a
+    # slice of a folded batch; at steps where the scheme writes for all, some or none of the sequences
+    from ssmquant.replay.simulate import triton_interpreting
+
+    if not (torch.cuda.is_available() or triton_interpreting()):
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    v = parse_variant(spec, seed=5)
+    big = {k: torch.cat([s, s.flip(0) * 3, s * 0.5]).to(dev) for k, s in _states(1).items()}  # 9 sequences
+    writers = {k: StateWriter(v, LAYERS, batch=3, steps=8, kernel=k) for k in (False, True)}
+    caches = {k: FakeCache({i: s.clone() for i, s in big.items()}) for k in writers}
+    for t in range(8):
+        for k in writers:
+            writers[k](caches[k], t, offset=3)
+        for i in big:
+            assert torch.equal(caches[True].states[i], caches[False].states[i]), (spec, t, i)
+    assert not torch.equal(caches[True].states[0], big[0])
+    assert torch.equal(caches[True].states[0][:3], big[0][:3]) and torch.equal(caches[True].states[0][6:], big[0][6:])
