@@ -24,6 +24,7 @@ every slice before and after its write, and the history of the offending layer's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import sys
@@ -32,6 +33,7 @@ import time
 import torch
 
 from ssmquant.evaluate import loop
+from ssmquant.evaluate.graphs import SegmentGraphs
 from ssmquant.evaluate.loop import Clock, decode_pass, plan_passes
 from ssmquant.evaluate.run import CPU_ROW_MULTIPLE, parse_eval_variants
 from ssmquant.evaluate.states import EvalError, StateWriter, get_state, ssm_layers, to_rows
@@ -198,11 +200,14 @@ def instrument(spans: Spans, ref_probe: Probe | None, batch: int):
     return created
 
 
-def run_mode(args, net, ids, vlist, layers, state_shape, dev, fold: bool, probes_on: bool, prof=None) -> dict:
-    """One decode pass (folded or not) over ids, instrumented; returns rates, spans and probe reports."""
+def run_mode(
+    args, net, ids, vlist, layers, state_shape, dev, fold: bool, probes_on: bool, prof=None, graphs: bool = False
+) -> dict:
+    """One decode pass (folded or not, with CUDA graphs of the segments or not) over ids, instrumented; returns
+    rates, spans and probe reports."""
     batch, steps = ids.shape[0], ids.shape[1] - 1
     spans = Spans(dev)
-    spans.mode = "folded" if fold else "unfolded"
+    spans.mode = ("folded" if fold else "unfolded") + ("+graphs" if graphs else "")
     saved = (loop.TeacherForced, loop.reference_step, loop.compare_step, loop._check)
     ref_probe = Probe("reference", layers, batch, steps, dev)
     writers = {
@@ -225,9 +230,10 @@ def run_mode(args, net, ids, vlist, layers, state_shape, dev, fold: bool, probes
 
     instrument(spans, ref_probe if probes_on else None, batch)
     error = None
+    segment_graphs = SegmentGraphs(net) if graphs else contextlib.nullcontext()
     t0 = time.perf_counter()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), segment_graphs:
             decode_pass(net, ids, plan, writers, layers, state_shape, values, ref_nll, clock, progress=progress)
     except EvalError as err:
         error = str(err)
@@ -266,12 +272,14 @@ def run_mode(args, net, ids, vlist, layers, state_shape, dev, fold: bool, probes
         "per_span_per_step": per_span,
         "error": error,
     }
+    if graphs:
+        res["graphs"] = {**segment_graphs.stats, "broken": segment_graphs.broken}
     if probes_on:
         res["probe"] = [ref_probe.report(upto - 1)] + [w.probe.report(upto - 1) for w in writers.values()]
     return res, table
 
 
-def profile_steps(args, net, ids, vlist, layers, state_shape, dev, fold: bool) -> dict:
+def profile_steps(args, net, ids, vlist, layers, state_shape, dev, fold: bool, graphs: bool = False) -> dict:
     """torch.profiler over a few decode steps (after 3 warm steps): kernel count and GPU time vs wall per step."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -279,7 +287,7 @@ def profile_steps(args, net, ids, vlist, layers, state_shape, dev, fold: bool) -
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     short = ids[:, : 3 + active + 1 + 1]
     with profile(activities=acts, schedule=schedule(wait=2, warmup=1, active=active)) as prof:
-        res, _ = run_mode(args, net, short, vlist, layers, state_shape, dev, fold, probes_on=False, prof=prof)
+        res, _ = run_mode(args, net, short, vlist, layers, state_shape, dev, fold, False, prof=prof, graphs=graphs)
     events = prof.key_averages()
     kernels = 0
     kernel_us = 0.0
@@ -315,8 +323,9 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="fp8_e4m3@conventional,nvfp4@conventional,int8@replay16")
     ap.add_argument(
         "--runs",
-        default="folded,folded+probe,unfolded",
-        help="decode runs in order: folded | unfolded, '+probe' for the state statistics (the dump on a NaN)",
+        default="folded+probe,profile,profile+unfolded,folded+graphs,unfolded+graphs,profile+graphs,folded,unfolded",
+        help="in order: decode runs folded | unfolded, +probe for the state statistics (the dump on a NaN), +graphs "
+        "for CUDA graphs of the segments; profile[+unfolded][+graphs]: torch.profiler over --profile-steps steps",
     )
     ap.add_argument(
         "--inject-tiny-row",
@@ -375,16 +384,34 @@ def main(argv=None) -> int:
     timeline = []
     # warm-up: CUDA context, cuBLAS handles, allocator
     run_mode(args, net, ids[:, :4], vlist, layers, state_shape, dev, True, probes_on=False)
+    result["profiler"] = []
     for spec in args.runs.split(","):
-        mode, _, extra = spec.partition("+")
-        if mode not in ("folded", "unfolded") or extra not in ("", "probe"):
-            raise SystemExit(f"bad run {spec!r}; accepted: folded, unfolded, each optionally with +probe")
-        fold, probes_on = mode == "folded", extra == "probe"
-        print(f"== {mode}, probes {'on' if probes_on else 'off'}: {args.steps} steps x batch {args.batch}", flush=True)
-        res, table = run_mode(args, net, ids, vlist, layers, state_shape, dev, fold, probes_on)
+        parts = spec.split("+")
+        mode, extras = parts[0], set(parts[1:])
+        if mode not in ("folded", "unfolded", "profile") or not extras <= {"probe", "graphs", "unfolded"}:
+            raise SystemExit(
+                f"bad run {spec!r}; accepted: folded | unfolded, each optionally +probe and/or +graphs; "
+                "profile (folded) or profile+unfolded, optionally +graphs"
+            )
+        graphs = "graphs" in extras
+        if mode == "profile":
+            if args.profile_steps <= 0:
+                continue
+            fold = "unfolded" not in extras
+            p = profile_steps(args, net, ids, vlist, layers, state_shape, dev, fold, graphs)
+            name = ("folded" if fold else "unfolded") + ("_graphs" if graphs else "")
+            (out / f"profile_{name}.txt").write_text(p.pop("table"))
+            print("profiler", json.dumps(p), flush=True)
+            result["profiler"].append(p)
+            (out / "eval_profile.json").write_text(json.dumps(result, indent=1, default=str))
+            continue
+        fold, probes_on = mode == "folded", "probe" in extras
+        print(f"== {spec}: {args.steps} steps x batch {args.batch}", flush=True)
+        res, table = run_mode(args, net, ids, vlist, layers, state_shape, dev, fold, probes_on, graphs=graphs)
         print(json.dumps({k: v for k, v in res.items() if k != "probe"}, default=str), flush=True)
         for p in res.get("probe", []):
-            print("  probe", json.dumps({k: v for k, v in p.items() if not k.startswith("first")}), flush=True)
+            print("  probe", json.dumps({k: v for k, v in p.items() if not k.startswith(("first", "min_row_amax_per"))}),
+                  flush=True)  # fmt: skip
             for k in ("first_nonfinite_pre_write", "first_nonfinite_post_write"):
                 if k in p:
                     d = p[k]
@@ -394,13 +421,6 @@ def main(argv=None) -> int:
         result["runs"].append(res)
         timeline += table if not probes_on else []
         (out / "eval_profile.json").write_text(json.dumps(result, indent=1, default=str))
-    if args.profile_steps > 0:
-        result["profiler"] = []
-        for mode in dict.fromkeys(spec.partition("+")[0] for spec in args.runs.split(",")):
-            p = profile_steps(args, net, ids, vlist, layers, state_shape, dev, mode == "folded")
-            (out / f"profile_{mode}.txt").write_text(p.pop("table"))
-            print("profiler", json.dumps(p), flush=True)
-            result["profiler"].append(p)
     (out / "eval_profile.json").write_text(json.dumps(result, indent=1, default=str))
     with open(out / "timeline.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["mode", "step", "span", "host_t0_s", "host_ms", "gpu_ms"])
