@@ -198,8 +198,25 @@ def test_a_finite_state_with_a_vanishing_row_is_stored_finite(spec):
     writer = StateWriter(parse_variant(spec), LAYERS, batch=3, steps=4)
     cache = FakeCache(states)
     writer(cache, 0)
-    assert writer.first_nonfinite() is None  # the input was finite
     assert torch.isfinite(cache.states[0]).all()
+
+
+def test_a_non_finite_value_made_by_the_encode_is_told_from_a_non_finite_state(monkeypatch):
+    from ssmquant.evaluate import states as states_module
+    from ssmquant.formats.codec import Encoded, encode
+
+    def nan_encode(fmt, x, **kw):
+        e = encode(fmt, x, **kw)
+        return Encoded(e.values * float("nan"), e.group_scale, e.block_scale)
+
+    monkeypatch.setattr(states_module, "encode", nan_encode)
+    writer = StateWriter(parse_variant("fp8_e4m3@conventional"), LAYERS, batch=3, steps=4, kernel=False)
+    writer(FakeCache(_states()), 1)
+    assert writer.first_nonfinite() == (
+        "variant fp8_e4m3@conventional, layer 0, decode step 1: the state was finite but its stored fp8_e4m3 value "
+        "is not (NaN/Inf made by the format's encode, e.g. a row whose amax is so small that max_code / amax "
+        "overflows FP32)"
+    )
 
 
 @pytest.mark.parametrize(
