@@ -44,6 +44,34 @@ from ssmquant.models.text import calibration_batch, load_text
 # (127 / amax) below 3.7e-37. Rows under 1e-30 are counted to see how close a run comes.
 TINY_ROW_AMAX = 1e-30
 FLT_MAX = torch.finfo(torch.float32).max
+FP8_EDGE = 448.0 / FLT_MAX
+
+
+@contextlib.contextmanager
+def _old_codec():
+    """The dynamic scales before the vanishing-amax fix (max_code / amax, infinite below max_code / FLT_MAX), on the
+    torch write path, to reproduce the first H200 run's folded NaN."""
+    from ssmquant.formats import codec
+
+    def old(fmt, amax):
+        zero = amax == 0
+        mult = torch.where(zero, 1.0, codec.ieee_div(fmt.encoding.max_code, torch.where(zero, 1.0, amax)))
+        return mult, codec.ieee_div(1.0, mult)
+
+    saved = codec.scales_from_amax
+    codec.scales_from_amax = old
+    try:
+        yield
+    finally:
+        codec.scales_from_amax = saved
+
+
+def _first(flags: torch.Tensor, layers) -> dict | None:
+    """The first (step, layer) where flags [T, L] is set, or None."""
+    if not flags.any():
+        return None
+    step, i = (int(v) for v in flags.nonzero()[0])
+    return {"step": step, "layer": layers[i].index}
 
 
 class Spans:
@@ -90,8 +118,9 @@ class Probe:
 
     def __init__(self, name: str, layers, batch: int, steps: int, device):
         self.name, self.layers, self.batch = name, layers, batch
-        # [T, L, 4]: max |x|, min row amax, rows with amax < TINY_ROW_AMAX, finite (before the write)
-        self.pre = torch.full((steps, len(layers), 4), float("nan"), dtype=torch.float64, device=device)
+        # [T, L, 5]: max |x|, min row amax, rows with amax < TINY_ROW_AMAX, finite (before the write), nonzero
+        # rows with amax below fp8_e4m3's overflow edge 448 / FLT_MAX (infinite multiplier before the codec fix)
+        self.pre = torch.full((steps, len(layers), 5), float("nan"), dtype=torch.float64, device=device)
         self.post = torch.ones(steps, len(layers), dtype=torch.bool, device=device)  # stored state finite
 
     def before(self, cache, t: int, offset: int) -> None:
@@ -99,7 +128,8 @@ class Probe:
         for layer in self.layers:
             x = to_rows(get_state(cache, layer, t)[offset : offset + self.batch], layer.kind).float()
             row = x.abs().amax(-1)  # [B, H, rows]
-            stats.append(torch.stack([x.abs().max(), row.min(), (row < TINY_ROW_AMAX).sum(), torch.isfinite(x).all()]))
+            edge = ((row > 0) & (row < FP8_EDGE)).sum()
+            stats.append(torch.stack([x.abs().max(), row.min(), (row < TINY_ROW_AMAX).sum(), torch.isfinite(x).all(), edge]))
         self.pre[t] = torch.stack(stats).double()
 
     def after(self, cache, t: int, offset: int) -> None:
@@ -117,6 +147,8 @@ class Probe:
             "max_abs_finite_state": float(pre[..., 0][ok].max()) if ok.any() else None,
             "min_row_amax_finite_state": float(pre[..., 1][ok].min()) if ok.any() else None,
             "rows_below_tiny_total": int(pre[..., 2][ok].sum()) if ok.any() else 0,
+            "nonzero_rows_below_fp8_edge_total": int(pre[..., 4][ok].sum()) if ok.any() else 0,
+            "first_row_below_fp8_edge": _first(pre[..., 4] > 0, self.layers),
             "min_row_amax_per_layer": {
                 layer.index: float(pre[:, i, 1][ok[:, i]].min()) if ok[:, i].any() else None
                 for i, layer in enumerate(self.layers)
@@ -201,17 +233,33 @@ def instrument(spans: Spans, ref_probe: Probe | None, batch: int):
 
 
 def run_mode(
-    args, net, ids, vlist, layers, state_shape, dev, fold: bool, probes_on: bool, prof=None, graphs: bool = False
+    args,
+    net,
+    ids,
+    vlist,
+    layers,
+    state_shape,
+    dev,
+    fold: bool,
+    probes_on: bool,
+    prof=None,
+    graphs: bool = False,
+    old_codec: bool = False,
 ) -> dict:
     """One decode pass (folded or not, with CUDA graphs of the segments or not) over ids, instrumented; returns
     rates, spans and probe reports."""
     batch, steps = ids.shape[0], ids.shape[1] - 1
     spans = Spans(dev)
-    spans.mode = ("folded" if fold else "unfolded") + ("+graphs" if graphs else "")
+    spans.mode = ("folded" if fold else "unfolded") + ("+graphs" if graphs else "") + ("+oldcodec" if old_codec else "")
     saved = (loop.TeacherForced, loop.reference_step, loop.compare_step, loop._check)
     ref_probe = Probe("reference", layers, batch, steps, dev)
     writers = {
-        i: ProbedWriter(StateWriter(v, layers, batch, steps), Probe(v.name, layers, batch, steps, dev), spans, probes_on)
+        i: ProbedWriter(
+            StateWriter(v, layers, batch, steps, kernel=False if old_codec else None),
+            Probe(v.name, layers, batch, steps, dev),
+            spans,
+            probes_on,
+        )
         for i, v in enumerate(vlist)
     }
     writers[0].inject_at = args.inject_tiny_row
@@ -233,7 +281,7 @@ def run_mode(
     segment_graphs = SegmentGraphs(net) if graphs else contextlib.nullcontext()
     t0 = time.perf_counter()
     try:
-        with torch.inference_mode(), segment_graphs:
+        with torch.inference_mode(), segment_graphs, _old_codec() if old_codec else contextlib.nullcontext():
             decode_pass(net, ids, plan, writers, layers, state_shape, values, ref_nll, clock, progress=progress)
     except EvalError as err:
         error = str(err)
@@ -323,9 +371,11 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="fp8_e4m3@conventional,nvfp4@conventional,int8@replay16")
     ap.add_argument(
         "--runs",
-        default="folded+probe,profile,profile+unfolded,folded+graphs,unfolded+graphs,profile+graphs,folded,unfolded",
+        default="folded+probe+oldcodec,profile,profile+unfolded,folded+graphs,unfolded+graphs,profile+graphs,unfolded,"
+        "folded+probe",
         help="in order: decode runs folded | unfolded, +probe for the state statistics (the dump on a NaN), +graphs "
-        "for CUDA graphs of the segments; profile[+unfolded][+graphs]: torch.profiler over --profile-steps steps",
+        "for CUDA graphs of the segments, +oldcodec for the dynamic scales before the vanishing-amax fix (torch "
+        "writes); profile[+unfolded][+graphs]: torch.profiler over --profile-steps steps",
     )
     ap.add_argument(
         "--inject-tiny-row",
@@ -378,7 +428,7 @@ def main(argv=None) -> int:
         "variants": [v.name for v in vlist],
         "ssm_layers": [layer.index for layer in layers],
         "tiny_row_amax": TINY_ROW_AMAX,
-        "fp8_mult_overflow_below": 448.0 / FLT_MAX,
+        "fp8_mult_overflow_below": FP8_EDGE,
         "runs": [],
     }
     timeline = []
@@ -388,7 +438,7 @@ def main(argv=None) -> int:
     for spec in args.runs.split(","):
         parts = spec.split("+")
         mode, extras = parts[0], set(parts[1:])
-        if mode not in ("folded", "unfolded", "profile") or not extras <= {"probe", "graphs", "unfolded"}:
+        if mode not in ("folded", "unfolded", "profile") or not extras <= {"probe", "graphs", "unfolded", "oldcodec"}:
             raise SystemExit(
                 f"bad run {spec!r}; accepted: folded | unfolded, each optionally +probe and/or +graphs; "
                 "profile (folded) or profile+unfolded, optionally +graphs"
@@ -407,7 +457,9 @@ def main(argv=None) -> int:
             continue
         fold, probes_on = mode == "folded", "probe" in extras
         print(f"== {spec}: {args.steps} steps x batch {args.batch}", flush=True)
-        res, table = run_mode(args, net, ids, vlist, layers, state_shape, dev, fold, probes_on, graphs=graphs)
+        res, table = run_mode(
+            args, net, ids, vlist, layers, state_shape, dev, fold, probes_on, graphs=graphs, old_codec="oldcodec" in extras
+        )
         print(json.dumps({k: v for k, v in res.items() if k != "probe"}, default=str), flush=True)
         for p in res.get("probe", []):
             print("  probe", json.dumps({k: v for k, v in p.items() if not k.startswith(("first", "min_row_amax_per"))}),

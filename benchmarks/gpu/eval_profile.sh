@@ -3,14 +3,16 @@
 # batch 8). Builds nemotron-h-8b in memory (models.build.build_random_model, no checkpoint on disk), then, after a
 # warm-up, runs in one process (benchmarks/gpu/eval_profile.py), in this order (the JSON is rewritten after each,
 # so a timeout keeps what finished):
-#   folded+probe    the reference + 3 variants in one batch of 32, STEPS steps, per-step spans (forward, write,
+#   folded+probe+oldcodec   (+oldcodec: the dynamic fp8/int8 scales before the vanishing-amax fix, torch writes)
+#                   the reference + 3 variants in one batch of 32, STEPS steps, per-step spans (forward, write,
 #                   metrics, check; host time and CUDA-event time) and state statistics per slice / layer / step
 #                   (max |x|, smallest row amax, rows below 1e-30, finite before and after each write); on a
 #                   non-finite state it stops and dumps the first (step, layer) per slice and that layer's history
 #   profile, profile+unfolded   torch.profiler over PROFILE_STEPS steps: GPU kernels and kernel time vs wall per step
 #   folded+graphs, unfolded+graphs   CUDA graphs of the Mamba-2/MLP segments (evaluate/graphs.py), spans
 #   profile+graphs  the profiler on the graphed folded loop
-#   folded, unfolded   the eager loops with spans only
+#   unfolded        the eager loop with spans only
+#   folded+probe    the probed folded run with today's codec (rows below the fp8 edge are stored as zeros)
 #
 #   OUT=/tmp/o bash benchmarks/gpu/eval_profile.sh      # from the repo root, GPU 0, < 120 s (timeout 110 s)
 #   OUT=/tmp/o MODEL=tiny-nemotron DEVICE=cpu STEPS=20 BATCH=2 RUNS=folded+probe,profile,folded,unfolded \
@@ -26,7 +28,7 @@ MODEL=${MODEL:-nemotron-h-8b}
 DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-120}                      # the H200's folded NaN came at step 110
 BATCH=${BATCH:-8}
-RUNS=${RUNS:-folded+probe,profile,profile+unfolded,folded+graphs,unfolded+graphs,profile+graphs,folded,unfolded}
+RUNS=${RUNS:-folded+probe+oldcodec,profile,profile+unfolded,folded+graphs,unfolded+graphs,profile+graphs,unfolded,folded+probe}
 PROFILE_STEPS=${PROFILE_STEPS:-5}
 VARIANTS=${VARIANTS:-fp8_e4m3@conventional,nvfp4@conventional,int8@replay16}
 LIMIT_S=${LIMIT_S:-110}
