@@ -22,7 +22,7 @@ DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-256}
 COMPARE_STEPS=${COMPARE_STEPS:-64}
 BATCH=${BATCH:-8}
-RUNS=${RUNS:-default,folded,short,eager,folded_short,folded_eager}
+RUNS=${RUNS:-eager,short,default,folded,folded_short,folded_eager}
 VARIANTS=${VARIANTS:-fp8_e4m3@conventional,nvfp4@conventional,int8@replay16}
 CLI=${CLI:-0}
 mkdir -p "$OUT"
