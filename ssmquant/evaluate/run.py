@@ -298,12 +298,15 @@ def evaluate(
     as many as the memory estimate allows; a note says when it takes more than one pass); ``fold=False`` (the
     default) decodes each in its own forward. Folding is off by default because on an H200 (2026-11-30) the folded
     run of a random-weight nemotron-h-8b (batch 8, fp8_e4m3@conventional) stopped at decode step 110 with a
-    non-finite state in layer 44 while the unfolded run of the same inputs finished (KL 3.1e-4): not yet
-    explained. ``cuda_graphs``: replay the decode step's runs of Mamba-2 and MLP blocks as CUDA graphs
-    (``graphs``: the same kernels on the same addresses, so the same results; NemotronH on one GPU); None (the
-    default) wherever ``graphs.graph_refusal`` allows it, True: required (EvalError saying why not), False:
-    never. ``progress(done, total)`` is called after every decode step, counting
-    sequence batches decoded (total = (1 + variants) x steps in one pass); ``notify(line)`` receives a time
+    non-finite state in layer 44 while the unfolded run of the same inputs finished. The candidate cause, fixed
+    since in ``formats.codec``: a finite state row whose amax is below 448 / FLT_MAX got an infinite fp8 scale
+    multiplier and its zeros became NaN, an event that the folded run's last-bit differences can trigger or not
+    (not yet confirmed on the GPU: ``benchmarks/gpu/eval_profile.sh`` dumps it).
+
+    ``cuda_graphs``: replay the decode step's runs of Mamba-2 and MLP blocks as CUDA graphs (``graphs``: the
+    same kernels on the same addresses, so the same results; NemotronH on one GPU); None (the default) wherever
+    ``graphs.graph_refusal`` allows it, True: required (EvalError saying why not), False: never.
+    ``progress(done, total)`` is called after every decode step, counting sequence batches decoded (total = (1 + variants) x steps in one pass); ``notify(line)`` receives a time
     estimate measured on the first decode steps and, on long runs, the rate and time left every 30 s.
 
     Raises EvalError naming the problem (bad variant, too little held-out text for ``steps``, unknown
