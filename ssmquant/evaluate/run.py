@@ -306,8 +306,9 @@ def evaluate(
     ``cuda_graphs``: replay the decode step's runs of Mamba-2 and MLP blocks as CUDA graphs (``graphs``: the
     same kernels on the same addresses, so the same results; NemotronH on one GPU); None (the default) wherever
     ``graphs.graph_refusal`` allows it, True: required (EvalError saying why not), False: never.
-    ``progress(done, total)`` is called after every decode step, counting sequence batches decoded (total = (1 + variants) x steps in one pass); ``notify(line)`` receives a time
-    estimate measured on the first decode steps and, on long runs, the rate and time left every 30 s.
+    ``progress(done, total)`` is called after every decode step, counting sequence batches decoded (total =
+    (1 + variants) x steps in one pass); ``notify(line)`` receives a time estimate measured on the first decode
+    steps and, on long runs, the rate and time left every 30 s.
 
     Raises EvalError naming the problem (bad variant, too little held-out text for ``steps``, unknown
     device, a model whose cache holds no SSM state, a run whose memory estimate exceeds the free memory...).
