@@ -35,6 +35,7 @@ from ..provenance import environment
 from ..replay.schemes import DEFAULT_BUFFER_LEN
 from ..replay.variants import Variant, VariantError, check_variants_fit, parse_variant, parse_variants
 from ..sizing import SizingError, check_memory, eval_memory, free_bytes, layer_dims
+from .graphs import SegmentGraphs, backend_for, graph_refusal
 from .loop import CPU_ROW_MULTIPLE, Clock, decode_pass, plan_passes, run_steps, total_steps
 from .metrics import LN2, horizon_window, positions_frame, summary_rows
 from .states import WRITE_BYTES_PER_ELEMENT, WRITE_GROUP_ELEMENTS, EvalError, StateWriter, ssm_layers
@@ -60,6 +61,7 @@ class EvalConfig:
     threads: int | None = None
     fold: bool = False
     variants_per_pass: int | None = None
+    cuda_graphs: bool = False
 
 
 @dataclass
@@ -278,6 +280,7 @@ def evaluate(
     threads: int | None = None,
     fold: bool = False,
     fold_width: int | None = None,
+    cuda_graphs: bool | None = None,
     progress: Callable[[int, int], None] | None = None,
     notify: Callable[[str], None] | None = None,
 ) -> EvalResult:
@@ -295,9 +298,17 @@ def evaluate(
     as many as the memory estimate allows; a note says when it takes more than one pass); ``fold=False`` (the
     default) decodes each in its own forward. Folding is off by default because on an H200 (2026-11-30) the folded
     run of a random-weight nemotron-h-8b (batch 8, fp8_e4m3@conventional) stopped at decode step 110 with a
-    non-finite state in layer 44 while the unfolded run of the same inputs finished (KL 3.1e-4): not yet explained. ``progress(done, total)`` is called after every decode step, counting
-    sequence batches decoded (total = (1 + variants) x steps in one pass); ``notify(line)`` receives a time
-    estimate measured on the first decode steps and, on long runs, the rate and time left every 30 s.
+    non-finite state in layer 44 while the unfolded run of the same inputs finished. The candidate cause, fixed
+    since in ``formats.codec``: a finite state row whose amax is below 448 / FLT_MAX got an infinite fp8 scale
+    multiplier and its zeros became NaN, an event that the folded run's last-bit differences can trigger or not
+    (not yet confirmed on the GPU: ``benchmarks/gpu/eval_profile.sh`` dumps it).
+
+    ``cuda_graphs``: replay the decode step's runs of Mamba-2 and MLP blocks as CUDA graphs (``graphs``: the
+    same kernels on the same addresses, so the same results; NemotronH on one GPU); None (the default) wherever
+    ``graphs.graph_refusal`` allows it, True: required (EvalError saying why not), False: never.
+    ``progress(done, total)`` is called after every decode step, counting sequence batches decoded (total =
+    (1 + variants) x steps in one pass); ``notify(line)`` receives a time estimate measured on the first decode
+    steps and, on long runs, the rate and time left every 30 s.
 
     Raises EvalError naming the problem (bad variant, too little held-out text for ``steps``, unknown
     device, a model whose cache holds no SSM state, a run whose memory estimate exceeds the free memory...).
@@ -387,13 +398,19 @@ def evaluate(
         if progress:
             progress(done, total)
 
+    refusal = graph_refusal(net)
+    if cuda_graphs and refusal is not None:
+        raise EvalError(f"cuda_graphs was requested but {refusal}; use cuda_graphs=False or None")
+    use_graphs = refusal is None if cuda_graphs is None else bool(cuda_graphs)
+    segment_graphs = SegmentGraphs(net, backend_for(loaded.device)) if use_graphs else None
+
     t_loaded = time.time()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     was_training = net.training
     net.eval()
     try:
-        with _threads(threads), torch.inference_mode():
+        with _threads(threads), torch.inference_mode(), segment_graphs or contextlib.nullcontext():
             for n, plan in enumerate(plans):
                 notes += decode_pass(
                     net, ids, plan, writers, layers, state_shape, values, ref_nll if n == 0 else None, clock,
@@ -409,6 +426,13 @@ def evaluate(
         "passes": len(plans),
         "forward_batch": [sum(len(r) for r in p.runs) * batch for p in plans] if fold else batch,
     }
+    if segment_graphs is not None:
+        timing["cuda_graphs"] = {
+            "segments": len(segment_graphs.segments),
+            "layers": segment_graphs.layers,
+            **segment_graphs.stats,
+        }
+        notes += [f"CUDA graphs: a segment could not be recorded and ran eagerly ({b})" for b in segment_graphs.broken]
     if dev.type == "cuda":
         timing["peak_gpu_memory_GiB"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 3)
 
@@ -453,6 +477,7 @@ def evaluate(
         threads=threads,
         fold=bool(fold),
         variants_per_pass=per_pass,
+        cuda_graphs=use_graphs,
     )
     return EvalResult(
         config=config,

@@ -152,12 +152,14 @@ class StateWriter:
 
     Layers of equal state shape are stored together (stacked, at most ``WRITE_GROUP_ELEMENTS`` elements):
     every scale group lies inside one layer's [rows, state_dim], so this is bit-identical to storing each
-    layer on its own. No host synchronisation: ``finite`` (bool [steps, layers], on the states' device)
-    records whether each stored state was finite, for the caller to check once per window
+    layer on its own. On a GPU each layer is stored by one fused Triton kernel instead (``kernel``: None picks
+    it for CUDA states, True / False force it; the same bits). No host synchronisation: ``finite`` (bool
+    [steps, layers, 2], on the states' device) records whether each state was finite before and after its write,
+    for the caller to check once per window
     (``first_nonfinite``) instead of once per layer and step.
     """
 
-    def __init__(self, variant: Variant, layers: list[SSMLayer], batch: int, steps: int):
+    def __init__(self, variant: Variant, layers: list[SSMLayer], batch: int, steps: int, kernel: bool | None = None):
         self.variant = variant
         self.layers = layers
         self.batch = batch
@@ -165,7 +167,9 @@ class StateWriter:
         self.any = self.mask.any(0).tolist()
         self.all = self.mask.all(0).tolist()
         self.exact = variant.format.is_exact
-        self.finite: torch.Tensor | None = None  # [T, layers] bool, allocated at the first write
+        self.kernel = kernel
+        # [T, layers, 2] bool, allocated at the first write: the model's state, and the stored one, were finite
+        self.finite: torch.Tensor | None = None
         self._on: dict[tuple[str, torch.device], torch.Tensor] = {}  # mask and SR keys per device, copied once
 
     def __call__(self, cache, step: int, offset: int = 0) -> None:
@@ -174,16 +178,40 @@ class StateWriter:
         states = [get_state(cache, layer, step) for layer in self.layers]
         dev = states[0].device
         if self.finite is None:
-            self.finite = torch.ones(self.mask.shape[1], len(self.layers), dtype=torch.bool, device=dev)
+            self.finite = torch.ones(self.mask.shape[1], len(self.layers), 2, dtype=torch.bool, device=dev)
         sl = slice(offset, offset + self.batch)
         rows = [to_rows(s[sl], layer.kind) for s, layer in zip(states, self.layers)]  # [B, H, rows, state_dim]
+        if self._use_kernel(dev):
+            self._store_kernel(rows, step)
+            return
         for group in _groups(rows):
             self._store(group, rows, step)
+
+    def _use_kernel(self, device: torch.device) -> bool:
+        """The fused Triton fake-quant (``kernels.fake_quant_triton``, bit-identical to ``fmt.fake_quant`` by
+        construction and test) for states on a GPU, unless ``kernel`` says otherwise; groups of rows that are
+        not a power of two stay on the torch path (the kernel needs power-of-two groups)."""
+        use = device.type == "cuda" if self.kernel is None else self.kernel
+        g = self.variant.format.granularity.rows
+        return use and (g is None or g & (g - 1) == 0)
+
+    def _store_kernel(self, rows: list[torch.Tensor], step: int) -> None:
+        """One fused read-quantize-dequantize-write per layer: the state is read once and written once, where
+        the torch path's encode makes a dozen passes over it (a GPU-memory-bound cost at full size)."""
+        from ..kernels import fake_quant_triton  # Triton is imported only when a GPU path (or a test) needs it
+
+        fmt = self.variant.format
+        self.finite[step, :, 0] = torch.stack([torch.isfinite(x).all() for x in rows])
+        keep = None if self.all[step] else self._device_copy("mask", rows[0].device)[:, step][:, None, None, None]
+        for x, layer in zip(rows, self.layers):
+            stored = fake_quant_triton(fmt, x, seed=layer_seed(self.variant.seed, layer.index), stream=step)
+            x.copy_(stored if keep is None else torch.where(keep, stored, x))
+        self.finite[step, :, 1] = torch.stack([torch.isfinite(x).all() for x in rows])
 
     def _store(self, group: list[int], rows: list[torch.Tensor], step: int) -> None:
         fmt = self.variant.format
         x = torch.stack([rows[i] for i in group]).float()  # [G, B, H, rows, state_dim]
-        self.finite[step, group[0] : group[-1] + 1] = torch.isfinite(x).flatten(1).all(1)
+        self.finite[step, group[0] : group[-1] + 1, 0] = torch.isfinite(x).flatten(1).all(1)
         bits = uniform = None
         if fmt.rounding is Rounding.SR:
             index = element_index(x.shape[1:], x.device)  # the slice's own element counter
@@ -194,6 +222,7 @@ class StateWriter:
         if not self.all[step]:
             keep = self._device_copy("mask", x.device)[:, step][None, :, None, None, None]
             stored = torch.where(keep, stored, x)
+        self.finite[step, group[0] : group[-1] + 1, 1] = torch.isfinite(stored).flatten(1).all(1)
         for j, i in enumerate(group):
             rows[i].copy_(stored[j])  # in place, in the cache's own tensor (a view of its slice)
 
@@ -213,15 +242,20 @@ class StateWriter:
         return got
 
     def first_nonfinite(self) -> str | None:
-        """None when every stored state so far was finite, else what was not (step and layer). Synchronises."""
+        """None when every state so far was finite before and after its write, else the first that was not (step
+        and layer; whether the model's state was already non-finite or the format's encode made it so).
+        Synchronises."""
         if self.finite is None or bool(self.finite.all()):
             return None
-        step, i = (int(v) for v in (~self.finite).nonzero()[0])
+        bad = ~self.finite.permute(0, 2, 1)  # [T, 2, layers]: at step t the input check comes before the stored one
+        step, stored, i = (int(v) for v in bad.nonzero()[0])
+        where = f"variant {self.variant.name}, layer {self.layers[i].index}, decode step {step}"
+        if not stored:
+            return f"{where}: cannot store the state: it contains NaN/Inf"
         return (
-            f"variant {self.variant.name}, layer {self.layers[i].index}, decode step {step}: cannot store the "
-            "state: it contains NaN/Inf"
+            f"{where}: the state was finite but its stored {self.variant.format.name} value is not (NaN/Inf made by "
+            "the format's encode, e.g. a row whose amax is so small that max_code / amax overflows FP32)"
         )
-
 
 def _groups(rows: list[torch.Tensor]) -> list[list[int]]:
     """Consecutive layers with equal state shape and device, at most WRITE_GROUP_ELEMENTS elements per group

@@ -129,9 +129,15 @@ def expand_groups(fmt: StateFormat, per_group: torch.Tensor, rows: int) -> torch
 
 
 def scales_from_amax(fmt: StateFormat, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic fp8/int8 scales: (encode multiplier m = max_code / amax, decode scale s = 1 / m)."""
+    """Dynamic fp8/int8 scales: (encode multiplier m = max_code / amax, decode scale s = 1 / m).
+
+    A group whose amax is 0, or so small that max_code / amax overflows FP32 (below max_code / FLT_MAX: 1.3e-36
+    for fp8_e4m3, 3.7e-37 for int8), gets m = s = 1: its elements round to 0, as a zero group's do. An infinite
+    multiplier would turn the group's zeros into 0 x inf = NaN and its decode scale into 0.
+    """
     zero = amax == 0
-    mult = torch.where(zero, 1.0, ieee_div(fmt.encoding.max_code, torch.where(zero, 1.0, amax)))
+    mult = ieee_div(fmt.encoding.max_code, torch.where(zero, 1.0, amax))
+    mult = torch.where(zero | torch.isinf(mult), 1.0, mult)
     return mult, ieee_div(1.0, mult)
 
 

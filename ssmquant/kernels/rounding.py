@@ -201,7 +201,8 @@ def fake_quant_tile(
             else:
                 max_code = tl.full([BR], 32767.0, tl.float32)
             mult = tl.math.div_rn(max_code, tl.where(amax == 0.0, 1.0, amax))
-            mult = tl.where(amax == 0.0, 1.0, mult)
+            # amax 0, or so small that the multiplier overflows: 1, as formats.codec.scales_from_amax
+            mult = tl.where((amax == 0.0) | (mult > 3.4028234663852886e38), 1.0, mult)
             dec = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), mult)
         q = round_element(s * mult[None, :], u, bits, FMT, SR)
         return q * dec[None, :]

@@ -179,3 +179,70 @@ def test_a_non_finite_state_is_named_at_the_next_check():
     assert writer.first_nonfinite() == (
         "variant int8@conventional, layer 2, decode step 1: cannot store the state: it contains NaN/Inf"
     )
+
+
+# A finite state row whose amax lies below max_code / FLT_MAX (fp8_e4m3: 448 / 3.4e38 = 1.3e-36; int8: 3.7e-37)
+# used to get an infinite encode multiplier (formats.codec.scales_from_amax), so its zero elements became
+# 0 x inf = NaN: a candidate for the H200's folded nemotron-h-8b run that stopped at "fp8_e4m3@conventional,
+# layer 44, decode step 110" (benchmarks/gpu/eval_profile.sh dumps whether the input of that write was finite).
+# Such a row is now stored as a zero row is, on the torch and the Triton path alike.
+@pytest.mark.parametrize("kernel", [False, True])
+@pytest.mark.parametrize("spec", ["fp8_e4m3@conventional", "int8@conventional", "int8:sr@conventional"])
+def test_a_finite_state_with_a_vanishing_row_is_stored_finite(spec, kernel):
+    from ssmquant.replay.simulate import triton_interpreting
+
+    if kernel and not (torch.cuda.is_available() or triton_interpreting()):
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
+    states = _states()
+    row = states[0][1, 0, 3]  # one Mamba-2 row (sequence 1, head 0, head_dim 3): finite, amax 1e-37, zeros
+    row.zero_()
+    row[5] = 1e-37
+    writer = StateWriter(parse_variant(spec), LAYERS, batch=3, steps=4, kernel=kernel)
+    cache = FakeCache(states)
+    writer(cache, 0)
+    assert writer.first_nonfinite() is None
+    assert torch.isfinite(cache.states[0]).all()
+    assert (cache.states[0][1, 0, 3] == 0).all()  # rounds to zero, as a zero row
+
+
+def test_a_non_finite_value_made_by_the_encode_is_told_from_a_non_finite_state(monkeypatch):
+    from ssmquant.evaluate import states as states_module
+    from ssmquant.formats.codec import Encoded, encode
+
+    def nan_encode(fmt, x, **kw):
+        e = encode(fmt, x, **kw)
+        return Encoded(e.values * float("nan"), e.group_scale, e.block_scale)
+
+    monkeypatch.setattr(states_module, "encode", nan_encode)
+    writer = StateWriter(parse_variant("fp8_e4m3@conventional"), LAYERS, batch=3, steps=4, kernel=False)
+    writer(FakeCache(_states()), 1)
+    assert writer.first_nonfinite() == (
+        "variant fp8_e4m3@conventional, layer 0, decode step 1: the state was finite but its stored fp8_e4m3 value "
+        "is not (NaN/Inf made by the format's encode, e.g. a row whose amax is so small that max_code / amax "
+        "overflows FP32)"
+    )
+
+
+@pytest.mark.parametrize(
+    "spec", ["fp8_e4m3@conventional", "int8:sr@conventional", "nvfp4@conventional", "bf16:sr@conventional",
+             "nvfp4:sr@replay4", "fp8_e4m3:rows2@spec4x2"],
+)  # fmt: skip
+def test_the_fused_kernel_write_gives_the_torch_bits(spec):
+    # the GPU path (one Triton fake-quant per layer; here in Triton's interpreter) against the torch path, on a
+    # slice of a folded batch; at steps where the scheme writes for all, some or none of the sequences
+    from ssmquant.replay.simulate import triton_interpreting
+
+    if not (torch.cuda.is_available() or triton_interpreting()):
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    v = parse_variant(spec, seed=5)
+    big = {k: torch.cat([s, s.flip(0) * 3, s * 0.5]).to(dev) for k, s in _states(1).items()}  # 9 sequences
+    writers = {k: StateWriter(v, LAYERS, batch=3, steps=8, kernel=k) for k in (False, True)}
+    caches = {k: FakeCache({i: s.clone() for i, s in big.items()}) for k in writers}
+    for t in range(8):
+        for k in writers:
+            writers[k](caches[k], t, offset=3)
+        for i in big:
+            assert torch.equal(caches[True].states[i], caches[False].states[i]), (spec, t, i)
+    assert not torch.equal(caches[True].states[0], big[0])
+    assert torch.equal(caches[True].states[0][:3], big[0][:3]) and torch.equal(caches[True].states[0][6:], big[0][6:])
