@@ -6,7 +6,8 @@
 # From the repo root:   OUT=/path bash benchmarks/gpu/calibrate_fullsize.sh
 # calibrate needs nvidia-modelopt (not on the device image): when `import modelopt` fails, the wheels in
 # ${WHEELS:-.whl} (nvidia-modelopt 0.47.0, pydantic, pydantic-core, annotated-types, typing-inspection,
-# typing-extensions, omegaconf, pulp) are installed into /tmp/site-cal.
+# typing-extensions, omegaconf, pulp; 21 MiB, staged in /work/wt-fullcal/.whl: copy them into the carried .whl)
+# are installed into /tmp/site-cal; without them the script stops at once (rc 1) before building anything.
 # Writes $OUT/calibrate_fullsize.json (wall times, stage times, peak GPU memory), calibrate_fullsize.log,
 # calibrate_env.txt, recipe_config.json (the recipe's ssm_quant_config.json).
 # CPU check of every path (a 4-layer nemotron-h-8b with small widths, CPU-sized run):
