@@ -165,6 +165,15 @@ def _layers(value: str | None) -> list[int] | None:
 DEVICES_ACCEPTED = "cuda:N (comma-separated, e.g. cuda:0,cuda:1), all, a count of GPUs, or cpu"
 
 
+_DEVICES_OPTION = click.option(
+    "--devices",
+    default=None,
+    help="Emulation devices: cuda:0,cuda:1 (comma-separated), all (every visible GPU) or a count N (cuda:0 .. "
+    "cuda:N-1). Each layer is emulated on the GPU holding it, else round-robin; a checkpoint is spread over "
+    "several of them. [default: --device alone]",
+)
+
+
 def _devices(value: str | None) -> list[str] | str | None:
     """--devices: names, "all", or a count N (cuda:0 .. cuda:N-1), checked against the visible GPUs here so
     that a bad value is one line before any work (analysis.devices.parse_emulation_devices)."""
@@ -231,13 +240,7 @@ def _devices(value: str | None) -> list[str] | str | None:
 @click.option("--batch", default=None, type=int, help=_default_help("analyze", "batch", "Sequences."))
 @click.option("--layers", default=None, help="Comma-separated decoder-layer indices of SSM layers (default: all).")
 @click.option("--device", default="auto", show_default=True, help="auto, cuda or cpu.")
-@click.option(
-    "--devices",
-    default=None,
-    help="Emulation devices: cuda:0,cuda:1 (comma-separated), all (every visible GPU) or a count N (cuda:0 .. "
-    "cuda:N-1). Each layer is emulated on the GPU holding it, else round-robin; a checkpoint is spread over "
-    "several of them. [default: --device alone]",
-)
+@_DEVICES_OPTION
 @click.option(
     "--backend",
     default="auto",
@@ -537,13 +540,7 @@ class _BudgetNotMet(click.ClickException):
 @click.option("--global", "force_global", is_flag=True, help="One engine-takeable setting for all layers.")
 @click.option("--layers", default=None, help="Comma-separated decoder-layer indices of SSM layers (default: all).")
 @click.option("--device", default="auto", show_default=True, help="auto, cuda, cuda:N or cpu.")
-@click.option(
-    "--devices",
-    default=None,
-    help="Emulation devices: cuda:0,cuda:1 (comma-separated), all (every visible GPU) or a count N (cuda:0 .. "
-    "cuda:N-1). Each layer is emulated on the GPU holding it, else round-robin; a checkpoint is spread over "
-    "several of them. [default: --device alone]",
-)
+@_DEVICES_OPTION
 @click.option(
     "--backend",
     default="auto",
