@@ -201,6 +201,42 @@ def _layers(value: str | None) -> list[int] | None:
         ) from None
 
 
+DEVICES_ACCEPTED = "cuda:N (comma-separated, e.g. cuda:0,cuda:1), all, a count of GPUs, or cpu"
+
+
+_DEVICES_OPTION = click.option(
+    "--devices",
+    default=None,
+    help="Emulation devices: cuda:0,cuda:1 (comma-separated), all (every visible GPU) or a count N (cuda:0 .. "
+    "cuda:N-1). Each layer is emulated on the GPU holding it, else round-robin; a checkpoint is spread over "
+    "several of them. [default: --device alone]",
+)
+
+
+def _devices(value: str | None) -> list[str] | str | None:
+    """--devices: names, "all", or a count N (cuda:0 .. cuda:N-1), checked against the visible GPUs here so
+    that a bad value is one line before any work (analysis.devices.parse_emulation_devices)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        n = int(value)
+        if n < 1:
+            raise click.BadParameter(f"a count of GPUs must be >= 1, got {n}; accepted: {DEVICES_ACCEPTED}",
+                                     param_hint="--devices")  # fmt: skip
+        value = ",".join(f"cuda:{i}" for i in range(n))
+    import torch
+
+    from .analysis.devices import DeviceError, parse_emulation_devices
+
+    try:
+        parse_emulation_devices(value, torch.device("cpu"))
+    except DeviceError as err:
+        msg = str(err) if "accepted" in str(err) else f"{err}; accepted: {DEVICES_ACCEPTED}"
+        raise click.BadParameter(msg, param_hint="--devices") from None
+    return value
+
+
 @main.command("analyze")
 @click.option(
     "--model",
@@ -243,6 +279,7 @@ def _layers(value: str | None) -> list[int] | None:
 @click.option("--batch", default=None, type=int, help=_default_help("analyze", "batch", "Sequences."))
 @click.option("--layers", default=None, help="Comma-separated decoder-layer indices of SSM layers (default: all).")
 @click.option("--device", default="auto", show_default=True, help="auto, cuda or cpu.")
+@_DEVICES_OPTION
 @click.option(
     "--backend",
     default="auto",
@@ -288,6 +325,7 @@ def analyze_cmd(
     batch,
     layers,
     device,
+    devices,
     backend,
     record_every,
     seed,
@@ -323,6 +361,7 @@ def analyze_cmd(
         seed=seed,
         record_every=record_every,
         engines=_csv(engine, "--engine"),
+        devices=_devices(devices),
     )
     bar = _Bar(quiet, "layer", "analyze")
     try:
@@ -542,6 +581,7 @@ class _BudgetNotMet(click.ClickException):
 @click.option("--global", "force_global", is_flag=True, help="One engine-takeable setting for all layers.")
 @click.option("--layers", default=None, help="Comma-separated decoder-layer indices of SSM layers (default: all).")
 @click.option("--device", default="auto", show_default=True, help="auto, cuda, cuda:N or cpu.")
+@_DEVICES_OPTION
 @click.option(
     "--backend",
     default="auto",
@@ -587,6 +627,7 @@ def calibrate_cmd(
     force_global,
     layers,
     device,
+    devices,
     backend,
     seed,
     engine_versions,
@@ -635,6 +676,7 @@ def calibrate_cmd(
         verify=not no_verify,
         engine_versions=_engine_versions(engine_versions),
         gpu=gpu,
+        devices=_devices(devices),
     )
     bars: dict[str, _Bar] = {}
 

@@ -286,6 +286,7 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
         text_path=cfg.text,
         synthetic_profile=cfg.synthetic_profile,
         loaded=model,
+        devices=emu_devices,
     )
     t_loaded = time.time()
     layers = source.select(cfg.layers)

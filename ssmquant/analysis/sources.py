@@ -26,6 +26,7 @@ from ..models import (
     ssm_layout,
     synthetic_layers,
 )
+from ..models.loading import checkpoint_plan
 from ..models.placement import ssm_mixer_devices
 from ..models.synthetic import PROFILES
 from ..models.text import TextError, load_text, split_bounds, text_origin, text_phrase
@@ -148,12 +149,14 @@ def open_source(
     split: str = "calibration",
     synthetic_profile: str = "init",
     loaded: LoadedModel | None = None,
+    devices: list[torch.device] | None = None,
 ) -> LayerSource:
     """Resolve `model` into a LayerSource. Loading a checkpoint happens here; capture is lazy, per layer.
 
     synthetic_profile: the dynamics profile of synthetic inputs (a name in `ssmquant.models.PROFILES`);
     anything but "init" needs `synthetic`. loaded: a model already in memory (``load_model``,
-    ``models.build.build_random_model``), captured instead of loading `model`.
+    ``models.build.build_random_model``), captured instead of loading `model`. devices: the run's emulation
+    devices; a checkpoint is spread over them when they are several GPUs (``load_source_model``).
     """
     if loaded is not None and not isinstance(loaded, LoadedModel):
         raise SourceError(
@@ -216,10 +219,7 @@ def open_source(
 
     text = check_text(text_path, batch=batch, length=steps, split=split)
     if loaded is None:
-        try:
-            loaded = load_model(model, device=device)
-        except ModelLoadError as err:
-            raise SourceError(str(err)) from None
+        loaded = load_source_model(model, device, devices)
     layout = ssm_layout(loaded.model.config)
     try:
         ids, text_meta = capture_text_batch(loaded, batch=batch, steps=steps, seed=seed, split=split, text=text)
@@ -256,6 +256,20 @@ def open_source(
         prefill=loaded.model.config.get_text_config().to_dict(),
         layer_devices=ssm_mixer_devices(loaded.model),
     )
+
+
+def load_source_model(model: str, device: torch.device, devices: list[torch.device] | None = None) -> LoadedModel:
+    """Load checkpoint ``model`` for capture: on ``device``, or spread over the GPUs of ``devices`` when it
+    names several (``models.loading.checkpoint_plan``: contiguous runs of decoder layers, shares by free
+    memory; each layer is then emulated on the GPU holding it). Raises SourceError (with what to do) when the
+    checkpoint cannot be loaded, SizingError when it does not fit on those GPUs."""
+    gpus = [str(d) for d in devices or [] if torch.device(d).type == "cuda"]
+    try:
+        if len(gpus) > 1:
+            return load_model(model, device=gpus[0], device_map=checkpoint_plan(model, gpus))
+        return load_model(model, device=device)
+    except ModelLoadError as err:
+        raise SourceError(str(err)) from None
 
 
 def plan_layers(

@@ -200,6 +200,7 @@ def build_document(result) -> dict:
             "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "environment": result.environment,
             "elapsed_s": round(result.elapsed_s, 3),
+            "stages": dict(getattr(result, "stages", {}) or {}),
         },
         "model": {
             "name": result.source.get("model"),

@@ -21,7 +21,17 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 import torch
 
-from ..analysis.sources import LayerSource, SourceError, check_backend, open_source, plan_layers, resolve_device
+from ..analysis.devices import DeviceError, assign_layers, parse_emulation_devices, run_on_devices
+from ..analysis.sources import (
+    LayerSource,
+    SourceError,
+    check_backend,
+    check_text,
+    load_source_model,
+    open_source,
+    plan_layers,
+    resolve_device,
+)
 from ..formats import FormatError
 from ..models.text import TextError
 from ..provenance import DEFAULT_PACKAGES, environment
@@ -47,7 +57,7 @@ from .settings import (
     parse_method,
 )
 from .stats import DEFAULT_PERCENTILES, StateStats, collect_stats
-from .verify import synthetic_heldout_source, verify_layers
+from .verify import check_uniform, summarize_verification, synthetic_heldout_source, verify_layer
 
 
 @dataclass
@@ -80,6 +90,9 @@ class CalibrateConfig:
     # export's facts cover) on gpu ("sm90" ...; None: the local GPU, else sm90); recorded in the recipe
     engine_versions: dict[str, str] = field(default_factory=dict)
     gpu: str | None = None
+    # emulation devices: "cuda:0,cuda:1", a list, or "all" (analysis.devices); None: `device` alone. Each
+    # layer is calibrated and verified on the GPU holding it, or round-robin, one worker thread per GPU.
+    devices: str | list[str] | None = None
 
     def deployments(self):
         """(Targets, GPU note) that takeability is checked for (`export.engines.deployments`)."""
@@ -138,9 +151,10 @@ class CalibrationResult:
     verification: dict | None
     environment: dict
     elapsed_s: float
+    stages: dict = field(default_factory=dict)  # seconds per stage and peak GPU memory (recipe: producer.stages)
 
 
-def _open(cfg: CalibrateConfig, device, split: str, batch: int, seed: int) -> LayerSource:
+def _open(cfg: CalibrateConfig, device, split: str, batch: int, seed: int, loaded=None) -> LayerSource:
     try:
         return open_source(
             cfg.model,
@@ -151,10 +165,24 @@ def _open(cfg: CalibrateConfig, device, split: str, batch: int, seed: int) -> La
             device=device,
             text_path=cfg.text,
             split=split,
+            loaded=loaded,
         )
     except TextError as err:
         hint = " (or lower --heldout-batch)" if split == "heldout" else ""
         raise CalibrateError(f"{split} data: {err}{hint}") from None
+
+
+def _load(cfg: CalibrateConfig, device, devices):
+    """The checkpoint, loaded once for both splits, after checking that both splits' text holds the run
+    (a text too short is refused before the weights load)."""
+    splits = [("calibration", cfg.batch)] + ([("heldout", cfg.heldout_batch or cfg.batch)] if cfg.verify else [])
+    for split, batch in splits:
+        try:
+            check_text(cfg.text, batch=batch, length=cfg.horizon, split=split)
+        except SourceError as err:
+            hint = " (or lower --heldout-batch)" if split == "heldout" else ""
+            raise CalibrateError(f"{split} data: {err}{hint}") from None
+    return load_source_model(cfg.model, device, devices)
 
 
 def _free():
@@ -166,6 +194,7 @@ def _free():
 def calibrate(
     cfg: CalibrateConfig,
     *,
+    model=None,
     progress=None,
     source: LayerSource | None = None,
     heldout_source: LayerSource | None = None,
@@ -175,8 +204,11 @@ def calibrate(
     notify: optional callable(line) that receives the time estimate before the first layer (measured only
     when given) and, after the first layer, the time that layer took and what it implies for the rest.
 
-    source / heldout_source: LayerSources to use instead of opening cfg.model (tests, custom data); the
-    held-out source must yield different sequences of the same layers.
+    model: a LoadedModel already in memory (``load_model``, ``models.build.build_random_model``) to capture
+    both splits from; else a checkpoint named by ``cfg.model`` is loaded once (over the emulation GPUs when
+    ``cfg.devices`` names several) and serves both splits. Layers stream one at a time from capture (memory:
+    the model plus one layer's inputs per emulation device). source / heldout_source: LayerSources to use
+    instead (tests, custom data); the held-out source must yield different sequences of the same layers.
     Raises CalibrateError (bad settings), BudgetError (no candidate within the budget: `.table` holds the
     best achievable error per layer), SourceError / InputError (data), SizingError (the memory estimate
     exceeds the free memory; raised before the first layer).
@@ -204,25 +236,29 @@ def calibrate(
     roles = {s.name: "candidate" for s in settings} | {s.name: "fallback" for s in fallbacks}
     all_settings = settings + fallbacks
     keys = scale_keys(settings)
-    device = resolve_device(cfg.device)
-    chosen_backend = check_backend(cfg.backend, device)
+    device = model.device if model is not None and cfg.device == "auto" else resolve_device(cfg.device)
+    try:
+        emu_devices = parse_emulation_devices(cfg.devices, device)
+    except DeviceError as err:
+        raise CalibrateError(str(err)) from None
+    chosen_backend = check_backend(cfg.backend, emu_devices[0])
+    loaded = model
     if source is None:
-        source = _open(cfg, device, "calibration", cfg.batch, cfg.seed)
+        if loaded is None and not cfg.synthetic:
+            loaded = _load(cfg, device, emu_devices)
+        source = _open(cfg, device, "calibration", cfg.batch, cfg.seed, loaded)
+    t_loaded = time.time()
     layers = source.select(cfg.layers)
     source.check_formats([s.format for s in all_settings])
-    _plan(cfg, source, layers, all_settings, device, chosen_backend, notify)
+    _plan(cfg, source, layers, all_settings, emu_devices, chosen_backend, notify)
     percentiles = sorted(set(DEFAULT_PERCENTILES) | set(required_percentiles(keys)))
-
-    evals, stats, dims = [], {}, None
-    decisions: dict[int, Setting] = {}
-    decision_rows: dict[int, dict] = {}
-    chosen_scales: dict[int, torch.Tensor] = {}
     by_name = {s.name: s for s in all_settings}
-    if progress:
-        progress("calibrate", 0, len(layers), None)
-    t_layers = time.perf_counter()
-    for n, (layer, inputs) in enumerate(source.iter_layers(layers), start=1):
-        inputs = inputs.to(device)
+    in_use = _cuda_devices([device, *emu_devices, *(source.layer_devices or {}).values()])
+    for d in in_use:
+        torch.cuda.reset_peak_memory_stats(d)
+
+    def calibrate_layer(layer, inputs, dev):
+        inputs = inputs.to(dev)
         try:
             inputs.validate()
         except InputError as err:
@@ -231,7 +267,7 @@ def calibrate(
             raise CalibrateError(
                 f"layer {layer}: the source gave {inputs.steps} decode steps, --horizon is {cfg.horizon}"
             )
-        dims = dims or LayerDims.of(inputs)
+        dims = LayerDims.of(inputs)
         st = collect_stats(inputs, percentiles=percentiles, layer=layer)
         scales = calibrate_scales(inputs, st, keys)
         df = evaluate_layer(
@@ -244,24 +280,51 @@ def calibrate(
             seed=cfg.seed,
             count_buffer=cfg.count_buffer,
         )
-        evals.append(df)
-        stats[layer] = _to_cpu(st)
         chosen = choose_layer(df, cfg.budget, cfg.metric)
-        if chosen is not None:
-            decisions[layer] = by_name[chosen["setting"]]
-            decision_rows[layer] = chosen.to_dict()
-            if decisions[layer].is_static:
-                chosen_scales[layer] = scales[decisions[layer].scale_key].cpu()
+        decision = None if chosen is None else by_name[chosen["setting"]]
+        scale = scales[decision.scale_key].cpu() if decision is not None and decision.is_static else None
         del inputs, scales
         _free()
-        if notify is not None and n == 1 and len(layers) > 1:
-            first = time.perf_counter() - t_layers
-            notify(
-                f"the first layer took {format_seconds(first)}: about {format_seconds(first * (len(layers) - 1))} "
-                f"more for the other {len(layers) - 1} layers" + (", then the verification" if cfg.verify else "")
-            )
-        if progress:
-            progress("calibrate", n, len(layers), layer)
+        return df, _to_cpu(st), dims, decision, None if chosen is None else chosen.to_dict(), scale
+
+    done = []
+
+    def finished(stage, total_after):
+        def on_result(layer, _result, seconds):
+            done.append(layer)
+            n = len(done)
+            if stage == "calibrate" and notify is not None and n == 1 and len(layers) > 1:
+                more = seconds * (len(layers) - 1) / len(emu_devices)
+                notify(
+                    f"the first layer took {format_seconds(seconds)}: about {format_seconds(more)} more for the other "
+                    f"{len(layers) - 1} layers" + (", then the verification" if total_after else "")
+                )
+            if progress:
+                progress(stage, n, len(layers), layer)
+
+        return on_result
+
+    if progress:
+        progress("calibrate", 0, len(layers), None)
+    assignment = assign_layers(layers, emu_devices, source.layer_devices)
+    results, run = run_on_devices(
+        source.iter_layers(layers), assignment, calibrate_layer, on_result=finished("calibrate", cfg.verify)
+    )
+    evals = [results[layer][0] for layer in layers]
+    stats = {layer: results[layer][1] for layer in layers}
+    dims = results[layers[0]][2] if layers else None
+    decisions = {layer: results[layer][3] for layer in layers if results[layer][3] is not None}
+    decision_rows = {layer: results[layer][4] for layer in decisions}
+    chosen_scales = {layer: results[layer][5] for layer in decisions if results[layer][5] is not None}
+    del results
+    stages = {
+        "load_s": round(t_loaded - t0, 3),
+        # capture runs in a worker thread beside the emulation: the time spent waiting for it
+        "capture_wait_s": round(run.wait_s, 3),
+        "calibrate_s": round(sum(run.busy_s.values()), 3),  # statistics, scales, candidates; summed over devices
+        "calibrate_wall_s": round(run.wall_s, 3),
+    }
+    t_choose = time.perf_counter()
     evaluations = pd.concat(evals, ignore_index=True)
     source_desc = {
         **source.describe,
@@ -308,21 +371,22 @@ def calibrate(
         decision_rows = {layer: {**rows.loc[layer].to_dict(), "layer": layer} for layer in layers}
         chosen_scales = {}
 
-    verify_uniform = ([global_setting] if global_setting is not None else []) + [
-        by_name[name] for name in engine_picks(uniform, by_name, layer_kind, targets)
-    ]
+    verify_uniform = check_uniform(
+        ([global_setting] if global_setting is not None else [])
+        + [by_name[name] for name in engine_picks(uniform, by_name, layer_kind, targets)]
+    )
+    stages["choose_s"] = round(time.perf_counter() - t_choose, 3)
     verification, heldout_desc = None, None
     if cfg.verify:
+        t_verify = time.time()
         hb = cfg.heldout_batch or cfg.batch
         if heldout_source is None:
-            source = None  # free the calibration model before loading the held-out one
-            _free()
             if cfg.synthetic:
                 heldout_source = synthetic_heldout_source(
                     cfg.model, calibration_batch=cfg.batch, batch=hb, steps=cfg.horizon, seed=cfg.seed, device=device
                 )
-            else:
-                heldout_source = _open(cfg, device, "heldout", hb, cfg.seed)
+            else:  # the same model, held-out text
+                heldout_source = _open(cfg, device, "heldout", hb, cfg.seed, loaded)
         heldout_desc = {
             **heldout_source.describe,
             "split": "heldout",
@@ -331,25 +395,37 @@ def calibrate(
             "seed": cfg.seed,
         }
 
-        def vprog(done, total, layer):
-            if progress:
-                progress("verify", done, total, layer)
+        def verify_one(layer, inputs, dev):
+            inputs = inputs.to(dev)
+            return verify_layer(layer, inputs, decisions[layer], chosen_scales.get(layer), verify_uniform,
+                                metric=cfg.metric, budget=cfg.budget, backend=cfg.backend, seed=cfg.seed)  # fmt: skip
 
-        vprog(0, len(layers), None)
-        verification = verify_layers(
-            heldout_source.iter_layers(layers),
-            decisions,
-            chosen_scales,
-            verify_uniform,
-            metric=cfg.metric,
-            budget=cfg.budget,
-            global_setting=global_setting,
-            backend=cfg.backend,
-            seed=cfg.seed,
-            device=device,
-            progress=vprog,
+        done.clear()
+        if progress:
+            progress("verify", 0, len(layers), None)
+        checked, vrun = run_on_devices(
+            heldout_source.iter_layers(layers), assignment, verify_one, on_result=finished("verify", False)
+        )
+        per_layer = [checked[layer][0] for layer in layers]
+        errors = {u.name: {int(layer): checked[layer][1][u.name] for layer in layers} for u in verify_uniform}
+        verification = summarize_verification(
+            per_layer, errors, metric=cfg.metric, budget=cfg.budget, global_setting=global_setting
         )
         verification["data"] = heldout_desc
+        stages |= {
+            "verify_open_s": round(time.time() - t_verify - vrun.wall_s, 3),
+            "verify_capture_wait_s": round(vrun.wait_s, 3),
+            "verify_s": round(sum(vrun.busy_s.values()), 3),
+            "verify_wall_s": round(vrun.wall_s, 3),
+        }
+    if in_use:
+        stages["peak_gpu_memory_GiB"] = round(max(torch.cuda.max_memory_allocated(d) for d in in_use) / 2**30, 3)
+    if len(in_use) > 1 or len(emu_devices) > 1:
+        stages["emulation_devices"] = {str(d): sorted(run.layers.get(str(d), [])) for d in emu_devices}
+        stages["busy_s_per_device"] = {d: round(v, 3) for d, v in run.busy_s.items()}
+        stages["peak_gpu_memory_GiB_per_device"] = {
+            str(d): round(torch.cuda.max_memory_allocated(d) / 2**30, 3) for d in in_use
+        }
     return CalibrationResult(
         config=cfg,
         source=source_desc,
@@ -373,7 +449,14 @@ def calibrate(
             device, packages=(*DEFAULT_PACKAGES, "modelopt"), backend=chosen_backend
         ),
         elapsed_s=time.time() - t0,
+        stages=stages,
     )
+
+
+def _cuda_devices(devices) -> list[torch.device]:
+    """The distinct CUDA devices among ``devices`` (index None read as 0), in a stable order."""
+    found = {torch.device("cuda", d.index or 0) for d in map(torch.device, devices) if d.type == "cuda"}
+    return sorted(found, key=str)
 
 
 # For the time estimate only: settings re-simulated per layer on held-out data (the decision, the global
@@ -382,23 +465,27 @@ VERIFIED_PER_LAYER = 3
 STATS_COST = 2
 
 
-def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, device, backend, notify) -> None:
-    """Refuse a run that will not fit in memory; send the time estimate to ``notify`` (torch backend)."""
+def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, devices, backend, notify) -> None:
+    """Refuse a run that will not fit in memory on any of the emulation ``devices`` (each holds one layer's
+    work at a time); send the time estimate to ``notify`` (torch backend)."""
     dynamic = [s.variant(seed=cfg.seed) for s in settings if not s.is_static]
     hb = cfg.heldout_batch or cfg.batch
     # verification of synthetic data draws calibration + held-out sequences and slices (verify.py)
     held = hb + (cfg.batch if cfg.synthetic else 0) if cfg.verify else 0
     batch = max(cfg.batch, held)
+    sizes = dict(steps=cfg.horizon, batch=batch, backend=backend, recorded=1, workers=len(devices),
+                 variants_at_once=min(len(settings), MAX_VARIANTS_PER_CALL))  # fmt: skip
     per_step = plan_layers(
-        source, layers, dynamic, steps=cfg.horizon, batch=batch, device=device, backend=backend, recorded=1,
-        measure_time=notify is not None and bool(dynamic), variants_at_once=min(len(settings), MAX_VARIANTS_PER_CALL),
-    )  # fmt: skip
+        source, layers, dynamic, device=devices[0], measure_time=notify is not None and bool(dynamic), **sizes
+    )
+    for dev in devices[1:]:
+        plan_layers(source, layers, dynamic, device=dev, **sizes)
     if per_step is None:
         return
     per_step *= cfg.batch / batch
     per_setting = per_step / len(dynamic)  # seconds per layer-step of one setting at the calibration batch
     work = len(settings) + STATS_COST + (VERIFIED_PER_LAYER * hb / cfg.batch if cfg.verify else 0)
-    total = per_setting * work * cfg.horizon * len(layers)
+    total = per_setting * work * cfg.horizon * len(layers) / len(devices)
     mse = any(parse_method(k[1]).kind == "mse" for k in scale_keys(settings))
     notify(
         f"estimate: about {format_seconds(total)} to evaluate {len(layers)} layers x {len(settings)} settings x "

@@ -62,6 +62,69 @@ def synthetic_heldout_source(
     return LayerSource("synthetic", p.name, list(p.ssm_layers), p.layer_kind, p.state_shape, describe, iterate)
 
 
+def verify_layer(
+    layer: int,
+    inputs: LayerInputs,
+    decision: Setting,
+    scale,
+    uniform: list[Setting],
+    *,
+    metric: str,
+    budget: float,
+    backend: str = "auto",
+    seed: int = 0,
+) -> tuple[dict, dict[str, dict]]:
+    """Simulate one layer's decision and the uniform (dynamic-scale) settings on its held-out inputs.
+
+    scale: FP32 [H, rows] for a static decision, else None. Returns (the layer's row: layer, setting, the
+    METRICS and meets_budget; {uniform setting name: {metric: error}})."""
+    by_name = {u.name: u for u in uniform}
+    names = list(by_name)
+    variants = [decision.variant(seed=seed, static_scale=None if scale is None else scale.to(inputs.device))]
+    variants += [by_name[name].variant(seed=seed) for name in names if name != decision.name]
+    trace = simulate(inputs, variants, backend=backend, record_every=horizon_window(variants, inputs.steps))
+    errs = horizon_errors(trace)
+    row = {
+        "layer": int(layer),
+        "setting": decision.name,
+        **{k: float(v[0]) for k, v in errs.items()},
+        "meets_budget": bool(errs[metric][0] <= budget),
+    }
+    order = [v.name for v in variants]
+    uni = {name: {k: float(v[0 if name == decision.name else order.index(name)]) for k, v in errs.items()}
+           for name in names}  # fmt: skip
+    return row, uni
+
+
+def summarize_verification(
+    per_layer: list[dict], uniform_errors: dict[str, dict[int, dict]], *, metric: str, budget: float,
+    global_setting: Setting | None = None,
+) -> dict:  # fmt: skip
+    """The verification document from each layer's row and {uniform name: {layer: errors}} (``verify_layer``)."""
+    per_layer = sorted(per_layer, key=lambda r: r["layer"])
+    result = {"per_layer": per_layer, "passed": all(r["meets_budget"] for r in per_layer), "uniform": {}}
+    for name, errs in uniform_errors.items():
+        vals = [e[metric] for e in errs.values()]
+        worst = max(vals) if vals and all(math.isfinite(x) for x in vals) else math.inf
+        result["uniform"][name] = {
+            "errors": {str(k): v for k, v in sorted(errs.items())},
+            "max_error": worst,
+            "meets_budget": bool(worst <= budget),
+        }
+    g = result["uniform"].get(global_setting.name) if global_setting is not None else None
+    result["global"] = None if g is None else {"setting": global_setting.name, **g}
+    result["global_passed"] = None if g is None else g["meets_budget"]
+    return result
+
+
+def check_uniform(uniform: list[Setting]) -> list[Setting]:
+    """The distinct uniform settings; refuses a static one (its scales are per layer)."""
+    for u in uniform:
+        if u.is_static:
+            raise ValueError(f"uniform setting {u.name} is static: verify it through per-layer decisions")
+    return list({u.name: u for u in uniform}.values())
+
+
 def verify_layers(
     layer_inputs,
     decisions: dict[int, Setting],
@@ -76,53 +139,26 @@ def verify_layers(
     device=None,
     progress=None,
 ) -> dict:
-    """Simulate each layer's decision, and each uniform (dynamic-scale) setting, on held-out inputs.
+    """Simulate each layer's decision, and each uniform (dynamic-scale) setting, on held-out inputs, one layer
+    after the other (``calibrate`` spreads ``verify_layer`` over its emulation devices instead).
 
     layer_inputs: iterator of (layer, inputs) (e.g. LayerSource.iter_layers); scales: {layer: FP32 [H, rows]}
     for static decisions; uniform: settings applied to every layer (the global setting and the settings the
     export would pick per engine). Returns {"per_layer": [...], "passed", "uniform": {name: {"errors",
     "max_error", "meets_budget"}}, "global": that entry of global_setting with its "setting", "global_passed"}.
     """
-    for u in uniform:
-        if u.is_static:
-            raise ValueError(f"uniform setting {u.name} is static: verify it through per-layer decisions")
-    names = list(dict.fromkeys(u.name for u in uniform))
-    by_name = {u.name: u for u in uniform}
+    uniform = check_uniform(uniform)
     per_layer = []
-    uni: dict[str, dict[int, dict]] = {n: {} for n in names}
+    uni: dict[str, dict[int, dict]] = {u.name: {} for u in uniform}
     total = len(decisions)
     for n, (layer, inputs) in enumerate(layer_inputs, start=1):
         if device is not None:
             inputs = inputs.to(device)
-        d = decisions[layer]
-        scale = scales.get(layer)
-        variants = [d.variant(seed=seed, static_scale=None if scale is None else scale.to(inputs.device))]
-        variants += [by_name[name].variant(seed=seed) for name in names if name != d.name]
-        trace = simulate(inputs, variants, backend=backend, record_every=horizon_window(variants, inputs.steps))
-        errs = horizon_errors(trace)
-        per_layer.append(
-            {
-                "layer": int(layer),
-                "setting": d.name,
-                **{k: float(v[0]) for k, v in errs.items()},
-                "meets_budget": bool(errs[metric][0] <= budget),
-            }
-        )
-        for name in names:
-            j = 0 if name == d.name else [v.name for v in variants].index(name)
-            uni[name][int(layer)] = {k: float(v[j]) for k, v in errs.items()}
+        row, errs = verify_layer(layer, inputs, decisions[layer], scales.get(layer), uniform, metric=metric,
+                                 budget=budget, backend=backend, seed=seed)  # fmt: skip
+        per_layer.append(row)
+        for name, e in errs.items():
+            uni[name][int(layer)] = e
         if progress:
             progress(n, total, layer)
-    result = {"per_layer": per_layer, "passed": all(r["meets_budget"] for r in per_layer), "uniform": {}}
-    for name, errs in uni.items():
-        vals = [e[metric] for e in errs.values()]
-        worst = max(vals) if vals and all(math.isfinite(x) for x in vals) else math.inf
-        result["uniform"][name] = {
-            "errors": {str(k): v for k, v in sorted(errs.items())},
-            "max_error": worst,
-            "meets_budget": bool(worst <= budget),
-        }
-    g = result["uniform"].get(global_setting.name) if global_setting is not None else None
-    result["global"] = None if g is None else {"setting": global_setting.name, **g}
-    result["global_passed"] = None if g is None else g["meets_budget"]
-    return result
+    return summarize_verification(per_layer, uni, metric=metric, budget=budget, global_setting=global_setting)

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .bundle import MANIFEST, unpack_headers
+from .bundle import DEVICE_PLATFORMS, MANIFEST, pip_download, unpack_headers
 
 # The GPU machine's toolkit (nvcc V13.0.88, driver 580: KINDS.md); a cubin from this release runs there.
 TOOLKIT_WHEELS = {
@@ -50,16 +50,9 @@ class AotError(RuntimeError):
 
 def _pip_download(specs: dict[str, str], dest: Path, *, native: bool) -> list[Path]:
     """Download pinned wheels (binary only) into dest; native: for this interpreter, else manylinux x86-64."""
-    dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest)]
-    if not native:
-        for plat in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux2010_x86_64"):
-            cmd += ["--platform", plat]
-    cmd += [f"{name}=={version}" for name, version in specs.items()]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise AotError(f"pip could not download {', '.join(specs)}: {res.stderr.strip().splitlines()[-1:]}")
-    return sorted(dest.glob("*.whl"))
+    platforms = [] if native else [a for p in DEVICE_PLATFORMS for a in ("--platform", p)]
+    args = ["--only-binary=:all:", *platforms, *(f"{name}=={version}" for name, version in specs.items())]
+    return pip_download(args, dest, error=AotError)
 
 
 def toolkit(cache: Path) -> Path:

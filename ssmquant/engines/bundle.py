@@ -105,11 +105,15 @@ class BundleError(RuntimeError):
 # --- download ----------------------------------------------------------------------------------------
 
 
-def _pip_download(args: list[str], dest: Path) -> None:
+def pip_download(args: list[str], dest: Path, *, error: type[Exception] = BundleError) -> list[Path]:
+    """`pip download --no-deps -q -d dest ARGS` (pinned requirements and pip's platform options); returns the
+    wheels now in dest. A failure raises ``error`` (the caller's error class) with pip's last line."""
+    dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest), *args]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
-        raise BundleError(f"pip download {' '.join(args)} failed: {res.stderr.strip().splitlines()[-1:]}")
+        raise error(f"pip download {' '.join(args)} failed: {res.stderr.strip().splitlines()[-1:]}")
+    return sorted(dest.glob("*.whl"))
 
 
 def _find_wheel(wheels: Path, dist: str, version: str | None = None) -> Path:
@@ -137,12 +141,12 @@ def download(wheels: Path) -> dict[str, Path]:
     wheels.mkdir(parents=True, exist_ok=True)
     for dist, ver in PINS.items():
         if not list(wheels.glob(f"{dist.replace('-', '_')}-{ver}-*.whl")):
-            _pip_download([f"{dist}=={ver}"], wheels)
+            pip_download([f"{dist}=={ver}"], wheels)
     fi = _find_wheel(wheels, "flashinfer-python", PINS["flashinfer-python"])
     tvm_req = _requirement(fi, "apache-tvm-ffi")
     if not list(wheels.glob("apache_tvm_ffi-*-cp312-*.whl")):
         plat = [a for p in DEVICE_PLATFORMS for a in ("--platform", p)]
-        _pip_download(
+        pip_download(
             ["--only-binary=:all:", "--python-version", DEVICE_PYTHON, "--implementation", "cp", *plat, tvm_req],
             wheels,
         )

@@ -388,7 +388,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layers", type=int, default=None, help="keep the first N decoder layers only")
     ap.add_argument("--max-shard-size", default="5GB")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--overrides", default=None, help='config fields as JSON, e.g. \'{"hidden_size": 64}\' (small test builds)')
     args = ap.parse_args(argv)
+    try:
+        overrides = json.loads(args.overrides) if args.overrides else None
+    except json.JSONDecodeError as err:
+        ap.error(f"--overrides must be a JSON object of config fields: {err}")
+    if overrides is not None and not isinstance(overrides, dict):
+        ap.error(f"--overrides must be a JSON object of config fields, got {args.overrides!r}")
     n = estimate_parameters(args.preset, num_layers=args.layers)
     print(f"{args.preset}: {n / 1e9:.2f} B parameters, {n * 2 / 2**30:.1f} GiB in 16-bit; building on {args.device}")
     build_random_checkpoint(
@@ -399,6 +406,7 @@ def main(argv: list[str] | None = None) -> None:
         num_layers=args.layers,
         max_shard_size=args.max_shard_size,
         seed=args.seed,
+        overrides=overrides,
     )
 
 

@@ -386,6 +386,43 @@ def load_tokenizer(source: ModelSource, config: dict, *, local_files_only: bool 
     )
 
 
+def checkpoint_plan(
+    spec: str | os.PathLike | Preset,
+    devices: list[str],
+    *,
+    dtype: torch.dtype | str | None = None,
+    headroom_gib: float | None = None,
+    free=None,
+) -> dict[str, str]:
+    """A ``device_map`` that spreads checkpoint ``spec`` over ``devices`` ("cuda:0", "cuda:1", ...) for
+    ``load_model(..., device_map=)``: the model is built from its config on the meta device (shapes only)
+    and cut by ``placement.balanced_plan`` into contiguous runs of decoder layers, each device's share
+    proportional to its free memory less ``headroom_gib`` (default ``build.DEFAULT_HEADROOM_GIB``, kept for
+    capture and emulation). Unlike ``device_map="auto"``, only ``devices`` are used and nothing spills to
+    the CPU. Raises SizingError before any weight loads when the weights do not fit (the estimate per
+    device, what to lower). dtype: the weights' dtype (default bf16, as ``load_model`` loads on a GPU).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from .build import DEFAULT_HEADROOM_GIB, device_room
+    from .placement import balanced_plan, model_units
+
+    source = resolve_model(spec)
+    local_files_only = _local_only(source, local_files_only=None)
+    arch = detect_architecture(read_config(source, local_files_only=local_files_only))
+    dt = _parse_dtype(dtype) or torch.bfloat16
+    try:
+        config = AutoConfig.from_pretrained(source.location, local_files_only=local_files_only, trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read the config of {source.location}: {exc}") from exc
+    auto = AutoModelForImageTextToText if arch.family in _IMAGE_TEXT_FAMILIES else AutoModelForCausalLM
+    with torch.device("meta"):
+        meta = auto.from_config(config, dtype=dt)
+    headroom = DEFAULT_HEADROOM_GIB if headroom_gib is None else headroom_gib
+    room = device_room(list(devices), int(headroom * 2**30), free=free)
+    return balanced_plan(model_units(meta), room, what=f"{source.name} in {str(dt).replace('torch.', '')}")
+
+
 def load_model(
     spec: str | os.PathLike | Preset,
     *,

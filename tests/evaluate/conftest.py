@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.models.conftest import _KDA_TEXT, _NEMOTRON, _QWEN_TEXT, _save
+from tests.models.conftest import _KDA_TEXT, _NEMOTRON, _QWEN_TEXT, _save, save_kimi_linear
 
 BYTE_VOCAB = 256
 # time_step_min as the real models set it: NemotronH's prefill clamps dt at it and its decode path does not.
@@ -38,18 +38,7 @@ def qwen_byte_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def kimi_byte_dir(tmp_path_factory):
     """A KDA model (KimiLinearForCausalLM: 3 KDA + 1 MLA) with a byte vocabulary."""
-    from transformers import KimiLinearConfig, KimiLinearForCausalLM
-
-    torch.manual_seed(13)
-    cfg = KimiLinearConfig(
-        **KDA,
-        q_lora_rank=None,
-        qk_rope_head_dim=8,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    return _save(KimiLinearForCausalLM(cfg), tmp_path_factory.mktemp("e2e_kimi"), 13)
+    return save_kimi_linear(KDA, tmp_path_factory.mktemp("e2e_kimi"), 13)
 
 
 @pytest.fixture(scope="session")

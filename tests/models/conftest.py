@@ -152,21 +152,27 @@ def glm5_next_dir(tmp_path_factory):
     return _save(Glm5NextForConditionalGeneration(cfg), tmp_path_factory.mktemp("glm5_next"), 5)
 
 
-@pytest.fixture(scope="session")
-def kimi_linear_dir(tmp_path_factory):
-    """A Kimi-Linear checkpoint (KimiLinearForCausalLM): 3 KDA + 1 MLA, softplus gate."""
+def save_kimi_linear(text: dict, path, seed: int):
+    """A Kimi-Linear checkpoint (KimiLinearForCausalLM) of the text config ``text``: 3 KDA + 1 MLA layers,
+    softplus gate, energised and saved to ``path`` (shared with tests/evaluate's byte-vocabulary model)."""
     from transformers import KimiLinearConfig, KimiLinearForCausalLM
 
-    torch.manual_seed(6)
+    torch.manual_seed(seed)
     cfg = KimiLinearConfig(
-        **_KDA_TEXT,
+        **text,
         q_lora_rank=None,
         qk_rope_head_dim=8,
         layer_types=["linear_attention"] * 3 + ["full_attention"],
         bos_token_id=None,
         eos_token_id=None,
     )
-    return _save(KimiLinearForCausalLM(cfg), tmp_path_factory.mktemp("kimi_linear"), 6)
+    return _save(KimiLinearForCausalLM(cfg), path, seed)
+
+
+@pytest.fixture(scope="session")
+def kimi_linear_dir(tmp_path_factory):
+    """A Kimi-Linear checkpoint (KimiLinearForCausalLM): 3 KDA + 1 MLA, softplus gate."""
+    return save_kimi_linear(_KDA_TEXT, tmp_path_factory.mktemp("kimi_linear"), 6)
 
 
 @pytest.fixture(scope="session")

@@ -145,3 +145,17 @@ def test_capture_through_accelerate_hooks_is_unchanged():
     for i in before:
         for name in ("x", "dt", "B", "C"):
             assert torch.equal(getattr(before[i], name), getattr(after[i], name))
+
+
+def test_checkpoint_plan_spreads_a_saved_checkpoint_over_the_named_devices(nemotron_dir):
+    """`--devices cuda:0,cuda:1` on a checkpoint: a device_map from its config alone (meta device), the
+    decoder layers cut in two contiguous runs, embeddings first, LM head last; refused when it cannot fit."""
+    from ssmquant.models.loading import checkpoint_plan
+    from ssmquant.sizing import SizingError
+
+    plan = checkpoint_plan(nemotron_dir, ["cuda:0", "cuda:1"], headroom_gib=0, free=lambda d: 2**30)
+    layers = [dev for name, dev in plan.items() if ".layers." in name]
+    assert set(layers) == {"cuda:0", "cuda:1"} and layers == sorted(layers)  # contiguous: all cuda:0, then cuda:1
+    assert plan["model.embeddings"] == "cuda:0" and plan["lm_head"] == "cuda:1"
+    with pytest.raises(SizingError, match=r"needs about .* GiB of weights but the 2 device\(s\) cuda:0, cuda:1"):
+        checkpoint_plan(nemotron_dir, ["cuda:0", "cuda:1"], headroom_gib=0, free=lambda d: 1000)
