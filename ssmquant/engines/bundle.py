@@ -394,7 +394,7 @@ def build_ssu(outdir: Path, vllm_wheel: Path | None, trtllm_src: Path) -> Path:
         wheels = outdir / "wheels"
         wheels.mkdir(parents=True, exist_ok=True)
         if not list(wheels.glob(f"vllm-{SSU_PINS['vllm']}-*.whl")):
-            _pip_download([f"vllm=={SSU_PINS['vllm']}"], wheels)
+            pip_download([f"vllm=={SSU_PINS['vllm']}"], wheels)
         vllm_wheel = _find_wheel(wheels, "vllm", SSU_PINS["vllm"])
     if f"-{SSU_PINS['vllm']}-" not in Path(vllm_wheel).name:
         raise BundleError(f"{Path(vllm_wheel).name} is not the vllm {SSU_PINS['vllm']} wheel the oracle was written against")
