@@ -274,8 +274,8 @@ def delta_rule_launch(
     block_p: int,
     num_warps: int,
     batch_offset: int = 0,
-    fast_round: bool = True,
-    fp_fusion: bool = True,
+    fast_round: bool = False,
+    fp_fusion: bool = False,
 ) -> torch.Tensor:
     """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, R, B, Hv, NPB, 4].
 
@@ -284,6 +284,9 @@ def delta_rule_launch(
     slot is static; specs: `common.slot_spec` of each slot, whose rows group divides block_p.
     fast_round: FP8 / INT8 RNE writes through `_fake_quant_8bit_rne` (same values, fewer instructions);
     fp_fusion: let the compiler contract multiply-adds into FMAs (one rounding instead of two).
+    Both off by default: on the H200 (2026-12-01) they ran fp8 conventional at 943 G/s against 722 G/s, but
+    the metrics were not bit-identical to the default path and the full-shape GPU tests did not finish in the
+    run's time, so they stay opt-in until those tests pass there.
     """
     bsz, steps, hv, dv = v.shape
     hk, dk = k.shape[2], k.shape[3]

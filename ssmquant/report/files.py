@@ -22,7 +22,9 @@ import pandas as pd
 
 PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
 # Plotting processes need spare cores: below this many, prefetch_plotting imports in a thread instead.
-PLOT_PROCESS_MIN_CPUS = 4
+# Effectively off since the H200 run of 2026-12-01 (16 cores): the processes made the plots stage 5.5 s
+# where the background thread took 1.7 s. Lower it to try them again.
+PLOT_PROCESS_MIN_CPUS = 1024
 
 _prefetch: threading.Thread | None = None
 _workers: dict[str, tuple[subprocess.Popen, object]] | None = None  # plot -> (process, its stderr file)
