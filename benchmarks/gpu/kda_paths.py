@@ -1,14 +1,14 @@
-"""Code paths and tilings of the fused KDA kernel against main's kernel and the per-step peers, in one run.
+"""Code paths and tilings of the fused KDA kernel against its default path and the per-step peers, in one run.
 
 At GLM-5.3-Flash shapes (64 heads x 128 x 128), batch 16, --steps steps, it times the kernel launch alone
 (`delta_rule_launch`, metrics every step) for:
 
-- main: the frozen copy of main's kernel (benchmarks/gpu/kda_main_kernel.py) at the planned tiling;
+- default: `delta_rule_launch` with fast_round and fp_fusion off (the shipped path) at the planned tiling;
 - the candidate paths of ssmquant/kernels/delta_rule.py: fast_round (FP8/INT8 RNE writes by the
   magic-number rounding) x fp_fusion (FMA contraction), and tilings (BLOCK_P, num_warps) of the best;
 - the same for int8 / nvfp4 conventional, fp8 replay16 and the six-variant launch.
 
-Every candidate's metrics are checked against main's on the same inputs: fast_round alone must give
+Every candidate's metrics are checked against the default path's on the same inputs: fast_round alone must give
 bit-identical metrics (it rounds to the same values), fp_fusion changes the FP32 arithmetic, so its
 largest relative difference per metric is printed. Then the peers (`--peers`): the eager per-step loop
 and torch.compile of the same per-step function (default mode and mode="reduce-overhead", CUDA graphs),
@@ -32,11 +32,9 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 
 import triton  # noqa: E402
 from bench_emulation import STEP_FNS, cuda_time, glm53_flash_inputs, peer_loop  # noqa: E402
-from kda_main_kernel import delta_rule_launch as main_launch  # noqa: E402
 
 from ssmquant.kernels import plan_launches  # noqa: E402
 from ssmquant.kernels.common import slot_spec  # noqa: E402
@@ -47,10 +45,9 @@ from ssmquant.replay import parse_variant  # noqa: E402
 from ssmquant.replay.reference import kda_decays  # noqa: E402
 
 SIX = [f"{f}@{s}" for f in ("fp8_e4m3", "int8", "nvfp4") for s in ("conventional", "replay16")]
-# (variants, tiling or None for the plan, fast_round, fp_fusion); None in the flags = main's kernel
+# (variants, tiling or None for the plan, fast_round, fp_fusion); None in the flags = the default path
 CANDIDATES = [
     (["fp8_e4m3@conventional"], None, None, None),
-    (["fp8_e4m3@conventional"], None, False, False),
     (["fp8_e4m3@conventional"], None, True, False),
     (["fp8_e4m3@conventional"], None, False, True),
     (["fp8_e4m3@conventional"], None, True, True),
@@ -65,7 +62,7 @@ CANDIDATES = [
     (SIX, None, None, None),
     (SIX, None, True, True),
 ]
-# the final comparison: main's kernel against the defaults (fast_round, fp_fusion) at the planned tiling
+# the final comparison: the default path against fast_round + fp_fusion at the planned tiling
 FINAL = [c for c in CANDIDATES if c[1] is None and (c[2] is None or (c[2] and c[3]))]
 
 
@@ -107,9 +104,9 @@ def paths(args, inputs):
     rows, ref = [], {}
     for names, tiling, fast, fusion in FINAL if args.final else CANDIDATES:
         tensors, specs, block_p, warps = launch_args(inputs, names, tiling)
-        options = {} if fast is None else {"fast_round": fast, "fp_fusion": fusion}
+        options = {"fast_round": bool(fast), "fp_fusion": bool(fusion)}
         run = functools.partial(
-            main_launch if fast is None else delta_rule_launch,
+            delta_rule_launch,
             *tensors,
             specs=specs,
             block_p=block_p,
@@ -123,7 +120,7 @@ def paths(args, inputs):
         key = tuple(names)
         row = {
             "variants": "six" if len(names) == 6 else names[0],
-            "path": "main" if fast is None else f"fast_round={int(fast)} fp_fusion={int(fusion)}",
+            "path": "default" if fast is None else f"fast_round={int(fast)} fp_fusion={int(fusion)}",
             "tiling": [block_p, warps],
             "ms": t * 1e3,
             "G/s per variant": len(names) * elems * inputs.steps / t / 1e9,
@@ -134,9 +131,9 @@ def paths(args, inputs):
         elif key in ref:
             base = ref[key]
             rel = ((m - base).abs() / base.abs().clamp_min(1e-30)).amax(dim=(0, 1, 2, 3))
-            row["max rel diff vs main [dS2, S2, dy2, y2]"] = [float(x) for x in rel]
-            row["bit-identical to main"] = bool(torch.equal(m, base))
-            if fast and not fusion and not row["bit-identical to main"]:
+            row["max rel diff vs default [dS2, S2, dy2, y2]"] = [float(x) for x in rel]
+            row["bit-identical to default"] = bool(torch.equal(m, base))
+            if fast and not fusion and not row["bit-identical to default"]:
                 print(f"FAIL: fast_round alone changed the metrics of {names}", flush=True)
                 args.failed = True
         rows.append(row)
@@ -177,7 +174,7 @@ def main():
     ap.add_argument("--peer-steps", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--stage", default="paths", choices=["paths", "peers"])
-    ap.add_argument("--final", action="store_true", help="paths: only main's kernel and the defaults (FINAL)")
+    ap.add_argument("--final", action="store_true", help="paths: only the default path and fast_round + fp_fusion (FINAL)")
     ap.add_argument("--modes", default="default,reduce-overhead", help="torch.compile modes of the peer")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: check the script (interpreter)")
     ap.add_argument("--out", required=True)

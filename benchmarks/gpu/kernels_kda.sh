@@ -6,8 +6,8 @@
 #
 # final: 1. benchmarks/bench_emulation.py --kinds kda, batch 16, 4096 steps, the torch.compile peer in
 #           COMPILE_MODE (default reduce-overhead) -> $OUT/emulation_kda.md
-#        2. benchmarks/gpu/kda_paths.py --final: main's kernel (a frozen copy) against the defaults, with
-#           the metrics of each checked against main's -> $OUT/kda_paths.json
+#        2. benchmarks/gpu/kda_paths.py --final: the default path against fast_round + fp_fusion, with
+#           the metrics of each checked against the default path's -> $OUT/kda_paths.json
 # sweep: 1. kda_paths.py: every candidate path (fast_round x fp_fusion) and tiling -> $OUT/kda_paths.json
 #        2. kda_paths.py --stage peers: the eager loop and torch.compile (default, reduce-overhead) of the
 #           same per-step function, fp8_e4m3 conventional -> $OUT/kda_peers.json
