@@ -570,6 +570,10 @@ def test_ctrl_c_exits_130_and_leaves_no_output(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "ssmquant.cli", "analyze", *TINY, "--steps", "4096", "--batch", "8", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        # as from a terminal: a shell without job control starts background jobs (a CI script run with `&` or
+        # nohup) with SIGINT ignored, children inherit that, and Python then installs no KeyboardInterrupt
+        # handler, so the child would rightly run to the end
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     seen = ""
     while "estimate:" not in seen:  # the emulation is about to start
