@@ -28,9 +28,9 @@ from ..replay import Trace, cycle_window, parse_scheme, simulate
 from ..replay.schemes import SchemeError
 from ..replay.variants import Variant, VariantError
 from ..sizing import format_seconds
-from .devices import DeviceError, assign_layers, parse_emulation_devices, run_on_devices
+from .devices import assign_layers, run_on_devices
 from .fit import DIVERGED, MIN_FORECAST_R2, fit_power_law, forecast_columns
-from .sources import LayerSource, SourceError, check_backend, open_source, plan_layers, resolve_device
+from .sources import LayerSource, SourceError, open_source, plan_layers, resolve_run_devices
 
 FORECAST_STEPS = (32768, 131072)
 ROUNDINGS = ("rne", "sr")
@@ -269,12 +269,7 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     if cfg.record_every is not None and cfg.record_every < 1:
         raise AnalyzeError(f"--record-every must be >= 1 (keep every k-th step), got {cfg.record_every}")
     variants = build_variants(cfg)
-    device = model.device if model is not None and cfg.device == "auto" else resolve_device(cfg.device)
-    try:
-        emu_devices = parse_emulation_devices(cfg.devices, device)
-    except DeviceError as err:
-        raise AnalyzeError(str(err)) from None
-    chosen_backend = check_backend(cfg.backend, emu_devices[0])
+    device, emu_devices, chosen_backend = resolve_run_devices(cfg.device, cfg.devices, cfg.backend, model=model)
     record_every = cfg.record_every or cycle_window([flush_cycle(v) for v in variants], cfg.steps, MAX_RECORDED_STEPS)
     if not 1 <= record_every <= cfg.steps:
         raise AnalyzeError(f"--record-every must lie in [1, --steps={cfg.steps}], got {record_every}")

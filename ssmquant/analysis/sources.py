@@ -33,6 +33,7 @@ from ..models.text import TextError, load_text, split_bounds, text_origin, text_
 from ..replay.inputs import LayerInputs
 from ..replay.simulate import BACKENDS, triton_interpreting
 from ..sizing import analyze_memory, check_memory, layer_dims, probe_step_seconds
+from .devices import DeviceError, parse_emulation_devices
 
 
 class SourceError(ValueError):
@@ -117,6 +118,25 @@ def check_backend(backend: str, device: torch.device) -> str:
             "(or set TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter, slowly)"
         )
     return backend
+
+
+def resolve_run_devices(
+    device: str, devices: str | list[str] | None, backend: str, *, model: LoadedModel | None = None
+) -> tuple[torch.device, list[torch.device], str]:
+    """The devices and backend of an analyze or calibrate run, checked before any work starts.
+
+    device: ``--device`` ("auto", "cpu", "cuda", "cuda:N"; "auto" with a loaded ``model`` is the device the
+    model is on); devices: ``--devices`` (``analysis.devices.parse_emulation_devices``; None: ``device``
+    alone); backend: ``--backend``, checked against the first emulation device. Returns (the device inputs
+    are loaded and captured on, the emulation devices, the backend chosen: "torch" or "triton"). Raises
+    SourceError naming the problem and the accepted values.
+    """
+    dev = model.device if model is not None and device == "auto" else resolve_device(device)
+    try:
+        emu_devices = parse_emulation_devices(devices, dev)
+    except DeviceError as err:
+        raise SourceError(str(err)) from None
+    return dev, emu_devices, check_backend(backend, emu_devices[0])
 
 
 def check_text(text_path: str | None, *, batch: int, length: int, split: str) -> str:

@@ -21,16 +21,15 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 import torch
 
-from ..analysis.devices import DeviceError, assign_layers, parse_emulation_devices, run_on_devices
+from ..analysis.devices import assign_layers, run_on_devices
 from ..analysis.sources import (
     LayerSource,
     SourceError,
-    check_backend,
     check_text,
     load_source_model,
     open_source,
     plan_layers,
-    resolve_device,
+    resolve_run_devices,
 )
 from ..formats import FormatError
 from ..models.text import TextError
@@ -236,12 +235,7 @@ def calibrate(
     roles = {s.name: "candidate" for s in settings} | {s.name: "fallback" for s in fallbacks}
     all_settings = settings + fallbacks
     keys = scale_keys(settings)
-    device = model.device if model is not None and cfg.device == "auto" else resolve_device(cfg.device)
-    try:
-        emu_devices = parse_emulation_devices(cfg.devices, device)
-    except DeviceError as err:
-        raise CalibrateError(str(err)) from None
-    chosen_backend = check_backend(cfg.backend, emu_devices[0])
+    device, emu_devices, chosen_backend = resolve_run_devices(cfg.device, cfg.devices, cfg.backend, model=model)
     loaded = model
     if source is None:
         if loaded is None and not cfg.synthetic:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ssmquant.analysis.devices import DeviceError, assign_layers, parse_emulation_devices, run_on_devices
+from ssmquant.analysis.sources import SourceError, resolve_run_devices
 from ssmquant.sizing import GIB, SizingError, analyze_memory, check_memory, input_bytes_per_token, layer_dims
 
 G0, G1 = torch.device("cuda", 0), torch.device("cuda", 1)
@@ -29,6 +30,26 @@ def test_parse_emulation_devices():
     ]:
         with pytest.raises(DeviceError, match=msg):
             parse_emulation_devices(spec, cpu, cuda_count=0 if spec == "all" else 2)
+
+
+def test_resolve_run_devices_checks_device_devices_and_backend(monkeypatch):
+    """analyze's and calibrate's one device check: a loaded model's device stands for "auto", the emulation
+    devices default to it, and every bad value is a SourceError naming it."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    cpu, cpu1 = torch.device("cpu"), torch.device("cpu", 1)
+    assert resolve_run_devices("auto", None, "auto") == (cpu, [cpu], "torch")
+    held = type("Loaded", (), {"device": cpu1})()  # a LoadedModel, as far as the check reads it
+    assert resolve_run_devices("auto", None, "torch", model=held) == (cpu1, [cpu1], "torch")
+    assert resolve_run_devices("cpu", None, "auto", model=held) == (cpu, [cpu], "torch")  # --device wins
+    for args, msg in [
+        (("tpu", None, "auto"), "unknown device 'tpu'; accepted: auto, cpu, cuda, cuda:N"),
+        (("cuda", None, "auto"), "no CUDA GPU is available"),
+        (("cpu", "cuda:1", "auto"), r"cuda:1 does not exist here: 0 GPU\(s\) visible"),
+        (("cpu", None, "jax"), "unknown backend 'jax'; accepted: auto, torch, triton"),
+    ]:
+        with pytest.raises(SourceError, match=msg):
+            resolve_run_devices(*args)
 
 
 def test_assign_layers_follows_the_holder_else_round_robin():
@@ -151,7 +172,7 @@ def test_memory_check_per_gpu_names_the_device_and_counts_queued_layers():
 
 
 def test_analyze_captures_from_a_model_built_in_memory():
-    from ssmquant.analysis import AnalyzeConfig, AnalyzeError, analyze
+    from ssmquant.analysis import AnalyzeConfig, analyze
     from ssmquant.models.build import build_random_model
 
     small = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 96, "mamba_num_heads": 4, "mamba_head_dim": 8,
@@ -164,7 +185,7 @@ def test_analyze_captures_from_a_model_built_in_memory():
     assert res.source["location"] == "memory:nemotron-h-8b"
     assert list(res.summary["layer"]) == [0, 2] and res.summary["out_rel_err"].gt(0).all()
     assert res.stages["layers_wall_s"] > 0 and "emulation_devices" not in res.stages  # one device: no split
-    with pytest.raises(AnalyzeError, match="listed twice"):
+    with pytest.raises(SourceError, match="listed twice"):
         analyze(AnalyzeConfig(**{**cfg.__dict__, "devices": "cpu,cpu"}), model=model)
     with pytest.raises(ValueError, match="must be a LoadedModel"):
         analyze(cfg, model=model.model)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ssmquant.calibrate import run as calibrate_run
+from ssmquant.analysis import sources
 from ssmquant.cli import _devices, main
 
 from .helpers import tiny_calibration
@@ -66,7 +66,7 @@ def test_cli_passes_devices_to_calibrate(tmp_path):
 def test_calibrate_over_two_devices_matches_one(monkeypatch):
     one = tiny_calibration(budget=0.05, **OPTS)
     two_devices = [torch.device("cpu", 0), torch.device("cpu", 1)]
-    monkeypatch.setattr(calibrate_run, "parse_emulation_devices", lambda spec, default: two_devices)
+    monkeypatch.setattr(sources, "parse_emulation_devices", lambda spec, default: two_devices)
     two = tiny_calibration(budget=0.05, devices="cpu:0,cpu:1", **OPTS)
     assert two.stages["emulation_devices"] == {"cpu:0": [0], "cpu:1": [1]}  # round-robin, one worker per device
     assert set(two.stages["busy_s_per_device"]) == {"cpu:0", "cpu:1"}
