@@ -3,14 +3,11 @@
 Times `emulate_triton_steps` (one launch for all T steps, metrics every step) for a list of cases, each a
 variant list with the planned tiling or a forced (BLOCK_P, num_warps), at each batch size: H=64 heads,
 P=64, N=128, G=8 groups, inputs drawn on the GPU (silu of Gaussians, dt = softplus(z - 4) >= 1e-3).
-Four choices are made at import, by environment variables, each defaulting to the new kernel:
-SSMQUANT_ROUNDING=legacy (the RNE rounding of saturating grids and the nvfp4 write before this rewrite),
-SSMQUANT_MAMBA2_FMA=0 (no FMA contraction of the output dots and metric sums), SSMQUANT_MAMBA2_S0_HINT=0
-(the initial state loaded without the hint that keeps the tile's layout) and SSMQUANT_MAMBA2_KMAJOR=0 (the
-tile's state dim in column order). A run is labelled "main" with all four set (the kernel before the
-changes), "new" with none, else "new" and what is set (e.g. "new-nofma"). benchmarks/gpu/kernels_nvfp4.sh
-runs this script once per label and sets each against main. G/s = G state-element-steps per second per
-variant (B x H x P x N x T x variants / time).
+benchmarks/gpu/kernels_nvfp4.sh runs the main cases twice; --report sets the runs side by side, with the
+spread between them (the noise to read any ratio against). The kernel before the rewrite of 2026-12-01 (nvfp4
+write, FMA contraction, k-major tile, initial-state hint) was timed beside this one in the same run then;
+those numbers are in benchmarks/results/emulation_mamba2.md and the switches that selected it are gone.
+G/s = G state-element-steps per second per variant (B x H x P x N x T x variants / time).
 
     python benchmarks/bench_nvfp4.py [--steps 4096] [--batch 8,16] [--cases all] [--reps 3] [--json FILE]
         [--warm] [--device cpu]
@@ -24,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
 import sys
@@ -129,13 +125,6 @@ def main():
     batches = [int(b) for b in args.batch.split(",")]
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_nvfp4.py needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 to check the script)")
-    old = {
-        "legacyrounding": os.environ.get("SSMQUANT_ROUNDING", "new") == "legacy",
-        "nofma": os.environ.get("SSMQUANT_MAMBA2_FMA", "1") == "0",
-        "nohint": os.environ.get("SSMQUANT_MAMBA2_S0_HINT", "1") == "0",
-        "colorder": os.environ.get("SSMQUANT_MAMBA2_KMAJOR", "1") == "0",
-    }
-    impl = "main" if all(old.values()) else "new" + "".join(f"-{k}" for k, v in old.items() if v)
     small = args.device == "cpu"
     shape = (2, 64, 128, 1) if small else (64, 64, 128, 8)
     steps = 32 if args.warm else args.steps
@@ -154,42 +143,49 @@ def main():
             if args.warm:
                 t0 = time.perf_counter()
                 run_case(inputs, variants, tiling)
-                print(f"warm {impl} {name} batch {batch}: {time.perf_counter() - t0:.1f} s", flush=True)
+                print(f"warm {name} batch {batch}: {time.perf_counter() - t0:.1f} s", flush=True)
                 continue
             t = time_case(inputs, variants, tiling, args.reps)
             gps = len(variants) * elems * steps / t / 1e9
-            rec = dict(impl=impl, case=name, variants=spec, tiling=plan, batch=batch, steps=steps, ms=t * 1e3, gps=gps)
+            rec = dict(case=name, variants=spec, tiling=plan, batch=batch, steps=steps, ms=t * 1e3, gps=gps)
             records.append({**meta, **rec})
-            print(f"{impl:12s} {name:16s} batch {batch:2d} tiling {plan}: {t * 1e3:8.2f} ms {gps:7.1f} G/s", flush=True)
+            print(f"{name:16s} batch {batch:2d} tiling {plan}: {t * 1e3:8.2f} ms {gps:7.1f} G/s", flush=True)
             if args.json:  # after every case: a run stopped by its time limit keeps what it measured
                 pathlib.Path(args.json).write_text(json.dumps(records, indent=1))
         del plain, started, inputs
 
 
 def report(files: list[str], out: str | None) -> None:
-    """A markdown table of every run's records, each against main's median for its (case, batch)."""
-    recs = [r for f in files for r in json.loads(pathlib.Path(f).read_text())]
+    """A markdown table of the runs' records (a run = one JSON file, named by its stem), one row per (batch, case):
+    each run's G/s, their median and their spread (max / min - 1)."""
+    runs = {pathlib.Path(f).stem: json.loads(pathlib.Path(f).read_text()) for f in files}
+    recs = [r for rs in runs.values() for r in rs]
     if not recs:
         sys.exit(f"no records in {files}")
-    main_runs: dict[tuple, list[float]] = {}
-    for r in recs:
-        if r["impl"] == "main":
-            main_runs.setdefault((r["case"], r["batch"]), []).append(r["gps"])
+    gps: dict[tuple, dict[str, float]] = {}
+    first: dict[tuple, dict] = {}
+    for run, rs in runs.items():
+        for r in rs:
+            gps.setdefault((r["batch"], r["case"]), {})[run] = r["gps"]
+            first.setdefault((r["batch"], r["case"]), r)
+    names = list(runs)
     lines = [
         f"GPU: {recs[0]['gpu']}; torch {recs[0]['torch']}; triton {recs[0]['triton']}; date {recs[0]['date']}; "
-        f"T={recs[0]['steps']} steps, metrics every step. G/s per variant; x main = G/s over main's (the four "
-        "knobs of bench_nvfp4.py set; median of its runs) in the same case and batch.",
+        f"T={recs[0]['steps']} steps, metrics every step. G/s per variant, one column per run; spread = max / min - 1 "
+        "over the runs of a case (the noise to read differences against).",
         "",
-        "| kernel | case | variants | tiling (BLOCK_P, warps) | batch | ms | G/s per variant | x main |",
-        "|---|---|---|---|---|---|---|---|",
+        "| case | variants | tiling (BLOCK_P, warps) | batch | " + " | ".join(f"{n} G/s" for n in names)
+        + " | median G/s | spread |",
+        "|---|---|---|---|" + "---|" * len(names) + "---|---|",
     ]
-    for r in sorted(recs, key=lambda r: (r["batch"], r["case"], r["impl"])):
-        base = main_runs.get((r["case"], r["batch"]))
-        ratio = f"{r['gps'] / statistics.median(base):.2f}" if base else "—"
+    for key in sorted(gps):
+        r, got = first[key], gps[key]
         tiling = " + ".join(f"({p}, {w})" for p, w in r["tiling"])
+        cells = " | ".join(f"{got[n]:.1f}" if n in got else "—" for n in names)
+        spread = f"{max(got.values()) / min(got.values()) - 1:.1%}" if len(got) > 1 else "—"
         lines.append(
-            f"| {r['impl']} | {r['case']} | {', '.join(r['variants'])} | {tiling} | {r['batch']} | {r['ms']:.1f} | "
-            f"{r['gps']:.1f} | {ratio} |"
+            f"| {r['case']} | {', '.join(r['variants'])} | {tiling} | {r['batch']} | {cells} | "
+            f"{statistics.median(got.values()):.1f} | {spread} |"
         )
     text = "\n".join(lines) + "\n"
     print(text)

@@ -10,8 +10,6 @@ div.rn's slow paths) is taken.
 It prints the instructions on that path, in total and by opcode: a static count of one thread's work per
 step (each thread holds 128 / (NV + 1) elements of each state), not a timing.
 
-The SSMQUANT_* variables of benchmarks/bench_nvfp4.py select the kernel build ("main": all four set).
-
     python benchmarks/kernel_sass.py [--cases fp8,nvfp4,six]
 """
 
@@ -20,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import inspect
-import os
 import pathlib
 import re
 import subprocess
@@ -54,15 +51,13 @@ def compile_sass(slots, block_p: int) -> list[tuple[int, str]]:
     fn = _mamba2_emulate_kernel
     ptrs = dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
     ptrs.update(x_ptr="*bf16", bm_ptr="*bf16", cm_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
-    kmajor = os.environ.get("SSMQUANT_MAMBA2_KMAJOR", "1") != "0"
-    const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, NV=len(slots), KMAJOR=kmajor)
+    const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, NV=len(slots), KMAJOR=True)  # as mamba2_launch
     const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}
     spec1 = {(names.index("record_every"),): 1}  # metrics every step, as emulate_triton_steps launches it
     src = ASTSource(fn, sig, constexprs={**{(names.index(k),): v for k, v in const.items()}, **spec1})
-    fusion = os.environ.get("SSMQUANT_MAMBA2_FMA", "1") != "0"  # as mamba2_launch
-    opts = {"num_warps": 1, "enable_fp_fusion": fusion, "enable_reflect_ftz": False}
+    opts = {"num_warps": 1, "enable_fp_fusion": True, "enable_reflect_ftz": False}  # as mamba2_launch
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     cuobjdump = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,8 +111,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=",".join(CASES))
     args = ap.parse_args()
-    knobs = {k: v for k, v in os.environ.items() if k.startswith("SSMQUANT_")}
-    print(f"triton {triton.__version__}, target sm_90a, knobs {knobs or 'none (the new kernel)'}")
+    print(f"triton {triton.__version__}, target sm_90a")
     for name in args.cases.split(","):
         slots, block_p = CASES[name]
         count = step_path(compile_sass(slots, block_p), [buf == 0 for _, buf in slots])

@@ -11,38 +11,16 @@
 # stage's full log). Each stage has its own time limit, cut to what the overall budget leaves; a failed
 # or timed-out stage is reported at the end and makes the script exit non-zero.
 set -uo pipefail
-: "${OUT:?set OUT to the output folder}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-BUDGET=${BUDGET:-235}
-mkdir -p "$OUT/logs"
-start=$(date +%s)
-failed=()
-
-stage() {  # stage NAME LIMIT_S COMMAND...: run with a timeout, keep the log, print its tail
-    local name=$1 limit=$2
-    shift 2
-    local left=$((BUDGET - ($(date +%s) - start)))
-    ((limit > left)) && limit=$left
-    if ((limit < 15)); then
-        echo "== $name: SKIPPED, only ${left} s of the budget left"
-        failed+=("$name (skipped)")
-        return
-    fi
-    echo "== $name (limit ${limit} s, $(($(date +%s) - start)) s elapsed)"
-    timeout "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
-    local rc=$?
-    tail -n 25 "$OUT/logs/$name.log"
-    if ((rc != 0)); then
-        echo "== $name: FAILED rc=$rc$( ((rc == 124)) && echo ' (timed out)')"
-        failed+=("$name (rc $rc)")
-    fi
-}
-
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+# shellcheck source=benchmarks/gpu/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+STAGE_TAIL=25 # lines of each stage's log printed
+STAGE_MIN_S=15
+gpu_begin 235
+gpu_versions
 
 # Four pytest processes at once: the GPU is shared, but most of their time is Triton compiling (CPU, one core
 # each; ~100 distinct kernels), which a fresh machine has not cached.
+# shellcheck disable=SC2329 # run by `stage ... bash -c` (export -f)
 pytest_parts() {
     local pids=() i=0 rc=0
     for part in "tests/kernels/test_multi_variant.py" "tests/kernels/test_emulation_kernels.py" \
@@ -54,12 +32,12 @@ pytest_parts() {
     done
     for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
     cat "$OUT"/logs/pytest_*.log
-    return $rc
+    return "$rc"
 }
 export -f pytest_parts
 export OUT
 stage pytest 85 bash -c pytest_parts
-grep -hE "passed|failed|error" "$OUT"/logs/pytest_*.log >"$OUT/pytest.txt"
+grep -hE "passed|failed|error" "$OUT"/logs/pytest_*.log >"$OUT/pytest.txt" 2>/dev/null
 stage bench_kda 80 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 2 \
     --kinds kda --out "$OUT/emulation_kda.md"
 stage bench_mamba2 45 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 2 \
@@ -67,9 +45,4 @@ stage bench_mamba2 45 python3 benchmarks/bench_emulation.py --steps 4096 --batch
 stage bench_gdn 25 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 2 \
     --kinds gdn --no-compile --out "$OUT/emulation_gdn.md"
 
-tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"
-echo "== done in $(($(date +%s) - start)) s"
-if ((${#failed[@]})); then
-    echo "== FAILED stages: ${failed[*]}"
-    exit 1
-fi
+gpu_end

@@ -19,8 +19,6 @@ _kernel -> launcher (`mamba2_launch`, no validation; `ssmquant.replay.simulate` 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -28,13 +26,6 @@ from triton.language.extra import libdevice
 
 from .common import slot_round_buffer, slot_static_scale
 from .rounding import INTERPRETING, fake_quant_tile, stream_key
-
-# For benchmarks that time the kernel before and after in one run: SSMQUANT_MAMBA2_FMA=0 compiles without FMA
-# contraction, SSMQUANT_MAMBA2_S0_HINT=0 loads the initial state without the contiguity hint.
-_CONTRACT = os.environ.get("SSMQUANT_MAMBA2_FMA", "1") != "0"
-_S0_HINT = tl.constexpr(os.environ.get("SSMQUANT_MAMBA2_S0_HINT", "1") != "0")
-# SSMQUANT_MAMBA2_KMAJOR=0: the tile's state dim in column order (see KMAJOR in the kernel)
-_KMAJOR = os.environ.get("SSMQUANT_MAMBA2_KMAJOR", "1") != "0"
 
 
 @triton.jit
@@ -172,10 +163,7 @@ def _mamba2_emulate_kernel(
     if HAS_S0:
         # N is contiguous in memory; told so, Triton lays the whole loop out along it (32 lanes over N, every
         # per-row reduction crossing lanes: the slow tile). Hidden, the tile keeps the rows on the lanes.
-        if _S0_HINT:
-            s0_offs = (head_base + rows)[None, :] * N + tl.max_contiguous(cols, 1)[:, None]
-        else:
-            s0_offs = state_offs
+        s0_offs = (head_base + rows)[None, :] * N + tl.max_contiguous(cols, 1)[:, None]
         s_ref = tl.load(s0_ptr + s0_offs, mask=tile_ok, other=0.0)
     else:
         s_ref = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
@@ -297,7 +285,7 @@ def mamba2_launch(
         BLOCK_N=block_n,
         HAS_S0=s0 is not None,
         NV=nv,
-        KMAJOR=_KMAJOR and block_n % 16 == 0,
+        KMAJOR=block_n % 16 == 0,  # whole nvfp4 blocks per lane (see the kernel)
         SPEC0=padded[0],
         SPEC1=padded[1],
         SPEC2=padded[2],
@@ -305,7 +293,7 @@ def mamba2_launch(
         SPEC4=padded[4],
         SPEC5=padded[5],
         num_warps=num_warps,
-        enable_fp_fusion=_CONTRACT,  # contracts the dots and metric sums; the state update is _mul_add_rn
+        enable_fp_fusion=True,  # contracts the dots and metric sums; the state update is _mul_add_rn
         enable_reflect_ftz=False,  # libdevice's mul.rn / add.rn keep subnormals, as torch does
     )
     return metrics

@@ -85,7 +85,7 @@ def round_to_grid(
     a = tl.abs(v)
     if SATURATE:
         a = tl.minimum(a, MAXV)
-    if SATURATE and not SR and not _LEGACY_ROUNDING:
+    if SATURATE and not SR:
         out, _ = rne_with_distance(a, MBITS, EMIN)
         return (out.to(tl.uint32, bitcast=True) | (vb & 0x80000000)).to(tl.float32, bitcast=True)
     e = ((a.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
@@ -206,9 +206,6 @@ def fake_quant_tile(
             dec = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), mult)
         q = round_element(s * mult[None, :], u, bits, FMT, SR)
         return q * dec[None, :]
-    elif _LEGACY_ROUNDING and not SR:
-        tl.static_assert(not KMAJOR, "the legacy nvfp4 write takes tiles in column order")
-        return _nvfp4_tile_legacy(s, static_scale, BN, BR, GROUP, STATIC)
     elif KMAJOR:
         return _nvfp4_tile(tl.reshape(s, [16, BN // 16, BR]), static_scale, u, bits, BN, BR, GROUP, STATIC, SR, 0)
     else:
@@ -261,11 +258,6 @@ _S2_MIN = tl.constexpr(2.0**-116)
 _S2_MAX = tl.constexpr(2.0**116)
 # A nonzero block scale quotient below this takes the exact path (it must not flush to zero on one path only).
 _TINY = tl.constexpr(2.0**-100)
-_FP32_MIN_NORMAL = tl.constexpr(2.0**-126)
-# SSMQUANT_ROUNDING=legacy selects the previous RNE rounding of saturating grids and the previous nvfp4 write
-# (`_nvfp4_tile_legacy`), for benchmarks that time both in one run; read once at import (a constexpr global: it
-# enters Triton's cache key).
-_LEGACY_ROUNDING = tl.constexpr(os.environ.get("SSMQUANT_ROUNDING", "new") == "legacy")
 
 
 @triton.jit
@@ -327,50 +319,3 @@ def nvfp4_rne_blocks(blocks, bamax, s2, BR: tl.constexpr, BAXIS: tl.constexpr):
         d = bs * s2[None, :]
         q = round_to_grid(tl.math.div_rn(blocks, tl.expand_dims(d, BAXIS)), 0.0, 1, 0, 6.0, True, False)
     return q, d
-
-
-# The previous nvfp4 RNE write (SSMQUANT_ROUNDING=legacy): correctly rounded divisions for every block scale
-# and block reciprocal, the element quotients checked against the E2M1 midpoints; kept to time it beside the new.
-@triton.jit
-def _nvfp4_tile_legacy(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, GROUP: tl.constexpr, STATIC: tl.constexpr):
-    if STATIC:
-        s2 = static_scale
-    else:
-        amax = group_reduce_max(tl.abs(s), BN, BR, GROUP)
-        s2 = tl.math.div_rn(amax, tl.full([BR], 2688.0, tl.float32))
-        s2 = tl.where(s2 == 0.0, 1.0, s2)
-    blocks = tl.reshape(s, [BN // 16, 16, BR])
-    bamax = tl.max(tl.abs(blocks), axis=1)  # [BN // 16, BR]
-    bs = tl.math.div_rn(bamax, 6.0 * s2[None, :])
-    bs = tl.where(bs == 0.0, 1.0, bs)
-    bs = tl.minimum(tl.maximum(bs, 0.001953125), 448.0)
-    bs = round_e4m3(bs, 0.0, False)
-    d = bs * s2[None, :]  # [BN // 16, BR]
-    q = _e2m1_quotient_rne_legacy(blocks, d, BN, BR)
-    return tl.reshape(tl.reshape(q, [BN // 16, 16, BR]) * d[:, None, :], [BN, BR])
-
-
-@triton.jit
-def _e2m1_rne_with_distance_legacy(v):
-    vb = v.to(tl.uint32, bitcast=True)
-    a = tl.minimum(tl.abs(v), 6.0)
-    e = ((a.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
-    e = tl.maximum(e, 0)
-    spacing = ((e - 1 + 127) << 23).to(tl.float32, bitcast=True)
-    inv_spacing = ((1 - e + 127) << 23).to(tl.float32, bitcast=True)
-    r = a * inv_spacing
-    n = (r + 8388608.0) - 8388608.0
-    out = (n * spacing).to(tl.uint32, bitcast=True) | (vb & 0x80000000)
-    return out.to(tl.float32, bitcast=True), tl.abs(r - n)
-
-
-@triton.jit
-def _e2m1_quotient_rne_legacy(blocks, d, BN: tl.constexpr, BR: tl.constexpr):
-    r = tl.math.div_rn(tl.full([BN // 16, BR], 1.0, tl.float32), d)
-    q, dist = _e2m1_rne_with_distance_legacy(tl.reshape(blocks * r[:, None, :], [BN, BR]))
-    r_bad = tl.where((r >= _FP32_MIN_NORMAL) & (r < float("inf")), 0, 1)  # also NaN
-    near = tl.where(tl.max(tl.reshape(dist, [BN * BR]), axis=0) > _E2M1_MARGIN, 1, 0)
-    if near + tl.max(tl.reshape(r_bad, [(BN // 16) * BR]), axis=0) != 0:
-        v = tl.math.div_rn(blocks, d[:, None, :])
-        q = round_to_grid(tl.reshape(v, [BN, BR]), 0.0, 1, 0, 6.0, True, False)
-    return q
