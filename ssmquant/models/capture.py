@@ -53,6 +53,7 @@ import torch.nn.functional as F
 
 from ..replay.inputs import GDNInputs, InputError, KDAInputs, Mamba2Inputs
 from .loading import KNOWN_LAYER_KINDS, LoadedModel
+from .qk_norm import kda_l2norm, l2norm
 from .torch_path import use_torch_path_on_cpu
 
 LayerInputs = Mamba2Inputs | GDNInputs | KDAInputs
@@ -63,7 +64,6 @@ INTERCEPTED_FUNCTIONS = {
     "gdn": "torch_chunk_gated_delta_rule",
     "kda": "chunk_kimi_delta_attention",
 }
-L2NORM_EPS = 1e-6  # transformers' l2norm default, as the GDN mixers call it
 
 _CAPTURE_LOCK = threading.Lock()
 
@@ -144,11 +144,6 @@ def _refuse_unknown_linear_layers(model: torch.nn.Module, found: dict[int, SSMMi
     )
 
 
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    # transformers' l2norm (the FLA formula): x * rsqrt(sum(x^2) + eps), here in fp32 as the kernels do.
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2NORM_EPS)
-
-
 def _mamba2_inputs(a: dict) -> dict:
     """Recurrence inputs from the arguments of ``mamba2_chunk_scan``."""
     dt = a["dt"].float()
@@ -174,11 +169,13 @@ def _mamba2_inputs(a: dict) -> dict:
     }
 
 
-def _gdn_inputs(a: dict) -> dict:
-    """Recurrence inputs from the arguments of ``torch_chunk_gated_delta_rule``."""
+def _delta_rule_inputs(a: dict, norm) -> dict:
+    """Recurrence inputs from the arguments of a delta-rule torch path: q / k in fp32, L2-normalised by ``norm``
+    when the call asks for it, q scaled by 1 / sqrt(Dk); the initial state from transformers' [B, H, Dk, Dv] to
+    the inputs' [B, H, Dv, Dk]."""
     q, k = a["query"].float(), a["key"].float()
     if a.get("use_qk_l2norm_in_kernel"):
-        q, k = _l2norm(q), _l2norm(k)
+        q, k = norm(q), norm(k)
     q = q * q.shape[-1] ** -0.5
     init = a.get("initial_state")
     return {
@@ -187,32 +184,20 @@ def _gdn_inputs(a: dict) -> dict:
         "v": a["value"],
         "g": a["g"],
         "beta": a["beta"],
-        # transformers keeps [B, Hv, Dk, Dv]; GDNInputs keeps [B, Hv, Dv, Dk]
         "initial_state": None if init is None else init.float().transpose(-1, -2),
     }
 
 
-def _kda_l2norm(x: torch.Tensor) -> torch.Tensor:
-    # transformers' KDA l2norm (models/glm5_next `l2norm`, "to match original triton"): x / sqrt(sum(x^2) + eps)
-    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + L2NORM_EPS)
+def _gdn_inputs(a: dict) -> dict:
+    """Recurrence inputs from the arguments of ``torch_chunk_gated_delta_rule``."""
+    return _delta_rule_inputs(a, l2norm)
 
 
 def _kda_inputs(a: dict) -> dict:
-    """Recurrence inputs from the arguments of ``chunk_kimi_delta_attention`` (the q/k/v are fp32-cast there)."""
-    q, k = a["query"].float(), a["key"].float()
-    if a.get("use_qk_l2norm_in_kernel"):
-        q, k = _kda_l2norm(q), _kda_l2norm(k)
-    q = q * q.shape[-1] ** -0.5
-    init = a.get("initial_state")
-    return {
-        "q": q,
-        "k": k,
-        "v": a["value"],
-        "g": a["g"].float(),
-        "beta": a["beta"],
-        # transformers keeps [B, H, Dk, Dv]; KDAInputs keeps [B, H, Dv, Dk]
-        "initial_state": None if init is None else init.float().transpose(-1, -2),
-    }
+    """Recurrence inputs from the arguments of ``chunk_kimi_delta_attention`` (its g is fp32-cast there too)."""
+    out = _delta_rule_inputs(a, kda_l2norm)
+    out["g"] = out["g"].float()
+    return out
 
 
 _PER_STEP = {

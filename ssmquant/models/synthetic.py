@@ -88,11 +88,11 @@ import torch.nn.functional as F
 
 from ..replay.inputs import GDNInputs, KDAInputs, Mamba2Inputs
 from .presets import GDNShape, KDAShape, Mamba2Shape, Preset, PresetError, get_preset
+from .qk_norm import kda_l2norm, l2norm
 
 _ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Half-life range (steps) of the long-memory GDN heads (see the module docstring).
 LONG_MEMORY_HALF_LIFE = (32.0, 4096.0)
-L2NORM_EPS = 1e-6
 # Half-life range (steps) of the slow-decay heads of the slow-decay / persistent profiles.
 SLOW_HALF_LIFE = (16384.0, 131072.0)
 
@@ -265,12 +265,6 @@ def _slow_heads(heads: int, profile: SyntheticProfile, gen: torch.Generator, dev
     return idx.tolist(), torch.exp(lo + (hi - lo) * torch.rand(n, generator=gen, device=device))
 
 
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    # Same formula as transformers' l2norm / FLA: x * rsqrt(sum(x^2) + eps), in fp32.
-    x = x.float()
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
-
-
 def _mamba2(preset: Preset, shape: Mamba2Shape, batch, steps, gen, device, dtype, sigma, profile, pgen) -> dict:
     h, p, n, g = shape.num_heads, shape.head_dim, shape.state_size, shape.n_groups
     a = -torch.arange(1, h + 1, device=device, dtype=torch.float32)  # -exp(log(arange(1, H+1)))
@@ -351,8 +345,8 @@ def _gdn(preset: Preset, shape: GDNShape, batch, steps, gen, device, dtype, sigm
         gain = _outlier_rows(hv, dv, profile, pgen, device)
         v = v * gain
         extra = {"slow_decay_heads": slow, "outlier_rows": int((gain != 1).sum())}
-    q = _l2norm(q) * dk**-0.5
-    k = _l2norm(k)
+    q = l2norm(q) * dk**-0.5
+    k = l2norm(k)
     a_in = torch.randn(batch, steps, hv, generator=gen, device=device) * sigma + offset
     g = -a_param * F.softplus(a_in + dt_bias)
     b_in = torch.randn(batch, steps, hv, generator=gen, device=device) * sigma
@@ -372,12 +366,6 @@ def _gdn(preset: Preset, shape: GDNShape, batch, steps, gen, device, dtype, sigm
     )
 
 
-def _kda_l2norm(x: torch.Tensor) -> torch.Tensor:
-    # transformers' KDA l2norm (models/glm5_next `l2norm`): x / sqrt(sum(x^2) + eps), in fp32
-    x = x.float()
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
-
-
 def _kda(preset: Preset, shape: KDAShape, batch, steps, gen, device, dtype, sigma) -> dict:
     h, d = shape.num_heads, shape.head_dim
     lo, hi = math.log(shape.time_step_min), math.log(shape.time_step_max)
@@ -391,8 +379,8 @@ def _kda(preset: Preset, shape: KDAShape, batch, steps, gen, device, dtype, sigm
         a_param = shape.a_init_low + (shape.a_init_high - shape.a_init_low) * u
     qkv = _post_conv(batch, steps, 3 * h * d, shape, sigma, gen, device, torch.float32)
     q, k, v = torch.split(qkv, [h * d] * 3, dim=-1)
-    q = _kda_l2norm(q.reshape(batch, steps, h, d)) * d**-0.5
-    k = _kda_l2norm(k.reshape(batch, steps, h, d))
+    q = kda_l2norm(q.reshape(batch, steps, h, d)) * d**-0.5
+    k = kda_l2norm(k.reshape(batch, steps, h, d))
     sigma_f = preset.initializer_range * math.sqrt(d) * sigma  # f_b(f_a(h)), both N(0, initializer_range^2)
     f = torch.randn(batch, steps, h, d, generator=gen, device=device) * sigma_f + dt_bias
     if shape.gate_lower_bound is not None:
