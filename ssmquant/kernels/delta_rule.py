@@ -37,7 +37,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from triton.language.extra import libdevice
 
 from .common import slot_round_buffer, slot_static_scale, slot_write, store_slot_metrics
