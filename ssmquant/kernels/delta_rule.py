@@ -68,7 +68,8 @@ def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FM
     to even at E4M3's spacing 2^(e - 3) (2^-9 in its subnormal range), because x + M lies in
     [2^(e + 20), 2^(e + 21)) whose FP32 ulp is that spacing, and the subtraction is exact; INT8 takes
     M = 1.5 * 2^23 (spacing 1). Dynamic scales keep |x| <= QMAX (1 + 2^-23), which rounds to QMAX, so only
-    static scales clamp (saturating: +-inf -> +-QMAX; NaN stays NaN, as in `fake_quant_tile`).
+    static scales clamp (saturating: +-inf -> +-QMAX). NaN, which no state may hold (formats.codec refuses it),
+    stays NaN, as in torch's float8 cast (`fake_quant_tile` returns +-QMAX: its clamp is a plain minimum).
     A value that rounds to zero comes back +0 (`fake_quant_tile` keeps the sign of -0): no metric and no later
     nonzero value sees a zero's sign.
     """

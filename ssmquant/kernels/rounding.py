@@ -83,8 +83,8 @@ def round_to_grid(
     """
     vb = v.to(tl.uint32, bitcast=True)
     a = tl.abs(v)
-    if SATURATE:  # NaN stays NaN (torch's clamp in formats.grids; a plain minimum would return MAXV)
-        a = tl.minimum(a, MAXV, propagate_nan=tl.PropagateNan.ALL)
+    if SATURATE:
+        a = tl.minimum(a, MAXV)
     if SATURATE and not SR and not _LEGACY_ROUNDING:
         out, _ = rne_with_distance(a, MBITS, EMIN)
         return (out.to(tl.uint32, bitcast=True) | (vb & 0x80000000)).to(tl.float32, bitcast=True)
