@@ -354,6 +354,7 @@ def main():
                     }
                 )
                 print(f"{kind} {name}: kernel {kernel_rate:.0f} G/s, eager {eager_rate:.1f} G/s", flush=True)
+                write_table(rows + kind_rows, multi_rows, args, quiet=True)  # a run cut short keeps its rows
         rows += kind_rows
         multi_rows.append(multi_row(kind, inputs, kind_rows, args))
         if args.multi_sweep:
@@ -460,7 +461,7 @@ def markdown(rows):
     return "\n".join(lines) + "\n"
 
 
-def write_table(rows, multi_rows, args):
+def write_table(rows, multi_rows, args, quiet=False):
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         gpu = f"{props.name} ({props.multi_processor_count} SMs)"
@@ -498,7 +499,8 @@ def write_table(rows, multi_rows, args):
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(table)
-    print("\n" + table)
+    if not quiet:
+        print("\n" + table)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 #   OUT=/tmp/out bash benchmarks/gpu/kernels_kda.sh            final numbers (MODE=final, the default)
 #   OUT=/tmp/out MODE=sweep bash benchmarks/gpu/kernels_kda.sh  the code-path and tiling sweep
 #
-# final: 1. bench (60 s): benchmarks/bench_emulation.py --kinds kda, batch 16, 4096 steps: the kernel's default
+# final: 1. bench (65 s; its table is rewritten after every row, so a cut keeps what ran): benchmarks/bench_emulation.py --kinds kda, batch 16, 4096 steps: the kernel's default
 #           path per variant and all six in one launch, the eager peer, the torch.compile peer in mode default
 #           and mode reduce-overhead (the faster is the peer) -> $OUT/emulation_kda.md
 #        2. paths (22 s): benchmarks/gpu/kda_paths.py --final: the default path against the previous default
@@ -12,7 +12,7 @@
 #           launch, and fp8 with fast_round alone off (must be bit-identical) -> $OUT/kda_paths.json
 # sweep: 1. kda_paths.py: every candidate path and tiling -> $OUT/kda_paths.json
 #        2. kda_paths.py --stage peers: the eager loop and both torch.compile modes -> $OUT/kda_peers.json
-# both:  3. pytest (the rest of the budget, at most 40 s; -x, in this order): the fast 8-bit write over all 2^32
+# both:  3. pytest (the rest of the budget, at most 60 s: ~27 s of the default 120; -x, in this order): the fast 8-bit write over all 2^32
 #           FP32 inputs and the kernel's fast-path tests (test_delta_rule_paths.py), the KDA kernel against the
 #           naive reference at GLM-5.3-Flash shapes (test_kda_kernel.py), the GDN kernel at Qwen3.5-9B shapes
 #           -> $OUT/pytest.txt (the summary and the slowest tests)
@@ -54,12 +54,12 @@ if [[ ${MODE:-final} == sweep ]]; then
     stage peers 40 python3 benchmarks/gpu/kda_paths.py --stage peers --steps 4096 --batch 16 --peer-steps 64 \
         --modes default,reduce-overhead --out "$OUT/kda_peers.json"
 else
-    stage bench 60 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 2 \
+    stage bench 65 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 2 \
         --kinds kda --compile-modes default,reduce-overhead --out "$OUT/emulation_kda.md"
     stage paths 22 python3 benchmarks/gpu/kda_paths.py --stage paths --final --steps 4096 --batch 16 --reps 2 \
         --out "$OUT/kda_paths.json"
 fi
-stage pytest 40 python3 -m pytest -q -x -rfE -p no:cacheprovider --durations=12 \
+stage pytest 60 python3 -m pytest -q -x -rfE -p no:cacheprovider --durations=12 \
     tests/kernels/test_delta_rule_paths.py tests/kernels/test_kda_kernel.py \
     "tests/kernels/test_emulation_kernels.py::test_kernels_match_naive_reference[gdn]" \
     tests/kernels/test_emulation_kernels.py::test_gdn_initial_state_and_record_every
