@@ -15,7 +15,7 @@
 # both:  3. pytest (the rest of the budget, at most 60 s: ~27 s of the default 120; -x, in this order): the fast 8-bit write over all 2^32
 #           FP32 inputs and the kernel's fast-path tests (test_delta_rule_paths.py), the KDA kernel against the
 #           naive reference at GLM-5.3-Flash shapes (test_kda_kernel.py), the GDN kernel at Qwen3.5-9B shapes
-#           -> $OUT/pytest.txt (the summary and the slowest tests)
+#           -> $OUT/pytest.txt (each test's outcome, the slowest tests)
 # Every stage's log goes to $OUT/logs.tar.gz; a failed or timed-out stage makes the script exit non-zero.
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
@@ -59,11 +59,12 @@ else
     stage paths 22 python3 benchmarks/gpu/kda_paths.py --stage paths --final --steps 4096 --batch 16 --reps 2 \
         --out "$OUT/kda_paths.json"
 fi
-stage pytest 60 python3 -m pytest -q -x -rfE -p no:cacheprovider --durations=12 \
+stage pytest 60 python3 -m pytest -v -x -rfE -p no:cacheprovider --durations=12 \
     tests/kernels/test_delta_rule_paths.py tests/kernels/test_kda_kernel.py \
     "tests/kernels/test_emulation_kernels.py::test_kernels_match_naive_reference[gdn]" \
     tests/kernels/test_emulation_kernels.py::test_gdn_initial_state_and_record_every
-grep -hE "passed|failed|error|^[0-9.]+s (call|setup)" "$OUT/logs/pytest.log" >"$OUT/pytest.txt"
+grep -hE "PASSED|FAILED|ERROR|SKIPPED|passed|failed|error|^[0-9.]+s (call|setup)" "$OUT/logs/pytest.log" \
+    | sed 's/^tests\/kernels\///' >"$OUT/pytest.txt"
 
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"
 echo "== done in $(($(date +%s) - start)) s"
