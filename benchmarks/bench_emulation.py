@@ -75,13 +75,13 @@ OPS_PER_ELEMENT_STEP = {
     ("gdn", "fp8_e4m3"): (28, 10),
     ("gdn", "int8"): (28, 10),
     ("gdn", "nvfp4"): (34, 12),
-    # KDA: counted, not estimated: SASS instructions per element-step of the kernel's time loop with a write
-    # every step (Triton 3.9, sm_90a, tile [128, 16] per warp, the default fast_round and fp_fusion; see
-    # ssmquant/kernels/delta_rule.py), all counted as FP32 issue slots (one instruction issues per lane-clock
-    # whatever its pipe); nvfp4 includes its rarely taken exact-division path, so its floor is low
-    ("kda", "fp8_e4m3"): (25.3, 0),
-    ("kda", "int8"): (22.3, 0),
-    ("kda", "nvfp4"): (67.3, 0),
+    # KDA: counted, not estimated: SASS instructions per element-step of the kernel's time loop on a write step,
+    # fallbacks and slow paths skipped (benchmarks/kernel_sass_kda.py: Triton 3.9, sm_90a, tile [128, 16] per
+    # warp, the default path; results/kernel_sass_kda.txt), all counted as FP32 issue slots (one instruction
+    # issues per lane-clock whatever its pipe)
+    ("kda", "fp8_e4m3"): (24.5, 0),
+    ("kda", "int8"): (22.5, 0),
+    ("kda", "nvfp4"): (36.5, 0),
 }
 # H200 SXM: 132 SMs x 128 FP32 lanes x ~1.98 GHz = 33.4 T FP32 instructions/s; integer ops ~half rate.
 FP32_INSTR_PER_S = 132 * 128 * 1.98e9
