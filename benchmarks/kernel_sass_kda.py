@@ -50,7 +50,7 @@ def compile_sass(fmt: int, fast_round: bool, fp_fusion: bool) -> list[tuple[int,
     const_idx = {(names.index(k),): v for k, v in const.items()}
     const_idx[(names.index("record_every"),)] = 1  # metrics every step, as emulate_triton_steps launches it
     src = ASTSource(fn, sig, constexprs=const_idx)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "enable_fp_fusion": fp_fusion})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "enable_fp_fusion": fp_fusion, "enable_reflect_ftz": False})
     cuobjdump = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = pathlib.Path(tmp) / "k.cubin"

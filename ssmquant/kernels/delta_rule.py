@@ -51,7 +51,8 @@ _FP32_MAX = tl.constexpr(3.4028234663852886e38)
 @triton.jit
 def _mul_rn(a, b):
     """a * b rounded to FP32 on its own (mul.rn): under FMA contraction a plain product followed by an add may
-    become one FMA, which would round s * mult + M once where the reference rounds s * mult first."""
+    become one FMA, which would round s * mult + M once where the reference rounds s * mult first. The launcher
+    compiles with enable_reflect_ftz=False, else libdevice would pick mul.rn.ftz and flush subnormal s to zero."""
     if INTERPRETING:  # no libdevice there, and no contraction either
         return a * b
     else:
@@ -354,5 +355,6 @@ def delta_rule_launch(
         SPEC5=padded[5],
         num_warps=num_warps,
         enable_fp_fusion=fp_fusion,
+        enable_reflect_ftz=False,  # libdevice's mul_rn (the write's product) keeps subnormals, as a plain multiply
     )
     return metrics

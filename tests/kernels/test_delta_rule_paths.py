@@ -48,9 +48,11 @@ def _both_kernel(s_ptr, scale_ptr, fast_ptr, ref_ptr, BN: tl.constexpr, BR: tl.c
 def _tile(fmt: int) -> torch.Tensor:
     """[BN, BR]: column 0 the grid's midpoints (ties) and their neighbours at scale 1, the others random
     rows over decades (1e-38 and 1e-37: amax below QMAX / FP32 max, whose multiplier overflows and is replaced
-    by 1), one all-zero row, one row of signed zeros and subnormal-range values."""
+    by 1; 1e-39 with amax 2e-36: FP32-subnormal elements that the multiplier ~2e38 makes E4M3 values), one
+    all-zero row, one row of signed zeros and subnormal-range values."""
     g = torch.Generator().manual_seed(1)
-    t = torch.randn(BN, BR, generator=g) * torch.tensor([1.0, 1.0, 1.0, 1e-38, 1e-37, 1e-20, 1e10, 1e30])[None, :]
+    t = torch.randn(BN, BR, generator=g) * torch.tensor([1.0, 1.0, 1.0, 1e-38, 1e-37, 1e-39, 1e10, 1e30])[None, :]
+    t[0, 5] = 2e-36
     if fmt == FMT_FP8:  # E4M3 spacing 2^(e-3) at exponent e >= -6; midpoints are odd multiples of half of it
         normal = (torch.arange(8, 16)[None, :] + 0.5) * 2.0 ** (torch.arange(-6, 9)[:, None] - 3.0)
         every = torch.cat([(torch.arange(0, 8) + 0.5) * 2.0**-9, normal.flatten()])  # subnormal ones first
@@ -77,7 +79,8 @@ def _run_both(s, scale, fmt, group, static, br=BR):
     """The fast and the generic write of a tile s [BN, br] (compiled with FMA contraction, as the kernel is)."""
     fast, ref = torch.empty_like(s), torch.empty_like(s)
     bn = s.shape[0]
-    _both_kernel[(1,)](s, scale, fast, ref, BN=bn, BR=br, FMT=fmt, GROUP=group, STATIC=static, enable_fp_fusion=True)
+    _both_kernel[(1,)](s, scale, fast, ref, BN=bn, BR=br, FMT=fmt, GROUP=group, STATIC=static, enable_fp_fusion=True,
+                       enable_reflect_ftz=False)
     return fast.cpu(), ref.cpu()
 
 
@@ -172,7 +175,7 @@ def test_fast_8bit_rounding_over_every_fp32_input(fmt, static):
             x = torch.cat([x, torch.zeros(-x.numel() % (bn * br), device="cuda")])
             fast, ref = torch.empty_like(x), torch.empty_like(x)
             _flat_kernel[(x.numel() // (bn * br),)](
-                x, scale, fast, ref, BN=bn, BR=br, FMT=fmt, STATIC=static, enable_fp_fusion=True
+                x, scale, fast, ref, BN=bn, BR=br, FMT=fmt, STATIC=static, enable_fp_fusion=True, enable_reflect_ftz=False
             )
             bad = ~_same(fast, ref, x) | ~_same(fast, _oracle(x, fmt))
             assert not bad.any(), (x[bad][:8], fast[bad][:8], ref[bad][:8])
