@@ -3,18 +3,20 @@
 At GLM-5.3-Flash shapes (64 heads x 128 x 128), batch 16, --steps steps, it times the kernel launch alone
 (`delta_rule_launch`, metrics every step) for:
 
-- default: `delta_rule_launch` with fast_round and fp_fusion off (the shipped path) at the planned tiling;
-- the candidate paths of ssmquant/kernels/delta_rule.py: fast_round (FP8/INT8 RNE writes by the
-  magic-number rounding) x fp_fusion (FMA contraction), and tilings (BLOCK_P, num_warps) of the best;
+- default: `delta_rule_launch` with its defaults (fast_round and fp_fusion on) at the planned tiling;
+- previous: both off (the default before 2026-12-01: the generic rounding, every product rounded);
+- fast_round off with FMA contraction on, which must give the default's metrics bit for bit (the fast
+  8-bit write rounds to the same values; a difference fails the run);
+- (sweep) tilings (BLOCK_P, num_warps) of the default;
 - the same for int8 / nvfp4 conventional, fp8 replay16 and the six-variant launch.
 
-Every candidate's metrics are checked against the default path's on the same inputs: fast_round alone must give
-bit-identical metrics (it rounds to the same values), fp_fusion changes the FP32 arithmetic, so its
-largest relative difference per metric is printed. Then the peers (`--peers`): the eager per-step loop
-and torch.compile of the same per-step function (default mode and mode="reduce-overhead", CUDA graphs),
-timed after their warm-up/compile runs. Writes a JSON of every row to --out.
+Every candidate's metrics are checked against the default path's on the same inputs: the largest relative
+difference per metric is printed (the previous path rounds products before their sums: FP32 noise, and a
+write rounding that flips with it). Then the peers (`--stage peers`): the eager per-step loop and
+torch.compile of the same per-step function (`bench_emulation.compiled_peers`: mode default and
+reduce-overhead), timed after their warm-up/compile runs. Writes a JSON of every row to --out.
 
-    python benchmarks/gpu/kda_paths.py [--steps 4096] [--batch 16] [--stage paths|peers] --out FILE
+    python benchmarks/gpu/kda_paths.py [--steps 4096] [--batch 16] [--stage paths|peers] [--final] --out FILE
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import triton  # noqa: E402
-from bench_emulation import STEP_FNS, cuda_time, glm53_flash_inputs, peer_loop  # noqa: E402
+from bench_emulation import STEP_FNS, compiled_peers, cuda_time, glm53_flash_inputs, peer_loop  # noqa: E402
 
 from ssmquant.kernels import plan_launches  # noqa: E402
 from ssmquant.kernels.common import slot_spec  # noqa: E402
@@ -45,25 +47,31 @@ from ssmquant.replay import parse_variant  # noqa: E402
 from ssmquant.replay.reference import kda_decays  # noqa: E402
 
 SIX = [f"{f}@{s}" for f in ("fp8_e4m3", "int8", "nvfp4") for s in ("conventional", "replay16")]
-# (variants, tiling or None for the plan, fast_round, fp_fusion); None in the flags = the default path
+# (variants, tiling or None for the plan, fast_round, fp_fusion); None in the flags = the launcher's defaults
+DEFAULT, PREVIOUS, GENERIC_ROUND = (None, None), (False, False), (False, True)
 CANDIDATES = [
-    (["fp8_e4m3@conventional"], None, None, None),
+    (["fp8_e4m3@conventional"], None, *DEFAULT),
+    (["fp8_e4m3@conventional"], None, *PREVIOUS),
+    (["fp8_e4m3@conventional"], None, *GENERIC_ROUND),
     (["fp8_e4m3@conventional"], None, True, False),
-    (["fp8_e4m3@conventional"], None, False, True),
-    (["fp8_e4m3@conventional"], None, True, True),
-    (["fp8_e4m3@conventional"], (8, 1), True, True),
-    (["fp8_e4m3@conventional"], (32, 2), True, True),
-    (["int8@conventional"], None, None, None),
-    (["int8@conventional"], None, True, True),
-    (["nvfp4@conventional"], None, None, None),
-    (["nvfp4@conventional"], None, True, True),
-    (["fp8_e4m3@replay16"], None, None, None),
-    (["fp8_e4m3@replay16"], None, True, True),
-    (SIX, None, None, None),
-    (SIX, None, True, True),
+    (["fp8_e4m3@conventional"], (8, 1), *DEFAULT),
+    (["fp8_e4m3@conventional"], (32, 2), *DEFAULT),
+    (["int8@conventional"], None, *DEFAULT),
+    (["int8@conventional"], None, *PREVIOUS),
+    (["int8@conventional"], None, *GENERIC_ROUND),
+    (["nvfp4@conventional"], None, *DEFAULT),
+    (["nvfp4@conventional"], None, *PREVIOUS),
+    (["fp8_e4m3@replay16"], None, *DEFAULT),
+    (["fp8_e4m3@replay16"], None, *PREVIOUS),
+    (SIX, None, *DEFAULT),
+    (SIX, None, *PREVIOUS),
 ]
-# the final comparison: the default path against fast_round + fp_fusion at the planned tiling
-FINAL = [c for c in CANDIDATES if c[1] is None and (c[2] is None or (c[2] and c[3]))]
+# the final comparison at the planned tiling: the default against the previous default, and (fp8) fast_round off alone
+FINAL = [
+    c
+    for c in CANDIDATES
+    if c[1] is None and (c[2:] in (DEFAULT, PREVIOUS) or (c[2:] == GENERIC_ROUND and c[0] == ["fp8_e4m3@conventional"]))
+]
 
 
 def launch_args(inputs, names, tiling):
@@ -104,15 +112,8 @@ def paths(args, inputs):
     rows, ref = [], {}
     for names, tiling, fast, fusion in FINAL if args.final else CANDIDATES:
         tensors, specs, block_p, warps = launch_args(inputs, names, tiling)
-        options = {"fast_round": bool(fast), "fp_fusion": bool(fusion)}
-        run = functools.partial(
-            delta_rule_launch,
-            *tensors,
-            specs=specs,
-            block_p=block_p,
-            num_warps=warps,
-            **options,
-        )
+        options = {} if fast is None else {"fast_round": fast, "fp_fusion": fusion}
+        run = functools.partial(delta_rule_launch, *tensors, specs=specs, block_p=block_p, num_warps=warps, **options)
         t0 = time.time()
         m = run().sum(4).double()  # compile + first run; [NV, T, B, H, 4]
         compile_s = time.time() - t0
@@ -126,15 +127,15 @@ def paths(args, inputs):
             "G/s per variant": len(names) * elems * inputs.steps / t / 1e9,
             "first call s": compile_s,
         }
-        if fast is None:
+        if fast is None and tiling is None:
             ref[key] = m
         elif key in ref:
             base = ref[key]
             rel = ((m - base).abs() / base.abs().clamp_min(1e-30)).amax(dim=(0, 1, 2, 3))
             row["max rel diff vs default [dS2, S2, dy2, y2]"] = [float(x) for x in rel]
             row["bit-identical to default"] = bool(torch.equal(m, base))
-            if fast and not fusion and not row["bit-identical to default"]:
-                print(f"FAIL: fast_round alone changed the metrics of {names}", flush=True)
+            if (fast, fusion) == GENERIC_ROUND and not row["bit-identical to default"]:
+                print(f"FAIL: the fast 8-bit write changed the metrics of {names}", flush=True)
                 args.failed = True
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -151,18 +152,9 @@ def peers(args, inputs):
     t = cuda_time(eager, 1) / args.peer_steps
     out.append({"peer": "eager", "G/s": elems / t / 1e9, "ms per step": t * 1e3})
     print(json.dumps(out[-1]), flush=True)
-    for mode in [m for m in args.modes.split(",") if m]:
-        torch._dynamo.reset()
-        fn = torch.compile(step_fn, dynamic=False, mode=None if mode == "default" else mode)
-        comp = peer_loop("kda", inputs, variant, args.peer_steps, fn)
-        t0 = time.time()
-        comp()
-        comp()  # CUDA graphs record on the second call
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        warm = time.time() - t0
-        t = cuda_time(comp, 2) / args.peer_steps
-        out.append({"peer": f"torch.compile mode={mode}", "G/s": elems / t / 1e9, "ms per step": t * 1e3, "warm-up s": warm})
+    args.compile_modes = args.modes
+    for mode, rate in compiled_peers("kda", inputs, variant, args, step_fn, eager()).items():
+        out.append({"peer": f"torch.compile mode={mode}", "G/s": rate})
         print(json.dumps(out[-1]), flush=True)
     return out
 
@@ -174,7 +166,7 @@ def main():
     ap.add_argument("--peer-steps", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--stage", default="paths", choices=["paths", "peers"])
-    ap.add_argument("--final", action="store_true", help="paths: only the default path and fast_round + fp_fusion (FINAL)")
+    ap.add_argument("--final", action="store_true", help="paths: only FINAL (the default, the previous default, fp8 with fast_round off)")
     ap.add_argument("--modes", default="default,reduce-overhead", help="torch.compile modes of the peer")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: check the script (interpreter)")
     ap.add_argument("--out", required=True)

@@ -15,15 +15,19 @@ decays alpha = exp(g) precomputed by the caller (`replay.reference.gdn_decays` [
 `kda_decays` [B, T, Hv, Dk]). The row reductions run in a different order than torch's, so u_t (which
 feeds the state) differs from the reference by FP32 noise.
 
-Instruction budget (the kernel is issue-bound: every instruction of the time loop runs once per step for
-each of a thread's 64 elements of each state). Two paths, on by default, cut the SASS of the loop for
-fp8_e4m3 conventional at GLM-5.3-Flash shapes (Triton 3.9, sm_90a, [128, 16] tile per warp) from 36.4 to
-25.3 instructions per element-step, with the same stored values:
-- fast_round: FP8 / INT8 RNE writes by one magic-number add and subtract (`_fake_quant_8bit_rne`, 7
-  instructions per element instead of 13: no exponent extraction, no sign split, no clamp on dynamic scales);
-- fp_fusion: multiply-adds contracted into FMAs (the dots S k, S q, the rank-1 update and the metrics'
-  sums of squares): one rounding where torch rounds the product first, FP32 noise of the same order as
-  the reduction order the tests already bound (tests/kernels/test_delta_rule_paths.py).
+Arithmetic: the launcher compiles with FMA contraction on, as Triton does by default and as the engines'
+own Triton kernels run (fla 0.6.0 fla/ops/kda/fused_recurrent.py and gated_delta_rule/fused_recurrent.py,
+which vLLM calls, launch without `enable_fp_fusion`; their `b_h += b_k[:, None] * b_v[None, :]` compiles to
+fma.rn.f32). The dots S k and S q, the rank-1 update (one rounding, `tl.fma`) and the metrics' sums of
+squares are FMAs; the torch reference rounds each product, so the two differ by FP32 noise of the order of
+the reduction order, which they differ in anyway (u_t feeds the state, so no KDA/GDN state is bit-exact to
+torch; the tests bound the difference). The writes must round exactly as the reference does: their scaled
+value s * mult is an explicit mul.rn (`_mul_rn`), which no later add can absorb into an FMA.
+FP8 / INT8 RNE writes take `_fake_quant_8bit_rne` (magic-number rounding, 7 instructions per element instead
+of 13), whose values equal `rounding.fake_quant_tile`'s bit for bit (tests/kernels/test_delta_rule_paths.py,
+exhaustive over every FP32 input on a GPU). SASS of the time loop, fp8_e4m3 conventional at GLM-5.3-Flash
+shapes (Triton 3.9, sm_90a, [128, 16] tile per warp): 25.3 instructions per element-step, 36.4 without
+the two (benchmarks/results/emulation_kda.md).
 
 _kernel -> launcher (`delta_rule_launch`, no validation; `ssmquant.replay.simulate` validates).
 """
@@ -33,13 +37,26 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from .common import slot_round_buffer, slot_static_scale, slot_write, store_slot_metrics
-from .rounding import group_reduce_max
+from .rounding import INTERPRETING, group_reduce_max
 
 _E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
 _E4M3_MAGIC_SCALE = tl.constexpr(1.5 * 2.0**20)  # 1.5 * 2^(e + 20) has an FP32 ulp of 2^(e - 3), E4M3's spacing
 _INT_MAGIC = tl.constexpr(1.5 * 2.0**23)  # ulp 1 over (2^23, 2^24): x + M - M rounds |x| < 2^22 half to even
+_FP32_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+@triton.jit
+def _mul_rn(a, b):
+    """a * b rounded to FP32 on its own (mul.rn): under FMA contraction a plain product followed by an add may
+    become one FMA, which would round s * mult + M once where the reference rounds s * mult first. The launcher
+    compiles with enable_reflect_ftz=False, else libdevice would pick mul.rn.ftz and flush subnormal s to zero."""
+    if INTERPRETING:  # no libdevice there, and no contraction either
+        return a * b
+    else:
+        return libdevice.mul_rn(a, b)
 
 
 @triton.jit
@@ -47,12 +64,15 @@ def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FM
                          STATIC: tl.constexpr):
     """`rounding.fake_quant_tile` for FP8 E4M3 (FMT 3) and INT8 (FMT 4) with RNE, in fewer instructions.
 
-    The same scales (mult, dec) and the same grid value for every element, from signed values: x + M - M
-    with M = 1.5 * 2^(e + 20), 2^e the power of two at or below max(|x|, 2^-6), rounds x half to even at
-    E4M3's spacing 2^(e - 3) (2^-9 in its subnormal range), because x + M lies in [2^(e + 20), 2^(e + 21))
-    whose FP32 ulp is that spacing, and the subtraction is exact; INT8 takes M = 1.5 * 2^23 (spacing 1).
-    Dynamic scales keep |x| <= QMAX (1 + 2^-23), which rounds to QMAX, so only static scales clamp.
-    A value that rounds to zero comes back +0 (torch's copysign keeps -0): no metric sees a zero's sign.
+    The same scales (mult, dec, with the same guards) and the same grid value for every element, from signed
+    values: x + M - M with M = 1.5 * 2^(e + 20), 2^e the power of two at or below max(|x|, 2^-6), rounds x half
+    to even at E4M3's spacing 2^(e - 3) (2^-9 in its subnormal range), because x + M lies in
+    [2^(e + 20), 2^(e + 21)) whose FP32 ulp is that spacing, and the subtraction is exact; INT8 takes
+    M = 1.5 * 2^23 (spacing 1). Dynamic scales keep |x| <= QMAX (1 + 2^-23), which rounds to QMAX, so only
+    static scales clamp (saturating: +-inf -> +-QMAX). NaN, which no state may hold (formats.codec refuses it),
+    stays NaN, as in torch's float8 cast (`fake_quant_tile` returns +-QMAX: its clamp is a plain minimum).
+    A value that rounds to zero comes back +0 (`fake_quant_tile` keeps the sign of -0): no metric and no later
+    nonzero value sees a zero's sign.
     """
     if FMT == 3:
         qmax = 448.0
@@ -64,11 +84,12 @@ def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FM
     else:
         amax = group_reduce_max(tl.abs(s), BN, BR, GROUP)
         mult = tl.math.div_rn(tl.full([BR], qmax, tl.float32), tl.where(amax == 0.0, 1.0, amax))
-        mult = tl.where(amax == 0.0, 1.0, mult)
+        # amax 0, or so small (< QMAX / FP32 max) that the multiplier overflows: 1, as fake_quant_tile
+        mult = tl.where((amax == 0.0) | (mult > _FP32_MAX), 1.0, mult)
         dec = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), mult)
-    x = s * mult[None, :]
+    x = _mul_rn(s, mult[None, :])
     if STATIC:
-        x = tl.minimum(tl.maximum(x, -qmax), qmax)
+        x = tl.clamp(x, -qmax, qmax, propagate_nan=tl.PropagateNan.ALL)
     if FMT == 3:
         p2 = (tl.maximum(tl.abs(x), _E4M3_MIN_NORMAL).to(tl.uint32, bitcast=True) & 0x7F800000).to(
             tl.float32, bitcast=True
@@ -95,8 +116,8 @@ def _slot_write(
 
 @triton.jit
 def _rank1(s, k, u, FP_FUSION: tl.constexpr):
-    """s + k u^T on a tile [BLOCK_N, BLOCK_P]: one FMA per element under FP_FUSION (one rounding), else the
-    reference's product-then-sum (the compiler leaves this outer product unfused even when it may fuse)."""
+    """s + k u^T on a tile [BLOCK_N, BLOCK_P]: one FMA per element under FP_FUSION (one rounding, as fla's
+    `b_h += b_k[:, None] * b_v[None, :]` compiles), else the reference's product-then-sum."""
     if FP_FUSION:
         return tl.fma(k[:, None], u[None, :], s)
     else:
@@ -274,19 +295,20 @@ def delta_rule_launch(
     block_p: int,
     num_warps: int,
     batch_offset: int = 0,
-    fast_round: bool = False,
-    fp_fusion: bool = False,
+    fast_round: bool = True,
+    fp_fusion: bool = True,
 ) -> torch.Tensor:
     """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, R, B, Hv, NPB, 4].
 
     alpha: [B, T, Hv] (GDN) or [B, T, Hv, Dk] (KDA, the decay per key channel); write: [NV, B, T] int8;
     seeds: [NV] int64; static_scale_rows: [NV, B, Hv, Dv] fp32 (ones for dynamic slots) or None when no
     slot is static; specs: `common.slot_spec` of each slot, whose rows group divides block_p.
-    fast_round: FP8 / INT8 RNE writes through `_fake_quant_8bit_rne` (same values, fewer instructions);
-    fp_fusion: let the compiler contract multiply-adds into FMAs (one rounding instead of two).
-    Both off by default: on the H200 (2026-12-01) they ran fp8 conventional at 943 G/s against 722 G/s, but
-    the metrics were not bit-identical to the default path and the full-shape GPU tests did not finish in the
-    run's time, so they stay opt-in until those tests pass there.
+    fast_round (default on): FP8 / INT8 RNE writes through `_fake_quant_8bit_rne` (the same values as
+    `fake_quant_tile`, fewer instructions); off: `fake_quant_tile`.
+    fp_fusion (default on): FMA contraction, as the engines' Triton kernels compile (module docstring); off:
+    every product rounded before its sum (enable_fp_fusion=False), as torch computes.
+    The two switches exist for the tests that prove fast_round changes no metric bit and for benchmarks that
+    time the previous path (both off) in the same run as the default.
     """
     bsz, steps, hv, dv = v.shape
     hk, dk = k.shape[2], k.shape[3]
@@ -333,5 +355,6 @@ def delta_rule_launch(
         SPEC5=padded[5],
         num_warps=num_warps,
         enable_fp_fusion=fp_fusion,
+        enable_reflect_ftz=False,  # libdevice's mul_rn (the write's product) keeps subnormals, as a plain multiply
     )
     return metrics
