@@ -96,6 +96,9 @@ class Clock:
         self.start_done = 0
         self.last_report = 0.0
         self.estimated = False
+        # (decode steps done, host time) at every check: the loop has just read a device flag there, so the
+        # device is idle and the host time is the device's; ``window_rates`` turns them into steps/s per window
+        self.marks: list[tuple[int, float]] = []
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -105,6 +108,8 @@ class Clock:
     def step(self, pass_no: int, passes: int, t: int, steps: int, check: bool) -> None:
         """After decode step t of a pass. ``check``: the loop synchronised anyway (a window boundary)."""
         self.done += 1
+        if check:
+            self.marks.append((self.done, time.perf_counter()))
         if self.notify is None:
             return
         if self.t_start is None:
@@ -116,6 +121,16 @@ class Clock:
             self.estimated = True
         elif check and time.perf_counter() - self.last_report >= REPORT_EVERY_S:
             self._line(pass_no, passes, t, steps, estimate=False)
+
+    def window_rates(self) -> list[float]:
+        """Decode steps/s in each window between consecutive checks (``CHECK_EVERY`` steps, the last window of
+        a pass shorter), the first window starting at the first check: a rate that falls from window to window
+        is a per-step cost that grows with the position (README.md, "Speed")."""
+        return [
+            round((d1 - d0) / max(t1 - t0, 1e-9), 3)
+            for (d0, t0), (d1, t1) in zip(self.marks, self.marks[1:])
+            if d1 > d0
+        ]
 
     def _line(self, pass_no: int, passes: int, t: int, steps: int, estimate: bool) -> None:
         now = self._now()
