@@ -6,19 +6,22 @@ benchmarks/gpu/eval_speed.sh.
 
 MODEL: a preset (built in memory with random weights: ``models.build.build_random_model``) or anything
 ``load_model`` takes (a checkpoint directory, a shipped model). Runs, each a fresh ``evaluate`` on the same model
-(names: ``new`` = the default, ``fold=True``; ``old`` = ``fold=False``, the default before; ``short`` / ``long``:
-``--short`` / ``--long`` steps, 64 / 256 by default):
+(names: ``new`` = the default on a GPU, ``fold=True`` and the preallocated KV cache; ``old`` = the default before,
+``fold=False`` and transformers' KV cache growing by concatenation; ``short`` / ``long``: ``--short`` / ``--long``
+steps, 64 / 256 by default):
 
 - ``new_short``, ``new_long``, ``old_short``, ``old_long``: CUDA graphs where allowed (the default), timing per window of
   ``loop.CHECK_EVERY`` steps (``timing.window_steps_per_s``: a rate that falls window after window is a per-step
   cost growing with the position) and the CUDA allocator's cudaMalloc / cudaFree counts during the loop;
 - ``new_short_again``: ``new_short`` once more at the end (an order / warm-up effect rather than the run length);
-- ``new_eager_short``, ``old_eager_short``: without CUDA graphs.
+- ``new_eager_short``, ``old_eager_short``: without CUDA graphs;
+- ``new_..._kvcat``: the attention layers' KV cache growing by concatenation (``kv_buffer=False``, transformers'
+  DynamicLayer) instead of the preallocated ``decode.KVBuffer``; ``old_..._kvbuf``: the old loop with the buffer.
 
 Checks (the process exits with status 1 when one fails, after writing the JSON):
 
-- exact: graphed vs eager (the same kernels on the same addresses) and a run vs its repeat: metrics equal bit
-  for bit;
+- exact: graphed vs eager (the same kernels on the same addresses), KV buffer vs concatenation (the same values,
+  other strides) and a run vs its repeat: metrics equal bit for bit;
 - agree: new (folded) vs old (unfolded) on the same sequences. torch's GEMMs choose their kernel by the number
   of rows (32 folded, 8 unfolded), so the logits differ in the last bits and a stored state that rounds across a
   grid midpoint makes that visible per position; averaged over the run the summaries must agree within
@@ -42,6 +45,15 @@ from ssmquant.models import load_model
 METRICS = ["kl", "top1_agree", "delta_loss"]
 # new vs old summaries: relative for kl_mean, absolute for the agreement fraction and the loss change (bits)
 AGREE = {"kl_mean": ("rel", 2e-2), "top1_agree_mean": ("abs", 1e-2), "delta_loss_mean": ("abs", 1e-2)}
+
+
+KNOWN_RUNS = {
+    f"{a}_{e}{n}{k}"
+    for a, kv in (("new", "_kvcat"), ("old", "_kvbuf"))
+    for e in ("", "eager_")
+    for n in ("short", "long")
+    for k in ("", kv)
+} | {"new_short_again"}
 
 
 def _load(spec: str, device: str):
@@ -100,12 +112,11 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--variants", required=True)
-    ap.add_argument("--runs", default="old_short,new_short,new_long,old_long,new_short_again,new_eager_short")
+    ap.add_argument("--runs", default="old_short,new_short,new_long,old_long,new_long_kvcat,new_short_again,new_eager_short")
     args = ap.parse_args(argv)
-    known = {f"{a}_{e}{n}" for a in ("new", "old") for e in ("", "eager_") for n in ("short", "long")} | {"new_short_again"}
-    unknown = [n for n in args.runs.split(",") if n not in known]
+    unknown = [n for n in args.runs.split(",") if n not in KNOWN_RUNS]
     if unknown:
-        ap.error(f"unknown runs {unknown}; accepted: {sorted(known)}")
+        ap.error(f"unknown runs {unknown}; accepted: {sorted(KNOWN_RUNS)}")
     cuda = args.device.startswith("cuda")
 
     t = time.time()
@@ -121,7 +132,9 @@ def main(argv=None) -> int:
 
     def settings(name: str) -> dict:
         parts = name.split("_")
-        kw = {"fold": parts[0] == "new", "steps": args.short if "short" in parts else args.long}
+        new = parts[0] == "new"
+        kw = {"fold": new, "steps": args.short if "short" in parts else args.long}
+        kw["kv_buffer"] = (new and "kvcat" not in parts) or "kvbuf" in parts
         if "eager" in parts:
             kw["cuda_graphs"] = False
         return kw
@@ -161,6 +174,8 @@ def main(argv=None) -> int:
         ("new_short", "new_eager_short", _exact),
         ("old_short", "old_eager_short", _exact),
         ("new_short", "new_short_again", _exact),
+        ("new_long", "new_long_kvcat", _exact),
+        ("old_long", "old_long_kvbuf", _exact),
         ("new_short", "old_short", _agree),
         ("new_long", "old_long", _agree),
     ]

@@ -160,11 +160,13 @@ def decode_pass(
     pass_no: int = 0,
     passes: int = 1,
     progress: Callable[[], None] | None = None,
+    kv_buffer: bool = True,
 ) -> list[str]:
     """Decode ``ids`` [B, T + 1] through every run of ``plan``; fill ``values`` [V, 3, B, T] (kl, top-1
     agreement, delta nll in nats) for the pass's variants and, when given, ``ref_nll`` [B, T] (nats).
 
-    ``writers[i]`` stores variant i's slice after every forward. Returns the notes of ``prepare_states`` for
+    ``writers[i]`` stores variant i's slice after every forward. ``kv_buffer``: after the first step the attention
+    layers' KV caches get room for every step (``decode.KVBuffer``: no growing concatenation; the same values). Returns the notes of ``prepare_states`` for
     the reference's cache. Raises EvalError when the reference's logits or a stored state are not finite.
     """
     batch, steps = ids.shape[0], ids.shape[1] - 1
@@ -184,6 +186,8 @@ def decode_pass(
                     # its own; its cache is then copied to every slice, so all slices start bit-identical.
                     run.expand(index)
                     logits = logits[index.to(logits.device)]  # the logits may sit on another GPU (device_map)
+                if kv_buffer:
+                    run.preallocate_kv()
             for j, s in enumerate(slices):
                 sliced[s] = logits[j * batch : (j + 1) * batch]
                 if s != REFERENCE:

@@ -62,6 +62,7 @@ class EvalConfig:
     fold: bool = True
     variants_per_pass: int | None = None
     cuda_graphs: bool = False
+    kv_buffer: bool = True
 
 
 @dataclass
@@ -281,6 +282,7 @@ def evaluate(
     fold: bool | None = None,
     fold_width: int | None = None,
     cuda_graphs: bool | None = None,
+    kv_buffer: bool = True,
     progress: Callable[[int, int], None] | None = None,
     notify: Callable[[str], None] | None = None,
 ) -> EvalResult:
@@ -307,6 +309,8 @@ def evaluate(
     ``cuda_graphs``: replay the decode step's runs of Mamba-2 and MLP blocks as CUDA graphs (``graphs``: the
     same kernels on the same addresses, so the same results; NemotronH on one GPU); None (the default) wherever
     ``graphs.graph_refusal`` allows it, True: required (EvalError saying why not), False: never.
+    ``kv_buffer``: the attention layers' KV caches are allocated once for all steps instead of growing by
+    concatenation every step (``decode.KVBuffer``; the same values, bit-identical logits).
     ``progress(done, total)`` is called after every decode step, counting sequence batches decoded (total =
     (1 + variants) x steps in one pass); ``notify(line)`` receives a time estimate measured on the first decode
     steps and, on long runs, the rate and time left every 30 s.
@@ -418,6 +422,7 @@ def evaluate(
                 notes += decode_pass(
                     net, ids, plan, writers, layers, state_shape, values, ref_nll if n == 0 else None, clock,
                     pass_no=n, passes=len(plans), progress=lambda slices=plan.slices: advance(slices),
+                    kv_buffer=kv_buffer,
                 )  # fmt: skip
     finally:
         net.train(was_training)
@@ -485,6 +490,7 @@ def evaluate(
         fold=bool(fold),
         variants_per_pass=per_pass,
         cuda_graphs=use_graphs,
+        kv_buffer=bool(kv_buffer),
     )
     return EvalResult(
         config=config,
