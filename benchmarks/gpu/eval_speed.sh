@@ -18,7 +18,7 @@
 #   OUT=/tmp/o MODEL=tiny-nemotron DEVICE=cpu LONG=24 SHORT=8 BATCH=2 bash benchmarks/gpu/eval_speed.sh   # CPU check
 #
 # Writes $OUT/eval_speed.json (every run's timing, summaries, notes; the checks), $OUT/eval_cli.json (CLI=1) and
-# $OUT/logs.tar.gz. Exits non-zero when a check fails or a run errs.
+# $OUT/logs.tar.gz (the log, versions, gpu_clocks.csv). Exits non-zero when a check fails or a run errs.
 set -euo pipefail
 : "${OUT:?set OUT to the output folder}"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
@@ -36,6 +36,16 @@ logs=$(mktemp -d)
 trap 'tar -czf "$OUT/logs.tar.gz" -C "$logs" . || true' EXIT
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, \
 'triton', triton.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))" | tee "$logs/versions.txt"
+
+# SM / memory clocks, temperature, power and utilisation every 500 ms (a rate that falls over a long run may be
+# the GPU clocking down rather than a per-step cost)
+smi=""
+if [ "$DEVICE" != cpu ] && command -v nvidia-smi >/dev/null; then
+  nvidia-smi -i "${CUDA_VISIBLE_DEVICES%%,*}" --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu \
+    --format=csv -lms 500 > "$logs/gpu_clocks.csv" 2>&1 &
+  smi=$!
+fi
+trap '[ -n "$smi" ] && kill "$smi" 2>/dev/null; tar -czf "$OUT/logs.tar.gz" -C "$logs" . || true' EXIT
 
 echo "== evaluate: $MODEL, batch $BATCH, $SHORT / $LONG steps, runs $RUNS, variants $VARIANTS (timeout $LIMIT_S s)"
 timeout "$LIMIT_S" python3 benchmarks/gpu/eval_speed.py "$MODEL" "$OUT/eval_speed.json" --long "$LONG" --short "$SHORT" \
