@@ -6,9 +6,10 @@ benchmarks/gpu/eval_speed.sh.
 
 MODEL: a preset (built in memory with random weights: ``models.build.build_random_model``) or anything
 ``load_model`` takes (a checkpoint directory, a shipped model). Runs, each a fresh ``evaluate`` on the same model
-(names: ``new`` = the default on a GPU, ``fold=True`` and the preallocated KV cache; ``old`` = the default before,
-``fold=False`` and transformers' KV cache growing by concatenation; ``short`` / ``long``: ``--short`` / ``--long``
-steps, 64 / 256 by default):
+(names: ``new`` = the default on a GPU, ``fold=True``, the preallocated KV cache and the in-place state writes
+(``kernels.store_state_triton``); ``old`` = the default before: ``fold=False``, transformers' KV cache growing by
+concatenation, ``fake_quant_triton`` + copy + two finiteness checks per state write; ``short`` / ``long``:
+``--short`` / ``--long`` steps, 64 / 256 by default):
 
 - ``new_short``, ``new_long``, ``old_short``, ``old_long``: CUDA graphs where allowed (the default), timing per window of
   ``loop.CHECK_EVERY`` steps (``timing.window_steps_per_s``: a rate that falls window after window is a per-step
@@ -16,7 +17,8 @@ steps, 64 / 256 by default):
 - ``new_short_again``: ``new_short`` once more at the end (an order / warm-up effect rather than the run length);
 - ``new_eager_short``, ``old_eager_short``: without CUDA graphs;
 - ``new_..._kvcat``: the attention layers' KV cache growing by concatenation (``kv_buffer=False``, transformers'
-  DynamicLayer) instead of the preallocated ``decode.KVBuffer``; ``old_..._kvbuf``: the old loop with the buffer.
+  DynamicLayer) instead of the preallocated ``decode.KVBuffer``; ``old_..._kvbuf``: the old loop with the buffer;
+  ``old_..._kvbuf_inplace``: and the in-place writes (the new loop unfolded).
 
 Checks (the process exits with status 1 when one fails, after writing the JSON):
 
@@ -40,6 +42,7 @@ import numpy as np
 import torch
 
 from ssmquant.evaluate import EvalError, evaluate
+from ssmquant.evaluate import states as states_module
 from ssmquant.models import load_model
 
 METRICS = ["kl", "top1_agree", "delta_loss"]
@@ -47,9 +50,10 @@ METRICS = ["kl", "top1_agree", "delta_loss"]
 AGREE = {"kl_mean": ("rel", 2e-2), "top1_agree_mean": ("abs", 1e-2), "delta_loss_mean": ("abs", 1e-2)}
 
 
+DEFAULT_RUNS = "old_short,new_short,new_long,old_long,new_long_kvcat,old_short_kvbuf_inplace,new_short_again,new_eager_short"
 KNOWN_RUNS = {
     f"{a}_{e}{n}{k}"
-    for a, kv in (("new", "_kvcat"), ("old", "_kvbuf"))
+    for a, kv in (("new", "_kvcat"), ("old", "_kvbuf"), ("old", "_kvbuf_inplace"))
     for e in ("", "eager_")
     for n in ("short", "long")
     for k in ("", kv)
@@ -103,6 +107,47 @@ def _agree(a, b) -> dict:
     return {"kind": "agree", "summary": out, "per_position_max_abs_diff": dict(zip(METRICS, per_pos.tolist())), "ok": ok}
 
 
+class _Cache:
+    """The one method of a transformers cache that StateWriter reads."""
+
+    def __init__(self, states: dict[int, torch.Tensor]):
+        self.states = states
+
+    def get_recurrent_state(self, index: int) -> torch.Tensor:
+        return self.states[index]
+
+
+def _writer_check(variants: str, shape: tuple[int, ...], device: str, layers: int = 3) -> dict:
+    """The GPU write path (in place, one Triton kernel per layer: kernels.store_state_triton) against the torch
+    path (formats.codec) on states of ``shape`` [B, H, P, N] with row amaxes over 8 decades, one a vanishing row:
+    every stored value and finiteness flag equal bit for bit, at steps 0-16 (replay16 writes at step 15)."""
+    from ssmquant.evaluate import parse_eval_variants
+    from ssmquant.evaluate.states import SSMLayer, StateWriter
+
+    g = torch.Generator(device=device).manual_seed(0)
+    base = {}
+    for i in range(layers):
+        x = torch.randn(shape, generator=g, device=device)
+        x *= torch.exp(4 * torch.randn(*shape[:-1], 1, generator=g, device=device))  # row amaxes over decades
+        x[0, 0, 0] = 0.0
+        x[0, 0, 0, 0] = 1e-37  # below fp8's max_code / FLT_MAX
+        base[i] = x
+    out = {}
+    for v in parse_eval_variants(variants):
+        ls = [SSMLayer(i, "mamba2") for i in base]
+        writers = {k: StateWriter(v, ls, batch=shape[0], steps=17, kernel=k) for k in (False, True)}
+        caches = {k: _Cache({i: x.clone() for i, x in base.items()}) for k in writers}
+        equal = True
+        for t in range(17):
+            for k in writers:
+                writers[k](caches[k], t)
+            equal &= all(torch.equal(caches[True].states[i], caches[False].states[i]) for i in base)
+            f1, f0 = writers[True].finite, writers[False].finite
+            equal &= (f1 is None and f0 is None) or torch.equal(f1, f0)
+        out[v.name] = bool(equal)
+    return {"kind": "exact", "shape": list(shape), "per_variant": out, "ok": all(out.values())}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -112,7 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--variants", required=True)
-    ap.add_argument("--runs", default="old_short,new_short,new_long,old_long,new_long_kvcat,new_short_again,new_eager_short")
+    ap.add_argument("--runs", default=DEFAULT_RUNS)
     args = ap.parse_args(argv)
     unknown = [n for n in args.runs.split(",") if n not in KNOWN_RUNS]
     if unknown:
@@ -139,11 +184,23 @@ def main(argv=None) -> int:
             kw["cuda_graphs"] = False
         return kw
 
+    checks = {}
+    if cuda:
+        from ssmquant.models import ssm_layout
+
+        shape = (args.batch, *ssm_layout(loaded.model.config)["state_shape"])
+        t = time.time()
+        c = checks["state_write_kernel_vs_torch"] = _writer_check(args.variants, shape, args.device)
+        print(f"state writes, Triton in place vs torch, {shape}: {'OK' if c['ok'] else 'FAILED'} {c} "
+              f"({time.time() - t:.1f} s)", flush=True)  # fmt: skip
+
     runs, res = {}, {}
     for name in args.runs.split(","):
         kw = settings(name)
         print(f"== {name}: {kw}", flush=True)
         t = time.time()
+        # the old loop with the state writes of before (fake_quant_triton, a copy back, two finiteness checks)
+        states_module.IN_PLACE_WRITES = kw["fold"] or "inplace" in name
         try:
             r = evaluate(loaded, args.variants, batch=args.batch, notify=lambda line: print("  " + line, flush=True), **kw)
         except EvalError as err:
@@ -158,6 +215,7 @@ def main(argv=None) -> int:
         tm = r.timing
         res[name] = {
             **kw,
+            "in_place_writes": states_module.IN_PLACE_WRITES,
             "wall_s": round(time.time() - t, 2),
             "timing": tm,
             "reference": r.reference,
@@ -169,13 +227,13 @@ def main(argv=None) -> int:
               f"{tm['decode_s']:.1f} s); per {tm['check_every']}-step window {w}; allocator {tm.get('allocator')}; "
               f"graphs {tm.get('cuda_graphs')}", flush=True)  # fmt: skip
 
-    checks = {}
     pairs = [
         ("new_short", "new_eager_short", _exact),
         ("old_short", "old_eager_short", _exact),
         ("new_short", "new_short_again", _exact),
         ("new_long", "new_long_kvcat", _exact),
         ("old_long", "old_long_kvbuf", _exact),
+        ("old_short", "old_short_kvbuf_inplace", _exact),
         ("new_short", "old_short", _agree),
         ("new_long", "old_long", _agree),
     ]

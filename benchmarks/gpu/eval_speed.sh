@@ -2,15 +2,18 @@
 # `evaluate` speed on a full-size random-weight model (issue 15: >= 20 decode steps/s at batch 8 on an H200, with
 # progress and an ETA). benchmarks/gpu/eval_speed.py builds nemotron-h-8b in memory (models.build.build_random_model,
 # transformers' initialisation, bf16) and runs, in one process after a 4-step warm-up (unfolded and folded):
-#   old_short, new_short, new_long, old_long, new_long_kvcat, new_short_again, new_eager_short
+#   old_short, new_short, new_long, old_long, new_long_kvcat, old_short_kvbuf_inplace, new_short_again, new_eager_short
 #     new = the default loop on a GPU (fold=True: the reference and the variants in one batch of 4 x BATCH; the
-#     attention KV cache preallocated), old = the default before (fold=False: one forward per run; the KV cache grown
-#     by torch.cat every step, transformers' DynamicLayer); short / long = SHORT / LONG steps; CUDA graphs unless
-#     "eager"; new_long_kvcat: the new loop with the growing KV cache.
+#     attention KV cache preallocated; state writes in place, one Triton kernel per layer), old = the default before
+#     (fold=False: one forward per run; the KV cache grown by torch.cat every step, transformers' DynamicLayer;
+#     fake_quant_triton + copy + two finiteness checks per write); short / long = SHORT / LONG steps; CUDA graphs
+#     unless "eager"; new_long_kvcat: the new loop with the growing KV cache; old_short_kvbuf_inplace: the old loop
+#     with the KV buffer and in-place writes.
+#   first: the in-place Triton state writes vs the torch path on full-size states, bit for bit.
 #     Each run's steps/s, steps/s per 16-step window (a per-step cost that grows with the position shows as a
 #     falling rate), the allocator's cudaMalloc / cudaFree counts during the loop, and the progress / ETA lines.
-#   checks: graphed vs eager, KV buffer vs concatenation and a run vs its repeat bit for bit; new vs old summaries
-#     within stated tolerances.
+#   checks: graphed vs eager, KV buffer vs concatenation, in-place vs old writes and a run vs its repeat bit for bit;
+#     new (folded) vs old (unfolded) summaries within stated tolerances.
 # CLI=1 also builds a checkpoint on disk and times the CLI on it (the user's path: load, eval, write; + ~80 s).
 # Needs transformers >= 5.24 (the cache API evaluate reads): carry the wheel (.whl) as the lead's runner installs it.
 #
@@ -27,7 +30,7 @@ DEVICE=${DEVICE:-cuda}
 LONG=${LONG:-256}
 SHORT=${SHORT:-64}
 BATCH=${BATCH:-8}
-RUNS=${RUNS:-old_short,new_short,new_long,old_long,new_long_kvcat,new_short_again,new_eager_short}
+RUNS=${RUNS:-old_short,new_short,new_long,old_long,new_long_kvcat,old_short_kvbuf_inplace,new_short_again,new_eager_short}
 VARIANTS=${VARIANTS:-fp8_e4m3@conventional,nvfp4@conventional,int8@replay16}
 LIMIT_S=${LIMIT_S:-150}
 CLI=${CLI:-0}
