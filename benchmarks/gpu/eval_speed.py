@@ -148,6 +148,24 @@ def _writer_check(variants: str, shape: tuple[int, ...], device: str, layers: in
     return {"kind": "exact", "shape": list(shape), "per_variant": out, "ok": all(out.values())}
 
 
+def _sync_probe(loaded, variants: str, batch: int, steps: int) -> dict:
+    """Host synchronisations of the default loop: ``torch.cuda.set_sync_debug_mode("warn")`` makes every op that
+    waits for the GPU warn; counted per source line over one run of ``steps`` steps. A line counted about once
+    per step is a per-step sync (the loop's own checks: one per 16 steps)."""
+    import collections
+    import warnings
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            evaluate(loaded, variants, steps=steps, batch=batch, notify=None)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    where = collections.Counter(f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+    return {"steps": steps, "syncs": sum(where.values()), "where": dict(where.most_common(15))}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -158,6 +176,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--variants", required=True)
     ap.add_argument("--runs", default=DEFAULT_RUNS)
+    ap.add_argument("--sync-probe", type=int, default=32, help="steps of the host-sync probe run (0: none)")
     args = ap.parse_args(argv)
     unknown = [n for n in args.runs.split(",") if n not in KNOWN_RUNS]
     if unknown:
@@ -193,6 +212,12 @@ def main(argv=None) -> int:
         c = checks["state_write_kernel_vs_torch"] = _writer_check(args.variants, shape, args.device)
         print(f"state writes, Triton in place vs torch, {shape}: {'OK' if c['ok'] else 'FAILED'} {c} "
               f"({time.time() - t:.1f} s)", flush=True)  # fmt: skip
+
+    diagnostics = {}
+    if cuda and args.sync_probe:
+        t = time.time()
+        d = diagnostics["sync_probe"] = _sync_probe(loaded, args.variants, args.batch, args.sync_probe)
+        print(f"host syncs of the default loop over {args.sync_probe} steps: {d} ({time.time() - t:.1f} s)", flush=True)
 
     runs, res = {}, {}
     for name in args.runs.split(","):
@@ -252,6 +277,7 @@ def main(argv=None) -> int:
         "variants": args.variants.split(","),
         "decode_steps_per_s": rates,
         "runs": res,
+        "diagnostics": diagnostics,
         "checks": checks,
     }
     with open(args.out_json, "w") as f:
