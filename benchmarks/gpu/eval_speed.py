@@ -233,6 +233,26 @@ def main(argv=None) -> int:
         print(f"host syncs of the default loop over {args.sync_probe} steps: {d} ({time.time() - t:.1f} s)", flush=True)
 
     runs, res = {}, {}
+
+    def dump() -> dict:
+        """eval_speed.json with what has run so far (rewritten after every run: a timeout keeps it)."""
+        out = {
+            "model": args.model,
+            "how": how,
+            "load_s": round(load_s, 2),
+            "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+            "torch": torch.__version__,
+            "batch": args.batch,
+            "variants": args.variants.split(","),
+            "decode_steps_per_s": {n: res[n]["timing"]["decode_steps_per_s"] for n in runs},
+            "runs": res,
+            "diagnostics": diagnostics,
+            "checks": checks,
+        }
+        with open(args.out_json, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+        return out
+
     for name in args.runs.split(","):
         kw = settings(name)
         print(f"== {name}: {kw}", flush=True)
@@ -260,6 +280,7 @@ def main(argv=None) -> int:
             "summary": r.summary.to_dict(orient="records"),
             "notes": r.notes,
         }
+        dump()
         w = tm["window_steps_per_s"]
         print(f"  {name}: {tm['decode_steps_per_s']:.2f} decode steps/s at batch {args.batch} ({kw['steps']} steps, "
               f"{tm['decode_s']:.1f} s); per {tm['check_every']}-step window {w}; allocator {tm.get('allocator')}; "
@@ -279,23 +300,7 @@ def main(argv=None) -> int:
         if a in runs and b in runs:
             c = checks[f"{a}_vs_{b}"] = check(runs[a], runs[b])
             print(f"{a} vs {b}: {'OK' if c['ok'] else 'FAILED'} {json.dumps(c)}", flush=True)
-    rates = {n: res[n]["timing"]["decode_steps_per_s"] for n in runs}
-    out = {
-        "model": args.model,
-        "how": how,
-        "load_s": round(load_s, 2),
-        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-        "torch": torch.__version__,
-        "batch": args.batch,
-        "variants": args.variants.split(","),
-        "decode_steps_per_s": rates,
-        "runs": res,
-        "diagnostics": diagnostics,
-        "checks": checks,
-    }
-    with open(args.out_json, "w") as f:
-        json.dump(out, f, indent=1, default=str)
-    print("decode steps/s:", json.dumps(rates), flush=True)
+    print("decode steps/s:", json.dumps(dump()["decode_steps_per_s"]), flush=True)
     failed = [n for n, c in checks.items() if not c["ok"]] + [n for n in res if "error" in res[n]]
     if failed:
         print(f"FAILED: {failed}", flush=True)

@@ -17,7 +17,7 @@
 # CLI=1 also builds a checkpoint on disk and times the CLI on it (the user's path: load, eval, write; + ~80 s).
 # Needs transformers >= 5.24 (the cache API evaluate reads): carry the wheel (.whl) as the lead's runner installs it.
 #
-#   OUT=/tmp/o bash benchmarks/gpu/eval_speed.sh             # from the repo root, GPU 0 only, ~90 s (timeout 150 s)
+#   OUT=/tmp/o bash benchmarks/gpu/eval_speed.sh             # from the repo root, GPU 0 only, ~105 s (timeout 140 s)
 #   OUT=/tmp/o MODEL=tiny-nemotron DEVICE=cpu LONG=24 SHORT=8 BATCH=2 bash benchmarks/gpu/eval_speed.sh   # CPU check
 #
 # Writes $OUT/eval_speed.json (every run's timing, summaries, notes; the checks), $OUT/eval_cli.json (CLI=1) and
@@ -32,7 +32,7 @@ SHORT=${SHORT:-64}
 BATCH=${BATCH:-8}
 RUNS=${RUNS:-old_short,new_short,new_long,old_long,new_long_kvcat,old_short_kvbuf_inplace,new_short_again,new_eager_short}
 VARIANTS=${VARIANTS:-fp8_e4m3@conventional,nvfp4@conventional,int8@replay16}
-LIMIT_S=${LIMIT_S:-150}
+LIMIT_S=${LIMIT_S:-140}
 CLI=${CLI:-0}
 mkdir -p "$OUT"
 logs=$(mktemp -d)
