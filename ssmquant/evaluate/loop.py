@@ -3,9 +3,10 @@
 A *slice* is ``batch`` sequences decoded under one setting: the reference (``REFERENCE``) or a variant
 (its index). A *run* is one transformers cache and one forward per decode step over the slices it folds
 into its batch, slice j being sequences ``j * batch .. (j + 1) * batch``. A *pass* is a set of runs in
-lockstep over all decode steps. The default plan is one pass of one run holding every slice: one forward
-per step for the reference and all variants together (``fold=False`` gives one run per slice, the
-earlier behaviour); when that does not fit in memory, passes of the reference plus a chunk of variants.
+lockstep over all decode steps. The folded plan (``evaluate``'s default on a GPU) is one pass of one run
+holding every slice: one forward per step for the reference and all variants together; when that does not
+fit in memory, passes of the reference plus a chunk of variants. ``fold=False`` (the CPU's default) gives one
+run per slice.
 
 Folding changes nothing but the batch the model sees: every slice reads the same token ids, and after the
 forward each variant's slice of every SSM state is stored in its format (``StateWriter`` with the slice's
