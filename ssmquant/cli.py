@@ -443,6 +443,12 @@ def presets_cmd():
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plot.")
+@click.option(
+    "--fold/--no-fold",
+    default=None,
+    help="Decode the FP32 reference and the variants as one batch, one forward per step (--fold), or one forward "
+    "each (--no-fold). [default: fold on a GPU, not on the CPU]",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or table.")
 def eval_cmd(
     model,
@@ -459,6 +465,7 @@ def eval_cmd(
     out_dir,
     force,
     no_plots,
+    fold,
     quiet,
 ):
     """End to end: decode held-out text with each variant's stored SSM state; KL, top-1 agreement, loss change vs FP32."""
@@ -498,6 +505,7 @@ def eval_cmd(
             seed=seed,
             device=device,
             text_path=text,
+            fold=fold,
             progress=bar.update,
             notify=None if quiet else bar.info,
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 
 def cache_keyword(net: torch.nn.Module) -> str:
@@ -58,6 +59,19 @@ class TeacherForced:
         self.next_step += 1
         return out.logits[:, -1].float()
 
+    def preallocate_kv(self) -> int:
+        """Give every attention layer of the cache (a transformers ``DynamicLayer``) room for all of ``ids``'
+        tokens: ``KVBuffer``. Call after the first step (and after ``expand``). Returns the layers converted."""
+        if self.cache is None:
+            raise RuntimeError("preallocate_kv needs the cache of a first step")
+        layers = getattr(self.cache, "layers", [])
+        converted = 0
+        for i, layer in enumerate(layers):
+            if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.numel():
+                layers[i] = KVBuffer.from_layer(layer, self.ids.shape[1])
+                converted += 1
+        return converted
+
     def expand(self, index: torch.Tensor) -> None:
         """Re-index the run's sequences along the batch: cache and ids become ``[index]`` (int64 [B'] on the
         ids' device). transformers' beam-search API ``Cache.reorder_cache`` does it for every layer (keys,
@@ -68,3 +82,46 @@ class TeacherForced:
             raise RuntimeError(f"{type(self.cache).__name__} has no reorder_cache (transformers >= 5.2x has it)")
         self.cache.reorder_cache(index)
         self.ids = self.ids[index]
+
+
+class KVBuffer(DynamicLayer):
+    """transformers' ``DynamicLayer`` whose keys and values live in buffers of ``capacity`` tokens allocated once.
+
+    ``DynamicLayer.update`` concatenates every step (``torch.cat``: a new [B, H, n + 1, D] tensor, the whole cache
+    copied, an allocation that grows with n). Here the new token is written into the buffer and the layer's
+    ``keys`` / ``values`` are views of its first n + 1 tokens: the same values and shapes, only the batch and head
+    strides differ (the capacity's), so attention reads the same numbers (bit-identical logits on the CPU and, by
+    eval_speed.sh, on the GPU). Anything that replaces ``keys`` (``reorder_cache``, ``crop``: inherited) makes the
+    next update copy them into a new buffer, so the inherited methods stay correct.
+    """
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = int(capacity)
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # [B, H, capacity, D] each
+        self._views: tuple[torch.Tensor, ...] = ()  # what update last handed out as keys, values
+
+    @classmethod
+    def from_layer(cls, layer: DynamicLayer, capacity: int) -> KVBuffer:
+        new = cls(capacity)
+        new.lazy_initialization(layer.keys, layer.values)
+        new.keys, new.values = layer.keys, layer.values
+        return new
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = self.get_seq_length()
+        q = key_states.shape[-2]
+        if self._buffers is None or self.keys is not self._views[0] or n + q > self.capacity:
+            size = max(self.capacity, n + q)
+            self._buffers = tuple(x.new_empty(*x.shape[:-2], size, x.shape[-1]) for x in (key_states, value_states))
+            if n:
+                self._buffers[0][..., :n, :] = self.keys
+                self._buffers[1][..., :n, :] = self.values
+        kb, vb = self._buffers
+        kb[..., n : n + q, :] = key_states
+        vb[..., n : n + q, :] = value_states
+        self.keys, self.values = kb[..., : n + q, :], vb[..., : n + q, :]
+        self._views = (self.keys, self.values)
+        return self.keys, self.values

@@ -3,9 +3,10 @@
 A *slice* is ``batch`` sequences decoded under one setting: the reference (``REFERENCE``) or a variant
 (its index). A *run* is one transformers cache and one forward per decode step over the slices it folds
 into its batch, slice j being sequences ``j * batch .. (j + 1) * batch``. A *pass* is a set of runs in
-lockstep over all decode steps. The default plan is one pass of one run holding every slice: one forward
-per step for the reference and all variants together (``fold=False`` gives one run per slice, the
-earlier behaviour); when that does not fit in memory, passes of the reference plus a chunk of variants.
+lockstep over all decode steps. The folded plan (``evaluate``'s default on a GPU) is one pass of one run
+holding every slice: one forward per step for the reference and all variants together; when that does not
+fit in memory, passes of the reference plus a chunk of variants. ``fold=False`` (the CPU's default) gives one
+run per slice.
 
 Folding changes nothing but the batch the model sees: every slice reads the same token ids, and after the
 forward each variant's slice of every SSM state is stored in its format (``StateWriter`` with the slice's
@@ -96,6 +97,9 @@ class Clock:
         self.start_done = 0
         self.last_report = 0.0
         self.estimated = False
+        # (decode steps done, host time) at every check: the loop has just read a device flag there, so the
+        # device is idle and the host time is the device's; ``window_rates`` turns them into steps/s per window
+        self.marks: list[tuple[int, float]] = []
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -105,6 +109,8 @@ class Clock:
     def step(self, pass_no: int, passes: int, t: int, steps: int, check: bool) -> None:
         """After decode step t of a pass. ``check``: the loop synchronised anyway (a window boundary)."""
         self.done += 1
+        if check:
+            self.marks.append((self.done, time.perf_counter()))
         if self.notify is None:
             return
         if self.t_start is None:
@@ -116,6 +122,16 @@ class Clock:
             self.estimated = True
         elif check and time.perf_counter() - self.last_report >= REPORT_EVERY_S:
             self._line(pass_no, passes, t, steps, estimate=False)
+
+    def window_rates(self) -> list[float]:
+        """Decode steps/s in each window between consecutive checks (``CHECK_EVERY`` steps, the last window of
+        a pass shorter), the first window starting at the first check: a rate that falls from window to window
+        is a per-step cost that grows with the position (README.md, "Speed")."""
+        return [
+            round((d1 - d0) / max(t1 - t0, 1e-9), 3)
+            for (d0, t0), (d1, t1) in zip(self.marks, self.marks[1:])
+            if d1 > d0
+        ]
 
     def _line(self, pass_no: int, passes: int, t: int, steps: int, estimate: bool) -> None:
         now = self._now()
@@ -145,11 +161,13 @@ def decode_pass(
     pass_no: int = 0,
     passes: int = 1,
     progress: Callable[[], None] | None = None,
+    kv_buffer: bool = True,
 ) -> list[str]:
     """Decode ``ids`` [B, T + 1] through every run of ``plan``; fill ``values`` [V, 3, B, T] (kl, top-1
     agreement, delta nll in nats) for the pass's variants and, when given, ``ref_nll`` [B, T] (nats).
 
-    ``writers[i]`` stores variant i's slice after every forward. Returns the notes of ``prepare_states`` for
+    ``writers[i]`` stores variant i's slice after every forward. ``kv_buffer``: after the first step the attention
+    layers' KV caches get room for every step (``decode.KVBuffer``: no growing concatenation; the same values). Returns the notes of ``prepare_states`` for
     the reference's cache. Raises EvalError when the reference's logits or a stored state are not finite.
     """
     batch, steps = ids.shape[0], ids.shape[1] - 1
@@ -169,6 +187,8 @@ def decode_pass(
                     # its own; its cache is then copied to every slice, so all slices start bit-identical.
                     run.expand(index)
                     logits = logits[index.to(logits.device)]  # the logits may sit on another GPU (device_map)
+                if kv_buffer:
+                    run.preallocate_kv()
             for j, s in enumerate(slices):
                 sliced[s] = logits[j * batch : (j + 1) * batch]
                 if s != REFERENCE:

@@ -1,9 +1,9 @@
 """`evaluate`: decode a model over held-out text with every SSM layer's state stored in each variant, and
 measure how its predictions drift from the FP32-state model.
 
-The FP32-state reference and every variant decode the same sequences, each in its own forward by default, or,
-with ``fold=True``, folded into one batch (``loop``: one forward per decode step for all of them; passes of fewer
-variants when memory is short; off by default: see ``evaluate``);
+The FP32-state reference and every variant decode the same sequences, on a GPU folded into one batch (``loop``:
+one forward per decode step for all of them; passes of fewer variants when memory is short), on the CPU each in
+its own forward (``fold`` of ``evaluate`` chooses);
 a variant's slice differs from the reference's only in that, after each forward, its SSM states are
 replaced by their stored (fake-quantised) values where the variant's scheme writes
 (``states.StateWriter``). Only the current step's log-probs are held (no [B, T, vocab] tensor).
@@ -36,7 +36,7 @@ from ..replay.schemes import DEFAULT_BUFFER_LEN
 from ..replay.variants import Variant, VariantError, check_variants_fit, parse_variant, parse_variants
 from ..sizing import SizingError, check_memory, eval_memory, free_bytes, layer_dims
 from .graphs import SegmentGraphs, backend_for, graph_refusal
-from .loop import CPU_ROW_MULTIPLE, Clock, decode_pass, plan_passes, run_steps, total_steps
+from .loop import CHECK_EVERY, CPU_ROW_MULTIPLE, Clock, decode_pass, plan_passes, run_steps, total_steps
 from .metrics import LN2, horizon_window, positions_frame, summary_rows
 from .states import WRITE_BYTES_PER_ELEMENT, WRITE_GROUP_ELEMENTS, EvalError, StateWriter, ssm_layers
 
@@ -59,9 +59,10 @@ class EvalConfig:
     text: str | None = None
     horizon_fraction: float = DEFAULT_HORIZON_FRACTION
     threads: int | None = None
-    fold: bool = False
+    fold: bool = True
     variants_per_pass: int | None = None
     cuda_graphs: bool = False
+    kv_buffer: bool = True
 
 
 @dataclass
@@ -278,9 +279,10 @@ def evaluate(
     text_path: str | None = None,
     horizon_fraction: float = DEFAULT_HORIZON_FRACTION,
     threads: int | None = None,
-    fold: bool = False,
+    fold: bool | None = None,
     fold_width: int | None = None,
     cuda_graphs: bool | None = None,
+    kv_buffer: bool = True,
     progress: Callable[[int, int], None] | None = None,
     notify: Callable[[str], None] | None = None,
 ) -> EvalResult:
@@ -294,18 +296,21 @@ def evaluate(
     threads for the decode loop (default: 1 for models under 100M parameters, else torch's setting).
 
     ``fold=True``: the reference and the variants are decoded as one batch of (1 + variants) x ``batch``
-    sequences, one forward per decode step (``loop``), in passes of at most ``fold_width`` variants (default:
-    as many as the memory estimate allows; a note says when it takes more than one pass); ``fold=False`` (the
-    default) decodes each in its own forward. Folding is off by default because on an H200 (2026-11-30) the folded
-    run of a random-weight nemotron-h-8b (batch 8, fp8_e4m3@conventional) stopped at decode step 110 with a
-    non-finite state in layer 44 while the unfolded run of the same inputs finished. The candidate cause, fixed
-    since in ``formats.codec``: a finite state row whose amax is below 448 / FLT_MAX got an infinite fp8 scale
-    multiplier and its zeros became NaN, an event that the folded run's last-bit differences can trigger or not
-    (not yet confirmed on the GPU: ``benchmarks/gpu/eval_profile.sh`` dumps it).
+    sequences, one forward per decode step (``loop``), in passes of at most ``fold_width`` variants (default: as
+    many as the memory estimate allows; a note says when it takes more than one pass); ``fold=False`` decodes
+    each in its own forward of ``batch`` sequences; None (the default): folded where the model sits on a GPU (its
+    decode step is bound by launches, so one forward of 4 x 8 sequences costs about what one of 8 does), unfolded
+    on the CPU (compute-bound: no gain, and folded CPU batches are padded to 16 rows). The two compute the same
+    function; where the model's GEMMs pick their blocking by the number of rows (torch's CPU and GPU GEMMs), their
+    logits differ in the last bits, and a stored state that rounds the other way turns that into a visible
+    difference per position, of the size a different GEMM kernel gives (README.md, "Bits";
+    tests/evaluate/test_fold.py).
 
     ``cuda_graphs``: replay the decode step's runs of Mamba-2 and MLP blocks as CUDA graphs (``graphs``: the
     same kernels on the same addresses, so the same results; NemotronH on one GPU); None (the default) wherever
     ``graphs.graph_refusal`` allows it, True: required (EvalError saying why not), False: never.
+    ``kv_buffer``: the attention layers' KV caches are allocated once for all steps instead of growing by
+    concatenation every step (``decode.KVBuffer``; the same values, bit-identical logits).
     ``progress(done, total)`` is called after every decode step, counting sequence batches decoded (total =
     (1 + variants) x steps in one pass); ``notify(line)`` receives a time estimate measured on the first decode
     steps and, on long runs, the rate and time left every 30 s.
@@ -331,6 +336,7 @@ def evaluate(
         except ModelLoadError as err:
             raise EvalError(str(err)) from None
     net = loaded.model
+    fold = loaded.device.type == "cuda" if fold is None else bool(fold)
     layout = ssm_layout(net.config)  # the loaded config object: a re-parsed dict can fail validation
     state_shape = tuple(layout["state_shape"])
     try:
@@ -407,6 +413,7 @@ def evaluate(
     t_loaded = time.time()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+        allocator_before = _allocator_counts(dev)
     was_training = net.training
     net.eval()
     try:
@@ -415,6 +422,7 @@ def evaluate(
                 notes += decode_pass(
                     net, ids, plan, writers, layers, state_shape, values, ref_nll if n == 0 else None, clock,
                     pass_no=n, passes=len(plans), progress=lambda slices=plan.slices: advance(slices),
+                    kv_buffer=kv_buffer,
                 )  # fmt: skip
     finally:
         net.train(was_training)
@@ -433,8 +441,12 @@ def evaluate(
             **segment_graphs.stats,
         }
         notes += [f"CUDA graphs: a segment could not be recorded and ran eagerly ({b})" for b in segment_graphs.broken]
+    timing["check_every"] = CHECK_EVERY
+    timing["window_steps_per_s"] = clock.window_rates()
     if dev.type == "cuda":
         timing["peak_gpu_memory_GiB"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 3)
+        after = _allocator_counts(dev)
+        timing["allocator"] = {k: after[k] - allocator_before[k] for k in after}
 
     vals = values.cpu().numpy()
     vals[:, 2] /= LN2  # delta loss in bits
@@ -478,6 +490,7 @@ def evaluate(
         fold=bool(fold),
         variants_per_pass=per_pass,
         cuda_graphs=use_graphs,
+        kv_buffer=bool(kv_buffer),
     )
     return EvalResult(
         config=config,
@@ -496,6 +509,17 @@ def evaluate(
         elapsed_s=time.time() - t0,
         timing=timing,
     )
+
+
+# torch's CUDA caching allocator counters (torch.cuda.memory_stats): cudaMalloc / cudaFree calls (a cudaFree
+# synchronises the device) and allocations retried after freeing the cache; their change over the decode loop
+# says whether it allocates device memory step after step (growing tensors) or runs from the cache.
+ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+def _allocator_counts(device: torch.device) -> dict[str, int]:
+    stats = torch.cuda.memory_stats(device)
+    return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTERS}
 
 
 def _memory(

@@ -137,6 +137,11 @@ WRITE_GROUP_ELEMENTS = 2**25
 WRITE_BYTES_PER_ELEMENT = 64
 
 
+# The GPU path stores contiguous FP32 states in place (``kernels.store_state_triton``); False: the earlier
+# fake_quant_triton + copy + finiteness checks for every state (the same bits; benchmarks/gpu/eval_speed.sh times both).
+IN_PLACE_WRITES = True
+
+
 class StateWriter:
     """Stores every SSM layer's cached state in a variant's format at the variant's write steps.
 
@@ -196,11 +201,22 @@ class StateWriter:
         return use and (g is None or g & (g - 1) == 0)
 
     def _store_kernel(self, rows: list[torch.Tensor], step: int) -> None:
-        """One fused read-quantize-dequantize-write per layer: the state is read once and written once, where
-        the torch path's encode makes a dozen passes over it (a GPU-memory-bound cost at full size)."""
-        from ..kernels import fake_quant_triton  # Triton is imported only when a GPU path (or a test) needs it
+        """One fused read-quantize-dequantize-write per layer, where the torch path's encode makes a dozen passes
+        over the state (a GPU-memory-bound cost at full size). Contiguous FP32 states (Mamba-2's cache layout) are
+        stored in place by ``store_state_triton``, which also counts the non-finite elements before and after:
+        one read and one write of each state and one launch per layer. Others (GDN / KDA rows are a transposed
+        view) by ``fake_quant_triton`` and a copy back."""
+        from ..kernels import fake_quant_triton, store_state_triton  # Triton is imported only when a GPU path needs it
 
         fmt = self.variant.format
+        if IN_PLACE_WRITES and all(x.is_contiguous() and x.dtype == torch.float32 for x in rows):
+            dev = rows[0].device
+            flags = self._flags(rows[0])  # [layers, B * H, 2]
+            keep = None if self.all[step] else self._device_copy("keep", dev)[step]
+            for i, (x, layer) in enumerate(zip(rows, self.layers)):
+                store_state_triton(fmt, x, flags[i], keep=keep, seed=layer_seed(self.variant.seed, layer.index), stream=step)
+            self.finite[step] = (flags == 0).all(1)
+            return
         self.finite[step, :, 0] = torch.stack([torch.isfinite(x).all() for x in rows])
         keep = None if self.all[step] else self._device_copy("mask", rows[0].device)[:, step][:, None, None, None]
         for x, layer in zip(rows, self.layers):
@@ -226,14 +242,24 @@ class StateWriter:
         for j, i in enumerate(group):
             rows[i].copy_(stored[j])  # in place, in the cache's own tensor (a view of its slice)
 
+    def _flags(self, like: torch.Tensor) -> torch.Tensor:
+        """int32 [layers, B * H, 2] on ``like``'s device, reused at every write: ``store_state_triton``'s counts."""
+        got = self._on.get(("flags", like.device))
+        if got is None:
+            shape = (len(self.layers), like.shape[0] * like.shape[1], 2)
+            got = self._on[("flags", like.device)] = torch.zeros(shape, dtype=torch.int32, device=like.device)
+        return got
+
     def _device_copy(self, what: str, device) -> torch.Tensor:
-        """The write mask [B, T] or the SR stream keys [T, layers] (int64: ``stream_key(layer_seed(seed,
-        layer), step)``) on ``device``, copied there once: a host-to-device copy per write would wait for the
+        """The write mask [B, T] (``keep``: transposed, int8) or the SR stream keys [T, layers] (int64:
+        ``stream_key(layer_seed(seed, layer), step)``) on ``device``, copied there once: a host-to-device copy per write would wait for the
         device every step. Per device, for models spread over GPUs."""
         got = self._on.get((what, device))
         if got is None:
             if what == "mask":
                 host = self.mask
+            elif what == "keep":  # [T, B] int8, a contiguous row per step for the kernel
+                host = self.mask.T.contiguous().to(torch.int8)
             else:
                 seeds = [layer_seed(self.variant.seed, layer.index) for layer in self.layers]
                 keys = [[stream_key(s, t) if self.any[t] else 0 for s in seeds] for t in range(len(self.any))]

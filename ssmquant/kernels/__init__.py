@@ -21,10 +21,18 @@ from ..replay.variants import Variant
 from .common import MAX_SLOTS, slot_spec
 from .delta_rule import delta_rule_launch
 from .mamba2 import mamba2_launch
-from .quantize import fake_quant_triton, group_rows_for_kernel
+from .quantize import fake_quant_triton, group_rows_for_kernel, store_state_triton
 from .rounding import FORMAT_CODES
 
-__all__ = ["MAX_SLOTS", "emulate_triton", "emulate_triton_steps", "fake_quant_triton", "plan_blocks", "plan_launches"]
+__all__ = [
+    "MAX_SLOTS",
+    "emulate_triton",
+    "emulate_triton_steps",
+    "fake_quant_triton",
+    "plan_blocks",
+    "plan_launches",
+    "store_state_triton",
+]
 
 _BUFFER_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
 # FP32 state elements per thread, summed over every state a launch carries (the reference and NV variants).

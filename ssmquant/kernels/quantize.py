@@ -108,3 +108,86 @@ def fake_quant_triton(
         enable_fp_fusion=False,
     )
     return out
+
+
+@triton.jit
+def _store_state_kernel(
+    s_ptr,  # [M, R, N] fp32, rewritten in place
+    keep_ptr,  # [M // HEADS] int8: 1 where the sequence's state is stored this step (MASKED)
+    flags_ptr,  # [M, 2] int32: non-finite elements of the tile before and after the store
+    R,
+    N,
+    HEADS,
+    seed,
+    stream,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FMT: tl.constexpr,
+    GROUP: tl.constexpr,
+    SR: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    m = tl.program_id(0).to(tl.int64)
+    rows = tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_N)
+    ok = (cols < N)[:, None] & (rows < R)[None, :]
+    offs = (m * R + rows)[None, :] * N + cols[:, None]  # as _fake_quant_kernel: the same SR element counters
+    s = tl.load(s_ptr + offs, mask=ok, other=0.0)
+    key = stream_key(seed, stream)
+    out = fake_quant_tile(s, tl.full([BLOCK_R], 1.0, tl.float32), offs, key, BLOCK_N, BLOCK_R, FMT, GROUP, False, SR)
+    if MASKED:
+        keep = tl.load(keep_ptr + m // HEADS)
+        out = tl.where(keep != 0, out, s)
+    # the whole tile is loaded before any of it is stored, and programs own disjoint tiles: in place is safe
+    tl.store(s_ptr + offs, out, mask=ok)
+    flt_max = 3.4028234663852886e38  # |x| <= FLT_MAX is false for NaN and +-inf: torch.isfinite
+    tl.store(flags_ptr + 2 * m, tl.sum(tl.sum(tl.where(tl.abs(s) <= flt_max, 0, 1), axis=1), axis=0))
+    tl.store(flags_ptr + 2 * m + 1, tl.sum(tl.sum(tl.where(tl.abs(out) <= flt_max, 0, 1), axis=1), axis=0))
+
+
+def store_state_triton(
+    fmt: StateFormat,
+    state: torch.Tensor,
+    flags: torch.Tensor,
+    *,
+    keep: torch.Tensor | None = None,
+    seed: int = 0,
+    stream: int = 0,
+) -> None:
+    """Store a state [B, H, rows, state_dim] (contiguous FP32) in ``fmt`` in place: ``fake_quant_triton``'s values
+    (the same bits) where ``keep`` [B] (int8, 1 = store) is set, or everywhere when it is None; the rest untouched.
+    ``flags`` [B * H, 2] int32 receives, per (sequence, head) tile, the number of non-finite elements before and
+    after. One read and one write of the state, where fake-quant plus a masked copy and two finiteness checks
+    take six passes. Dynamic scales only (the evaluation's formats)."""
+    check_seed(seed)
+    if state.dtype != torch.float32 or not state.is_contiguous() or state.dim() != 4:
+        raise ValueError(f"store_state_triton needs a contiguous float32 [B, H, rows, state_dim] state, got "
+                         f"{state.dtype} {tuple(state.shape)} (contiguous: {state.is_contiguous()})")  # fmt: skip
+    if fmt.scale_mode is ScaleMode.STATIC:
+        raise ValueError(f"store_state_triton stores dynamic-scale formats only, got {fmt.name}")
+    b, h, r, n = state.shape
+    if flags.shape != (b * h, 2) or flags.dtype != torch.int32 or not flags.is_contiguous():
+        raise ValueError(f"flags must be a contiguous int32 [{b * h}, 2] tensor, got {flags.dtype} {tuple(flags.shape)}")
+    block_r, block_n = triton.next_power_of_2(r), triton.next_power_of_2(n)
+    # 32 tile elements per thread: compiled for sm_90a (Triton 3.9, ptxas 13), a Mamba-2 head [64, 128] spills
+    # with 4 warps (0.3-2 KiB per thread, fp8 to nvfp4) and not (fp8, int8) or barely (nvfp4: 100 B) with 8.
+    # Warps change no result: the tile's reductions are max and integer sums.
+    warps = min(16, max(4, block_r * block_n // 1024))
+    _store_state_kernel[(b * h,)](
+        state,
+        keep if keep is not None else flags,
+        flags,
+        r,
+        n,
+        h,
+        seed,
+        stream,
+        BLOCK_R=block_r,
+        BLOCK_N=block_n,
+        FMT=FORMAT_CODES[fmt.encoding],
+        GROUP=group_rows_for_kernel(fmt, r, block_r),
+        SR=fmt.rounding is Rounding.SR,
+        MASKED=keep is not None,
+        num_warps=warps,
+        enable_fp_fusion=False,
+    )

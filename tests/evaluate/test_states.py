@@ -34,6 +34,20 @@ def _states(seed=0):
 
 
 LAYERS = [SSMLayer(0, "mamba2"), SSMLayer(2, "gdn")]
+# Mamba-2 only: contiguous FP32 states, which the GPU path stores in place (kernels.store_state_triton); a GDN
+# layer's rows are a transposed view, which takes fake_quant_triton and a copy
+MAMBA_LAYERS = [SSMLayer(0, "mamba2"), SSMLayer(1, "mamba2")]
+
+
+def _mamba_states(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {0: torch.randn(3, 2, 8, 16, generator=g), 1: 3 * torch.randn(3, 2, 8, 16, generator=g)}
+
+
+def _kernel_available() -> bool:
+    from ssmquant.replay.simulate import triton_interpreting
+
+    return torch.cuda.is_available() or triton_interpreting()
 
 
 def test_conventional_stores_every_layer_in_rows_layout():
@@ -168,16 +182,21 @@ def test_a_slice_of_a_folded_batch_is_stored_as_a_run_of_its_own(spec, group_ele
     assert writer.first_nonfinite() is None
 
 
-def test_a_non_finite_state_is_named_at_the_next_check():
+@pytest.mark.parametrize("kernel,layers", [(False, LAYERS), (True, MAMBA_LAYERS)])
+def test_a_non_finite_state_is_named_at_the_next_check(kernel, layers):
+    if kernel and not _kernel_available():
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
     v = parse_variant("int8@conventional")
-    states = _states()
-    states[2][1, 0, 3, 2] = float("nan")
-    writer = StateWriter(v, LAYERS, batch=3, steps=8)
-    writer(FakeCache({k: s.clone() for k, s in _states().items()}), 0)
+    make = _states if layers is LAYERS else _mamba_states
+    states = make()
+    bad = layers[1].index
+    states[bad][1, 0, 3, 2] = float("nan")
+    writer = StateWriter(v, layers, batch=3, steps=8, kernel=kernel)
+    writer(FakeCache({k: s.clone() for k, s in make().items()}), 0)
     assert writer.first_nonfinite() is None
     writer(FakeCache(states), 1)  # no error here: the loop reads the flags once per window
     assert writer.first_nonfinite() == (
-        "variant int8@conventional, layer 2, decode step 1: cannot store the state: it contains NaN/Inf"
+        f"variant int8@conventional, layer {bad}, decode step 1: cannot store the state: it contains NaN/Inf"
     )
 
 
@@ -186,18 +205,16 @@ def test_a_non_finite_state_is_named_at_the_next_check():
 # 0 x inf = NaN: a candidate for the H200's folded nemotron-h-8b run that stopped at "fp8_e4m3@conventional,
 # layer 44, decode step 110" (benchmarks/gpu/eval_profile.sh dumps whether the input of that write was finite).
 # Such a row is now stored as a zero row is, on the torch and the Triton path alike.
-@pytest.mark.parametrize("kernel", [False, True])
+@pytest.mark.parametrize("kernel,layers", [(False, LAYERS), (True, LAYERS), (True, MAMBA_LAYERS)])
 @pytest.mark.parametrize("spec", ["fp8_e4m3@conventional", "int8@conventional", "int8:sr@conventional"])
-def test_a_finite_state_with_a_vanishing_row_is_stored_finite(spec, kernel):
-    from ssmquant.replay.simulate import triton_interpreting
-
-    if kernel and not (torch.cuda.is_available() or triton_interpreting()):
+def test_a_finite_state_with_a_vanishing_row_is_stored_finite(spec, kernel, layers):
+    if kernel and not _kernel_available():
         pytest.skip("needs a GPU or TRITON_INTERPRET=1")
-    states = _states()
+    states = _states() if layers is LAYERS else _mamba_states()
     row = states[0][1, 0, 3]  # one Mamba-2 row (sequence 1, head 0, head_dim 3): finite, amax 1e-37, zeros
     row.zero_()
     row[5] = 1e-37
-    writer = StateWriter(parse_variant(spec), LAYERS, batch=3, steps=4, kernel=kernel)
+    writer = StateWriter(parse_variant(spec), layers, batch=3, steps=4, kernel=kernel)
     cache = FakeCache(states)
     writer(cache, 0)
     assert writer.first_nonfinite() is None
@@ -227,22 +244,26 @@ def test_a_non_finite_value_made_by_the_encode_is_told_from_a_non_finite_state(m
     "spec", ["fp8_e4m3@conventional", "int8:sr@conventional", "nvfp4@conventional", "bf16:sr@conventional",
              "nvfp4:sr@replay4", "fp8_e4m3:rows2@spec4x2"],
 )  # fmt: skip
-def test_the_fused_kernel_write_gives_the_torch_bits(spec):
-    # the GPU path (one Triton fake-quant per layer; here in Triton's interpreter) against the torch path, on a
-    # slice of a folded batch; at steps where the scheme writes for all, some or none of the sequences
-    from ssmquant.replay.simulate import triton_interpreting
-
-    if not (torch.cuda.is_available() or triton_interpreting()):
+@pytest.mark.parametrize("mamba_only", [False, True])
+def test_the_fused_kernel_write_gives_the_torch_bits(spec, mamba_only):
+    # the GPU path (a Triton kernel per layer; here in Triton's interpreter) against the torch path, on a slice of
+    # a folded batch; at steps where the scheme writes for all, some or none of the sequences. Mamba-2 only: the
+    # in-place store_state_triton; with a GDN layer: fake_quant_triton and a copy.
+    if not _kernel_available():
         pytest.skip("needs a GPU or TRITON_INTERPRET=1")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     v = parse_variant(spec, seed=5)
-    big = {k: torch.cat([s, s.flip(0) * 3, s * 0.5]).to(dev) for k, s in _states(1).items()}  # 9 sequences
-    writers = {k: StateWriter(v, LAYERS, batch=3, steps=8, kernel=k) for k in (False, True)}
+    layers, states = (MAMBA_LAYERS, _mamba_states(1)) if mamba_only else (LAYERS, _states(1))
+    big = {k: torch.cat([s, s.flip(0) * 3, s * 0.5]).to(dev) for k, s in states.items()}  # 9 sequences
+    writers = {k: StateWriter(v, layers, batch=3, steps=8, kernel=k) for k in (False, True)}
     caches = {k: FakeCache({i: s.clone() for i, s in big.items()}) for k in writers}
     for t in range(8):
         for k in writers:
             writers[k](caches[k], t, offset=3)
         for i in big:
             assert torch.equal(caches[True].states[i], caches[False].states[i]), (spec, t, i)
+        got, want = writers[True].finite, writers[False].finite  # None until the first write
+        assert (got is None and want is None) or torch.equal(got[: t + 1], want[: t + 1])
+    assert (("flags", torch.device(dev)) in writers[True]._on) == mamba_only  # the in-place kernel ran
     assert not torch.equal(caches[True].states[0], big[0])
     assert torch.equal(caches[True].states[0][:3], big[0][:3]) and torch.equal(caches[True].states[0][6:], big[0][6:])
