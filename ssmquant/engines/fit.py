@@ -35,6 +35,7 @@ import torch
 from ..formats.codec import ieee_div
 from . import flashinfer as fi
 from . import philox
+from .dump import fi_bits
 
 LOG2E_F32 = float(torch.tensor(1.4426950408889634, dtype=torch.float32))
 
@@ -236,6 +237,68 @@ def _measure_wide(t: dict, key: str, case: dict, hyps: list[Hypothesis]) -> list
             "state_identical": eq / max(n, 1), "state_within_ulp": ulp / max(n, 1),
         })  # fmt: skip
     return rows
+
+
+def replay_calls(t: dict[str, torch.Tensor], case: dict) -> dict:
+    """Every call of one dumped checkpointing case re-run through `flashinfer.checkpointing_ssu_reference`.
+
+    Teacher-forced: each call starts from the kernel's stored state and scales before it, the ring and
+    the host's start / pnat the kernel had (the ring the re-computation wrote is compared with the
+    kernel's at every flush first). Returns the fractions of: flush decisions that agree, rings identical,
+    stored codes (8-bit) or state words (16/32-bit) identical after the flushes, decode scales identical /
+    within one ulp, bf16 outputs identical / within one bf16 ulp. Stochastic-rounding cases are refused:
+    their Philox offsets need the full layer's heads, which a dump does not keep.
+    """
+    from .oracle import STATE_DTYPES
+
+    if case["sr"]:
+        raise ValueError("replay_calls: stochastic-rounding cases need the full layer's heads (Philox offsets)")
+    dtype = STATE_DTYPES[case["state"]]
+    window, tn = case["window"], case["npred"]
+    state = t["init/state"].clone()
+    scale = t["init/scale"].clone() if "init/scale" in t else None
+    caches = {k: t[f"init/{k}"].clone() for k in ("x_cache", "B_cache", "dt_cache")}
+    n = {k: 0 for k in ("calls", "flush_ok", "rings", "ring_ok", "el", "el_ok", "sc", "sc_ok", "sc_ulp", "y", "y_ok", "y_ulp")}
+    for c in range(t["call/changed"].shape[0]):
+        snap = f"snap{c}/state" in t
+        if snap:  # the kernel's ring before this flushing call
+            for k, v in caches.items():
+                n["rings"] += 1
+                n["ring_ok"] += int(torch.equal(v, t[f"snap{c}/{k}"]))
+                v.copy_(t[f"snap{c}/{k}"])
+        start, pnat = t["call/start_before"][c].int(), t["call/pnat_before"][c].int()
+        y = fi.checkpointing_ssu_reference(
+            state, scale, caches["x_cache"], caches["B_cache"], caches["dt_cache"], start, pnat.clone(),
+            t["in/x"][c], t["in/dt"][c], t["A"], t["in/B"][c], t["in/C"][c], t["D"],
+        )  # fmt: skip
+        changed = t["call/changed"][c].bool()
+        n["calls"] += changed.numel()
+        n["flush_ok"] += int(((pnat + tn > window) == changed).sum())
+        if snap:
+            for b in torch.nonzero(changed).flatten().tolist():
+                mine, got = fi_bits(state[b]).long(), fi_bits(t[f"snap{c}/state"][b]).long()
+                n["el"] += mine.numel()
+                n["el_ok"] += int((mine == got).sum())
+                if scale is not None:
+                    a, g = scale[b].view(torch.int32).long(), t[f"snap{c}/scale"][b].view(torch.int32).long()
+                    n["sc"] += a.numel()
+                    n["sc_ok"] += int((a == g).sum())
+                    n["sc_ulp"] += int(((a - g).abs() <= 1).sum())
+            state.copy_(t[f"snap{c}/state"])
+            if scale is not None:
+                scale.copy_(t[f"snap{c}/scale"])
+        ya, yg = y.view(torch.int16).long(), t["out"][c].view(torch.int16).long()
+        n["y"] += ya.numel()
+        n["y_ok"] += int((ya == yg).sum())
+        n["y_ulp"] += int(((ya - yg).abs() <= 1).sum())
+    out = {"calls": n["calls"], "flush_decisions": n["flush_ok"] / n["calls"], "rings_identical": n["ring_ok"] / max(n["rings"], 1),
+           "flush_rows": n["el"] // (state.shape[-1] * state.shape[-2] * state.shape[-3])}  # fmt: skip
+    key = "codes_identical" if dtype in fi.EIGHT_BIT else "state_identical"
+    out[key] = n["el_ok"] / max(n["el"], 1)
+    if scale is not None:
+        out["scales_identical"], out["scales_within_ulp"] = n["sc_ok"] / max(n["sc"], 1), n["sc_ulp"] / max(n["sc"], 1)
+    out["outputs_identical"], out["outputs_within_ulp"] = n["y_ok"] / n["y"], n["y_ulp"] / n["y"]
+    return out
 
 
 def flush_rule(cases: dict, meta: dict) -> list[dict]:
