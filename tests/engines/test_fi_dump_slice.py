@@ -69,3 +69,26 @@ def test_slice_of_a_slice_keeps_calls_heads_and_groups(tmp_path):
         dump.slice_dump(SLICE, out, {"ssu_fp32": 3}, heads=1)
     with pytest.raises(ValueError, match="heads must be in 1..2"):
         dump.slice_dump(SLICE, out, {"ckpt_int8_L16": 3}, heads=4)
+
+
+def _kernel_writes(t, b: int) -> tuple[list[int], int]:
+    """Committed-token positions after which the real kernel's flushes took effect (row b), and the
+    position of the last call's decision (flushes due later were not observed)."""
+    acc = t["call/accept"][:, b]
+    before = (acc.cumsum(0) - acc).tolist()  # committed tokens before each call
+    return [before[c] - 1 for c in range(len(before)) if t["call/changed"][c, b]], before[-1]
+
+
+@pytest.mark.parametrize("key", ["ckpt_int8_L12_T4", "ckpt_int8_L16", "ckpt_fp8_e4m3_L4"])
+def test_spec_scheme_is_the_kernel_flush_schedule(sliced, key):
+    """spec(max_window, tokens per call - 1) with the dump's accepted counts flushes where the kernel did."""
+    from ssmquant.replay.schemes import Scheme
+
+    cases, meta = sliced
+    t, case = cases[key], meta["cases"][key]["case"]
+    for b in range(t["call/accept"].shape[1]):
+        kernel, last = _kernel_writes(t, b)
+        assert kernel, "no flush in the slice"
+        drafts = tuple(int(a) - 1 for a in t["call/accept"][:, b])
+        mask = Scheme.spec(case["window"], case["npred"] - 1, drafts).write_mask(1, int(t["call/accept"][:, b].sum()))[0]
+        assert mask[:last].nonzero().flatten().tolist() == kernel
