@@ -44,8 +44,8 @@ LOG2E_F32 = float(torch.tensor(1.4426950408889634, dtype=torch.float32))
 class Hypothesis:
     sum: str = "seq"  # seq | exact_rn | exact_rz | align_rz<e> (aligned to the largest product, e extra bits) | hmma
     add: str = "mul_add"  # mul_add (code * ts, then + mma: two roundings) | fma (one rounding)
-    enc: str = "div"  # div (QMAX / amax, IEEE) | rcp (QMAX * RN(1 / amax))
-    exp: str = "exp"  # exp (torch.exp) | ex2 (2 ** RN(v * log2e), correctly rounded) | ex2rz (rounded toward zero)
+    enc: str = "div"  # div (QMAX / amax, IEEE) | rcp (QMAX * RN(1 / amax)) | rcptab (MUFU.RCP from `mufu` tables)
+    exp: str = "exp"  # exp | ex2 (2 ** RN(v log2e), correctly rounded) | ex2rz (toward zero) | ex2tab-<floor|ceil|nearest>
 
     @property
     def name(self) -> str:
@@ -88,23 +88,33 @@ def mma_sum(a: torch.Tensor, b: torch.Tensor, mode: str) -> torch.Tensor:
 PROFILE = Hypothesis("hmma", "fma", "rcp", "ex2rz")  # the arithmetic of the `flashinfer` profile
 
 
-def _exp(v: torch.Tensor, mode: str) -> torch.Tensor:
+def _exp(v: torch.Tensor, mode: str, mufu: dict | None = None) -> torch.Tensor:
     if mode == "exp":
         return torch.exp(v)
     if mode == "ex2rz":
         return fi.fast_expf(v)
+    if mode.startswith("ex2tab"):
+        from .mufu import ex2_from_table
+
+        return ex2_from_table(v.float() * LOG2E_F32, _tables(mufu)["ex2_delta"], mode.split("-")[1])
     return torch.exp2((v.float() * LOG2E_F32).double()).float()
 
 
-def replay_flush(h: Hypothesis, codes, dec, xs, bs, dts, A):
+def _tables(mufu: dict | None) -> dict:
+    if mufu is None:
+        raise ValueError("the hypotheses rcptab / ex2tab need MUFU tables (--mufu TABLES.npz, `python -m ssmquant.engines.mufu`)")
+    return mufu
+
+
+def replay_flush(h: Hypothesis, codes, dec, xs, bs, dts, A, mufu: dict | None = None):
     """One head group's replayed FP32 state and the new decode scale per row under `h`.
 
     codes [H, P, N] FP32 code values; dec [H, P]; xs [H, k, P]; bs [H, k, N]; dts [H, k]; A [H].
     """
     cum = A[:, None] * fi.hs_scan(dts)
     total = cum[:, -1]
-    decay = _exp(total, h.exp)
-    coef = _exp(total[:, None] - cum, h.exp) * dts  # [H, k]
+    decay = _exp(total, h.exp, mufu)
+    coef = _exp(total[:, None] - cum, h.exp, mufu) * dts  # [H, k]
     a = fi.bf16(xs * coef[..., None]).transpose(-1, -2)  # [H, P, k]
     mma = mma_sum(a, bs, h.sum)
     ts = (dec * decay[:, None])[..., None]  # [H, P, 1]
@@ -116,13 +126,13 @@ def replay_flush(h: Hypothesis, codes, dec, xs, bs, dts, A):
     return rep, amax
 
 
-def replay_wide(h: Hypothesis, s0, xs, bs, dts, A):
+def replay_wide(h: Hypothesis, s0, xs, bs, dts, A, mufu: dict | None = None):
     """One head group's 16/32-bit replay under `h` (FP32, before the store): the accumulator RN(s0 * decay)
     plus x_j bf16(B_j c_j); `sum=hmma` takes the accumulator into the alignment, the others add it last."""
     cum = A[:, None] * fi.hs_scan(dts)
     total = cum[:, -1]
-    decay = _exp(total, h.exp)
-    coef = _exp(total[:, None] - cum, h.exp) * dts
+    decay = _exp(total, h.exp, mufu)
+    coef = _exp(total[:, None] - cum, h.exp, mufu) * dts
     b = fi.bf16(bs * coef[..., None])  # [H, k, N]
     c = s0 * decay[:, None, None]
     if h.sum == "hmma":
@@ -130,9 +140,15 @@ def replay_wide(h: Hypothesis, s0, xs, bs, dts, A):
     return c + mma_sum(xs.transpose(-1, -2), b, h.sum)
 
 
-def encode(h: Hypothesis, rep, amax, qmax: float):
+def encode(h: Hypothesis, rep, amax, qmax: float, mufu: dict | None = None):
     zero = amax == 0
     safe = torch.where(zero, 1.0, amax)
+    if h.enc == "rcptab":
+        from .mufu import rcp_from_table
+
+        tab = _tables(mufu)["rcp_delta"]
+        enc = torch.where(zero, 1.0, rcp_from_table(safe, tab) * qmax)
+        return enc, rcp_from_table(enc, tab)
     if h.enc == "rcp":
         enc = torch.where(zero, 1.0, ieee_div(1.0, safe) * qmax)
     else:
@@ -175,7 +191,7 @@ def _ulp_close(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.view(torch.int32).long() - b.view(torch.int32).long()).abs() <= 1
 
 
-def measure(cases: dict, meta: dict, hyps: list[Hypothesis]) -> list[dict]:
+def measure(cases: dict, meta: dict, hyps: list[Hypothesis], mufu: dict | None = None) -> list[dict]:
     """Bit-identical fractions of scales and codes per 8-bit case and hypothesis (teacher-forced flushes)."""
     rows = []
     for key, info in meta["cases"].items():
@@ -183,7 +199,7 @@ def measure(cases: dict, meta: dict, hyps: list[Hypothesis]) -> list[dict]:
         if info["kind"] != "ckpt" or key not in cases:
             continue
         if case["state"] in ("fp32", "bf16"):
-            rows += _measure_wide(cases[key], key, case, hyps)
+            rows += _measure_wide(cases[key], key, case, hyps, mufu)
             continue
         if case["state"] not in ("int8", "fp8_e4m3"):
             continue
@@ -194,8 +210,8 @@ def measure(cases: dict, meta: dict, hyps: list[Hypothesis]) -> list[dict]:
         for h in hyps:
             n_sc = eq_sc = ulp_sc = n_codes = eq_codes = 0
             for r in recs:
-                rep, amax = replay_flush(h, r["codes"], r["dec"], r["xs"], r["bs"], r["dts"], t["A"])
-                enc, dec = encode(h, rep, amax, qmax)
+                rep, amax = replay_flush(h, r["codes"], r["dec"], r["xs"], r["bs"], r["dts"], t["A"], mufu)
+                enc, dec = encode(h, rep, amax, qmax, mufu)
                 chunk = None
                 if case["sr"]:
                     hs, p, n = rep.shape
@@ -218,7 +234,7 @@ def measure(cases: dict, meta: dict, hyps: list[Hypothesis]) -> list[dict]:
     return rows
 
 
-def _measure_wide(t: dict, key: str, case: dict, hyps: list[Hypothesis]) -> list[dict]:
+def _measure_wide(t: dict, key: str, case: dict, hyps: list[Hypothesis], mufu: dict | None = None) -> list[dict]:
     """State words of the 16/32-bit flushes bit-identical / within one ulp, per hypothesis."""
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[case["state"]]
     word = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[dtype]
@@ -227,7 +243,7 @@ def _measure_wide(t: dict, key: str, case: dict, hyps: list[Hypothesis]) -> list
     for h in hyps:
         n = eq = ulp = 0
         for r in recs:
-            mine = replay_wide(h, r["codes"], r["xs"], r["bs"], r["dts"], t["A"]).to(dtype).view(word).long()
+            mine = replay_wide(h, r["codes"], r["xs"], r["bs"], r["dts"], t["A"], mufu).to(dtype).view(word).long()
             got = r["state_after"].view(word).long()
             eq += int((mine == got).sum())
             ulp += int(((mine - got).abs() <= 1).sum())
@@ -335,16 +351,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dump", type=Path)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--quick", action="store_true", help="the old profile, the profile, and 4 other sum models")
+    ap.add_argument("--mufu", type=Path, default=None,
+                    help="MUFU tables (python -m ssmquant.engines.mufu on a GPU): only the profile and its tabulated variants")
+    ap.add_argument("--calls", action="store_true", help="also replay every call of the RNE cases (fit.replay_calls)")
     args = ap.parse_args(argv)
     cases, meta = load(args.dump)
     meta.setdefault("heads", HEADS)
     hyps = default_hypotheses()
     if args.quick:
         hyps = [Hypothesis(), PROFILE] + [Hypothesis(s, "fma", "rcp", "ex2") for s in ("seq", "exact_rn", "exact_rz", "align_rz2")]
+    mufu = None
+    if args.mufu:
+        from .mufu import load_tables
+
+        mufu = load_tables(args.mufu)
+        print(json.dumps({"mufu_checks": mufu.pop("checks")}))
+        hyps = [PROFILE] + [Hypothesis("hmma", "fma", "rcptab", f"ex2tab-{m}") for m in ("floor", "ceil", "nearest")]
     rule = flush_rule(cases, meta)
     for r in rule:
         print(json.dumps(r))
-    rows = measure(cases, meta, hyps)
+    rows = measure(cases, meta, hyps, mufu)
+    calls = []
+    if args.calls:
+        for key, info in meta["cases"].items():
+            if info["kind"] == "ckpt" and not info["case"]["sr"] and key in cases:
+                calls.append({"case": key, **replay_calls(cases[key], info["case"])})
+                print(json.dumps(calls[-1]))
     for r in sorted(rows, key=lambda r: (r["case"], -r.get("scales_identical", r.get("state_identical", 0)))):
         if "state_identical" in r:
             print(f"{r['case']:24s} {r['name']:55s} state {r['state_identical']:.4f} (<=1ulp {r['state_within_ulp']:.4f})")
@@ -352,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['case']:24s} {r['name']:55s} scales {r['scales_identical']:.4f} (<=1ulp {r['scales_within_ulp']:.4f}) "
               f"codes {r['codes_identical']:.5f}")  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps({"flush_rule": rule, "hypotheses": rows}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"flush_rule": rule, "hypotheses": rows, "calls": calls}, indent=1) + "\n")
     return 0
 
 

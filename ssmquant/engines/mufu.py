@@ -131,6 +131,55 @@ def tabulate(
     return {k: v.numpy() for k, v in arrays.items()}, checks
 
 
+def load_tables(path: Path) -> dict[str, torch.Tensor]:
+    """The tables written by `main` ({"rcp_delta": int8 [2^23], "ex2_delta": int8 [2^24], ...}) as torch tensors."""
+    import numpy as np
+
+    with np.load(path) as z:
+        missing = {"rcp_delta", "ex2_delta"} - set(z.files)
+        if missing:
+            raise ValueError(f"{path} is not a MUFU table file (written by `python -m ssmquant.engines.mufu`): lacks {sorted(missing)}")
+        out = {k: torch.from_numpy(z[k].copy()) for k in z.files if k != "checks"}
+        out["checks"] = json.loads(bytes(z["checks"]).decode()) if "checks" in z.files else {}
+    return out
+
+
+def rcp_from_table(x: torch.Tensor, rcp_delta: torch.Tensor) -> torch.Tensor:
+    """rcp.approx.ftz.f32 of FP32 x from the tabulated significands (normal x and results; subnormal results -> 0)."""
+    bits = x.view(torch.int32)
+    mant = bits & 0x7FFFFF
+    xm = (mant | (127 << 23)).view(torch.float32)  # the significand in [1, 2)
+    ym = (cr_rcp(xm).view(torch.int32) + rcp_delta.to(x.device)[mant.long()].int()).view(torch.float32)
+    e = ((bits >> 23) & 0xFF) - 127
+    y = torch.sign(x) * torch.ldexp(ym, -e.float())
+    return torch.where(y.abs() < 2.0**-126, torch.zeros_like(y), y)
+
+
+def ex2_from_table(x: torch.Tensor, ex2_delta: torch.Tensor, small: str = "nearest") -> torch.Tensor:
+    """ex2.approx.ftz.f32 of FP32 x <= 0 from the table on (-1, 0] at 2^-24.
+
+    x <= -1 is split as 2^(floor(x) + 1) * ex2(frac(x) - 1) (exact: frac(x) has at most 23 fraction bits
+    there); x in (-1, 0] reads the table at -x 2^24 rounded by `small` ("floor" | "ceil" | "nearest"; the
+    GPU's `checks` say which rule the hardware follows). Results below 2^-126 flush to zero.
+    """
+    if bool((x > 0).any()):
+        raise ValueError("ex2_from_table: the table covers arguments <= 0 (decay arguments) only")
+    bits = EX2_FRAC_BITS
+    xd = x.double()
+    n = torch.floor(xd)
+    frac = xd - n  # [0, 1)
+    big = xd <= -1
+    arg = torch.where(big, torch.where(frac == 0, 0.0, frac - 1.0), xd)  # in (-1, 0]
+    scale = torch.where(big & (frac != 0), n + 1, torch.where(big, n, 0.0))
+    rnd = {"floor": torch.floor, "ceil": torch.ceil, "nearest": torch.round}[small]
+    j = torch.where(big, -arg * 2.0**bits, rnd(-arg * 2.0**bits)).long()  # exact for big
+    j = j.clamp(max=(1 << bits) - 1)  # 2^-24 below 0 rounds to the last entry
+    base = cr_ex2((-j.double() / 2.0**bits).float())
+    t = (base.view(torch.int32) + ex2_delta.to(x.device)[j].int()).view(torch.float32)
+    y = torch.ldexp(t, scale.float())
+    return torch.where(y < 2.0**-126, torch.zeros_like(y), y)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ssmquant.engines.mufu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="the .npz file to write (~4 MiB)")
