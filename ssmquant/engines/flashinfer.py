@@ -11,7 +11,7 @@ from the sources and written out as plain FP32 torch:
   - Replay, 8-bit state (int8 / fp8_e4m3; `replay_state_mma_8bit_chain`): `S = fma(code, RN(decode_scale *
     total_decay), hmma(bf16(x_j * c_j), B_j))` with `c_j = __expf(total - old_cumAdt_j) * old_dt_j`: one
     tensor-core MMA from a zero accumulator (`hmma`), then one FFMA. Per row: encode = rcp(amax) * QMAX (1
-    when amax == 0), stored decode scale = rcp(encode) (`encode_rows_ckpt`), codes = `cvt.rni.sat.s8` /
+    when amax == 0), stored decode scale = rcp(encode) (`encode_rows_fast`), codes = `cvt.rni.sat.s8` /
     `cvt.rn.satfinite.e4m3` of S * encode, or stochastic (`philox.py`).
   - Replay, 16/32-bit state (`replay_state_mma`): `S = hmma(x_j, bf16(B_j * c_j), acc = RN(state * total_decay))`,
     stored in the state dtype to nearest.
@@ -25,8 +25,8 @@ from the sources and written out as plain FP32 torch:
   - Outputs are stored in the input dtype (bf16).
 
 `selective_state_update` (conventional decode; `kernel_selective_state_update_stp.cuh`, simple kernel)
-  - `S = S * exp(A dt) + (B dt) x`; `y = D x + sum_n S_new C`; S stored in its dtype (fp16 stochastic
-    when a seed is given; scaled int16: per row encode = 32767 / amax, codes `__float2int_rn` of the
+  - `S = fma(S, __expf(A dt), (B dt) x)`; `y = D x + sum_n S_new C`; S stored in its dtype (fp16 stochastic
+    when a seed is given; scaled int16: per row encode = rcp(amax) * 32767, codes `__float2int_rn` of the
     value clamped to +-32767). y comes from the unrounded new state.
 
 What the compiled kernel computes (FlashInfer builds with `-use_fast_math`; the SASS of the ahead-of-time
@@ -162,8 +162,8 @@ def dequantize_state(state: torch.Tensor, scale: torch.Tensor | None) -> torch.T
 def encode_rows(s: torch.Tensor, dtype: torch.dtype, chunk: torch.Tensor | None = None):
     """8-bit (or int16) per-row encode of FP32 values s [..., P, N]: (codes as FP32 values, decode scale [..., P]).
 
-    encode = QMAX / amax (1 when amax == 0), decode = 1 / encode, IEEE divisions (`selective_state_update`'s
-    int16 state); RNE, or the kernels' stochastic conversion when `chunk` (16 random bits per element) is given.
+    encode = QMAX / amax (1 when amax == 0), decode = 1 / encode, IEEE divisions; RNE, or the kernels'
+    stochastic conversion when `chunk` (16 random bits per element) is given. (The profiles' int16 store.)
     """
     qmax = QMAX[dtype]
     amax = s.abs().amax(-1)
@@ -173,11 +173,12 @@ def encode_rows(s: torch.Tensor, dtype: torch.dtype, chunk: torch.Tensor | None 
     return round_codes(s * enc[..., None], dtype, chunk), dec
 
 
-def encode_rows_ckpt(s: torch.Tensor, dtype: torch.dtype, chunk: torch.Tensor | None = None):
-    """`checkpointing_ssu`'s 8-bit per-row encode of s [..., P, N]: (codes as FP32 values, decode scale [..., P]).
+def encode_rows_fast(s: torch.Tensor, dtype: torch.dtype, chunk: torch.Tensor | None = None):
+    """The kernels' per-row encode of s [..., P, N] (8-bit checkpoints, int16 state): (codes as FP32 values, scale [..., P]).
 
     encode = rcp.approx(amax) * QMAX (1 when amax == 0), decode = rcp.approx(encode) (`rcp_approx`), as
-    the fast-math build compiles `QUANT_MAX / a` and `1.f / encode` (kernel_checkpointing_ssu_8bit.cuh).
+    the fast-math build compiles `QUANT_MAX / a` and `1.f / encode` (kernel_checkpointing_ssu_8bit.cuh;
+    `max / new_state_max` and `1.f / encode` in kernel_selective_state_update_stp.cuh).
     """
     qmax = QMAX[dtype]
     amax = s.abs().amax(-1)
@@ -309,7 +310,7 @@ def checkpointing_ssu_reference(
                 if rand_seed is not None:
                     # cache slot b: the kernel's Philox offset starts at b * state_stride_seq
                     chunk = philox.checkpoint_8bit_words(rand_seed, (1, heads, p, n), philox_rounds, dev, first_slot=b)[0]
-                codes, dec = encode_rows_ckpt(rep, state.dtype, chunk)
+                codes, dec = encode_rows_fast(rep, state.dtype, chunk)
                 state[b] = store_codes(codes, state.dtype)
                 state_scale[b] = dec
                 y_state = torch.einsum("hpn,htn->htp", bf16(rep), cb_)
@@ -367,15 +368,16 @@ def selective_state_update_reference(
     """
     bsz, heads, p = x.shape
     hpg = heads // B.shape[1]
-    da = torch.exp(A.float()[None, :] * dt.float())  # [Bt, H]
+    da = fast_expf(A.float()[None, :] * dt.float())  # [Bt, H]: `__expf(A_value * dt_value)`
     bb = B.float().repeat_interleave(hpg, 1)
     cc = C.float().repeat_interleave(hpg, 1)
     s = dequantize_state(state, state_scale)
     db = bb * dt.float()[..., None]  # B * dt, then times x
-    new = s * da[..., None, None] + db[:, :, None, :] * x.float()[..., None]
+    # `state_value * dA + dB * x_value`, contracted by nvcc to fma(state, dA, dB * x) (fitted on the H200 dump)
+    new = fma_f32(s, da[..., None, None].expand_as(s), db[:, :, None, :] * x.float()[..., None])
     y = D.float()[None, :, None] * x.float() + (new * cc[:, :, None, :]).sum(-1)
     if state.dtype is torch.int16:
-        codes, dec = encode_rows(new, torch.int16)
+        codes, dec = encode_rows_fast(new, torch.int16)
         state.copy_(codes.to(torch.int16))
         state_scale.copy_(dec)
     elif rand_seed is not None:
