@@ -307,13 +307,64 @@ def load(path: Path) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
     return cases, meta
 
 
+# the dimension that indexes heads (or groups, for B / C) in each saved tensor of a checkpointing case
+_HEAD_DIM = {"state": 1, "scale": 1, "x_cache": 1, "B_cache": 1, "dt_cache": 1, "x": 3, "dt": 3, "B": 3, "C": 3, "out": 3}
+
+
+def slice_dump(src: Path, dst: Path, calls: dict[str, int], heads: int) -> dict:
+    """Write the first `calls[case]` calls of some checkpointing cases of a dump, heads 0..heads-1 only.
+
+    Heads are independent in the kernel, so the slice re-computes exactly as the whole (its groups: the first
+    heads * GROUPS // HEADS, at least one). Returns the slice's metadata (the source's, with a `slice` entry).
+    """
+    from safetensors.torch import save_file
+
+    cases, meta = load(src)
+    unknown = sorted(set(calls) - {k for k, v in meta["cases"].items() if v["kind"] == "ckpt"})
+    if unknown:
+        raise ValueError(f"not checkpointing cases of {src}: {unknown}; accepted: {sorted(meta['cases'])}")
+    saved = meta["settings"]["heads_saved"]
+    if not 0 < heads <= saved:
+        raise ValueError(f"heads must be in 1..{saved} (the heads the dump saved), got {heads}")
+    gs = max(1, heads * GROUPS // HEADS)
+    flat = {}
+    for key, n in calls.items():
+        for name, v in cases[key].items():
+            prefix, _, leaf = name.rpartition("/")
+            if prefix.startswith("snap") and int(prefix[4:]) >= n:
+                continue
+            if prefix in ("in", "call") or name == "out":
+                v = v[:n]
+            if leaf in _HEAD_DIM and name not in ("init/start", "init/pnat"):
+                v = v.narrow(_HEAD_DIM[leaf], 0, gs if leaf in ("B_cache", "B", "C") else heads)
+            elif name in ("A", "D"):
+                v = v[:heads]
+            flat[f"{key}/{name}"] = v.contiguous()
+    out_meta = {**meta, "cases": {k: meta["cases"][k] for k in calls}}
+    out_meta["settings"] = {**meta["settings"], "heads_saved": heads, "calls": max(calls.values())}
+    out_meta["slice"] = {"source": src.name, "calls": calls, "heads": heads, "full_layer_heads": HEADS}
+    save_file(_cpu(flat), str(dst), metadata={"fi_dump": json.dumps(out_meta)})
+    return out_meta
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ssmquant.engines.dump", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="the .safetensors file to write")
+    ap.add_argument("--slice-from", type=Path, default=None,
+                    help="no GPU: write a slice of this dump instead (--slice CASE=CALLS ..., --heads-saved)")
+    ap.add_argument("--slice", nargs="*", default=[], metavar="CASE=CALLS")
     ap.add_argument("--calls", type=int, default=DumpSettings.calls)
     ap.add_argument("--ssu-calls", type=int, default=DumpSettings.ssu_calls)
     ap.add_argument("--heads-saved", type=int, default=DumpSettings.heads_saved, help="multiple of 8, <= 64")
     args = ap.parse_args(argv)
+    if args.slice_from is not None:
+        try:
+            calls = {k: int(v) for k, v in (item.split("=") for item in args.slice)}
+        except ValueError:
+            ap.error(f"--slice takes CASE=CALLS items, e.g. ckpt_int8_L16=40; got {args.slice}")
+        m = slice_dump(args.slice_from, args.out, calls, args.heads_saved)
+        print(f"[fi_dump] wrote {args.out} ({args.out.stat().st_size / 2**20:.2f} MiB): {m['slice']}")
+        return 0
     if args.heads_saved % (HEADS // GROUPS) or not 0 < args.heads_saved <= HEADS:
         ap.error(f"--heads-saved must be a multiple of {HEADS // GROUPS} in 8..{HEADS}, got {args.heads_saved}")
     version = require_gpu_flashinfer()

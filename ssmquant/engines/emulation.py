@@ -16,7 +16,7 @@ from ..formats import Encoding, Rounding
 from ..replay.reference import mamba2_output, mamba2_step
 from ..replay.schemes import SchemeKind
 from . import philox
-from .flashinfer import bf16, encode_rows, replay_8bit, replay_wide
+from .flashinfer import bf16, encode_rows, encode_rows_fast, replay_8bit, replay_wide
 from .profiles import flashinfer_tables
 
 _STORE_DTYPE = {Encoding.INT8: torch.int8, Encoding.FP8_E4M3: torch.float8_e4m3fn, Encoding.INT16: torch.int16}
@@ -45,7 +45,7 @@ class Mamba2EngineStep:
             self.L = v.scheme.buffer_len
             # the checkpoint: code values and per-row decode scales (8-bit), or the stored values
             if self.eight:
-                self.codes, self.dec = encode_rows(self.s, _STORE_DTYPE[enc])
+                self.codes, self.dec = encode_rows_fast(self.s, _STORE_DTYPE[enc])
                 self.s = self.codes * self.dec[..., None]
             else:
                 self.codes, self.dec = self._store_wide(self.s, -1), None
@@ -68,7 +68,7 @@ class Mamba2EngineStep:
         chunk = None
         if self.sr:
             chunk = philox.checkpoint_8bit_words(philox.engine_seed(self.seed, call), tuple(s.shape), philox.PHILOX_ROUNDS, s.device)
-        return encode_rows(s, _STORE_DTYPE[self.fmt.encoding], chunk)
+        return encode_rows_fast(s, _STORE_DTYPE[self.fmt.encoding], chunk)
 
     # -- one step --------------------------------------------------------------------------------------
     def step(self, t: int):

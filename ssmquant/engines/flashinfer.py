@@ -8,29 +8,41 @@ from the sources and written out as plain FP32 torch:
     `old_cumAdt = A * scan(old_dt)` (`compute_cumAdt`, `load_old_dt_cumAdt`); decays `exp` of them.
   - A call flushes when `prev_k + T > max_window` (ring length = max_window + T): the checkpoint is
     replayed over the `prev_k` ring tokens and rewritten; the call's T tokens join the ring either way.
-  - Replay, 8-bit state (int8 / fp8_e4m3; `replay_state_mma_8bit_chain`): `S = sum_j bf16(x_j * c_j) B_j
-    + code * (decode_scale * total_decay)` with `c_j = exp(total - old_cumAdt_j) * old_dt_j`, the sum on
-    tensor cores (bf16 operands, FP32 accumulation). Per row: encode = QMAX / amax (1 when amax == 0),
-    stored decode scale = 1 / encode, codes = `cvt.rni.sat.s8` / `cvt.rn.satfinite.e4m3` of S * encode,
-    or stochastic (`philox.py`).
-  - Replay, 16/32-bit state (`replay_state_mma`): `S = state * total_decay + sum_j x_j bf16(B_j * c_j)`,
+  - Replay, 8-bit state (int8 / fp8_e4m3; `replay_state_mma_8bit_chain`): `S = fma(code, RN(decode_scale *
+    total_decay), hmma(bf16(x_j * c_j), B_j))` with `c_j = __expf(total - old_cumAdt_j) * old_dt_j`: one
+    tensor-core MMA from a zero accumulator (`hmma`), then one FFMA. Per row: encode = rcp(amax) * QMAX (1
+    when amax == 0), stored decode scale = rcp(encode) (`encode_rows_fast`), codes = `cvt.rni.sat.s8` /
+    `cvt.rn.satfinite.e4m3` of S * encode, or stochastic (`philox.py`).
+  - Replay, 16/32-bit state (`replay_state_mma`): `S = hmma(x_j, bf16(B_j * c_j), acc = RN(state * total_decay))`,
     stored in the state dtype to nearest.
   - Output of a flushing call: `exp(cumAdt_t) * (bf16(S) . C_t) + sum_j CB_scaled[t, j] x_j + D x_t`,
     where S is the replayed FP32 state (8-bit: before encoding; 16/32-bit: as stored) and
     `CB_scaled[t, j] = bf16((C_t . B_j) * exp(cumAdt_t - cumAdt_j) * dt_j)` for j <= t.
+  - Every `exp` above is `__expf` (`fast_expf`).
   - Output of a call without flush: `exp(total) * exp(cumAdt_t) * (C_t . S0) + CB_scaled x + CB_old x_old
     + D x_t` with `CB_old[t, i] = bf16((C_t . B_i) * exp(cumAdt_t + total - old_cumAdt_i) * old_dt_i)`;
     8-bit: `C_t . S0 = decode_scale * (C_t . code)` (codes are exact in bf16); 16/32-bit: `C_t . bf16(S0)`.
   - Outputs are stored in the input dtype (bf16).
 
 `selective_state_update` (conventional decode; `kernel_selective_state_update_stp.cuh`, simple kernel)
-  - `S = S * exp(A dt) + (B dt) x`; `y = D x + sum_n S_new C`; S stored in its dtype (fp16 stochastic
-    when a seed is given; scaled int16: per row encode = 32767 / amax, codes `__float2int_rn` of the
+  - `S = fma(S, __expf(A dt), (B dt) x)`; `y = D x + sum_n S_new C`; S stored in its dtype (fp16 stochastic
+    when a seed is given; scaled int16: per row encode = rcp(amax) * 32767, codes `__float2int_rn` of the
     value clamped to +-32767). y comes from the unrounded new state.
 
-What is not reproduced bit for bit (so results agree to FP32 rounding, not always bit for bit): the
-order and internal precision of tensor-core sums, `__expf` (ex2.approx) against `torch.exp`, and the
-fused multiply-adds nvcc contracts.
+What the compiled kernel computes (FlashInfer builds with `-use_fast_math`; the SASS of the ahead-of-time
+int8 max_window=16 module, `cuobjdump -sass`), modelled here and fitted on a dump of the real kernel
+(`fit.py`, FP32 states of the 16/32-bit replay matched bit for bit once `__expf` is right):
+  - every `exp` is `__expf(v)` = ex2.approx.ftz.f32(RN(v * log2e)) (`fast_expf`);
+  - the replay is one `HMMA.16816.F32.BF16` (m16n8k8 when max_window <= 8): products exact, aligned to the
+    largest exponent among them and the accumulator (a product's exponent taken as the sum of its
+    factors' exponents), each truncated toward zero 25 bits below it, summed exactly, the sum truncated to
+    FP32 (`hmma`); the 8-bit state term is then one `FFMA(code, decode_scale * total_decay, mma)`;
+  - encode = rcp.approx(amax) * QMAX, stored decode scale = rcp.approx(encode) (`MUFU.RCP`).
+Not reproduced bit for bit: MUFU.EX2 and MUFU.RCP are modelled (`ex2_approx`, `rcp_approx`), not
+tabulated (`mufu.py` tabulates them on a GPU). On the H200 dump 29-33% of the decode scales and 12% of the
+FP32 replayed state words still differ, by an ulp or a few (every difference is reached by a one-ulp change
+of a reciprocal and a few-ulp change of `__expf(total)`); codes are identical. The output path's bf16
+reductions are not modelled separately; the outputs of the test slice's calls are all bit-identical.
 """
 
 from __future__ import annotations
@@ -58,6 +70,75 @@ def bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).float()
 
 
+LOG2E_F32 = 1.4426950408889634  # rounds to 0x3FB8AA3B, the FMUL constant of `__expf` in the SASS
+
+
+def ex2_approx(v: torch.Tensor) -> torch.Tensor:
+    """Model of ex2.approx.ftz.f32 (MUFU.EX2) on FP32 v: 2^v rounded toward zero, results below 2^-126 flushed.
+
+    On the dump's FP32 replays this agrees with the hardware more often than 2^v rounded to nearest (74 of
+    96 decay arguments against 52; the rest differ by one or two ulps); the hardware's table is not public.
+    """
+    e = torch.exp2(v.double())
+    f = e.float()
+    f = torch.where(f.double() > e, torch.nextafter(f, torch.zeros_like(f)), f)
+    return torch.where(f < 2.0**-126, 0.0, f)
+
+
+def fast_expf(v: torch.Tensor) -> torch.Tensor:
+    """`__expf(v)` as nvcc compiles it: ex2.approx.ftz.f32(RN(v * log2e)), FP32 in and out."""
+    return ex2_approx(v.float() * LOG2E_F32)
+
+
+def rcp_approx(x: torch.Tensor) -> torch.Tensor:
+    """Model of rcp.approx.ftz.f32 (MUFU.RCP): the correctly rounded FP32 reciprocal (the hardware is within one ulp)."""
+    return ieee_div(1.0, x)
+
+
+def _exponent(v: torch.Tensor) -> torch.Tensor:
+    """Unbiased exponent field of FP32 v as int32 (zero: -1000, excluded from the alignment)."""
+    e = ((v.view(torch.int32) >> 23) & 0xFF) - 127
+    return torch.where(v == 0, -1000, e)
+
+
+def _rz_from_f64(s: torch.Tensor) -> torch.Tensor:
+    """FP64 -> FP32 rounded toward zero."""
+    f = s.float()
+    return torch.where(f.double().abs() > s.abs(), (f.view(torch.int32) - 1).view(torch.float32), f)
+
+
+HMMA_EXTRA_BITS = 2  # alignment width 24 + 2 bits: fitted on the dump's FP32 flushes (1 / 3 bits: 70% / 86%, 2: 100%)
+
+
+def hmma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None) -> torch.Tensor:
+    """One tensor-core MMA `c + a @ b` as the H200 computes it for bf16 operands and FP32 accumulation.
+
+    a [..., P, K] and b [..., K, N] hold bf16 values (as FP32), c [..., P, N] FP32 or None (a zero
+    accumulator). Each product a_k b_k is exact; its exponent is taken as e(a_k) + e(b_k). All products
+    and c are aligned to the largest exponent E among them, truncated toward zero to multiples of
+    2^(E - 23 - HMMA_EXTRA_BITS), summed exactly, and the sum is truncated to FP32. Returns [..., P, N] FP32.
+    """
+    big = torch.tensor(-1000, dtype=torch.int32, device=a.device)
+    ea, eb = _exponent(a), _exponent(b)
+    emax = None if c is None else _exponent(c)
+    for k in range(a.shape[-1]):
+        e = torch.where((ea[..., :, k, None] > big) & (eb[..., k, None, :] > big), ea[..., :, k, None] + eb[..., k, None, :], big)
+        emax = e if emax is None else torch.maximum(emax, e)
+    quantum = torch.ldexp(torch.ones((), dtype=torch.float64, device=a.device), (emax - 23 - HMMA_EXTRA_BITS).double())
+    acc = torch.zeros(emax.shape, dtype=torch.float64, device=a.device)
+    if c is not None:
+        acc = torch.trunc(c.double() / quantum) * quantum
+    for k in range(a.shape[-1]):
+        prod = a[..., :, k, None].double() * b[..., k, None, :].double()
+        acc = acc + torch.trunc(prod / quantum) * quantum
+    return _rz_from_f64(acc)
+
+
+def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """FP32 fused multiply-add a * b + c with one rounding (through FP64, as the `vllm` profile's FMA)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
 def hs_scan(v: torch.Tensor) -> torch.Tensor:
     """Inclusive Hillis-Steele prefix sum over the last dim (<= 16 entries), FP32, the warp-shuffle order."""
     n = v.shape[-1]
@@ -81,14 +162,29 @@ def dequantize_state(state: torch.Tensor, scale: torch.Tensor | None) -> torch.T
 def encode_rows(s: torch.Tensor, dtype: torch.dtype, chunk: torch.Tensor | None = None):
     """8-bit (or int16) per-row encode of FP32 values s [..., P, N]: (codes as FP32 values, decode scale [..., P]).
 
-    encode = QMAX / amax (1 when amax == 0), decode = 1 / encode; RNE, or the kernels' stochastic
-    conversion when `chunk` (16 random bits per element) is given.
+    encode = QMAX / amax (1 when amax == 0), decode = 1 / encode, IEEE divisions; RNE, or the kernels'
+    stochastic conversion when `chunk` (16 random bits per element) is given. (The profiles' int16 store.)
     """
     qmax = QMAX[dtype]
     amax = s.abs().amax(-1)
     zero = amax == 0
     enc = torch.where(zero, 1.0, ieee_div(qmax, torch.where(zero, 1.0, amax)))
     dec = ieee_div(1.0, enc)
+    return round_codes(s * enc[..., None], dtype, chunk), dec
+
+
+def encode_rows_fast(s: torch.Tensor, dtype: torch.dtype, chunk: torch.Tensor | None = None):
+    """The kernels' per-row encode of s [..., P, N] (8-bit checkpoints, int16 state): (codes as FP32 values, scale [..., P]).
+
+    encode = rcp.approx(amax) * QMAX (1 when amax == 0), decode = rcp.approx(encode) (`rcp_approx`), as
+    the fast-math build compiles `QUANT_MAX / a` and `1.f / encode` (kernel_checkpointing_ssu_8bit.cuh;
+    `max / new_state_max` and `1.f / encode` in kernel_selective_state_update_stp.cuh).
+    """
+    qmax = QMAX[dtype]
+    amax = s.abs().amax(-1)
+    zero = amax == 0
+    enc = torch.where(zero, 1.0, rcp_approx(torch.where(zero, 1.0, amax)) * qmax)
+    dec = rcp_approx(enc)
     return round_codes(s * enc[..., None], dtype, chunk), dec
 
 
@@ -111,22 +207,19 @@ def replay_8bit(codes, dec, total_decay, xs, coef, bs):
     """8-bit replay of one head group: FP32 [..., P, N].
 
     codes [..., P, N] FP32 code values; dec [..., P]; total_decay [...]; xs [..., K, P] ring x (bf16
-    values); coef [..., K] (0 beyond prev_k); bs [..., K, N] ring B. The sum runs over the ring in order.
+    values); coef [..., K] (0 beyond prev_k); bs [..., K, N] ring B. `hmma` from a zero accumulator, then
+    fma(code, RN(dec * total_decay), mma).
     """
-    acc = torch.zeros_like(codes)
-    for j in range(xs.shape[-2]):
-        a = bf16(xs[..., j, :] * coef[..., j, None])  # [..., P]
-        acc = acc + a[..., :, None] * bs[..., j, None, :]
-    return acc + codes * (dec * total_decay[..., None])[..., None]
+    a = bf16(xs * coef[..., None]).transpose(-1, -2)  # [..., P, K]
+    mma = hmma(a, bs)
+    ts = (dec * total_decay[..., None])[..., None]
+    return fma_f32(codes, ts, mma)
 
 
 def replay_wide(s0, total_decay, xs, coef, bs):
-    """16/32-bit replay: s0 * total_decay + sum_j x_j bf16(B_j * c_j), FP32 [..., P, N] (before the store)."""
-    acc = s0 * total_decay[..., None, None]
-    for j in range(xs.shape[-2]):
-        b = bf16(bs[..., j, :] * coef[..., j, None])  # [..., N]
-        acc = acc + xs[..., j, :, None] * b[..., None, :]
-    return acc
+    """16/32-bit replay: `hmma` of x_j and bf16(B_j * c_j) onto the accumulator RN(s0 * total_decay), FP32 [..., P, N]."""
+    b = bf16(bs * coef[..., None])  # [..., K, N]
+    return hmma(xs.transpose(-1, -2), b, s0 * total_decay[..., None, None])
 
 
 def check_checkpointing_call(state: torch.Tensor, x_cache: torch.Tensor, x: torch.Tensor) -> None:
@@ -196,8 +289,8 @@ def checkpointing_ssu_reference(
         old_dt = dt_cache[b][:, rows].float()  # [H, k]
         old_cum = a_h[:, None] * hs_scan(old_dt) if prev_k else old_dt
         total = old_cum[:, -1] if prev_k else torch.zeros(heads, device=dev)
-        total_decay = torch.exp(total) if prev_k else torch.ones(heads, device=dev)
-        coef = torch.exp(total[:, None] - old_cum) * old_dt  # [H, k]
+        total_decay = fast_expf(total) if prev_k else torch.ones(heads, device=dev)
+        coef = fast_expf(total[:, None] - old_cum) * old_dt  # [H, k]
         dt_b = dt[b].float().T  # [H, T]
         cum = hs_scan(a_h[:, None] * dt_b)  # [H, T]
         xb = x[b].float().permute(1, 0, 2)  # [H, T, P]
@@ -205,7 +298,7 @@ def checkpointing_ssu_reference(
         cb_ = C[b].float().repeat_interleave(hpg, 1).permute(1, 0, 2)  # [H, T, N]
         cbn = torch.einsum("htn,hjn->htj", cb_, bb)
         causal = torch.tril(torch.ones(tn, tn, dtype=torch.bool, device=dev))
-        cb_scaled = bf16(cbn * torch.exp(cum[:, :, None] - cum[:, None, :]) * dt_b[:, None, :])
+        cb_scaled = bf16(cbn * fast_expf(cum[:, :, None] - cum[:, None, :]) * dt_b[:, None, :])
         cb_scaled = torch.where(causal, cb_scaled, 0.0)
         y = torch.einsum("htj,hjp->htp", cb_scaled, xb)
         eight = state.dtype in EIGHT_BIT
@@ -217,7 +310,7 @@ def checkpointing_ssu_reference(
                 if rand_seed is not None:
                     # cache slot b: the kernel's Philox offset starts at b * state_stride_seq
                     chunk = philox.checkpoint_8bit_words(rand_seed, (1, heads, p, n), philox_rounds, dev, first_slot=b)[0]
-                codes, dec = encode_rows(rep, state.dtype, chunk)
+                codes, dec = encode_rows_fast(rep, state.dtype, chunk)
                 state[b] = store_codes(codes, state.dtype)
                 state_scale[b] = dec
                 y_state = torch.einsum("hpn,htn->htp", bf16(rep), cb_)
@@ -230,12 +323,12 @@ def checkpointing_ssu_reference(
                 stored = rep.to(state.dtype)
                 state[b] = stored
                 y_state = torch.einsum("hpn,htn->htp", bf16(stored.float()), cb_)
-            y = torch.exp(cum)[:, :, None] * y_state + y
+            y = fast_expf(cum)[:, :, None] * y_state + y
         else:
             cbo = torch.einsum("htn,hkn->htk", cb_, old_b)
-            w = torch.exp(cum[:, :, None] + total[:, None, None] - old_cum[:, None, :]) * old_dt[:, None, :]
+            w = fast_expf(cum[:, :, None] + total[:, None, None] - old_cum[:, None, :]) * old_dt[:, None, :]
             cb_old = bf16(cbo * w)  # [H, T, k]
-            fac = torch.exp(total)[:, None] * torch.exp(cum)  # [H, T]
+            fac = fast_expf(total)[:, None] * fast_expf(cum)  # [H, T]
             if eight:
                 raw = torch.einsum("htn,hpn->htp", cb_, s_in)
                 y_state = raw * (fac[:, :, None] * state_scale[b][:, None, :])
@@ -275,15 +368,16 @@ def selective_state_update_reference(
     """
     bsz, heads, p = x.shape
     hpg = heads // B.shape[1]
-    da = torch.exp(A.float()[None, :] * dt.float())  # [Bt, H]
+    da = fast_expf(A.float()[None, :] * dt.float())  # [Bt, H]: `__expf(A_value * dt_value)`
     bb = B.float().repeat_interleave(hpg, 1)
     cc = C.float().repeat_interleave(hpg, 1)
     s = dequantize_state(state, state_scale)
     db = bb * dt.float()[..., None]  # B * dt, then times x
-    new = s * da[..., None, None] + db[:, :, None, :] * x.float()[..., None]
+    # `state_value * dA + dB * x_value`, contracted by nvcc to fma(state, dA, dB * x) (fitted on the H200 dump)
+    new = fma_f32(s, da[..., None, None].expand_as(s), db[:, :, None, :] * x.float()[..., None])
     y = D.float()[None, :, None] * x.float() + (new * cc[:, :, None, :]).sum(-1)
     if state.dtype is torch.int16:
-        codes, dec = encode_rows(new, torch.int16)
+        codes, dec = encode_rows_fast(new, torch.int16)
         state.copy_(codes.to(torch.int16))
         state_scale.copy_(dec)
     elif rand_seed is not None:

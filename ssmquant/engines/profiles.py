@@ -42,7 +42,7 @@ import torch
 
 from ..formats import Encoding, Rounding, ScaleMode, StateFormat
 from ..replay.schemes import SchemeKind
-from .flashinfer import CKPT_8BIT_SHAPE, MAX_WINDOW, bf16, hs_scan
+from .flashinfer import CKPT_8BIT_SHAPE, MAX_WINDOW, bf16, fast_expf, hs_scan
 
 ENGINES = ("ideal", "flashinfer", "vllm", "trtllm")
 IDEAL = "ideal"
@@ -214,7 +214,7 @@ def flashinfer_tables(inputs, write_mask: torch.Tensor, length: int) -> FlashInf
     last = (held - 1).clamp(min=0)[..., None, None].expand(-1, -1, heads, 1)
     total = torch.where(held[..., None] > 0, torch.gather(old_cum, 3, last)[..., 0], 0.0)  # [B, T + 1, H]
     cum = a_h * dt  # [B, T, H]: one token per call, the scan is the value
-    e_cum = torch.exp(cum)
+    e_cum = fast_expf(cum)
     # dot products C_t . B_j, per group, for the new token and the ring tokens of call t
     hpg = heads // inputs.B.shape[2]
     bb, cc = inputs.B.float(), inputs.C.float()
@@ -225,13 +225,13 @@ def flashinfer_tables(inputs, write_mask: torch.Tensor, length: int) -> FlashInf
     dot_old = (cc[:, :, None] * b_ring).sum(-1).permute(0, 1, 3, 2).repeat_interleave(hpg, 2)  # [B, T, H, L]
     fc = flush_call[:, :steps, None]
     tot_t, cum_t = total[:, :steps], cum
-    w_old = torch.exp(cum_t[..., None] + tot_t[..., None] - old_cum[:, :steps]) * dtw[:, :steps]
+    w_old = fast_expf(cum_t[..., None] + tot_t[..., None] - old_cum[:, :steps]) * dtw[:, :steps]
     cb_old = torch.where(valid[:, :steps, None, :] & ~fc[..., None], bf16(dot_old * w_old), 0.0)
-    fac = torch.where(fc, e_cum, torch.exp(tot_t) * e_cum)
-    cb_new = bf16(dot_new * torch.exp(cum_t - cum_t) * dt)
+    fac = torch.where(fc, e_cum, fast_expf(tot_t) * e_cum)
+    cb_new = bf16(dot_new * fast_expf(cum_t - cum_t) * dt)
     # the replay of the flush after step t is call t + 1's
     tot_n, cum_n, dtw_n, valid_n = total[:, 1:], old_cum[:, 1:], dtw[:, 1:], valid[:, 1:]
     wm = write_mask[..., None]
-    coef = torch.where(wm[..., None] & valid_n[:, :, None, :], torch.exp(tot_n[..., None] - cum_n) * dtw_n, 0.0)
-    total_decay = torch.where(wm, torch.where(held[:, 1:, None] > 0, torch.exp(tot_n), 1.0), 0.0)
+    coef = torch.where(wm[..., None] & valid_n[:, :, None, :], fast_expf(tot_n[..., None] - cum_n) * dtw_n, 0.0)
+    total_decay = torch.where(wm, torch.where(held[:, 1:, None] > 0, fast_expf(tot_n), 1.0), 0.0)
     return FlashInferTables(flush_call[:, :steps], start[:, :steps], held[:, :steps], fac, cb_new, cb_old, coef, total_decay)

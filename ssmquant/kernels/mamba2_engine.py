@@ -34,6 +34,37 @@ def _pow2(e):
 
 
 @triton.jit
+def _exponent(v):
+    """Unbiased exponent field of FP32 v (int32); zero: -1000 (flashinfer._exponent)."""
+    e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    return tl.where(v == 0.0, -1000, e)
+
+
+@triton.jit
+def _pow2_f64(e):
+    """2^e as FP64 for int32 e in [-1022, 1023]."""
+    return ((e + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def _rz_f32(s):
+    """FP64 -> FP32 rounded toward zero (flashinfer._rz_from_f64)."""
+    f = s.to(tl.float32)
+    return tl.where(tl.abs(f.to(tl.float64)) > tl.abs(s), (f.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True), f)
+
+
+@triton.jit
+def _trunc_f64(v):
+    return tl.where(v >= 0.0, tl.floor(v), tl.ceil(v))
+
+
+@triton.jit
+def _rcp(v):
+    """rcp.approx.ftz.f32 as the profile models it: the correctly rounded reciprocal (flashinfer.rcp_approx)."""
+    return tl.math.div_rn(tl.full(v.shape, 1.0, tl.float32), v)
+
+
+@triton.jit
 def _bitrev16(x):
     x = ((x >> 1) & 0x5555) | ((x & 0x5555) << 1)
     x = ((x >> 2) & 0x3333) | ((x & 0x3333) << 2)
@@ -136,9 +167,8 @@ def _mamba2_engine_kernel(
     if REPLAY and EIGHT:
         amax = tl.max(tl.abs(s_ref), axis=0)
         qmax = 448.0 if FMT == 3 else 127.0
-        enc = tl.math.div_rn(tl.full([BLOCK_P], qmax, tl.float32), tl.where(amax == 0.0, 1.0, amax))
-        enc = tl.where(amax == 0.0, 1.0, enc)
-        dec = tl.math.div_rn(ones, enc)
+        enc = tl.where(amax == 0.0, 1.0, _rcp(tl.where(amax == 0.0, 1.0, amax)) * qmax)
+        dec = _rcp(enc)
         codes = round_element(s_ref * enc[None, :], 0.0, 0, FMT, False)
         s_var = codes * dec[None, :]
     pending = tl.zeros([BLOCK_P], dtype=tl.float32)
@@ -178,10 +208,13 @@ def _mamba2_engine_kernel(
             if write:
                 rstart = tl.where(fcall, t, start)
                 tdec = tl.load(tdec_ptr + bt * H + h)
+                # the replay HMMA (flashinfer.hmma): exponents of the products (and of the accumulator), then
+                # each product truncated 25 bits below the largest, summed exactly in FP64, truncated to FP32
                 if EIGHT:
-                    acc = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
+                    emax = tl.full([BLOCK_N, BLOCK_P], -1000, tl.int32)
                 else:
-                    acc = codes * tdec
+                    acc0 = codes * tdec
+                    emax = _exponent(acc0)
                 for j in tl.static_range(L):
                     st = tl.minimum(rstart + j, T - 1)
                     stt = b64 * T + st
@@ -189,16 +222,38 @@ def _mamba2_engine_kernel(
                     bj = round_buffer(tl.load(bm_ptr + (stt * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32), BUF)
                     cj = tl.load(coef_ptr + (bt * H + h) * L + j)
                     if EIGHT:
-                        acc = acc + _bf16(xj * cj)[None, :] * bj[:, None]
+                        ea = _exponent(_bf16(xj * cj))[None, :]
+                        eb = _exponent(bj)[:, None]
                     else:
-                        acc = acc + xj[None, :] * _bf16(bj * cj)[:, None]
+                        ea = _exponent(xj)[None, :]
+                        eb = _exponent(_bf16(bj * cj))[:, None]
+                    emax = tl.maximum(emax, tl.where((ea > -1000) & (eb > -1000), ea + eb, -1000))
+                emax = tl.maximum(emax, -900)
+                inv_q = _pow2_f64(25 - emax)  # 1 / 2^(emax - 23 - HMMA_EXTRA_BITS)
                 if EIGHT:
-                    rep = acc + codes * (dec * tdec)[None, :]
+                    accq = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float64)
+                else:
+                    accq = _trunc_f64(acc0.to(tl.float64) * inv_q)
+                for j in tl.static_range(L):
+                    st = tl.minimum(rstart + j, T - 1)
+                    stt = b64 * T + st
+                    xj = round_buffer(tl.load(x_ptr + (stt * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32), BUF)
+                    bj = round_buffer(tl.load(bm_ptr + (stt * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32), BUF)
+                    cj = tl.load(coef_ptr + (bt * H + h) * L + j)
+                    if EIGHT:
+                        prod = _bf16(xj * cj)[None, :].to(tl.float64) * bj[:, None].to(tl.float64)
+                    else:
+                        prod = xj[None, :].to(tl.float64) * _bf16(bj * cj)[:, None].to(tl.float64)
+                    accq = accq + _trunc_f64(prod * inv_q)
+                acc = _rz_f32(accq * _pow2_f64(emax - 25))
+                if EIGHT:
+                    # FFMA(code, dec * total_decay, mma): one rounding
+                    ts = (dec * tdec)[None, :]
+                    rep = (codes.to(tl.float64) * ts.to(tl.float64) + acc.to(tl.float64)).to(tl.float32)
                     amax = tl.max(tl.abs(rep), axis=0)
                     qmax = 448.0 if FMT == 3 else 127.0
-                    enc = tl.math.div_rn(tl.full([BLOCK_P], qmax, tl.float32), tl.where(amax == 0.0, 1.0, amax))
-                    enc = tl.where(amax == 0.0, 1.0, enc)
-                    dec = tl.math.div_rn(ones, enc)
+                    enc = tl.where(amax == 0.0, 1.0, _rcp(tl.where(amax == 0.0, 1.0, amax)) * qmax)
+                    dec = _rcp(enc)
                     v = rep * enc[None, :]
                     if SR:
                         chunk = _ckpt_chunks(seed_hi + t + 1, global_head, rows, cols, N)

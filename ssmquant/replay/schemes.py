@@ -4,14 +4,17 @@
 - replay(L): checkpoint + ring buffer of the last inputs; the checkpoint is rewritten when the buffer
   holds L entries (a write after steps L, 2L, ...). Buffered vector inputs are stored in the buffer
   dtype (bf16 by default; the per-head scalars dt and g stay FP32, as engines keep gates in FP32).
-- spec(L, T, accept): replay with speculative decoding. Each verify round appends T draft tokens;
-  `a` of them are accepted and one more token (the target's own) is committed, so a round commits
-  a + 1 tokens. Rejected drafts are rolled back by moving a pointer and never reach the checkpoint.
-  Before a round, if the buffer holds h committed tokens and h + 2T > L, the checkpoint is flushed
-  early (it summarises only committed tokens); it is also flushed when h reaches L. So flush
-  intervals become irregular. Acceptance is given as explicit counts per round, or as a per-draft
-  acceptance probability p (each draft accepted with probability p until the first rejection,
-  seeded per sequence).
+- spec(L, T, accept): replay with speculative decoding. Each verify round processes T + 1 tokens (the
+  last committed token's successor and T drafts); `a` drafts are accepted and one more token (the
+  target's own) is committed, so a round commits a + 1 tokens. Rejected drafts are rolled back by
+  moving a pointer and never reach the checkpoint. Before a round, if the buffer holds h committed
+  tokens and h + T + 1 > L, the checkpoint is flushed (it summarises only committed tokens); it is
+  also flushed when h reaches L. So flush intervals become irregular. This is FlashInfer's
+  `checkpointing_ssu` with max_window = L and T + 1 tokens per call (its criterion `prev_k + seq_len >
+  MAX_WINDOW`, kernel_checkpointing_ssu.cuh, 0.7.2.post1; ring of L + T + 1 rows). Until 2026-12-01 the
+  rule was h + 2T > L, which flushes earlier for T >= 2. Acceptance is given as explicit counts per
+  round, or as a per-draft acceptance probability p (each draft accepted with probability p until the
+  first rejection, seeded per sequence).
 
 A scheme turns into a write schedule: a bool mask [batch, steps] over committed tokens, True where
 the state is stored after that step. Everything downstream (torch reference, Triton kernels) consumes
@@ -166,7 +169,7 @@ class Scheme:
             held, pos, r = 0, 0, 0
             acc = accepted[b].tolist()
             while pos < steps:
-                if held > 0 and held + 2 * T > L:  # early flush before a round that might not fit
+                if held > 0 and held + T + 1 > L:  # the round's T + 1 tokens would not fit the window
                     mask[b, pos - 1] = True
                     held = 0
                 commit = min(acc[r] + 1, steps - pos)

@@ -134,9 +134,10 @@ def page(data: pathlib.Path, out: pathlib.Path) -> dict:
         scale_note(scales),
         "",
         "**Question.** With speculative decoding, draft tokens share the replay buffer, and the checkpoint is "
-        "flushed early when h + 2T > L (h committed tokens held, T drafts), so flush intervals become irregular and, "
-        "for large T, shorter. How does the error of spec16x{2,4,6} with per-draft acceptance {1.0, 0.8, 0.5} "
-        "compare with plain replay16 on the same inputs?",
+        "flushed before a verify round when h + T + 1 > L (h committed tokens held, T drafts: FlashInfer's "
+        "checkpointing_ssu criterion with max_window L and T + 1 tokens per call), so flush intervals become "
+        "irregular and, for large T, shorter. How does the error of spec16x{2,4,6} with per-draft acceptance "
+        "{1.0, 0.8, 0.5} compare with plain replay16 on the same inputs?",
         "",
         "## Data",
         "",

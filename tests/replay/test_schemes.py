@@ -25,12 +25,15 @@ def test_spec_with_no_drafts_or_one_accepted_draft_equals_replay():
 
 
 def test_spec_early_flush_rule():
-    # L=16, T=4, every draft accepted: rounds commit 5 tokens; before a round, flush if h + 8 > 16.
-    # h: 0 -> 5 -> 10 (10 + 8 > 16: flush after token 10) -> 5 -> 10 (flush after 20) ...; the decode
-    # ends after token 40 with 10 tokens held and no further round, so no flush there.
-    assert writes(parse_scheme("spec16x4"), 40) == [10, 20, 30]
-    # explicit accepted counts 4, 0, 2 (commit 5, 1, 3, ...): h 5, 6 (6+8 ok), 9 (9+8 > 16 flush after 9)
-    assert writes(parse_scheme("spec16x4:a4-0-2"), 20) == [9, 18]
+    # FlashInfer's checkpointing_ssu criterion prev_k + seq_len > max_window: L=16, T=4, every draft
+    # accepted: rounds of T + 1 = 5 tokens commit 5; before a round, flush if h + 5 > 16.
+    # h: 0 -> 5 -> 10 -> 15 (15 + 5 > 16: flush after token 15) -> 5 -> 10 -> 15 (flush after 30) -> 5 -> 10;
+    # the decode ends after token 40 with 10 tokens held and no further round, so no flush there.
+    assert writes(parse_scheme("spec16x4"), 40) == [15, 30]
+    # explicit accepted counts 4, 0, 2 (commit 5, 1, 3, 5, 1, ...): h 5, 6, 9, 14 (14 + 5 > 16: flush after
+    # 14), 1, 4, 9, 10, 13 (13 + 5 > 16: flush after 27)
+    assert writes(parse_scheme("spec16x4:a4-0-2"), 30) == [14, 27]
+    # the rule before 2026-12-01 (h + 2T > L) flushed after 10, 20, 30: a third more writes for T = 4
 
 
 def test_spec_with_acceptance_rate_gives_irregular_seeded_intervals():
