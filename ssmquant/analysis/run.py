@@ -24,8 +24,9 @@ import torch
 from .. import __version__
 from ..formats import Encoding, FormatError, parse
 from ..provenance import environment
-from ..replay import Trace, cycle_window, parse_scheme, simulate
+from ..replay import Trace, cycle_window, parse_scheme
 from ..replay.schemes import SchemeError
+from ..replay.simulate import start_simulation
 from ..replay.variants import Variant, VariantError
 from ..sizing import format_seconds
 from .devices import DeviceError, assign_layers, parse_emulation_devices, run_on_devices
@@ -316,15 +317,21 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     done = []
 
     def emulate(layer, inputs, dev):
+        """Queue the layer's emulation (validation errors raise here); ``reduce`` waits for it."""
         t_sim = time.perf_counter()
         inputs = inputs.to(dev)
         inputs.meta.setdefault("layer", layer)
         try:
-            trace = simulate(inputs, variants, backend=cfg.backend, record_every=record_every)
+            pending = start_simulation(inputs, variants, backend=cfg.backend, record_every=record_every)
         except ValueError as err:
             raise AnalyzeError(f"layer {layer}: {err}") from err
-        sim_s = time.perf_counter() - t_sim
-        del inputs
+        return pending, time.perf_counter() - t_sim
+
+    def reduce(layer, started):
+        pending, sim_s = started
+        t_wait = time.perf_counter()
+        trace = pending.result()
+        sim_s += time.perf_counter() - t_wait  # the wait for the device: emulation, as before
         frame = trace.to_frame()
         frame.insert(0, "layer", layer)
         return frame, head_table(layer, trace), summarize_layer(layer, source.layer_kind, trace, variants), sim_s
@@ -337,7 +344,9 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
         if progress:
             progress(len(done), len(layers), layer)
 
-    results, run = run_on_devices(source.iter_layers(layers), assignment, emulate, on_result=finished, lanes=lanes)
+    results, run = run_on_devices(
+        source.iter_layers(layers), assignment, emulate, on_result=finished, lanes=lanes, complete=reduce
+    )
     traces = [results[i][0] for i in layers]
     heads = [results[i][1] for i in layers]
     summary = [row for i in layers for row in results[i][2]]

@@ -99,6 +99,45 @@ def test_one_device_runs_inline():
     assert results == {1: ("a", True), 2: ("b", True)} and run.layers == {"cpu": [1, 2]}
 
 
+def test_one_device_pipelines_the_completion_behind_the_next_items_work():
+    cpu = torch.device("cpu")
+    log = []
+
+    def items():
+        for k in (1, 2, 3):
+            log.append(f"read {k}")
+            yield k, k * 10
+
+    def work(k, x, d):
+        log.append(f"work {k}")
+        return x + 1
+
+    def complete(k, started):
+        log.append(f"complete {k}")
+        return started * 2
+
+    results, run = run_on_devices(items(), {k: cpu for k in (1, 2, 3)}, work, complete=complete,
+                                  on_result=lambda k, r, s: log.append(f"result {k}"))  # fmt: skip
+    assert results == {1: 22, 2: 42, 3: 62} and run.layers == {"cpu": [1, 2, 3]}
+    assert log == ["read 1", "work 1", "read 2", "work 2", "complete 1", "result 1", "read 3", "work 3",
+                   "complete 2", "result 2", "complete 3", "result 3"]  # fmt: skip
+
+
+def test_a_pipelined_error_stops_at_the_failing_item():
+    cpu = torch.device("cpu")
+    done = []
+
+    def work(k, x, d):
+        if k == 2:
+            raise ValueError("bad item 2")
+        return x
+
+    with pytest.raises(ValueError, match="bad item 2"):
+        run_on_devices(iter([(1, "a"), (2, "b"), (3, "c")]), {k: cpu for k in (1, 2, 3)}, work,
+                       complete=lambda k, s: done.append(k))  # fmt: skip
+    assert done == []  # item 1 was queued, not completed, when item 2 failed: nothing after it ran
+
+
 def test_lanes_work_on_one_device_at_once_and_bound_the_items_alive():
     keys = list(range(10))
     produced, finished, lock = [], [], threading.Lock()
