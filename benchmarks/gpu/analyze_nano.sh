@@ -22,7 +22,7 @@ cache=$(mktemp -d /tmp/analyze-nano-triton-XXXX)
 run() {
   local rc=0
   echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader 2>/dev/null || echo 'no GPU'), $(nproc) CPUs"
-  python3 -c "import torch, triton, matplotlib; print('torch', torch.__version__, 'triton', triton.__version__, 'matplotlib', matplotlib.__version__)"
+  python3 -c "import torch, triton, matplotlib; print('torch', torch.__version__, 'triton', triton.__version__, 'matplotlib', matplotlib.__version__)" || true
   echo "== analyze: cold, warm, warm"
   # shellcheck disable=SC2086
   timeout "${BENCH_TIMEOUT:-55}" python3 benchmarks/bench_analyze.py "${KIND:-gpu}" --runs cold,warm,warm \

@@ -17,6 +17,8 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
+import warnings
 
 import pandas as pd
 
@@ -25,6 +27,11 @@ PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
 # Effectively off since the H200 run of 2026-12-01 (16 cores): the processes made the plots stage 5.5 s
 # where the background thread took 1.7 s. Lower it to try them again.
 PLOT_PROCESS_MIN_CPUS = 1024
+# With at least this many cores (and os.fork, on Linux), the plots render at once: the process forks one child
+# per plot but the last, which inherits the imported plotting stack and the tables (nothing to import or
+# pass), renders its plot into the output directory and exits; this process renders the last plot. The
+# PNGs are the bytes an in-process render writes (tests/test_cli.py). 0 turns it off.
+PLOT_FORK_MIN_CPUS = 4
 
 _prefetch: threading.Thread | None = None
 _workers: dict[str, tuple[subprocess.Popen, object]] | None = None  # plot -> (process, its stderr file)
@@ -86,6 +93,53 @@ def _render_in_workers(workers: dict, result, report: dict, tmp: pathlib.Path):
                 proc.stdout.close()
 
     return wait
+
+
+def _can_fork() -> bool:
+    return bool(PLOT_FORK_MIN_CPUS) and sys.platform.startswith("linux") and (os.cpu_count() or 1) >= PLOT_FORK_MIN_CPUS
+
+
+def _render_forked(traces, heads, summary, report: dict, out_dir) -> list[str]:
+    """PLOT_FILES rendered at once: one forked child per plot but the last, which this process renders.
+
+    A child only draws with matplotlib (no CUDA, no threads of its own) and leaves with os._exit, so none of
+    the parent's state is torn down twice. Returns the file names; a child that failed raises RuntimeError
+    naming its plot (its traceback is on stderr) once every child has ended."""
+    plots = _plots()
+    names = list(PLOT_FILES)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children: dict[str, int] = {}
+    try:
+        for name in names[:-1]:
+            with warnings.catch_warnings():
+                # Python warns that forking a multi-threaded process may deadlock the child: the other threads
+                # (CUDA's, torch's pools) hold no lock the child's drawing takes
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:  # the child
+                status = 1
+                try:
+                    plots.render_one(name, traces, heads, summary, report, out_dir)
+                    status = 0
+                except KeyboardInterrupt:
+                    status = 130
+                except BaseException:  # noqa: BLE001 - reported on stderr, the parent names the plot
+                    traceback.print_exc()
+                finally:
+                    sys.stderr.flush()
+                    os._exit(status)
+            children[name] = pid
+        plots.render_one(names[-1], traces, heads, summary, report, out_dir)
+    finally:
+        failed = []
+        for name, pid in children.items():
+            _, status = os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                failed.append(f"{name} (status {os.waitstatus_to_exitcode(status)})")
+    if failed:
+        raise RuntimeError(f"the process plotting {', '.join(failed)} failed; its traceback is above")
+    return names
 
 
 def _warm_plots() -> None:
@@ -233,7 +287,8 @@ def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) 
             files += waiting()
         elif plots:
             # matplotlib and seaborn are imported only when plotting (or by prefetch_plotting, meanwhile)
-            files += _plots().render_all(result.traces, result.heads, result.summary, report, tmp)
+            render = _render_forked if _can_fork() else _plots().render_all
+            files += render(result.traces, result.heads, result.summary, report, tmp)
         # the time of this write, beside analyze()'s stages (report.json itself is not counted); with
         # plotting processes plots_s is the wait for them after the tables are written
         report["stages"] = {
