@@ -4,15 +4,17 @@
 # then warm twice; then that the speed changes leave the outputs alone (benchmarks/gpu/nano_outputs_check.py:
 # two runs of this tree bit-identical, and equal to main's loop and window sums within float64 rounding);
 # last, whether two lanes per GPU now give the same outputs as one (benchmarks/gpu/lanes_check.py).
-# From the repo root, about 60 s (at most 95 s):
+# From the repo root, about 70 s (at most 120 s):
 #
 #   OUT=/tmp/o bash benchmarks/gpu/analyze_nano.sh
 #
-# Writes $OUT/analyze_nano.{json,md} (stage table) and $OUT/analyze_nano.log (all output).
+# Writes $OUT/analyze_nano.{json,md} (stage table), $OUT/timeline_sync.json (span timeline with a device sync at
+# each span's end: what each stage costs the GPU) and $OUT/analyze_nano.log (all output).
 # CPU check of the script itself (tiny sizes):
 #   OUT=/tmp/o KIND=cpu BENCH_ARGS="--steps 16 --batch 1 --layers 0" \
 #     CHECK_ARGS="--device cpu --steps 16 --batch 1 --layers 0,2" LANES_ARGS="--device cpu --steps 16 --batch 1 --layers 0,2" \
-#     BENCH_TIMEOUT=900 CHECK_TIMEOUT=900 LANES_TIMEOUT=900 bash benchmarks/gpu/analyze_nano.sh
+#     PROFILE_ARGS="--device cpu --steps 8 --batch 1 --layers 0,2" \
+#     BENCH_TIMEOUT=900 CHECK_TIMEOUT=900 LANES_TIMEOUT=900 PROFILE_TIMEOUT=900 bash benchmarks/gpu/analyze_nano.sh
 set -euo pipefail
 : "${OUT:?set OUT to the results directory}"
 mkdir -p "$OUT"
@@ -30,6 +32,10 @@ run() {
   echo "== outputs: this tree twice, main's loop and window sums twice (4 layers, warm cache)"
   # shellcheck disable=SC2086
   TRITON_CACHE_DIR=$cache timeout "${CHECK_TIMEOUT:-22}" python3 benchmarks/gpu/nano_outputs_check.py ${CHECK_ARGS:-} || rc=$?
+  echo "== per-stage GPU cost: the analysis with a device sync at the end of every span (benchmarks/gpu/nano_profile.py --sync)"
+  # shellcheck disable=SC2086
+  TRITON_CACHE_DIR=$cache timeout "${PROFILE_TIMEOUT:-25}" python3 benchmarks/gpu/nano_profile.py --sync \
+    --json "$OUT/timeline_sync.json" -- ${PROFILE_ARGS:-} || echo "(profile: status $?, informative only)"
   echo "== GPU lanes: the same outputs with one and two layers at once"
   # shellcheck disable=SC2086
   TRITON_CACHE_DIR=$cache timeout "${LANES_TIMEOUT:-15}" python3 benchmarks/gpu/lanes_check.py ${LANES_ARGS:-} || echo "(lanes check: status $?, informative only)"
