@@ -4,7 +4,7 @@
 # then warm twice; then that the speed changes leave the outputs alone (benchmarks/gpu/nano_outputs_check.py:
 # two runs of this tree bit-identical, and equal to main's loop and window sums within float64 rounding);
 # last, whether two lanes per GPU now give the same outputs as one (benchmarks/gpu/lanes_check.py).
-# From the repo root, about 70 s (at most 120 s):
+# From the repo root, about 60 s (at most 105 s):
 #
 #   OUT=/tmp/o bash benchmarks/gpu/analyze_nano.sh
 #
@@ -27,18 +27,18 @@ run() {
   python3 -c "import torch, triton, matplotlib; print('torch', torch.__version__, 'triton', triton.__version__, 'matplotlib', matplotlib.__version__)" || true
   echo "== analyze: cold, warm, warm"
   # shellcheck disable=SC2086
-  timeout "${BENCH_TIMEOUT:-55}" python3 benchmarks/bench_analyze.py "${KIND:-gpu}" --runs cold,warm,warm \
+  timeout "${BENCH_TIMEOUT:-50}" python3 benchmarks/bench_analyze.py "${KIND:-gpu}" --runs cold,warm,warm \
     --cache-dir "$cache" --json "$OUT/analyze_nano.json" --results "$OUT/analyze_nano.md" ${BENCH_ARGS:-} || rc=$?
   echo "== outputs: this tree twice, main's loop and window sums twice (4 layers, warm cache)"
   # shellcheck disable=SC2086
-  TRITON_CACHE_DIR=$cache timeout "${CHECK_TIMEOUT:-22}" python3 benchmarks/gpu/nano_outputs_check.py ${CHECK_ARGS:-} || rc=$?
+  TRITON_CACHE_DIR=$cache timeout "${CHECK_TIMEOUT:-20}" python3 benchmarks/gpu/nano_outputs_check.py ${CHECK_ARGS:-} || rc=$?
   echo "== per-stage GPU cost: the analysis with a device sync at the end of every span (benchmarks/gpu/nano_profile.py --sync)"
   # shellcheck disable=SC2086
-  TRITON_CACHE_DIR=$cache timeout "${PROFILE_TIMEOUT:-25}" python3 benchmarks/gpu/nano_profile.py --sync \
+  TRITON_CACHE_DIR=$cache timeout "${PROFILE_TIMEOUT:-20}" python3 benchmarks/gpu/nano_profile.py --sync \
     --json "$OUT/timeline_sync.json" -- ${PROFILE_ARGS:-} || echo "(profile: status $?, informative only)"
   echo "== GPU lanes: the same outputs with one and two layers at once"
   # shellcheck disable=SC2086
-  TRITON_CACHE_DIR=$cache timeout "${LANES_TIMEOUT:-15}" python3 benchmarks/gpu/lanes_check.py ${LANES_ARGS:-} || echo "(lanes check: status $?, informative only)"
+  TRITON_CACHE_DIR=$cache timeout "${LANES_TIMEOUT:-12}" python3 benchmarks/gpu/lanes_check.py ${LANES_ARGS:-} || echo "(lanes check: status $?, informative only)"
   echo "== done, status $rc"
   return "$rc"
 }

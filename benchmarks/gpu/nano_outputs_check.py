@@ -1,10 +1,12 @@
-"""Do the speed changes of issue 15 (pipelined layers, ordered window sums) leave analyze's outputs alone?
+"""Do the speed changes of issue 15 (pipelined layers, inputs made ahead, ordered window sums) leave analyze's
+outputs alone?
 
 Runs analyze() in this process on a few nemotron-3-nano layers at the full 4096 steps x batch 8, four times:
 
 - ``new`` twice: this tree as it is (each layer's host work overlaps the next layer's kernels; the window sums
   added in step order). The two runs must be identical to the bit: the run is deterministic;
-- ``main`` twice: the same code with main's per-layer loop (no overlap) and main's window sums (CUDA's
+- ``main`` twice: the same code with main's per-layer loop (no overlap, inputs drawn in the loop's thread after
+  the previous layer's kernels) and main's window sums (CUDA's
   ``index_add_``, which adds with atomics in an order that changes from run to run). Whether those two
   differ from each other says whether main itself was reproducible on this GPU.
 
@@ -30,6 +32,7 @@ import torch
 
 from ssmquant.analysis import AnalyzeConfig, analyze
 from ssmquant.analysis import devices as devices_mod
+from ssmquant.analysis.sources import LayerSource
 from ssmquant.replay.trace import WindowAccumulator
 
 TABLES = ("traces", "heads", "summary")
@@ -45,7 +48,7 @@ def _index_add_sums(self, m):
 @contextlib.contextmanager
 def mains_arithmetic():
     """main's loop (each layer waits for its results before the next is read) and main's window sums."""
-    sums, pipeline = WindowAccumulator._window_sums, devices_mod._pipeline
+    sums, pipeline, ahead = WindowAccumulator._window_sums, devices_mod._pipeline, LayerSource.can_make_ahead
 
     def serial(next_item, assignment, work, complete, record):
         while (item := next_item()) is not devices_mod._DONE:
@@ -55,10 +58,11 @@ def mains_arithmetic():
             record(key, res, assignment[key], time.perf_counter() - t0)
 
     WindowAccumulator._window_sums, devices_mod._pipeline = _index_add_sums, serial
+    LayerSource.can_make_ahead = property(lambda self: False)  # inputs drawn in this thread, after the kernels
     try:
         yield
     finally:
-        WindowAccumulator._window_sums, devices_mod._pipeline = sums, pipeline
+        WindowAccumulator._window_sums, devices_mod._pipeline, LayerSource.can_make_ahead = sums, pipeline, ahead
 
 
 def max_rel_diff(a: pd.DataFrame, b: pd.DataFrame) -> float:

@@ -296,8 +296,10 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     layers = source.select(cfg.layers)
     source.check_formats([v.format for v in variants])
     lanes = GPU_LANES if all(d.type == "cuda" for d in emu_devices) else 1
+    # one GPU, one lane: synthetic inputs are drawn one layer ahead on their own stream while the kernels run
+    ahead = source.can_make_ahead and cfg.devices is None and lanes == 1
     sizes = dict(steps=cfg.steps, batch=cfg.batch, backend=chosen_backend, recorded=cfg.steps // record_every,
-                 workers=len(emu_devices), lanes=lanes)  # fmt: skip
+                 workers=len(emu_devices), lanes=lanes, ahead=ahead)  # fmt: skip
     per_step = plan_layers(source, layers, variants, device=emu_devices[0], measure_time=notify is not None, **sizes)
     for dev in emu_devices[1:]:  # every emulation device holds one layer's emulation at a time
         plan_layers(source, layers, variants, device=dev, **sizes)
@@ -345,7 +347,7 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
             progress(len(done), len(layers), layer)
 
     results, run = run_on_devices(
-        source.iter_layers(layers), assignment, emulate, on_result=finished, lanes=lanes, complete=reduce
+        source.iter_layers(layers, ahead=ahead), assignment, emulate, on_result=finished, lanes=lanes, complete=reduce
     )
     traces = [results[i][0] for i in layers]
     heads = [results[i][1] for i in layers]

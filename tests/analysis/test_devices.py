@@ -213,3 +213,48 @@ def test_lanes_with_no_items_or_one_item_finish():
     cpu = torch.device("cpu")
     assert run_on_devices(iter([]), {}, lambda k, x, d: x, lanes=2)[0] == {}
     assert run_on_devices(iter([(3, "x")]), {3: cpu}, lambda k, x, d: x, lanes=3)[0] == {3: "x"}
+
+
+def test_inputs_made_ahead_come_in_order_one_ahead_and_stop_on_close():
+    from ssmquant.analysis.sources import made_ahead
+
+    made, threads = [], set()
+
+    def make():
+        for k in range(5):
+            made.append(k)
+            threads.add(threading.current_thread().name)
+            yield k, f"inputs {k}"
+
+    it = made_ahead(make, torch.device("cpu"))
+    assert next(it) == (0, "inputs 0")
+    deadline = time.time() + 5
+    while len(made) < 3 and time.time() < deadline:  # item 1 waits, item 2 is being made
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert made == [0, 1, 2] and threads == {"ssmquant-inputs-ahead"}
+    assert next(it) == (1, "inputs 1")
+    it.close()  # stops the worker, which was waiting to hand over item 2 or 3
+    assert made in ([0, 1, 2], [0, 1, 2, 3])
+    assert not any(t.name == "ssmquant-inputs-ahead" for t in threading.enumerate())
+
+
+def test_an_error_while_making_inputs_ahead_is_raised_to_the_consumer():
+    from ssmquant.analysis.sources import made_ahead
+
+    def make():
+        yield 0, "inputs 0"
+        raise ValueError("layer 2: NaN in x")
+
+    it = made_ahead(make, torch.device("cpu"))
+    assert next(it) == (0, "inputs 0")
+    with pytest.raises(ValueError, match="layer 2: NaN in x"):
+        next(it)
+
+
+def test_memory_estimate_counts_inputs_made_ahead():
+    dims = layer_dims("mamba2", 64, 64, 128, 8)
+    kw = dict(batch=8, steps=4096, variants=6, recorded=256, device="cuda", backend="triton")
+    plain, ahead = analyze_memory(dims, **kw), analyze_memory(dims, **kw, ahead=True)
+    extra = ahead.total("device") - plain.total("device")
+    assert extra >= 2 * 8 * 4096 * input_bytes_per_token(dims)
