@@ -411,8 +411,8 @@ def test_error_after_the_progress_bar_starts_on_its_own_line(tmp_path, monkeypat
             raise ValueError("emulation failed")
         return real(*args, **kwargs)
 
-    real = run.simulate
-    monkeypatch.setattr(run, "simulate", fail_second)
+    real = run.start_simulation
+    monkeypatch.setattr(run, "start_simulation", fail_second)
     out = tmp_path / "out"
     res = cli(["analyze", *TINY[:2], "--layers", "0,2", "--formats", "int8", "--schemes", "conventional",
                "--steps", 8, "--batch", 1, "--device", "cpu", "--out", out])  # fmt: skip

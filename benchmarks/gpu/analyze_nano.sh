@@ -3,8 +3,8 @@
 # GPU, by stage (start-up, imports, inputs, emulation, tables, write, plots, exit), cold (fresh Triton cache)
 # then warm twice; then that the speed changes leave the outputs alone (benchmarks/gpu/nano_outputs_check.py:
 # two runs of this tree bit-identical, and equal to main's loop and window sums within float64 rounding);
-# last, whether two lanes per GPU now give the same outputs as one (benchmarks/gpu/lanes_check.py).
-# From the repo root, about 60 s (at most 105 s):
+# then a span timeline with a device sync at each span's end; with LANES=1 also whether two lanes per GPU give
+# the same outputs as one (benchmarks/gpu/lanes_check.py, 12 s more). From the repo root, about 60 s (at most 90 s):
 #
 #   OUT=/tmp/o bash benchmarks/gpu/analyze_nano.sh
 #
@@ -12,7 +12,7 @@
 # each span's end: what each stage costs the GPU) and $OUT/analyze_nano.log (all output).
 # CPU check of the script itself (tiny sizes):
 #   OUT=/tmp/o KIND=cpu BENCH_ARGS="--steps 16 --batch 1 --layers 0" \
-#     CHECK_ARGS="--device cpu --steps 16 --batch 1 --layers 0,2" LANES_ARGS="--device cpu --steps 16 --batch 1 --layers 0,2" \
+#     CHECK_ARGS="--device cpu --steps 16 --batch 1 --layers 0,2" LANES=1 LANES_ARGS="--device cpu --steps 16 --batch 1 --layers 0,2" \
 #     PROFILE_ARGS="--device cpu --steps 8 --batch 1 --layers 0,2" \
 #     BENCH_TIMEOUT=900 CHECK_TIMEOUT=900 LANES_TIMEOUT=900 PROFILE_TIMEOUT=900 bash benchmarks/gpu/analyze_nano.sh
 set -euo pipefail
@@ -36,9 +36,11 @@ run() {
   # shellcheck disable=SC2086
   TRITON_CACHE_DIR=$cache timeout "${PROFILE_TIMEOUT:-20}" python3 benchmarks/gpu/nano_profile.py --sync \
     --json "$OUT/timeline_sync.json" -- ${PROFILE_ARGS:-} || echo "(profile: status $?, informative only)"
-  echo "== GPU lanes: the same outputs with one and two layers at once"
-  # shellcheck disable=SC2086
-  TRITON_CACHE_DIR=$cache timeout "${LANES_TIMEOUT:-12}" python3 benchmarks/gpu/lanes_check.py ${LANES_ARGS:-} || echo "(lanes check: status $?, informative only)"
+  if [ -n "${LANES:-}" ]; then
+    echo "== GPU lanes: the same outputs with one and two layers at once"
+    # shellcheck disable=SC2086
+    TRITON_CACHE_DIR=$cache timeout "${LANES_TIMEOUT:-12}" python3 benchmarks/gpu/lanes_check.py ${LANES_ARGS:-} || echo "(lanes check: status $?, informative only)"
+  fi
   echo "== done, status $rc"
   return "$rc"
 }
