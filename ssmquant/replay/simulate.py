@@ -167,5 +167,5 @@ def start_simulation(
 
     stats = [_to_host(a.finish_tensors()) for a in accs]
     event = torch.cuda.Event()
-    event.record()
+    event.record(torch.cuda.current_stream(inputs.device))  # the copies run on the inputs' device's stream
     return PendingTrace(names, accs[0].ends, stats, meta, event)
