@@ -40,9 +40,11 @@ HEAD_TABLE_POINTS = 8
 # Layers each GPU emulates at once, one CUDA stream each (analysis.devices.run_on_devices): while one
 # layer's kernels run, another's host work (its tables, the host syncs of its launches) proceeds and the next
 # layer's inputs are made, so the GPU does not wait for the host between layers.
-# 1 (off) since the H200 run of 2026-12-01: with two lanes `benchmarks/gpu/lanes_check.py` found heads.csv's
-# state_rel_err different from the one-lane run (summary identical), and the run was not faster (16.5 s warm).
-# Until that difference is explained, one lane per GPU.
+# 1 (off) since the H200 run of 2026-12-01: the run was not faster (16.5 s warm), and `benchmarks/gpu/lanes_check.py`
+# found heads.csv's state_rel_err different from the one-lane run. That difference was CUDA's atomic index_add_
+# in the window sums, whose order changes from run to run (two one-lane runs differed too); the sums are now
+# added in step order (replay.trace.WindowAccumulator). One lane pipelines a layer's host work behind the next
+# layer's kernels instead (run_on_devices' complete=).
 GPU_LANES = 1
 
 
