@@ -12,6 +12,7 @@ layers do together to the model's predictions is the end-to-end evaluation's que
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -149,7 +150,13 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 def first_write_step(variant: Variant) -> int:
     """The 1-based step whose state is the first rounded one (1 conventional, L replay)."""
-    mask = variant.scheme.write_mask(1, 65536 if variant.scheme.buffer_len > 1 else 1)[0]
+    return _first_write_step(variant.scheme)
+
+
+@functools.lru_cache(maxsize=256)
+def _first_write_step(scheme) -> int:
+    # once per scheme: a 65536-step mask (a Python loop for spec schemes) took most of a layer's host work
+    mask = scheme.write_mask(1, 65536 if scheme.buffer_len > 1 else 1)[0]
     return int(mask.nonzero()[0, 0]) + 1
 
 
