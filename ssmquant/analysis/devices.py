@@ -188,13 +188,17 @@ def run_on_devices(
         return item
 
     if len(devices) <= 1 and lanes <= 1:
-        if complete is None:
-            while (item := next_item()) is not _DONE:
-                key, payload = item
-                one(key, payload, assignment[key])
-                del item, payload
-        else:
-            _pipeline(next_item, assignment, work, complete, record)
+        try:
+            if complete is None:
+                while (item := next_item()) is not _DONE:
+                    key, payload = item
+                    one(key, payload, assignment[key])
+                    del item, payload
+            else:
+                _pipeline(next_item, assignment, work, complete, record)
+        finally:
+            if hasattr(iterator, "close"):
+                iterator.close()  # stops a producer still running after an error (capture, inputs made ahead)
         stats.wall_s = time.perf_counter() - t_start
         return results, stats
 

@@ -132,10 +132,18 @@ def test_a_pipelined_error_stops_at_the_failing_item():
             raise ValueError("bad item 2")
         return x
 
+    closed = []
+
+    def items():
+        try:
+            yield from [(1, "a"), (2, "b"), (3, "c")]
+        finally:
+            closed.append(True)
+
     with pytest.raises(ValueError, match="bad item 2"):
-        run_on_devices(iter([(1, "a"), (2, "b"), (3, "c")]), {k: cpu for k in (1, 2, 3)}, work,
-                       complete=lambda k, s: done.append(k))  # fmt: skip
+        run_on_devices(items(), {k: cpu for k in (1, 2, 3)}, work, complete=lambda k, s: done.append(k))
     assert done == []  # item 1 was queued, not completed, when item 2 failed: nothing after it ran
+    assert closed == [True]  # the producer was closed (a thread making inputs ahead stops)
 
 
 def test_lanes_work_on_one_device_at_once_and_bound_the_items_alive():
