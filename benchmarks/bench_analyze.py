@@ -9,7 +9,8 @@ Each run is a fresh `python -X importtime -m ssmquant analyze ... -q` process (i
 synthesis, kernel compilation or cache loads, all 23 layers x 6 variants, tables, JSON and plots). Stages:
 
 - start-up + exit: the wall clock less analyze() and the writing of DIR (interpreter, the command's imports,
-  click, CUDA and process teardown);
+  click, CUDA and process teardown); split into start-up (up to analyze()) and exit (from report.json's
+  modification time, the last file written, to the process' end);
 - imports (all): the sum of the process's top-level imports from `-X importtime`, wherever they ran (some
   run inside analyze(), e.g. Triton on the first launch, so this column overlaps the others);
 - inputs, emulation, tables: report.json's stages of analyze() (`capture_wait_s`, `emulate_s`, `tables_s`;
@@ -46,6 +47,8 @@ COLUMNS = [
     ("run", "run"),
     ("wall_s", "wall clock"),
     ("startup_exit_s", "start-up + exit"),
+    ("startup_s", "start-up"),
+    ("exit_s", "exit"),
     ("imports_s", "imports (all)"),
     ("analyze_s", "inside analyze()"),
     ("inputs_s", "inputs"),
@@ -86,16 +89,22 @@ def one_run(label: str, cmd: list[str], env: dict, cache: pathlib.Path, out: pat
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    t_end = time.time()
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("import time:")]
         raise SystemExit(f"{label} run failed with status {proc.returncode}:\n" + "\n".join(lines[-40:]))
     report = json.loads((out / "report.json").read_text())
+    # report.json is the last file written before DIR is renamed into place: from then to the process' end
+    # is the exit (the rename, the interpreter's teardown or os._exit)
+    exit_s = t_end - (out / "report.json").stat().st_mtime
     st = report["stages"]
     write = (st.get("write_tables_s") or 0.0) + (st.get("plots_s") or 0.0)
     row = {
         "run": label,
         "wall_s": wall,
         "startup_exit_s": wall - report["elapsed_s"] - write,
+        "startup_s": wall - report["elapsed_s"] - write - exit_s,
+        "exit_s": exit_s,
         "imports_s": import_seconds(proc.stderr),
         "analyze_s": report["elapsed_s"],
         "inputs_s": st.get("capture_wait_s"),

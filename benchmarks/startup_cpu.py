@@ -43,7 +43,10 @@ class _Placeholder:
 
 
 def _stub_simulate(inputs, variants, backend, record_every):
-    from ssmquant.replay.trace import POOLINGS, Trace, window_ends
+    import torch
+
+    from ssmquant.replay.simulate import PendingTrace
+    from ssmquant.replay.trace import POOLINGS, window_ends
 
     time.sleep(float(os.environ.get("DEVICE_WAIT_S", 0)) / LAYERS)
     ends = window_ends(STEPS, record_every)
@@ -56,7 +59,10 @@ def _stub_simulate(inputs, variants, backend, record_every):
         p: rng.uniform(1e-3, 2e-3, (len(variants), len(ends), *((BATCH,) if b else ()), *((HEADS,) if h else ()), 2))
         for p, (b, h) in POOLINGS.items()
     }
-    return Trace([v.name for v in variants], ends, mean, mean.copy(), peak, {})
+    t = torch.from_numpy
+    stats = [{"mean": t(mean[i]), "last": t(mean[i].copy()), "max": {p: t(v[i]) for p, v in peak.items()}}
+             for i in range(len(variants))]  # fmt: skip
+    return PendingTrace([v.name for v in variants], ends, stats, {})
 
 
 def main():
@@ -69,7 +75,7 @@ def main():
         for layer in get_preset(preset).ssm_layers if layers is None else layers:
             yield layer, _Placeholder(layer)
 
-    run.simulate = _stub_simulate
+    run.start_simulation = _stub_simulate
     run.plan_layers = lambda *args, **kwargs: None
     sources.synthetic_layers = placeholders
     out = pathlib.Path(tempfile.mkdtemp()) / "run"

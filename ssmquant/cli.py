@@ -364,15 +364,17 @@ def analyze_cmd(
         devices=_devices(devices),
     )
     bar = _Bar(quiet, "layer", "analyze")
+
+    def progress(done, total, layer):
+        bar.update(done, total, "" if layer is None else f"layer {layer}")
+        if done == 1 and not no_plots:
+            # the plotting stack is imported while the device works: from the first layer done on (the next
+            # layer's kernels are queued then), not before, where it would hold back the first launch
+            prefetch_plotting()
+
     try:
         check_out_dir(out_dir, force)
-        if not no_plots:
-            prefetch_plotting()
-        result = analyze(
-            cfg,
-            progress=lambda done, total, layer: bar.update(done, total, "" if layer is None else f"layer {layer}"),
-            notify=None if quiet else bar.info,
-        )
+        result = analyze(cfg, progress=progress, notify=None if quiet else bar.info)
         bar.close()
         path = write_analysis(result, out_dir, force=force, plots=not no_plots)
     except _errors() as err:

@@ -145,6 +145,7 @@ def analyze_memory(
     capture_device: torch.device | None = None,
     workers: int = 1,
     lanes: int = 1,
+    ahead: bool = False,
 ) -> MemoryEstimate:
     """Peak memory of emulating one layer at a time on ``device`` (``analyze``, ``calibrate``), with capture
     when ``prefill`` (``prefill_bytes_per_token``'s config) is given: the prefill runs on ``capture_device``
@@ -155,7 +156,9 @@ def analyze_memory(
     spread over them runs a part on each (counted on every device, an upper bound); the host holds one
     more queued layer per worker. ``lanes`` > 1: the device emulates that many layers at once (one CUDA
     stream each, ``analysis.devices.run_on_devices``), so every per-layer part of the device counts that many
-    times, plus the inputs of the next layer generated while they run."""
+    times, plus the inputs of the next layer generated while they run. ``ahead``: synthetic inputs made ahead
+    on another stream (``analysis.sources.made_ahead``): two more layers' inputs, one waiting and one being
+    drawn with its fp32 buffers (one sequence at a time, ``models.synthetic``)."""
     import torch
 
     from .replay.trace import METRIC_BUFFER_BYTES
@@ -189,6 +192,10 @@ def analyze_memory(
         est.add(f"{lanes - 1} more layer(s) emulated at once on other streams", pool, (lanes - 1) * one,
                 (lanes - 1) * est.per_token.get(pool, 0))  # fmt: skip
         est.add("the next layer's inputs, generated meanwhile", pool, tokens * per_token, per_token)
+    if ahead:
+        est.add("two more layers' inputs, made ahead", pool, 2 * tokens * per_token, 2 * per_token)
+        # fp32 draws, the conv output and its activation of one sequence: ~3 fp32 copies of a step's inputs
+        est.add("drawing them (one sequence's fp32 buffers)", pool, steps * per_token * 6)
     if prefill is not None:
         cap = torch.device(capture_device or device)
         pt = prefill_bytes_per_token(dims, prefill)

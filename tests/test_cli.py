@@ -259,6 +259,59 @@ def test_a_plotting_process_that_fails_names_its_plot(tiny_run, tmp_path, monkey
     assert not (tmp_path / "a").exists() and files._workers is None
 
 
+def test_forked_plots_are_the_pngs_the_process_itself_draws(tiny_run, tmp_path, monkeypatch):
+    """With spare cores `write_analysis` renders the plots in forked children: the same bytes, the same files."""
+    import types
+
+    import pandas as pd
+
+    from ssmquant.report import files
+
+    out, _ = tiny_run
+    traces, heads, summary, report = files.load_analysis(out)
+    result = types.SimpleNamespace(traces=traces, heads=heads, summary=summary,
+                                   memory=pd.read_csv(out / "memory.csv"), report=lambda: dict(report))  # fmt: skip
+    monkeypatch.setattr(files, "PLOT_FORK_MIN_CPUS", 1)
+    assert files._can_fork()
+    children = []
+    fork = files.os.fork
+    monkeypatch.setattr(files.os, "fork", lambda: children.append(1) or fork())
+    a = files.write_analysis(result, tmp_path / "a")
+    written = json.loads((a / "report.json").read_text())
+    assert written["files"][-4:] == [*files.PLOT_FILES, "report.json"]
+    b = tmp_path / "b"
+    b.mkdir()
+    files._plots().render_all(traces, heads, summary, dict(report), b)
+    for name in files.PLOT_FILES:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert len(children) == len(files.PLOT_FILES) - 1  # this process drew the last plot itself
+
+
+def test_a_forked_plot_that_fails_names_its_plot(tiny_run, tmp_path, monkeypatch, capfd):
+    import types
+
+    from ssmquant.report import files
+
+    out, _ = tiny_run
+    traces, heads, summary, report = files.load_analysis(out)
+    result = types.SimpleNamespace(traces=traces, heads=heads, summary=summary, memory=summary,
+                                   report=lambda: dict(report))  # fmt: skip
+    plots = files._plots()
+    render_one = plots.render_one
+
+    def broken(name, *args):
+        if name == "heatmap.png":
+            raise ValueError("no heatmap today")
+        return render_one(name, *args)
+
+    monkeypatch.setattr(files, "PLOT_FORK_MIN_CPUS", 1)
+    monkeypatch.setattr(plots, "render_one", broken)
+    with pytest.raises(RuntimeError, match=r"the process plotting heatmap.png \(status 1\) failed"):
+        files.write_analysis(result, tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    assert "no heatmap today" in capfd.readouterr().err  # the child's traceback
+
+
 def test_first_layer_time_is_reported(tiny_run):
     _, res = tiny_run
     assert "the first layer took" in res.stderr and "more" in res.stderr
@@ -358,8 +411,8 @@ def test_error_after_the_progress_bar_starts_on_its_own_line(tmp_path, monkeypat
             raise ValueError("emulation failed")
         return real(*args, **kwargs)
 
-    real = run.simulate
-    monkeypatch.setattr(run, "simulate", fail_second)
+    real = run.start_simulation
+    monkeypatch.setattr(run, "start_simulation", fail_second)
     out = tmp_path / "out"
     res = cli(["analyze", *TINY[:2], "--layers", "0,2", "--formats", "int8", "--schemes", "conventional",
                "--steps", 8, "--batch", 1, "--device", "cpu", "--out", out])  # fmt: skip

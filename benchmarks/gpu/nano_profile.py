@@ -129,6 +129,7 @@ def main():
         import ssmquant.kernels as kernels
     from ssmquant.analysis import run, sources
     sim_mod = importlib.import_module("ssmquant.replay.simulate")
+    from ssmquant.replay import inputs as inputs_mod
     from ssmquant.replay import trace as trace_mod
     from ssmquant.report import files
 
@@ -137,11 +138,17 @@ def main():
                 "b0": kw.get("batch_offset", 0)}  # fmt: skip
 
     wrap_gen(sources, "synthetic_layers", "inputs: next layer")
-    wrap(run, "simulate", "simulate (whole)", lambda inputs, *a, **k: {"layer": inputs.meta.get("layer")})
+    wrap(run, "start_simulation", "simulate (queue)", lambda inputs, *a, **k: {"layer": inputs.meta.get("layer")})
+    wrap(sim_mod.PendingTrace, "result", "simulate (wait, host copy)")
     wrap(kernels, "mamba2_launch", "kernel launch", launch_info)
     wrap(kernels, "delta_rule_launch", "kernel launch", launch_info)
     wrap(trace_mod.WindowAccumulator, "add", "window stats add")
-    wrap(trace_mod.WindowAccumulator, "finish", "window stats finish (host copy)")
+    wrap(trace_mod.WindowAccumulator, "finish_tensors", "window stats finish")
+    wrap(trace_mod.WindowAccumulator, "_window_sums", "window stats: window sums")
+    wrap(trace_mod.WindowAccumulator, "_window_max", "window stats: window max")
+    wrap(inputs_mod.Mamba2Inputs, "validate", "inputs validate")
+    wrap(kernels, "mamba2_decays", "decays")
+    wrap(kernels, "_to_device", "host -> device (masks, seeds)")
     wrap(sim_mod, "WindowAccumulator", "window accumulator init")
     wrap(trace_mod.Trace, "to_frame", "trace.to_frame")
     wrap(run, "head_table", "head_table")

@@ -95,6 +95,39 @@ class DeviceRun:
 _DONE = object()
 
 
+def _pipeline(next_item, assignment, work, complete, record) -> None:
+    """One device, in this thread: item k+1's device work is queued before item k is completed (its host
+    work: waiting for its results and reducing them). The next item itself is read first (a synthetic
+    layer's inputs are made on the device, behind item k's kernels), then item k is completed while the
+    device runs item k+1. Each item's seconds: its work plus its completion (the wait for the device
+    included). The device is made current as ``one`` does."""
+    pending = None  # (key, started, device, seconds so far)
+    while True:
+        item = next_item()
+        if item is not _DONE:
+            key, payload = item
+            del item
+            dev = assignment[key]
+            t0 = time.perf_counter()
+            with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+                started = work(key, payload, dev)
+            del payload
+            current = (key, started, dev, time.perf_counter() - t0)
+        else:
+            current = None
+        if pending is not None:
+            key, started, dev, dt = pending
+            pending = None
+            t0 = time.perf_counter()
+            with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+                res = complete(key, started)
+            del started
+            record(key, res, dev, dt + time.perf_counter() - t0)
+        if current is None:
+            return
+        pending = current
+
+
 def run_on_devices(
     items: Iterable[tuple[int, object]],
     assignment: dict[int, torch.device],
@@ -102,10 +135,14 @@ def run_on_devices(
     *,
     on_result: Callable[[int, object, float], None] | None = None,
     lanes: int = 1,
+    complete: Callable[[int, object], object] | None = None,
 ) -> tuple[dict[int, object], DeviceRun]:
     """Run ``work(key, item, device)`` for each (key, item) of ``items`` on ``assignment[key]``.
 
-    One device and one lane: inline, in this thread. Otherwise one worker thread per lane, ``lanes`` per
+    ``complete(key, started)``, when given, turns what ``work`` returned into the result: ``work`` queues the
+    device work, ``complete`` waits for it and does the host work. One device and one lane: inline, in this
+    thread, pipelined: item k's ``complete`` runs after item k+1's ``work``, so the host reduces one item
+    while the device computes the next (one stream, the order of the device work unchanged). Otherwise one worker thread per lane, ``lanes`` per
     device (its CUDA device current in that thread and, on a GPU, a CUDA stream of its own), the lanes of a
     device fed by one queue of one item; this thread reads ``items`` (e.g. a capture stream or synthetic
     inputs, made on its own stream) and blocks while the target device's queue is full, which holds the
@@ -128,9 +165,13 @@ def run_on_devices(
         with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 res = work(key, item, dev)
+                if complete is not None:
+                    res = complete(key, res)
             if stream is not None:
                 stream.synchronize()  # the item may be freed (and its memory reused by the producer) after this
-        dt = time.perf_counter() - t0
+        record(key, res, dev, time.perf_counter() - t0)
+
+    def record(key, res, dev, dt):
         with lock:
             results[key] = res
             stats.busy_s[str(dev)] = stats.busy_s.get(str(dev), 0.0) + dt
@@ -147,10 +188,17 @@ def run_on_devices(
         return item
 
     if len(devices) <= 1 and lanes <= 1:
-        while (item := next_item()) is not _DONE:
-            key, payload = item
-            one(key, payload, assignment[key])
-            del item, payload
+        try:
+            if complete is None:
+                while (item := next_item()) is not _DONE:
+                    key, payload = item
+                    one(key, payload, assignment[key])
+                    del item, payload
+            else:
+                _pipeline(next_item, assignment, work, complete, record)
+        finally:
+            if hasattr(iterator, "close"):
+                iterator.close()  # stops a producer still running after an error (capture, inputs made ahead)
         stats.wall_s = time.perf_counter() - t_start
         return results, stats
 

@@ -12,6 +12,7 @@ layers do together to the model's predictions is the end-to-end evaluation's que
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -24,8 +25,9 @@ import torch
 from .. import __version__
 from ..formats import Encoding, FormatError, parse
 from ..provenance import environment
-from ..replay import Trace, cycle_window, parse_scheme, simulate
+from ..replay import Trace, cycle_window, parse_scheme
 from ..replay.schemes import SchemeError
+from ..replay.simulate import start_simulation
 from ..replay.variants import Variant, VariantError
 from ..sizing import format_seconds
 from .devices import assign_layers, run_on_devices
@@ -39,9 +41,11 @@ HEAD_TABLE_POINTS = 8
 # Layers each GPU emulates at once, one CUDA stream each (analysis.devices.run_on_devices): while one
 # layer's kernels run, another's host work (its tables, the host syncs of its launches) proceeds and the next
 # layer's inputs are made, so the GPU does not wait for the host between layers.
-# 1 (off) since the H200 run of 2026-12-01: with two lanes `benchmarks/gpu/lanes_check.py` found heads.csv's
-# state_rel_err different from the one-lane run (summary identical), and the run was not faster (16.5 s warm).
-# Until that difference is explained, one lane per GPU.
+# 1 (off) since the H200 run of 2026-12-01: the run was not faster (16.5 s warm), and `benchmarks/gpu/lanes_check.py`
+# found heads.csv's state_rel_err different from the one-lane run. That difference was CUDA's atomic index_add_
+# in the window sums, whose order changes from run to run (two one-lane runs differed too); the sums are now
+# added in step order (replay.trace.WindowAccumulator). One lane pipelines a layer's host work behind the next
+# layer's kernels instead (run_on_devices' complete=).
 GPU_LANES = 1
 
 
@@ -146,7 +150,13 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 def first_write_step(variant: Variant) -> int:
     """The 1-based step whose state is the first rounded one (1 conventional, L replay)."""
-    mask = variant.scheme.write_mask(1, 65536 if variant.scheme.buffer_len > 1 else 1)[0]
+    return _first_write_step(variant.scheme)
+
+
+@functools.lru_cache(maxsize=256)
+def _first_write_step(scheme) -> int:
+    # once per scheme: a 65536-step mask (a Python loop for spec schemes) took most of a layer's host work
+    mask = scheme.write_mask(1, 65536 if scheme.buffer_len > 1 else 1)[0]
     return int(mask.nonzero()[0, 0]) + 1
 
 
@@ -290,8 +300,10 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     layers = source.select(cfg.layers)
     source.check_formats([v.format for v in variants])
     lanes = GPU_LANES if all(d.type == "cuda" for d in emu_devices) else 1
+    # one GPU, one lane: synthetic inputs are drawn one layer ahead on their own stream while the kernels run
+    ahead = source.can_make_ahead and cfg.devices is None and lanes == 1
     sizes = dict(steps=cfg.steps, batch=cfg.batch, backend=chosen_backend, recorded=cfg.steps // record_every,
-                 workers=len(emu_devices), lanes=lanes)  # fmt: skip
+                 workers=len(emu_devices), lanes=lanes, ahead=ahead)  # fmt: skip
     per_step = plan_layers(source, layers, variants, device=emu_devices[0], measure_time=notify is not None, **sizes)
     for dev in emu_devices[1:]:  # every emulation device holds one layer's emulation at a time
         plan_layers(source, layers, variants, device=dev, **sizes)
@@ -311,15 +323,21 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     done = []
 
     def emulate(layer, inputs, dev):
+        """Queue the layer's emulation (validation errors raise here); ``reduce`` waits for it."""
         t_sim = time.perf_counter()
         inputs = inputs.to(dev)
         inputs.meta.setdefault("layer", layer)
         try:
-            trace = simulate(inputs, variants, backend=cfg.backend, record_every=record_every)
+            pending = start_simulation(inputs, variants, backend=cfg.backend, record_every=record_every)
         except ValueError as err:
             raise AnalyzeError(f"layer {layer}: {err}") from err
-        sim_s = time.perf_counter() - t_sim
-        del inputs
+        return pending, time.perf_counter() - t_sim
+
+    def reduce(layer, started):
+        pending, sim_s = started
+        t_wait = time.perf_counter()
+        trace = pending.result()
+        sim_s += time.perf_counter() - t_wait  # the wait for the device: emulation, as before
         frame = trace.to_frame()
         frame.insert(0, "layer", layer)
         return frame, head_table(layer, trace), summarize_layer(layer, source.layer_kind, trace, variants), sim_s
@@ -332,7 +350,9 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
         if progress:
             progress(len(done), len(layers), layer)
 
-    results, run = run_on_devices(source.iter_layers(layers), assignment, emulate, on_result=finished, lanes=lanes)
+    results, run = run_on_devices(
+        source.iter_layers(layers, ahead=ahead), assignment, emulate, on_result=finished, lanes=lanes, complete=reduce
+    )
     traces = [results[i][0] for i in layers]
     heads = [results[i][1] for i in layers]
     summary = [row for i in layers for row in results[i][2]]

@@ -8,7 +8,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import dataclasses
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -62,10 +66,20 @@ class LayerSource:
     groups: int | None = None
     prefill: dict | None = None
     layer_devices: dict[int, torch.device] | None = None  # where each SSM layer's weights are (captured models)
+    _device: torch.device | None = None  # where synthetic inputs are drawn
 
-    def iter_layers(self, layers: list[int]) -> Iterator[tuple[int, LayerInputs]]:
-        """Yield (layer index, inputs) for the requested layers, streaming (one layer alive at a time)."""
+    def iter_layers(self, layers: list[int], *, ahead: bool = False) -> Iterator[tuple[int, LayerInputs]]:
+        """Yield (layer index, inputs) for the requested layers, streaming (one layer alive at a time).
+        ahead: synthetic inputs on a GPU are made one layer ahead, on a stream of their own (``made_ahead``;
+        ``can_make_ahead`` says when; the memory estimate counts it with ``plan_layers(ahead=True)``)."""
+        if ahead and self.can_make_ahead:
+            return made_ahead(lambda: self._iterate(layers), self._device)
         return self._iterate(layers)
+
+    @property
+    def can_make_ahead(self) -> bool:
+        """Whether ``iter_layers(ahead=True)`` makes the inputs ahead: synthetic inputs drawn on a GPU."""
+        return self.kind == "synthetic" and self._device is not None and self._device.type == "cuda"
 
     def check_formats(self, formats) -> None:
         """Refuse formats that cannot store this model's state (nvfp4 blocks, row groups), naming why."""
@@ -93,6 +107,75 @@ class LayerSource:
         if len(set(layers)) != len(layers):
             raise SourceError(f"layers {layers} lists a layer twice")
         return sorted(layers)
+
+
+class _Closed(Exception):
+    """The consumer of ``made_ahead`` went away."""
+
+
+def made_ahead(make: Callable[[], Iterator], device: torch.device) -> Iterator:
+    """The items (layer, LayerInputs) of ``make()``, made one ahead in a worker thread on a CUDA stream of its own.
+
+    The next layer's synthetic inputs are then drawn on the GPU while the consumer's kernels of the current
+    layer run on its stream, instead of after them. An item is complete when it is handed over (the worker
+    waits for its own stream); its tensors are marked as used on the consumer's current stream
+    (``Tensor.record_stream``), so their memory returns to the worker's pool only once the consumer's work
+    queued before their release is done. One item waits at most (with the one being made and the consumer's:
+    ``plan_layers(ahead=True)``). The draws are the same: each layer has its own generator. Closing the
+    generator stops the worker; an error in the worker is raised here.
+    """
+    q: queue.Queue = queue.Queue(maxsize=1)
+    closed = threading.Event()
+
+    def put(item):
+        while True:
+            if closed.is_set():
+                raise _Closed
+            try:
+                q.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    cuda = device.type == "cuda"  # (on a CPU device only the thread remains: the tests run it there)
+
+    def worker():
+        try:
+            stream = torch.cuda.Stream(device) if cuda else None
+            with torch.cuda.device(device) if cuda else contextlib.nullcontext(), torch.cuda.stream(stream):
+                for item in make():
+                    if cuda:
+                        stream.synchronize()
+                    put(("item", item))
+                    del item
+            put(("done", None))
+        except _Closed:
+            pass
+        except BaseException as exc:  # handed to the consumer, raised there
+            with contextlib.suppress(_Closed):
+                put(("error", exc))
+
+    thread = threading.Thread(target=worker, name="ssmquant-inputs-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, item = q.get()
+            if kind == "error":
+                raise item
+            if kind == "done":
+                return
+            layer, inputs = item
+            del item
+            consumer = torch.cuda.current_stream(device) if cuda else None
+            for f in dataclasses.fields(inputs) if cuda else ():
+                value = getattr(inputs, f.name)
+                if isinstance(value, torch.Tensor) and value.is_cuda:
+                    value.record_stream(consumer)
+            yield layer, inputs
+            del inputs
+    finally:
+        closed.set()
+        thread.join()
 
 
 def resolve_device(device: str) -> torch.device:
@@ -235,6 +318,7 @@ def open_source(
             describe,
             iterate,
             groups=groups,
+            _device=torch.device(device),
         )
 
     text = check_text(text_path, batch=batch, length=steps, split=split)
@@ -306,13 +390,15 @@ def plan_layers(
     variants_at_once: int | None = None,
     workers: int = 1,
     lanes: int = 1,
+    ahead: bool = False,
 ) -> float | None:
     """Check, before any layer runs, that emulating ``layers`` one at a time fits in memory.
 
     Raises SizingError with the estimate and the largest --steps that fits. ``variants_at_once``: how many
     variants one emulation call holds (default all of ``variants``); ``workers``: emulation devices working
     at once (each holds one more layer's inputs queued in host memory); ``lanes``: layers each device emulates
-    at once (``analysis.devices.run_on_devices``). When ``measure_time`` and the torch
+    at once (``analysis.devices.run_on_devices``); ``ahead``: the inputs are made ahead (``LayerSource.iter_layers``).
+    When ``measure_time`` and the torch
     backend runs, returns the seconds per decode step of one layer for ``variants`` measured on this
     machine (``sizing.probe_step_seconds``); else None.
     """
@@ -320,7 +406,7 @@ def plan_layers(
     at_once = len(variants) if variants_at_once is None else variants_at_once
     est = analyze_memory(
         dims, batch=batch, steps=steps, variants=at_once, recorded=recorded, device=device, backend=backend,
-        prefill=source.prefill, capture_device=device, workers=workers, lanes=lanes,
+        prefill=source.prefill, capture_device=device, workers=workers, lanes=lanes, ahead=ahead,
     )  # fmt: skip
     check_memory(est, batch=batch, steps=steps)
     if not measure_time or backend != "torch" or not layers:

@@ -119,6 +119,15 @@ def _static_rows(variants: list[Variant], bsz: int, heads: int, rows: int, devic
     return out
 
 
+def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A host tensor on ``dev``. To a GPU through pinned memory and a non-blocking copy: a copy from pageable
+    memory waits for everything queued on the stream (the previous layer's kernels); the caching host
+    allocator keeps the pinned block until the copy has run."""
+    if dev.type != "cuda":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
+
+
 def _batch_slices(batch: int, per_sequence_bytes: int, budget: int) -> list[tuple[int, int]]:
     """[(b0, b1)] slices of the batch whose metric buffers fit the budget (at least one sequence each)."""
     per = max(1, budget // max(1, per_sequence_bytes))
@@ -186,8 +195,8 @@ def emulate_triton_steps(
             )
             for v in group
         )
-        write = torch.stack([v.scheme.write_mask(bsz, steps).to(device=dev, dtype=torch.int8) for v in group])
-        seeds = torch.tensor([v.seed for v in group], dtype=torch.int64, device=dev)
+        write = _to_device(torch.stack([v.scheme.write_mask(bsz, steps).to(torch.int8) for v in group]), dev)
+        seeds = _to_device(torch.tensor([v.seed for v in group], dtype=torch.int64), dev)
         static = _static_rows(group, bsz, heads, rows, dev)
         blocks = triton.cdiv(rows, block_p)
         for b0, b1 in _batch_slices(bsz, len(group) * steps * heads * blocks * 4 * 4, metric_budget):

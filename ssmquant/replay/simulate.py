@@ -7,7 +7,7 @@ import os
 
 from .inputs import LayerInputs
 from .naive import emulate
-from .trace import Trace, WindowAccumulator
+from .trace import Trace, WindowAccumulator, stats_to_numpy
 from .variants import Variant, VariantError, check_variants_fit, parse_variants
 
 BACKENDS = ("auto", "torch", "triton")
@@ -64,6 +64,32 @@ def check_engines(variants: list[Variant], inputs: LayerInputs, form: str) -> No
             raise VariantError(f"variant {v.name!r}: {err}") from None
 
 
+class PendingTrace:
+    """A simulation whose device work is queued (``start_simulation``): ``result()`` waits for it and returns
+    the Trace. The window statistics are copied to the host without blocking, behind an event, so the host
+    is free (to reduce the previous layer's trace, to queue the next layer) while the device works."""
+
+    def __init__(self, variants: list[str], ends, stats: list[dict], meta: dict, event=None):
+        self._variants, self._ends, self._stats, self._meta, self._event = variants, ends, stats, meta, event
+        self._trace: Trace | None = None
+
+    def result(self) -> Trace:
+        if self._trace is None:
+            if self._event is not None:
+                self._event.synchronize()  # releases the GIL while it waits
+            stats = [stats_to_numpy(s) for s in self._stats]
+            self._trace = Trace.from_windows(self._variants, self._ends, stats, self._meta)
+            self._stats = self._event = None
+        return self._trace
+
+
+def _to_host(stats: dict) -> dict:
+    """Non-blocking copies of finish_tensors' device tensors into pinned host memory (as ``to(non_blocking=True)``
+    allocates them), in the current stream's order."""
+    copy = lambda t: t.to("cpu", non_blocking=True)  # noqa: E731
+    return {"mean": copy(stats["mean"]), "last": copy(stats["last"]), "max": {p: copy(t) for p, t in stats["max"].items()}}
+
+
 def simulate(
     inputs: LayerInputs,
     variants: list[Variant | str] | str,
@@ -86,6 +112,23 @@ def simulate(
     Returns a Trace of window statistics ([V, R, B, H, 4] means and last values, per-pooling maxima)
     with `rel_err(..., stat=)` and `to_frame()` for a long pandas table.
     """
+    return start_simulation(
+        inputs, variants, backend=backend, record_every=record_every, form=form, engine=engine
+    ).result()
+
+
+def start_simulation(
+    inputs: LayerInputs,
+    variants: list[Variant | str] | str,
+    *,
+    backend: str = "torch",
+    record_every: int = 1,
+    form: str = "state",
+    engine: str | None = None,
+) -> PendingTrace:
+    """``simulate`` without waiting for the device: validates, queues the kernels and the window statistics
+    on CUDA inputs' current stream and returns a PendingTrace (on the CPU the work is done on return).
+    Arguments as ``simulate``; invalid arguments raise here."""
     variants = with_engine(parse_variants(variants), engine)
     inputs.validate()
     check_variants_fit(variants, inputs.state_shape)
@@ -117,4 +160,12 @@ def simulate(
 
         for i, b0, m in emulate_triton_steps(inputs, variants):
             accs[i].add(m, b0)
-    return Trace.from_windows([v.name for v in variants], accs[0].ends, [a.finish() for a in accs], meta)
+    names = [v.name for v in variants]
+    if inputs.device.type != "cuda":
+        return PendingTrace(names, accs[0].ends, [a.finish_tensors() for a in accs], meta)
+    import torch
+
+    stats = [_to_host(a.finish_tensors()) for a in accs]
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(inputs.device))  # the copies run on the inputs' device's stream
+    return PendingTrace(names, accs[0].ends, stats, meta, event)

@@ -93,18 +93,38 @@ class WindowAccumulator:
         self.ends = window_ends(steps, record_every)
         self.steps, self.batch, self.heads = steps, batch, heads
         dev = torch.device(device)
-        ends = torch.as_tensor(self.ends, device=dev)
-        self.window_of_step = torch.searchsorted(ends, torch.arange(1, steps + 1, device=dev), right=False)
+        r = len(self.ends)
+        # window_ends on the device, made there: a copy from the host would wait for the device's queue
+        ends = (torch.arange(1, r + 1, dtype=torch.int64, device=dev) * record_every).clamp_(max=steps)
+        self.window_of_step = torch.arange(steps, dtype=torch.int64, device=dev) // record_every
         lengths = torch.diff(ends, prepend=torch.zeros(1, dtype=ends.dtype, device=dev))
         self.lengths = lengths.double()
         self.last_index = ends - 1
-        r = len(self.ends)
         self.mean = torch.full((r, batch, heads, 4), math.nan, dtype=torch.float64, device=dev)
         self.last = torch.full_like(self.mean, math.nan)
         self.peak_bh = torch.full((r, batch, heads, 2), math.nan, dtype=torch.float64, device=dev)
         self.peak_b = torch.full((r, batch, 2), math.nan, dtype=torch.float64, device=dev)
         self.batch_sums = torch.zeros(steps, heads, 4, dtype=torch.float64, device=dev)
         self.filled = torch.zeros(batch, dtype=torch.bool)
+        self.record_every = record_every
+        self.full_windows = steps // record_every  # windows of record_every steps; a shorter last one if any
+
+    def _window_sums(self, m: torch.Tensor) -> torch.Tensor:
+        """[T, ...] -> [R, ...]: the sum over each window's steps, added in step order (((0 + m_1) + m_2) + ...).
+
+        The same order and so the same bits as a sequential ``index_add_`` on the CPU, on every device: CUDA's
+        ``index_add_`` adds with atomics in an order that changes from run to run (and so did the last digits
+        of the window means, which made two runs on one GPU differ). One strided add per offset in the window.
+        """
+        w, full = self.record_every, self.full_windows
+        sums = torch.zeros((len(self.ends), *m.shape[1:]), dtype=m.dtype, device=m.device)
+        if full:
+            blocks = m[: full * w].reshape(full, w, *m.shape[1:])
+            for j in range(w):
+                sums[:full] += blocks[:, j]
+        for t in range(full * w, m.shape[0]):  # the shorter last window
+            sums[-1] += m[t]
+        return sums
 
     def _window_max(self, per_step: torch.Tensor) -> torch.Tensor:
         """[T, ...] -> [R, ...]: max over each window's steps (NaN propagates)."""
@@ -115,9 +135,7 @@ class WindowAccumulator:
     def add(self, per_step: torch.Tensor, b0: int = 0) -> None:
         m = per_step.to(device=self.mean.device, dtype=torch.float64)
         nb = m.shape[1]
-        sums = torch.zeros((len(self.ends), *m.shape[1:]), dtype=torch.float64, device=m.device)
-        sums.index_add_(0, self.window_of_step, m)
-        self.mean[:, b0 : b0 + nb] = sums / self.lengths[:, None, None, None]
+        self.mean[:, b0 : b0 + nb] = self._window_sums(m) / self.lengths[:, None, None, None]
         self.last[:, b0 : b0 + nb] = m[self.last_index]
         self.peak_bh[:, b0 : b0 + nb] = self._window_max(_ratio_t(m[..., 0::2], m[..., 1::2]))
         per_seq = m.sum(2)  # [T, b, 4]
@@ -125,7 +143,9 @@ class WindowAccumulator:
         self.batch_sums += m.sum(1)
         self.filled[b0 : b0 + nb] = True
 
-    def finish(self) -> dict:
+    def finish_tensors(self) -> dict:
+        """The statistics of ``finish`` as float64 tensors on the accumulator's device (nothing waits for
+        the device: ``finish`` or a non-blocking copy to the host follows)."""
         if not bool(self.filled.all()):
             missing = (~self.filled).nonzero().flatten().tolist()
             raise RuntimeError(f"window statistics are missing sequences {missing}")
@@ -133,12 +153,20 @@ class WindowAccumulator:
         peak_h = self._window_max(_ratio_t(bs[..., 0::2], bs[..., 1::2]))  # [R, H, 2]
         pooled = bs.sum(1)
         peak_all = self._window_max(_ratio_t(pooled[..., 0::2], pooled[..., 1::2]))  # [R, 2]
-        np_ = lambda t: t.cpu().numpy()  # noqa: E731
         return {
-            "mean": np_(self.mean),
-            "last": np_(self.last),
-            "max": {"all": np_(peak_all), "head": np_(peak_h), "batch": np_(self.peak_b), "batch_head": np_(self.peak_bh)},
+            "mean": self.mean,
+            "last": self.last,
+            "max": {"all": peak_all, "head": peak_h, "batch": self.peak_b, "batch_head": self.peak_bh},
         }
+
+    def finish(self) -> dict:
+        return stats_to_numpy(self.finish_tensors())
+
+
+def stats_to_numpy(stats: dict) -> dict:
+    """``WindowAccumulator.finish_tensors`` (or host copies of it) as numpy arrays, the layout of ``finish``."""
+    np_ = lambda t: t.cpu().numpy()  # noqa: E731
+    return {"mean": np_(stats["mean"]), "last": np_(stats["last"]), "max": {p: np_(t) for p, t in stats["max"].items()}}
 
 
 def window_statistics(per_step: torch.Tensor, record_every: int) -> dict:

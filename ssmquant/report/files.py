@@ -17,6 +17,8 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
+import warnings
 
 import pandas as pd
 
@@ -25,6 +27,11 @@ PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
 # Effectively off since the H200 run of 2026-12-01 (16 cores): the processes made the plots stage 5.5 s
 # where the background thread took 1.7 s. Lower it to try them again.
 PLOT_PROCESS_MIN_CPUS = 1024
+# With at least this many cores (and os.fork, on Linux), the plots render at once: the process forks one child
+# per plot but the last, which inherits the imported plotting stack and the tables (nothing to import or
+# pass), renders its plot into the output directory and exits; this process writes the tables, then renders
+# the last plot. The PNGs are the bytes an in-process render writes (tests/test_cli.py). 0 turns it off.
+PLOT_FORK_MIN_CPUS = 4
 
 _prefetch: threading.Thread | None = None
 _workers: dict[str, tuple[subprocess.Popen, object]] | None = None  # plot -> (process, its stderr file)
@@ -85,6 +92,64 @@ def _render_in_workers(workers: dict, result, report: dict, tmp: pathlib.Path):
                 err.close()
                 proc.stdout.close()
 
+    return wait
+
+
+def _can_fork() -> bool:
+    return bool(PLOT_FORK_MIN_CPUS) and sys.platform.startswith("linux") and (os.cpu_count() or 1) >= PLOT_FORK_MIN_CPUS
+
+
+def _fork_plots(traces, heads, summary, report: dict, out_dir):
+    """Start rendering PLOT_FILES at once: one forked child per plot but the last. Returns ``wait(render=True)``,
+    which renders the last plot in this process (unless ``render`` is false: after an error elsewhere) and
+    waits for the children; it returns the file names, or raises RuntimeError naming each plot whose child
+    failed (its traceback is on stderr).
+
+    A child only draws with matplotlib (no CUDA, no threads of its own) and leaves with os._exit, so none of
+    the parent's state is torn down twice."""
+    plots = _plots()
+    names = list(PLOT_FILES)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children: dict[str, int] = {}
+
+    def wait(render: bool = True) -> list[str]:
+        try:
+            if render:
+                plots.render_one(names[-1], traces, heads, summary, report, out_dir)
+        finally:
+            failed = []
+            for name, pid in children.items():
+                _, status = os.waitpid(pid, 0)
+                if os.waitstatus_to_exitcode(status) != 0:
+                    failed.append(f"{name} (status {os.waitstatus_to_exitcode(status)})")
+        if failed:
+            raise RuntimeError(f"the process plotting {', '.join(failed)} failed; its traceback is above")
+        return names
+
+    try:
+        for name in names[:-1]:
+            with warnings.catch_warnings():
+                # Python warns that forking a multi-threaded process may deadlock the child: the other threads
+                # (CUDA's, torch's pools) hold no lock the child's drawing takes
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:  # the child
+                status = 1
+                try:
+                    plots.render_one(name, traces, heads, summary, report, out_dir)
+                    status = 0
+                except KeyboardInterrupt:
+                    status = 130
+                except BaseException:  # noqa: BLE001 - reported on stderr, the parent names the plot
+                    traceback.print_exc()
+                finally:
+                    sys.stderr.flush()
+                    os._exit(status)
+            children[name] = pid
+    except BaseException:
+        wait(render=False)
+        raise
     return wait
 
 
@@ -219,14 +284,23 @@ def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) 
     def fill(tmp: pathlib.Path):
         t0 = time.perf_counter()
         report = result.report()
-        # plotting processes (prefetch_plotting) render while this process writes the tables
-        waiting = _render_in_workers(workers, result, report, tmp) if workers else None
-        files = [
-            write_table(result.traces, tmp, "traces"),
-            write_table(result.heads, tmp, "heads"),
-        ]
-        result.summary.to_csv(tmp / "summary.csv", index=False)
-        result.memory.to_csv(tmp / "memory.csv", index=False)
+        # plotting processes (prefetch_plotting) or forked children render while this process writes the tables
+        waiting = None
+        if workers:
+            waiting = _render_in_workers(workers, result, report, tmp)
+        elif plots and _can_fork():
+            waiting = _fork_plots(result.traces, result.heads, result.summary, report, tmp)
+        try:
+            files = [
+                write_table(result.traces, tmp, "traces"),
+                write_table(result.heads, tmp, "heads"),
+            ]
+            result.summary.to_csv(tmp / "summary.csv", index=False)
+            result.memory.to_csv(tmp / "memory.csv", index=False)
+        except BaseException:
+            if waiting is not None and not workers:
+                waiting(render=False)  # no forked child outlives the run
+            raise
         files += ["summary.csv", "memory.csv"]
         t_tables = time.perf_counter()
         if waiting is not None:

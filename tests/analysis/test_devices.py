@@ -120,6 +120,53 @@ def test_one_device_runs_inline():
     assert results == {1: ("a", True), 2: ("b", True)} and run.layers == {"cpu": [1, 2]}
 
 
+def test_one_device_pipelines_the_completion_behind_the_next_items_work():
+    cpu = torch.device("cpu")
+    log = []
+
+    def items():
+        for k in (1, 2, 3):
+            log.append(f"read {k}")
+            yield k, k * 10
+
+    def work(k, x, d):
+        log.append(f"work {k}")
+        return x + 1
+
+    def complete(k, started):
+        log.append(f"complete {k}")
+        return started * 2
+
+    results, run = run_on_devices(items(), {k: cpu for k in (1, 2, 3)}, work, complete=complete,
+                                  on_result=lambda k, r, s: log.append(f"result {k}"))  # fmt: skip
+    assert results == {1: 22, 2: 42, 3: 62} and run.layers == {"cpu": [1, 2, 3]}
+    assert log == ["read 1", "work 1", "read 2", "work 2", "complete 1", "result 1", "read 3", "work 3",
+                   "complete 2", "result 2", "complete 3", "result 3"]  # fmt: skip
+
+
+def test_a_pipelined_error_stops_at_the_failing_item():
+    cpu = torch.device("cpu")
+    done = []
+
+    def work(k, x, d):
+        if k == 2:
+            raise ValueError("bad item 2")
+        return x
+
+    closed = []
+
+    def items():
+        try:
+            yield from [(1, "a"), (2, "b"), (3, "c")]
+        finally:
+            closed.append(True)
+
+    with pytest.raises(ValueError, match="bad item 2"):
+        run_on_devices(items(), {k: cpu for k in (1, 2, 3)}, work, complete=lambda k, s: done.append(k))
+    assert done == []  # item 1 was queued, not completed, when item 2 failed: nothing after it ran
+    assert closed == [True]  # the producer was closed (a thread making inputs ahead stops)
+
+
 def test_lanes_work_on_one_device_at_once_and_bound_the_items_alive():
     keys = list(range(10))
     produced, finished, lock = [], [], threading.Lock()
@@ -195,3 +242,48 @@ def test_lanes_with_no_items_or_one_item_finish():
     cpu = torch.device("cpu")
     assert run_on_devices(iter([]), {}, lambda k, x, d: x, lanes=2)[0] == {}
     assert run_on_devices(iter([(3, "x")]), {3: cpu}, lambda k, x, d: x, lanes=3)[0] == {3: "x"}
+
+
+def test_inputs_made_ahead_come_in_order_one_ahead_and_stop_on_close():
+    from ssmquant.analysis.sources import made_ahead
+
+    made, threads = [], set()
+
+    def make():
+        for k in range(5):
+            made.append(k)
+            threads.add(threading.current_thread().name)
+            yield k, f"inputs {k}"
+
+    it = made_ahead(make, torch.device("cpu"))
+    assert next(it) == (0, "inputs 0")
+    deadline = time.time() + 5
+    while len(made) < 3 and time.time() < deadline:  # item 1 waits, item 2 is being made
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert made == [0, 1, 2] and threads == {"ssmquant-inputs-ahead"}
+    assert next(it) == (1, "inputs 1")
+    it.close()  # stops the worker, which was waiting to hand over item 2 or 3
+    assert made in ([0, 1, 2], [0, 1, 2, 3])
+    assert not any(t.name == "ssmquant-inputs-ahead" for t in threading.enumerate())
+
+
+def test_an_error_while_making_inputs_ahead_is_raised_to_the_consumer():
+    from ssmquant.analysis.sources import made_ahead
+
+    def make():
+        yield 0, "inputs 0"
+        raise ValueError("layer 2: NaN in x")
+
+    it = made_ahead(make, torch.device("cpu"))
+    assert next(it) == (0, "inputs 0")
+    with pytest.raises(ValueError, match="layer 2: NaN in x"):
+        next(it)
+
+
+def test_memory_estimate_counts_inputs_made_ahead():
+    dims = layer_dims("mamba2", 64, 64, 128, 8)
+    kw = dict(batch=8, steps=4096, variants=6, recorded=256, device="cuda", backend="triton")
+    plain, ahead = analyze_memory(dims, **kw), analyze_memory(dims, **kw, ahead=True)
+    extra = ahead.total("device") - plain.total("device")
+    assert extra >= 2 * 8 * 4096 * input_bytes_per_token(dims)

@@ -135,3 +135,19 @@ def test_triton_windows_match_torch_and_batch_slicing_is_exact(kind):
             np.testing.assert_allclose(
                 tri.rel_err(quantity, stat=stat), ref.rel_err(quantity, stat=stat), rtol=0.1, atol=1e-6
             )
+
+
+@pytest.mark.parametrize("steps,record_every", [(64, 16), (50, 16), (10, 1), (7, 7), (5, 8), (33, 32)])
+def test_window_sums_add_in_step_order_as_a_sequential_index_add(steps, record_every):
+    """The window means are sums in step order: the bits of the CPU's sequential index_add_ (which CUDA's
+    atomic index_add_ does not give: its order changes from run to run), whatever the window layout."""
+    from ssmquant.replay.trace import WindowAccumulator
+
+    gen = torch.Generator().manual_seed(steps)
+    m = torch.randn(steps, 2, 3, 4, generator=gen, dtype=torch.float64)
+    m = m * 10.0 ** torch.randint(-9, 9, (steps, 1, 1, 1), generator=gen)  # magnitudes whose order matters
+    acc = WindowAccumulator(steps, record_every, 2, 3)
+    ends = torch.as_tensor(window_ends(steps, record_every))
+    assert torch.equal(acc.window_of_step, torch.searchsorted(ends, torch.arange(1, steps + 1), right=False))
+    expected = torch.zeros(len(ends), 2, 3, 4, dtype=torch.float64).index_add_(0, acc.window_of_step, m)
+    assert torch.equal(acc._window_sums(m), expected)
