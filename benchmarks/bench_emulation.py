@@ -12,7 +12,8 @@ measures in one run:
   `kda_emulation_step`) in
   a Python loop, the state round-tripping through memory every step;
 - compiled: the same per-step function under torch.compile, in mode "default" and mode "reduce-overhead"
-  (CUDA graphs; the states updated in place at static addresses, a graph step begun per call), each timed,
+  (default: the functional loop; reduce-overhead: CUDA graphs, the states updated in place at static
+  addresses, a graph step begun per call), each timed,
   the faster one the peer (measured for the variants listed in COMPILE_VARIANTS: each compile costs
   tens of seconds).
 
@@ -484,9 +485,10 @@ def write_table(rows, multi_rows, args, quiet=False):
         f"The issue's bar (>= 50x eager, >= 10x compiled) compares one variant alone (\"kernel G/s\": a launch that "
         f"advances the FP32 reference and that variant, the work of the peers' step function) with the peers running "
         f"the same variant. Compiled peer: the naive step function under torch.compile in each mode of "
-        f"--compile-modes ({args.compile_modes or 'none'}; states updated in place at static addresses, "
-        f"reduce-overhead replaying CUDA graphs), timed after its compile and warm-up runs; \"x compiled\" divides "
-        f"by the faster mode.\n\n"
+        f"--compile-modes ({args.compile_modes or 'none'}; default: the functional loop, states in and new states "
+        f"out; reduce-overhead: CUDA graphs replayed with the states updated in place at static addresses), timed "
+        f"as the median of {PEER_REPS} runs after its compile and warm-up runs; \"x compiled\" divides by the faster "
+        f"mode.\n\n"
         f"Command: `python benchmarks/bench_emulation.py {' '.join(sys.argv[1:])}`\n\n"
     )
     multi_head = (
