@@ -262,6 +262,12 @@ def sm90() -> dict[str, torch.Tensor]:
     return {"rcp_delta": rcp, "ex2": e}
 
 
+@functools.lru_cache(maxsize=8)
+def table_on(name: str, device: torch.device) -> torch.Tensor:
+    """One table of `sm90()` on `device`, copied there once (the oracle calls the model thousands of times)."""
+    return sm90()[name].to(device)
+
+
 def _pow2_f32(e: torch.Tensor) -> torch.Tensor:
     """2^e as FP32 from the exponent bits, for int e in [-126, 127] (e = -127 gives 0: flushed)."""
     return ((e.int() + 127).clamp(0, 254) << 23).view(torch.float32)
@@ -273,7 +279,7 @@ def rcp_sm90(x: torch.Tensor) -> torch.Tensor:
     Normal x = +-m 2^e: +-(RN(1/m) + d[m]) 2^-e, results below 2^-126 flushed to zero; zero and subnormal
     x (flushed) give +-inf, infinities 0, NaN NaN. The Triton twin computes the same (`mamba2_engine._rcp`).
     """
-    d = sm90()["rcp_delta"].to(x.device)
+    d = table_on("rcp_delta", x.device)
     bits = x.float().view(torch.int32)
     mant = bits & 0x7FFFFF
     e = ((bits >> 23) & 0xFF) - 127
@@ -295,7 +301,7 @@ def ex2_sm90(x: torch.Tensor) -> torch.Tensor:
     q = trunc(-x 2^23) (x truncated toward zero to 2^-23), EX2 = E(q & (2^23 - 1)) 2^-(q >> 23); results
     below 2^-126 flush to zero, x >= 128 gives inf, NaN NaN.
     """
-    e_tab = sm90()["ex2"].to(x.device)
+    e_tab = table_on("ex2", x.device)
     xf = x.float()
     big = xf.abs() >= 256.0  # keeps q in int64 range; 2^x is 0 or inf there
     q = torch.trunc(-torch.where(big, 0.0, xf) * 2.0**EX2_ARG_BITS).long()  # exact: a power-of-2 scaling
@@ -317,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compact:
         print(json.dumps(compact(load_tables(args.compact))))
         sm90.cache_clear()
+        table_on.cache_clear()
         return 0
     if args.out is None:
         ap.error("one of --out (GPU) or --compact (CPU) is needed")

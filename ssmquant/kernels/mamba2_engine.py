@@ -335,9 +335,9 @@ def mamba2_engine_launch(
         fcall = tables.flush_call.to(torch.int8).contiguous()
     rcp_tab = fcall
     if replay and fmt_code in (3, 4):  # the 8-bit checkpoint's scales go through MUFU.RCP
-        from ..engines.mufu import sm90
+        from ..engines.mufu import table_on
 
-        rcp_tab = sm90()["rcp_delta"].to(x.device)
+        rcp_tab = table_on("rcp_delta", x.device)
     _mamba2_engine_kernel[(bsz * heads, npb)](
         x, dt, a, bm, cm, d, s0 if s0 is not None else dummy, write, metrics,
         fac, cbn, cbo, coef, tdec, start, fcall, dummy if a_engine is None else a_engine, rcp_tab,
