@@ -26,7 +26,7 @@ The exact model shipped with the package (`rcp_sm90`, `ex2_sm90`, data `mufu_sm9
   - MUFU.RCP of m 2^e is RCP(m) 2^-e for every exponent (1,048,576 random arguments of exponents -60..60:
     all identical), and RCP(m) = RN(1 / m) + d[m] with d in {-1, 0, +1} (87% 0, 9% +1, 4% -1);
   - MUFU.EX2 first truncates its argument toward zero to a multiple of 2^-23 (all random arguments in
-    (-1, 0) match this, 70-85% match the other roundings at 2^-22..2^-24), then splits q = -x 2^23 into
+    (-1, 0) match this, 1-85% the other roundings at 2^-22..2^-24), then splits q = -x 2^23 into
     k = q >> 23 and j = q & (2^23 - 1): EX2(x) = E(j) 2^-k with E(j) = RN(2^(-j 2^-23)) + d[j], d in
     {-2, -1, 0, +1} (the split is checked on every random argument <= -1; for x > 0 it is the same integer
     arithmetic but unmeasured: the kernels' positive arguments are masked out).
