@@ -16,10 +16,10 @@ What the sources and the SASS fix (FlashInfer 0.7.2.post1, module built with Fla
 The hypotheses vary what the sources do not fix: how the tensor core sums the 8 or 16 products of one
 output (`sum`), and model the pieces above (`add`, `enc`, `exp`), each against the previous model.
 `sum=hmma` is `flashinfer.hmma` (products aligned to the largest exponent sum, truncated 25 bits below it,
-the exact sum truncated to FP32), `exp=ex2rz` is `flashinfer.fast_expf` (2^RN(v log2e) rounded toward zero):
-`PROFILE` is what the `flashinfer` profile computes. MUFU.RCP is modelled as correctly rounded (the hardware
-is within one ulp of it; `mufu.py` tabulates it on a GPU). The 16/32-bit cases (fp32 / bf16 state) are
-measured too: there the stored state is the MMA's own result (accumulator = RN(state * total_decay)).
+the exact sum truncated to FP32), `exp=mufu` / `enc=mufu` are the H200's MUFU.EX2 / MUFU.RCP bit for bit
+(`mufu.ex2_sm90` / `mufu.rcp_sm90`, the shipped exact model): `PROFILE` is what the `flashinfer` profile
+computes; `PREVIOUS` the model before the tables (2^x toward zero, RN(1/x)). The 16/32-bit cases (fp32 /
+bf16 state) are measured too: there the stored state is the MMA's own result (accumulator = RN(state * total_decay)).
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ LOG2E_F32 = float(torch.tensor(1.4426950408889634, dtype=torch.float32))
 class Hypothesis:
     sum: str = "seq"  # seq | exact_rn | exact_rz | align_rz<e> (aligned to the largest product, e extra bits) | hmma
     add: str = "mul_add"  # mul_add (code * ts, then + mma: two roundings) | fma (one rounding)
-    enc: str = "div"  # div (QMAX / amax, IEEE) | rcp (QMAX * RN(1 / amax)) | rcptab (MUFU.RCP from `mufu` tables)
-    exp: str = "exp"  # exp | ex2 (2 ** RN(v log2e), correctly rounded) | ex2rz (toward zero) | ex2tab-<floor|ceil|nearest>
+    enc: str = "div"  # div (QMAX / amax, IEEE) | rcp (QMAX * RN(1 / amax)) | mufu (MUFU.RCP, shipped) | rcptab (--mufu)
+    exp: str = "exp"  # exp | ex2 (2 ** RN(v log2e), correctly rounded) | ex2rz (toward zero) | mufu (MUFU.EX2, shipped)
+    #                   | ex2tab-<floor|ceil|nearest> (--mufu tables, the argument's rounding at 2^-24)
 
     @property
     def name(self) -> str:
@@ -85,13 +86,16 @@ def mma_sum(a: torch.Tensor, b: torch.Tensor, mode: str) -> torch.Tensor:
     raise ValueError(f"unknown sum mode {mode!r}; accepted: seq, exact_rn, exact_rz, align_rz<bits>, hmma")
 
 
-PROFILE = Hypothesis("hmma", "fma", "rcp", "ex2rz")  # the arithmetic of the `flashinfer` profile
+PROFILE = Hypothesis("hmma", "fma", "mufu", "mufu")  # the arithmetic of the `flashinfer` profile
+PREVIOUS = Hypothesis("hmma", "fma", "rcp", "ex2rz")  # the profile before MUFU was tabulated (2026-12-01, 03:00)
 
 
 def _exp(v: torch.Tensor, mode: str, mufu: dict | None = None) -> torch.Tensor:
     if mode == "exp":
         return torch.exp(v)
     if mode == "ex2rz":
+        return fi.ex2_rz(v.float() * LOG2E_F32)
+    if mode == "mufu":
         return fi.fast_expf(v)
     if mode.startswith("ex2tab"):
         from .mufu import ex2_from_table
@@ -149,6 +153,9 @@ def encode(h: Hypothesis, rep, amax, qmax: float, mufu: dict | None = None):
         tab = _tables(mufu)["rcp_delta"]
         enc = torch.where(zero, 1.0, rcp_from_table(safe, tab) * qmax)
         return enc, rcp_from_table(enc, tab)
+    if h.enc == "mufu":
+        enc = torch.where(zero, 1.0, fi.rcp_approx(safe) * qmax)
+        return enc, fi.rcp_approx(enc)
     if h.enc == "rcp":
         enc = torch.where(zero, 1.0, ieee_div(1.0, safe) * qmax)
     else:
@@ -341,7 +348,8 @@ def flush_rule(cases: dict, meta: dict) -> list[dict]:
 def default_hypotheses() -> list[Hypothesis]:
     sums = ("seq", "exact_rn", "exact_rz", "align_rz0", "align_rz1", "align_rz2", "align_rz3", "hmma")
     exps = ("exp", "ex2", "ex2rz")
-    return [Hypothesis(s, a, e, x) for s, a, e, x in itertools.product(sums, ("mul_add", "fma"), ("div", "rcp"), exps)]
+    grid = [Hypothesis(s, a, e, x) for s, a, e, x in itertools.product(sums, ("mul_add", "fma"), ("div", "rcp"), exps)]
+    return grid + [PROFILE]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ssmquant.engines.fit", description=__doc__.split("\n\n")[0])
     ap.add_argument("dump", type=Path)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--quick", action="store_true", help="the old profile, the profile, and 4 other sum models")
+    ap.add_argument("--quick", action="store_true", help="the first model, the previous profile, the profile, and 3 other sum models")
     ap.add_argument("--mufu", type=Path, default=None,
                     help="MUFU tables (python -m ssmquant.engines.mufu on a GPU): only the profile and its tabulated variants")
     ap.add_argument("--calls", action="store_true", help="also replay every call of the RNE cases (fit.replay_calls)")
@@ -359,14 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     meta.setdefault("heads", HEADS)
     hyps = default_hypotheses()
     if args.quick:
-        hyps = [Hypothesis(), PROFILE] + [Hypothesis(s, "fma", "rcp", "ex2") for s in ("seq", "exact_rn", "exact_rz", "align_rz2")]
+        hyps = [Hypothesis(), PREVIOUS, PROFILE] + [Hypothesis(s, "fma", "mufu", "mufu") for s in ("seq", "exact_rn", "align_rz2")]
     mufu = None
     if args.mufu:
         from .mufu import load_tables
 
         mufu = load_tables(args.mufu)
         print(json.dumps({"mufu_checks": mufu.pop("checks")}))
-        hyps = [PROFILE] + [Hypothesis("hmma", "fma", "rcptab", f"ex2tab-{m}") for m in ("floor", "ceil", "nearest")]
+        hyps = [PREVIOUS, PROFILE] + [Hypothesis("hmma", "fma", "rcptab", f"ex2tab-{m}") for m in ("floor", "ceil", "nearest")]
     rule = flush_rule(cases, meta)
     for r in rule:
         print(json.dumps(r))

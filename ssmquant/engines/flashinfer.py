@@ -37,12 +37,14 @@ int8 max_window=16 module, `cuobjdump -sass`), modelled here and fitted on a dum
     largest exponent among them and the accumulator (a product's exponent taken as the sum of its
     factors' exponents), each truncated toward zero 25 bits below it, summed exactly, the sum truncated to
     FP32 (`hmma`); the 8-bit state term is then one `FFMA(code, decode_scale * total_decay, mma)`;
-  - encode = rcp.approx(amax) * QMAX, stored decode scale = rcp.approx(encode) (`MUFU.RCP`).
-Not reproduced bit for bit: MUFU.EX2 and MUFU.RCP are modelled (`ex2_approx`, `rcp_approx`), not
-tabulated (`mufu.py` tabulates them on a GPU). On the H200 dump 29-33% of the decode scales and 12% of the
-FP32 replayed state words still differ, by an ulp or a few (every difference is reached by a one-ulp change
-of a reciprocal and a few-ulp change of `__expf(total)`); codes are identical. The output path's bf16
-reductions are not modelled separately; the outputs of the test slice's calls are all bit-identical.
+  - encode = rcp.approx(amax) * QMAX, stored decode scale = rcp.approx(encode) (`MUFU.RCP`);
+  - MUFU.EX2 and MUFU.RCP are the H200's own functions, tabulated there and shipped as a compact exact model
+    (`mufu.ex2_sm90`, `mufu.rcp_sm90`: 0.26 MB; RCP = RN(1/m) + a 2-bit correction per significand, EX2 =
+    argument truncated to 2^-23, then a 2-bit correction to RN(2^x) per fraction).
+With all of it, every decode scale and FP32 replayed state word of the H200 dump is reproduced bit for bit
+(`fit.py`; the earlier models, 2^x toward zero and RN(1/x), `ex2_rz` / `rcp_rn`, left 29-33% of the scales
+and 12% of the FP32 words an ulp or a few off). The output path's bf16 reductions are not modelled
+separately; the outputs of the test slice's calls are all bit-identical.
 """
 
 from __future__ import annotations
@@ -73,11 +75,10 @@ def bf16(t: torch.Tensor) -> torch.Tensor:
 LOG2E_F32 = 1.4426950408889634  # rounds to 0x3FB8AA3B, the FMUL constant of `__expf` in the SASS
 
 
-def ex2_approx(v: torch.Tensor) -> torch.Tensor:
-    """Model of ex2.approx.ftz.f32 (MUFU.EX2) on FP32 v: 2^v rounded toward zero, results below 2^-126 flushed.
+def ex2_rz(v: torch.Tensor) -> torch.Tensor:
+    """The earlier model of MUFU.EX2 (kept to measure against): 2^v rounded toward zero, below 2^-126 flushed.
 
-    On the dump's FP32 replays this agrees with the hardware more often than 2^v rounded to nearest (74 of
-    96 decay arguments against 52; the rest differ by one or two ulps); the hardware's table is not public.
+    It agrees with the hardware on 74 of the dump's 96 decay arguments; `ex2_approx` on all of them.
     """
     e = torch.exp2(v.double())
     f = e.float()
@@ -85,14 +86,28 @@ def ex2_approx(v: torch.Tensor) -> torch.Tensor:
     return torch.where(f < 2.0**-126, 0.0, f)
 
 
+def ex2_approx(v: torch.Tensor) -> torch.Tensor:
+    """ex2.approx.ftz.f32 (MUFU.EX2) on FP32 v, bit for bit as the H200 computes it (`mufu.ex2_sm90`)."""
+    from .mufu import ex2_sm90
+
+    return ex2_sm90(v)
+
+
 def fast_expf(v: torch.Tensor) -> torch.Tensor:
     """`__expf(v)` as nvcc compiles it: ex2.approx.ftz.f32(RN(v * log2e)), FP32 in and out."""
     return ex2_approx(v.float() * LOG2E_F32)
 
 
-def rcp_approx(x: torch.Tensor) -> torch.Tensor:
-    """Model of rcp.approx.ftz.f32 (MUFU.RCP): the correctly rounded FP32 reciprocal (the hardware is within one ulp)."""
+def rcp_rn(x: torch.Tensor) -> torch.Tensor:
+    """The earlier model of MUFU.RCP (kept to measure against): the correctly rounded FP32 reciprocal."""
     return ieee_div(1.0, x)
+
+
+def rcp_approx(x: torch.Tensor) -> torch.Tensor:
+    """rcp.approx.ftz.f32 (MUFU.RCP) on FP32 x, bit for bit as the H200 computes it (`mufu.rcp_sm90`)."""
+    from .mufu import rcp_sm90
+
+    return rcp_sm90(x)
 
 
 def _exponent(v: torch.Tensor) -> torch.Tensor:

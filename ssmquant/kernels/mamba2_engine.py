@@ -59,9 +59,19 @@ def _trunc_f64(v):
 
 
 @triton.jit
-def _rcp(v):
-    """rcp.approx.ftz.f32 as the profile models it: the correctly rounded reciprocal (flashinfer.rcp_approx)."""
-    return tl.math.div_rn(tl.full(v.shape, 1.0, tl.float32), v)
+def _rcp(v, rcp_ptr):
+    """MUFU.RCP (rcp.approx.ftz.f32) of finite FP32 v as the H200 computes it (`mufu.rcp_sm90`, bit for bit):
+    RN(1/m) of the significand m plus its tabulated correction (rcp_ptr: int8 [2^23]), times 2^-e."""
+    bits = v.to(tl.int32, bitcast=True)
+    mant = bits & 0x7FFFFF
+    e = ((bits >> 23) & 0xFF) - 127
+    m = (mant | (127 << 23)).to(tl.float32, bitcast=True)
+    ym = tl.math.div_rn(tl.full(v.shape, 1.0, tl.float32), m).to(tl.int32, bitcast=True)
+    ym = (ym + tl.load(rcp_ptr + mant).to(tl.int32)).to(tl.float32, bitcast=True)
+    y = ym * _pow2(tl.minimum(-e, 127))  # exact; 2^-127 is 0 here (flushed, as are results below 2^-126)
+    y = tl.where(y < 1.1754943508222875e-38, 0.0, y)
+    y = tl.where(e == -127, float("inf"), y)  # zero / subnormal v (flushed to zero)
+    return tl.where(bits < 0, -y, y)
 
 
 @triton.jit
@@ -133,7 +143,7 @@ def _sr_fp16(v, word):
 @triton.jit
 def _mamba2_engine_kernel(
     x_ptr, dt_ptr, a_ptr, bm_ptr, cm_ptr, d_ptr, s0_ptr, write_ptr, metrics_ptr,
-    fac_ptr, cbn_ptr, cbo_ptr, coef_ptr, tdec_ptr, start_ptr, fcall_ptr, ae_ptr,
+    fac_ptr, cbn_ptr, cbo_ptr, coef_ptr, tdec_ptr, start_ptr, fcall_ptr, ae_ptr, rcp_ptr,
     B, T, H, P, N, HEADS_PER_GROUP, G, seed_hi, batch_offset, store_seed, record_every,
     L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FMT: tl.constexpr, REPLAY: tl.constexpr,
     SR: tl.constexpr, BUF: tl.constexpr, HAS_S0: tl.constexpr, SSU: tl.constexpr,
@@ -167,8 +177,8 @@ def _mamba2_engine_kernel(
     if REPLAY and EIGHT:
         amax = tl.max(tl.abs(s_ref), axis=0)
         qmax = 448.0 if FMT == 3 else 127.0
-        enc = tl.where(amax == 0.0, 1.0, _rcp(tl.where(amax == 0.0, 1.0, amax)) * qmax)
-        dec = _rcp(enc)
+        enc = tl.where(amax == 0.0, 1.0, _rcp(tl.where(amax == 0.0, 1.0, amax), rcp_ptr) * qmax)
+        dec = _rcp(enc, rcp_ptr)
         codes = round_element(s_ref * enc[None, :], 0.0, 0, FMT, False)
         s_var = codes * dec[None, :]
     pending = tl.zeros([BLOCK_P], dtype=tl.float32)
@@ -252,8 +262,8 @@ def _mamba2_engine_kernel(
                     rep = (codes.to(tl.float64) * ts.to(tl.float64) + acc.to(tl.float64)).to(tl.float32)
                     amax = tl.max(tl.abs(rep), axis=0)
                     qmax = 448.0 if FMT == 3 else 127.0
-                    enc = tl.where(amax == 0.0, 1.0, _rcp(tl.where(amax == 0.0, 1.0, amax)) * qmax)
-                    dec = _rcp(enc)
+                    enc = tl.where(amax == 0.0, 1.0, _rcp(tl.where(amax == 0.0, 1.0, amax), rcp_ptr) * qmax)
+                    dec = _rcp(enc, rcp_ptr)
                     v = rep * enc[None, :]
                     if SR:
                         chunk = _ckpt_chunks(seed_hi + t + 1, global_head, rows, cols, N)
@@ -323,9 +333,14 @@ def mamba2_engine_launch(
         cbo, coef, tdec = tables.cb_old.contiguous(), tables.coef.contiguous(), tables.total_decay.contiguous()
         start = tables.start.contiguous()
         fcall = tables.flush_call.to(torch.int8).contiguous()
+    rcp_tab = fcall
+    if replay and fmt_code in (3, 4):  # the 8-bit checkpoint's scales go through MUFU.RCP
+        from ..engines.mufu import table_on
+
+        rcp_tab = table_on("rcp_delta", x.device)
     _mamba2_engine_kernel[(bsz * heads, npb)](
         x, dt, a, bm, cm, d, s0 if s0 is not None else dummy, write, metrics,
-        fac, cbn, cbo, coef, tdec, start, fcall, dummy if a_engine is None else a_engine,
+        fac, cbn, cbo, coef, tdec, start, fcall, dummy if a_engine is None else a_engine, rcp_tab,
         bsz, steps, heads, p, n, heads // groups, groups, engine_seed(seed, 0), batch_offset, seed, 1,
         L=length, BLOCK_P=block_p, BLOCK_N=block_n, FMT=fmt_code, REPLAY=replay, SR=sr, BUF=buf_code,
         HAS_S0=s0 is not None, SSU=a_engine is not None, num_warps=num_warps, enable_fp_fusion=False,

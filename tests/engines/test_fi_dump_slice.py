@@ -3,8 +3,9 @@
 The slice (`data/fi_dump_slice.safetensors`, provenance in `data/README.md`) holds every input, the kernel's
 stored caches before and after each flush and its outputs. `fit.replay_calls` re-runs each call through
 `flashinfer.checkpointing_ssu_reference` (the arithmetic of the `flashinfer` profile) teacher-forced. The
-floors are what the profile reaches on this slice (2026-12-01); MUFU.EX2 / MUFU.RCP are modelled, not
-tabulated, so scales and FP32 states are not yet all bit-identical (ssmquant/engines/README.md).
+profile computes MUFU.EX2 / MUFU.RCP with the H200's own tables (`mufu.ex2_sm90` / `rcp_sm90`), so every
+code, decode scale, FP32 state word and output of the slice is bit-identical (2026-12-01); the models before
+the tables (2^x toward zero, RN(1/x)) are measurably worse, which the last tests check.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ SLICE = Path(__file__).parent / "data" / "fi_dump_slice.safetensors"
 
 # case: (codes or FP32 state words identical, scales identical, scales within one ulp), measured on the slice
 FLOORS = {
-    "ckpt_int8_L16": (1.0, 0.57, 0.89),
-    "ckpt_fp8_e4m3_L4": (1.0, 0.62, 0.90),
-    "ckpt_int8_L12_T4": (1.0, 0.63, 0.92),
-    "ckpt_fp32_L16": (0.60, None, None),
+    "ckpt_int8_L16": (1.0, 1.0, 1.0),
+    "ckpt_fp8_e4m3_L4": (1.0, 1.0, 1.0),
+    "ckpt_int8_L12_T4": (1.0, 1.0, 1.0),
+    "ckpt_fp32_L16": (1.0, None, None),
 }
 
 
@@ -52,6 +53,21 @@ def test_the_oracle_tells_tensor_core_models_apart(sliced, monkeypatch):
     monkeypatch.setattr(fi, "HMMA_EXTRA_BITS", 0)  # a 24-bit alignment window: measurably worse
     bad = fit.replay_calls(cases[key], meta["cases"][key]["case"])["state_identical"]
     assert bad < good - 0.1, (bad, good)
+
+
+@pytest.mark.parametrize(
+    ("key", "patch", "field", "worst"),
+    [
+        ("ckpt_int8_L16", ("rcp_approx", "rcp_rn"), "scales_identical", 0.9),  # RN(1/x): 0.74 on the slice
+        ("ckpt_fp8_e4m3_L4", ("ex2_approx", "ex2_rz"), "scales_identical", 0.9),  # 2^x toward zero: 0.82
+        ("ckpt_fp32_L16", ("ex2_approx", "ex2_rz"), "state_identical", 0.9),  # 0.61
+    ],
+)
+def test_the_oracle_tells_mufu_models_apart(sliced, monkeypatch, key, patch, field, worst):
+    cases, meta = sliced
+    monkeypatch.setattr(fi, patch[0], getattr(fi, patch[1]))  # the model before the H200's tables
+    r = fit.replay_calls(cases[key], meta["cases"][key]["case"])
+    assert r[field] < worst, r
 
 
 def test_slice_of_a_slice_keeps_calls_heads_and_groups(tmp_path):

@@ -43,6 +43,8 @@ def test_fast_math_pieces():
     assert e[0] == 1.0 and e[3] == 0.0  # results below 2^-126 flush to zero (ftz)
     exact = torch.exp(v[:3].double())
     assert bool(((e[:3].double() - exact).abs() <= exact * 2.0**-22).all())
-    assert bool((e.double() <= torch.exp2(v.float().double() * fi.LOG2E_F32)).all())  # toward zero
-    x = torch.tensor([3.0, 0.1, 127.0])
-    assert torch.equal(fi.rcp_approx(x), (1.0 / x.double()).float())
+    # __expf = MUFU.EX2 of RN(v log2e): the exact model, not the correctly rounded or toward-zero 2^x
+    assert torch.equal(e, fi.ex2_approx(v * fi.LOG2E_F32))
+    x = torch.tensor([3.0, 0.1, 127.0, (1 + 1449 * 2.0**-23) * 2.0**-5])
+    got = fi.rcp_approx(x).view(torch.int32) - fi.rcp_rn(x).view(torch.int32)
+    assert got.tolist() == [0, 0, 0, -1]  # significand 1449 of MUFU.RCP is one ulp below RN(1/x) on the H200

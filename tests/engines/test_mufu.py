@@ -2,8 +2,17 @@
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from ssmquant.engines import mufu
+from ssmquant.kernels.mamba2_engine import _rcp
+
+
+@triton.jit
+def _rcp_kernel(x_ptr, y_ptr, tab_ptr, BLOCK: tl.constexpr):
+    off = tl.arange(0, BLOCK)
+    tl.store(y_ptr + off, _rcp(tl.load(x_ptr + off), tab_ptr))
 
 
 def _fake_launch(fn, x):
@@ -54,3 +63,61 @@ def test_table_lookups_reproduce_the_tabulated_function(monkeypatch, tmp_path):
     assert torch.equal(got[on_grid | (v <= -1)], want[on_grid | (v <= -1)])
     with pytest.raises(ValueError, match="arguments <= 0"):
         mufu.ex2_from_table(torch.tensor([0.5]), tab["ex2_delta"])
+
+
+SAMPLES = __import__("pathlib").Path(__file__).parent / "data" / "mufu_sm90_samples.safetensors"
+
+
+def _samples():
+    from safetensors.torch import load_file
+
+    return load_file(str(SAMPLES))
+
+
+@pytest.mark.parametrize("fn", ["rcp", "ex2"])
+def test_shipped_model_is_the_h200s_instruction_bit_for_bit(fn):
+    # 4096 random arguments (rcp: exponents -60..60, both signs; ex2: -64..-2^-40) and 2048 table points, as the
+    # H200 returned them (data/README.md); the model is built from the tables, the random ones are independent
+    s = _samples()
+    x = s[f"{fn}_x"].view(torch.float32)
+    got = (mufu.rcp_sm90 if fn == "rcp" else mufu.ex2_sm90)(x).view(torch.int32)
+    assert torch.equal(got, s[f"{fn}_y"]), int((got != s[f"{fn}_y"]).sum())
+    # and the hardware is not the correctly rounded function: a model that ignores the deltas fails here
+    ref = (mufu.cr_rcp(x) if fn == "rcp" else mufu.cr_ex2(torch.trunc(x.double() * 2**23).div(2**23).float())).view(torch.int32)
+    assert float((ref == s[f"{fn}_y"]).float().mean()) < 0.9
+
+
+def test_shipped_model_edges():
+    inf = float("inf")
+    x = torch.tensor([1.0, -2.0, 0.25, 2.0**126, 2.0**127, 0.0, -0.0, 1e-40, inf, -inf])
+    want = torch.tensor([1.0, -0.5, 4.0, 2.0**-126, 0.0, inf, -inf, inf, 0.0, -0.0])  # ftz: 2^-127 and 1e-40 flush
+    assert torch.equal(mufu.rcp_sm90(x).view(torch.int32), want.view(torch.int32))
+    v = torch.tensor([0.0, -1.0, -3.0, -126.0, -126.5, -2.0**-24, -300.0, 3.0, 200.0, float("nan")])
+    e = mufu.ex2_sm90(v)
+    assert torch.equal(e[:6], torch.tensor([1.0, 0.5, 0.125, 2.0**-126, 0.0, 1.0]))  # 2^-24 truncates to 0
+    assert e[6] == 0.0 and e[7] == 8.0 and e[8] == inf and torch.isnan(e[9])
+
+
+def test_compact_packs_two_bits_and_refuses_an_untruncated_ex2(monkeypatch, tmp_path):
+    codes = torch.randint(0, 4, (4096,), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(mufu._unpack2(mufu._pack2(codes)), codes.to(torch.uint8))
+    monkeypatch.setattr(mufu, "_launch", _fake_launch)
+    arrays, _ = mufu.tabulate(torch.device("cpu"), samples=64, rcp_bits=23, ex2_bits=24)
+    tables = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    # the fake's ex2 steps at x = -0.5 - 2^-24, inside a 2^-23 step: not the hardware's argument truncation
+    with pytest.raises(ValueError, match="not truncated to 2\\^-23"):
+        mufu.compact(tables, tmp_path / "m.safetensors")
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() and __import__("os").environ.get("TRITON_INTERPRET") != "1",
+    reason="needs a GPU or TRITON_INTERPRET=1",
+)
+def test_triton_rcp_is_the_torch_model_bit_for_bit():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    s = _samples()
+    x = torch.cat([s["rcp_x"].view(torch.float32)[:2040], torch.tensor([2.0**126, 2.0**127, 0.0, 1e-40] * 2)])  # 2048
+    y = torch.empty_like(x)
+    x, y = x.to(dev), y.to(dev)
+    _rcp_kernel[(1,)](x, y, mufu.sm90()["rcp_delta"].to(dev), BLOCK=x.numel())
+    assert torch.equal(y.cpu().view(torch.int32), mufu.rcp_sm90(x.cpu()).view(torch.int32))
