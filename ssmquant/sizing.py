@@ -132,6 +132,22 @@ def _pool(device) -> str:
     return "device" if _is_cuda(device) else "host"
 
 
+MAX_LAUNCH_VARIANTS = 6  # ssmquant.kernels.common.MAX_SLOTS: variants carried by one kernel launch
+
+
+def launch_metric_bytes_per_sequence(dims: LayerDims, variants: int, steps: int) -> int:
+    """Bytes of one sequence's per-step metrics in a launch carrying min(variants, 6) variants: NV x T x H x
+    row blocks x 4 fp32, the row blocks from the tile that ``kernels.plan_blocks`` picks for dynamic scales
+    (rows per warp from the register budget of 128 state elements per thread over the NV + 1 states; the
+    formula of ``kernels._rows_per_warp``, here without importing Triton). An upper bound for formats whose
+    scale groups need more rows (fewer, larger blocks)."""
+    nv = max(1, min(variants, MAX_LAUNCH_VARIANTS))
+    per_state = 1 << ((128 // (nv + 1)).bit_length() - 1)
+    rows_per_warp = max(1, 32 * per_state // (1 << (dims.state_dim - 1).bit_length()))
+    blocks = -(-dims.rows // rows_per_warp)
+    return nv * steps * dims.heads * blocks * 4 * FP32
+
+
 def analyze_memory(
     dims: LayerDims,
     *,
@@ -180,9 +196,12 @@ def analyze_memory(
     step_metrics = dims.heads * 4 * FP32
     if backend == "torch":
         est.add("per-step metrics of every variant", pool, variants * tokens * step_metrics, variants * step_metrics)
-    else:  # one launch's buffer, [T, batch slice, H, row blocks, 4]; slices keep it under METRIC_BUFFER_BYTES
-        blocks = max(1, dims.rows // 16)
-        est.add("per-step metrics of one launch", pool, min(METRIC_BUFFER_BYTES, tokens * step_metrics * blocks))
+    else:  # one launch's buffer, [NV, T, batch slice, H, row blocks, 4]; slices keep it under METRIC_BUFFER_BYTES
+        per_seq = launch_metric_bytes_per_sequence(dims, variants, steps)
+        seqs = min(batch, max(1, METRIC_BUFFER_BYTES // per_seq))
+        # the buffer, its sum over the row blocks, and one variant's float64 copy with its temporaries
+        work = seqs * steps * step_metrics * (min(variants, MAX_LAUNCH_VARIANTS) + 2 * 2 * 2)
+        est.add("per-step metrics of one launch", pool, seqs * per_seq + work)
     # windows (mean, last, maxima) and the per-step sums over the batch that the pooled maxima need
     per_step_sums = variants * dims.heads * 4 * 8
     est.add("window statistics", pool, variants * recorded * batch * dims.heads * 12 * 8 + steps * per_step_sums,

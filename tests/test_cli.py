@@ -259,6 +259,30 @@ def test_a_plotting_process_that_fails_names_its_plot(tiny_run, tmp_path, monkey
     assert not (tmp_path / "a").exists() and files._workers is None
 
 
+def test_plots_read_the_first_writes_from_the_report_and_need_no_torch(tiny_run, tmp_path):
+    """report.json names each scheme's first rounded step; drawing from it imports no torch (a plotting process
+    of its own needs nothing else of it), and the PNGs are those drawn with the steps computed from the schemes."""
+    from ssmquant.report import files
+
+    out, _ = tiny_run
+    traces, heads, summary, report = files.load_analysis(out)
+    assert report["first_write_steps"] == {"conventional": 1, "replay16": 16}
+    code = (
+        "import sys; from ssmquant.report.files import load_analysis, _plots; "
+        f"t, h, s, r = load_analysis({str(out)!r}); _plots().render_all(t, h, s, r, {str(tmp_path)!r}); "
+        "print('torch' in sys.modules)"
+    )
+    res = run_cli([], prefix=["-c", code])
+    assert res.returncode == 0 and res.stdout.strip() == "False", res.stderr
+    without = dict(report)
+    del without["first_write_steps"]
+    b = tmp_path / "b"
+    b.mkdir()
+    files._plots().render_all(traces, heads, summary, without, b)
+    for name in files.PLOT_FILES:
+        assert (tmp_path / name).read_bytes() == (b / name).read_bytes(), name
+
+
 def test_forked_plots_are_the_pngs_the_process_itself_draws(tiny_run, tmp_path, monkeypatch):
     """With spare cores `write_analysis` renders the plots in forked children: the same bytes, the same files."""
     import types

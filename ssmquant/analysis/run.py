@@ -135,6 +135,9 @@ class AnalysisResult:
             "stages": self.stages,
             "summary": _records(self.summary),
             "memory": _records(self.memory),
+            # per scheme, the step of the first rounded state: the plots mark it without parsing schemes (which
+            # imports torch: seconds in a plotting process that needs nothing else of it)
+            "first_write_steps": {v.scheme.name: first_write_step(v) for v in build_variants(self.config)},
             "forecast_note": "forecast_* columns extrapolate the power-law fit err(t) ~ a t^b beyond the "
             "measured horizon; they are forecasts, not measurements. A forecast is null where its *_status is "
             f"'unreliable' (fit r^2 below {MIN_FORECAST_R2}) or 'diverged' (relative error reaches {DIVERGED})",

@@ -21,20 +21,62 @@ class InputError(ValueError):
     """A decode-input tensor has the wrong shape, dtype, device or contains NaN/Inf."""
 
 
-def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], device: torch.device, time_major: bool = True) -> None:
+def _meta_problem(name: str, t, shape: tuple[int, ...], device: torch.device) -> str | None:
     if not isinstance(t, torch.Tensor):
-        raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        return f"{name} must be a torch.Tensor, got {type(t).__name__}"
     if t.dtype not in _FLOAT_DTYPES:
-        raise InputError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+        return f"{name} must be float32, bfloat16 or float16, got {t.dtype}"
     if tuple(t.shape) != tuple(shape):
-        raise InputError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+        return f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}"
     if t.device != device:
-        raise InputError(f"{name} is on {t.device}, expected {device} (all inputs on one device)")
-    bad = ~torch.isfinite(t)
-    if bool(bad.any()):
-        idx = tuple(int(i) for i in bad.nonzero()[0])
-        where = f"batch {idx[0]}, step {idx[1]}" if time_major and len(idx) >= 2 else f"index {idx}"
-        raise InputError(f"{name} contains NaN/Inf (first at {where})")
+        return f"{name} is on {t.device}, expected {device} (all inputs on one device)"
+    return None
+
+
+class _Checks:
+    """The checks of one ``validate``, in order, with one read-back of the device's answers.
+
+    Shapes, dtypes and devices are checked at once; the value checks (NaN/Inf, a sign rule) are queued as
+    0-d flags on the tensors' device and read back together (one wait for the device instead of one per
+    check: the wait also holds back the host while the device still runs earlier work). ``run`` raises the
+    error the checks one by one would have raised first: value checks before the first bad shape / dtype /
+    device, which stops the collection (later tensors are not looked at)."""
+
+    def __init__(self):
+        self.items: list[tuple] = []  # (flag or None, raise-function)
+        self.stopped = False
+
+    def tensor(self, name: str, t, shape: tuple[int, ...], device: torch.device, time_major: bool = True) -> None:
+        if self.stopped:
+            return
+        problem = _meta_problem(name, t, shape, device)
+        if problem is not None:
+            self.stopped = True
+            self.items.append((None, lambda: _raise(problem)))
+            return
+
+        def nonfinite():
+            idx = tuple(int(i) for i in (~torch.isfinite(t)).nonzero()[0])
+            where = f"batch {idx[0]}, step {idx[1]}" if time_major and len(idx) >= 2 else f"index {idx}"
+            raise InputError(f"{name} contains NaN/Inf (first at {where})")
+
+        self.items.append(((~torch.isfinite(t)).any(), nonfinite))
+
+    def rule(self, flag, fail) -> None:
+        """``flag()``: a 0-d bool tensor, true when the rule is broken; ``fail()`` raises its error."""
+        if not self.stopped:
+            self.items.append((flag(), fail))
+
+    def run(self) -> None:
+        flags = [f for f, _ in self.items if f is not None]
+        values = iter(torch.stack(flags).tolist() if flags else [])
+        for flag, fail in self.items:
+            if flag is None or next(values):
+                fail()
+
+
+def _raise(message: str):
+    raise InputError(message)
 
 
 @dataclass
@@ -109,18 +151,19 @@ class Mamba2Inputs:
         if h % g != 0:
             raise InputError(f"heads ({h}) must be a multiple of groups ({g}); B has shape {tuple(self.B.shape)}")
         dev = self.x.device
-        _check("x", self.x, (b, t, h, p), dev)
-        _check("dt", self.dt, (b, t, h), dev)
-        _check("B", self.B, (b, t, g, n), dev)
-        _check("C", self.C, (b, t, g, n), dev)
-        _check("A", self.A, (h,), dev, time_major=False)
-        _check("D", self.D, (h,), dev, time_major=False)
+        checks = _Checks()
+        checks.tensor("x", self.x, (b, t, h, p), dev)
+        checks.tensor("dt", self.dt, (b, t, h), dev)
+        checks.tensor("B", self.B, (b, t, g, n), dev)
+        checks.tensor("C", self.C, (b, t, g, n), dev)
+        checks.tensor("A", self.A, (h,), dev, time_major=False)
+        checks.tensor("D", self.D, (h,), dev, time_major=False)
         if self.initial_state is not None:
-            _check("initial_state", self.initial_state, (b, h, p, n), dev, time_major=False)
-        if bool((self.dt <= 0).any()):
-            raise InputError("dt must be > 0 (it is softplus(dt_raw + dt_bias) after the clamp)")
-        if bool((self.A >= 0).any()):
-            raise InputError("A must be < 0 (A = -exp(A_log)); pass A, not A_log")
+            checks.tensor("initial_state", self.initial_state, (b, h, p, n), dev, time_major=False)
+        checks.rule(lambda: (self.dt <= 0).any(),
+                    lambda: _raise("dt must be > 0 (it is softplus(dt_raw + dt_bias) after the clamp)"))  # fmt: skip
+        checks.rule(lambda: (self.A >= 0).any(), lambda: _raise("A must be < 0 (A = -exp(A_log)); pass A, not A_log"))
+        checks.run()
         return self
 
     @property
@@ -217,18 +260,20 @@ class _DeltaRuleInputs:
         if hv % hk != 0:
             raise InputError(f"value heads ({hv}) must be a multiple of key heads ({hk})")
         dev = self.v.device
-        _check("q", self.q, (b, t, hk, dk), dev)
-        _check("k", self.k, (b, t, hk, dk), dev)
-        _check("v", self.v, (b, t, hv, dv), dev)
-        self._check_gate(b, t, hv, dk, dev)
-        _check("beta", self.beta, (b, t, hv), dev)
+        checks = _Checks()
+        checks.tensor("q", self.q, (b, t, hk, dk), dev)
+        checks.tensor("k", self.k, (b, t, hk, dk), dev)
+        checks.tensor("v", self.v, (b, t, hv, dv), dev)
+        self._check_gate(checks, b, t, hv, dk, dev)
+        checks.tensor("beta", self.beta, (b, t, hv), dev)
         if self.initial_state is not None:
-            _check("initial_state", self.initial_state, (b, hv, dv, dk), dev, time_major=False)
-        if bool(((self.beta < 0) | (self.beta > 1)).any()):
-            raise InputError("beta must lie in [0, 1] (it is sigmoid(b))")
+            checks.tensor("initial_state", self.initial_state, (b, hv, dv, dk), dev, time_major=False)
+        checks.rule(lambda: ((self.beta < 0) | (self.beta > 1)).any(),
+                    lambda: _raise("beta must lie in [0, 1] (it is sigmoid(b))"))  # fmt: skip
+        checks.run()
         return self
 
-    def _check_gate(self, b: int, t: int, hv: int, dk: int, dev: torch.device) -> None:
+    def _check_gate(self, checks: _Checks, b: int, t: int, hv: int, dk: int, dev: torch.device) -> None:
         raise NotImplementedError
 
     def slice_steps(self, start: int, stop: int):
@@ -277,10 +322,10 @@ class GDNInputs(_DeltaRuleInputs):
 
     kind = "gdn"
 
-    def _check_gate(self, b: int, t: int, hv: int, dk: int, dev: torch.device) -> None:
-        _check("g", self.g, (b, t, hv), dev)
-        if bool((self.g > 0).any()):
-            raise InputError("g must be <= 0 (it is the log of the decay exp(g) in (0, 1])")
+    def _check_gate(self, checks: _Checks, b: int, t: int, hv: int, dk: int, dev: torch.device) -> None:
+        checks.tensor("g", self.g, (b, t, hv), dev)
+        checks.rule(lambda: (self.g > 0).any(),
+                    lambda: _raise("g must be <= 0 (it is the log of the decay exp(g) in (0, 1])"))  # fmt: skip
 
 
 @dataclass
@@ -316,14 +361,17 @@ class KDAInputs(_DeltaRuleInputs):
             )
         return super().validate()
 
-    def _check_gate(self, b: int, t: int, hv: int, dk: int, dev: torch.device) -> None:
-        _check("g", self.g, (b, t, hv, dk), dev)
-        if bool((self.g > 0).any()):
+    def _check_gate(self, checks: _Checks, b: int, t: int, hv: int, dk: int, dev: torch.device) -> None:
+        checks.tensor("g", self.g, (b, t, hv, dk), dev)
+
+        def positive():
             idx = tuple(int(i) for i in (self.g > 0).nonzero()[0])
             raise InputError(
                 f"g must be <= 0 (log decays, exp(g) in (0, 1]); got {float(self.g[idx]):.4g} at batch {idx[0]}, "
                 f"step {idx[1]}, head {idx[2]}, key channel {idx[3]}"
             )
+
+        checks.rule(lambda: (self.g > 0).any(), positive)
 
 
 LayerInputs = Mamba2Inputs | GDNInputs | KDAInputs

@@ -65,8 +65,12 @@ def _levels(order: list[str]) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(p[0] for p in parts)), list(dict.fromkeys(p[1] if len(p) > 1 else "" for p in parts))
 
 
-def first_write(scheme: str) -> int:
-    """The 1-based step of a scheme's first state write (1 conventional, L replay(L)); 1 when unknown."""
+def first_write(scheme: str, report: dict | None = None) -> int:
+    """The 1-based step of a scheme's first state write (1 conventional, L replay(L)); 1 when unknown.
+    Read from report.json's ``first_write_steps`` when it has the scheme, else computed from the scheme."""
+    known = (report or {}).get("first_write_steps") or {}
+    if scheme in known:
+        return int(known[scheme])
     from ..replay import parse_scheme
     from ..replay.schemes import SchemeError
 
@@ -117,7 +121,7 @@ def drift_figure(traces: pd.DataFrame, summary: pd.DataFrame, report: dict):
     colours = dict(zip(formats, sns.color_palette("deep", len(formats))))
     dashes = {sch: _DASHES[i % len(_DASHES)] for i, sch in enumerate(schemes)}
     widths = dict(zip(formats, np.linspace(2.6, 1.0, len(formats)) if len(formats) > 1 else [1.4]))
-    flushes = {sch: first_write(sch) for sch in schemes if first_write(sch) > 1}
+    flushes = {sch: step for sch in schemes if (step := first_write(sch, report)) > 1}
     fig, axes = plt.subplots(
         2, len(layers), figsize=(6.2 * len(layers) + 2.4, 9), squeeze=False, sharex=True, layout="constrained"
     )

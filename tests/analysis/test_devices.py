@@ -287,3 +287,22 @@ def test_memory_estimate_counts_inputs_made_ahead():
     plain, ahead = analyze_memory(dims, **kw), analyze_memory(dims, **kw, ahead=True)
     extra = ahead.total("device") - plain.total("device")
     assert extra >= 2 * 8 * 4096 * input_bytes_per_token(dims)
+
+
+def test_memory_estimate_sizes_the_kernels_metric_buffer_as_planned():
+    """The per-sequence metric buffer of a launch (sizing, without Triton) is the one the kernels plan: NV x T x H
+    x row blocks x 4 fp32, the row blocks from kernels.plan_launches' tile (six variants: [4 rows, 128] per warp)."""
+    pytest.importorskip("triton")
+    from ssmquant.analysis import AnalyzeConfig, build_variants
+    from ssmquant.kernels import plan_launches
+    from ssmquant.sizing import launch_metric_bytes_per_sequence
+
+    variants = build_variants(AnalyzeConfig())  # fp8, int8, nvfp4 x conventional, replay: six in one launch
+    (idx, (block_p, _)), *rest = plan_launches(variants, 64, 128)
+    assert not rest and len(idx) == 6
+    planned = len(idx) * 4096 * 64 * (64 // block_p) * 4 * 4
+    dims = layer_dims("mamba2", 64, 64, 128, 8)
+    assert launch_metric_bytes_per_sequence(dims, 6, 4096) == planned == 384 * 2**20
+    est = analyze_memory(dims, batch=8, steps=4096, variants=6, recorded=256, device="cuda", backend="triton")
+    part = next(b for name, _, b in est.parts if name == "per-step metrics of one launch")
+    assert part >= 2 * planned  # two sequences per launch under the 1 GiB budget

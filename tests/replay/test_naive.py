@@ -157,6 +157,34 @@ def test_bad_inputs_name_the_tensor_and_shapes():
         simulate(mamba2_inputs(steps=5), [bad])
 
 
+def test_validation_reads_the_values_back_once_and_reports_the_first_problem_in_order(monkeypatch):
+    """validate() asks the device for all value checks at once, and still raises the error the checks one by
+    one would: a NaN in x before a bad dtype of D, a bad shape of B before a NaN in C, dt's sign before A's."""
+    inp = mamba2_inputs(steps=5)
+    inp.x = inp.x.clone()
+    inp.x[0, 2, 1, 1] = float("inf")
+    inp.D = inp.D.to(torch.int32)
+    with pytest.raises(InputError, match=r"x contains NaN/Inf \(first at batch 0, step 2\)"):
+        inp.validate()
+    inp = mamba2_inputs(steps=5)
+    inp.B = inp.B[:, :4]
+    inp.C = inp.C.clone()
+    inp.C[0, 0, 0, 0] = float("nan")
+    with pytest.raises(InputError, match=r"B has shape \(2, 4, 2, 40\), expected \(2, 5, 2, 40\)"):
+        inp.validate()
+    inp = mamba2_inputs(steps=5)
+    inp.dt = -inp.dt
+    inp.A = -inp.A
+    with pytest.raises(InputError, match="dt must be > 0"):
+        inp.validate()
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or tolist(t))
+    mamba2_inputs(steps=5).validate()
+    gdn_inputs(steps=5).validate()
+    assert reads == [torch.Size([8]), torch.Size([7])]  # six / five tensors and their sign rules, one read each
+
+
 def test_triton_backend_on_cpu_tensors_outside_the_interpreter_is_refused(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(BackendError, match="needs CUDA tensors"):
