@@ -161,7 +161,7 @@ def decode_pass(
     pass_no: int = 0,
     passes: int = 1,
     progress: Callable[[], None] | None = None,
-    kv_buffer: bool = True,
+    kv_buffer: bool = False,
 ) -> list[str]:
     """Decode ``ids`` [B, T + 1] through every run of ``plan``; fill ``values`` [V, 3, B, T] (kl, top-1
     agreement, delta nll in nats) for the pass's variants and, when given, ``ref_nll`` [B, T] (nats).
