@@ -92,6 +92,9 @@ class CalibrateConfig:
     # emulation devices: "cuda:0,cuda:1", a list, or "all" (analysis.devices); None: `device` alone. Each
     # layer is calibrated and verified on the GPU holding it, or round-robin, one worker thread per GPU.
     devices: str | list[str] | None = None
+    # the engine profile whose arithmetic emulates every candidate (`ssmquant.engines.profiles`); a setting the
+    # profile refuses is recorded as not runnable by that engine, with its reason, and never chosen
+    engine: str = "ideal"
 
     def deployments(self):
         """(Targets, GPU note) that takeability is checked for (`export.engines.deployments`)."""
@@ -117,6 +120,12 @@ class CalibrateConfig:
             raise CalibrateError(f"--heldout-batch must be an integer >= 1, got {self.heldout_batch!r}")
         if self.backend not in BACKENDS:
             raise CalibrateError(f"unknown backend {self.backend!r}; accepted: {', '.join(BACKENDS)}")
+        from ..engines.profiles import EngineError, check_engine
+
+        try:
+            check_engine(self.engine)
+        except EngineError as err:
+            raise CalibrateError(f"--engine: {err}") from None
         self.deployments()
 
 
@@ -273,6 +282,7 @@ def calibrate(
             backend=cfg.backend,
             seed=cfg.seed,
             count_buffer=cfg.count_buffer,
+            engine=cfg.engine,
         )
         chosen = choose_layer(df, cfg.budget, cfg.metric)
         decision = None if chosen is None else by_name[chosen["setting"]]
@@ -344,7 +354,11 @@ def calibrate(
     from ..export.engines import describe_deployments, takeable_by_any  # lazy: export imports calibrate
 
     targets, gpu_note = cfg.deployments()
-    takeable = {name: takeable_by_any(by_name[name], layer_kind, targets) for name in uniform["setting"]}
+    # takeable: an engine can run it and the profile measured it on every layer (a refused setting has no numbers)
+    runnable = evaluations.groupby("setting")["runnable"].all()
+    takeable = {
+        name: bool(runnable[name]) and takeable_by_any(by_name[name], layer_kind, targets) for name in uniform["setting"]
+    }
     global_row, status = choose_global(uniform, takeable)
     global_setting = by_name[global_row["setting"]] if global_row is not None else None
     if cfg.force_global:
@@ -392,7 +406,8 @@ def calibrate(
         def verify_one(layer, inputs, dev):
             inputs = inputs.to(dev)
             return verify_layer(layer, inputs, decisions[layer], chosen_scales.get(layer), verify_uniform,
-                                metric=cfg.metric, budget=cfg.budget, backend=cfg.backend, seed=cfg.seed)  # fmt: skip
+                                metric=cfg.metric, budget=cfg.budget, backend=cfg.backend, seed=cfg.seed,
+                                engine=cfg.engine)  # fmt: skip
 
         done.clear()
         if progress:
