@@ -21,6 +21,12 @@ def engines_checked_text(takeability: dict) -> str:
 SHOW_REFUSED = 8
 
 
+def _reason(refusal: str) -> str:
+    """The profile's message without its leading 'format@scheme: ' (the line names the setting already)."""
+    where, sep, rest = refusal.partition(": ")
+    return rest if sep and "@" in where and " " not in where else refusal
+
+
 def profile_text(result) -> str:
     """'engine profile: flashinfer (...)' and one line per setting the profile refused, with the engine's reason."""
     from ..engines.profiles import arithmetic
@@ -30,7 +36,7 @@ def profile_text(result) -> str:
     refused = ev[~ev["runnable"]].drop_duplicates("setting")
     head = f"engine profile: {name} (candidates emulated with the {arithmetic(name, result.layer_kind)} arithmetic"
     head += f"; {len(refused)} setting(s) not runnable by this engine, not measured)" if len(refused) else ")"
-    lines = [head] + [f"  not runnable: {r['setting']}: {r['refusal']}" for _, r in refused.head(SHOW_REFUSED).iterrows()]
+    lines = [head] + [f"  not runnable: {r['setting']}: {_reason(r['refusal'])}" for _, r in refused.head(SHOW_REFUSED).iterrows()]
     if len(refused) > SHOW_REFUSED:
         lines.append(f"  ... {len(refused) - SHOW_REFUSED} more (candidates.csv: runnable, refusal)")
     return "\n".join(lines)
