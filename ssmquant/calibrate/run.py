@@ -44,6 +44,7 @@ from .choose import (
     choose_global,
     choose_layer,
     evaluate_layer,
+    profile_refusals,
     uniform_table,
 )
 from .scales import calibrate_scales, required_percentiles, scale_keys
@@ -253,7 +254,9 @@ def calibrate(
     t_loaded = time.time()
     layers = source.select(cfg.layers)
     source.check_formats([s.format for s in all_settings])
-    _plan(cfg, source, layers, all_settings, emu_devices, chosen_backend, notify)
+    # the estimate counts what the profile simulates (a refused setting costs nothing)
+    refused = profile_refusals(cfg.engine, all_settings, source.layer_kind, source.state_shape)
+    _plan(cfg, source, layers, [s for s in all_settings if s.name not in refused], emu_devices, chosen_backend, notify)
     percentiles = sorted(set(DEFAULT_PERCENTILES) | set(required_percentiles(keys)))
     by_name = {s.name: s for s in all_settings}
     in_use = _cuda_devices([device, *emu_devices, *(source.layer_devices or {}).values()])
@@ -477,7 +480,7 @@ STATS_COST = 2
 def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, devices, backend, notify) -> None:
     """Refuse a run that will not fit in memory on any of the emulation ``devices`` (each holds one layer's
     work at a time); send the time estimate to ``notify`` (torch backend)."""
-    dynamic = [s.variant(seed=cfg.seed) for s in settings if not s.is_static]
+    dynamic = [s.variant(seed=cfg.seed, engine=cfg.engine) for s in settings if not s.is_static]
     hb = cfg.heldout_batch or cfg.batch
     # verification of synthetic data draws calibration + held-out sequences and slices (verify.py)
     held = hb + (cfg.batch if cfg.synthetic else 0) if cfg.verify else 0
