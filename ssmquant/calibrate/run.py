@@ -256,6 +256,12 @@ def calibrate(
     source.check_formats([s.format for s in all_settings])
     # the estimate counts what the profile simulates (a refused setting costs nothing)
     refused = profile_refusals(cfg.engine, all_settings, source.layer_kind, source.state_shape)
+    if all(s.name in refused for s in settings):
+        reasons = sorted(set(refused.values()))
+        raise CalibrateError(
+            f"--engine {cfg.engine}: the profile runs none of the {len(settings)} candidates on these "
+            f"{source.layer_kind} layers ({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''})"
+        )
     _plan(cfg, source, layers, [s for s in all_settings if s.name not in refused], emu_devices, chosen_backend, notify)
     percentiles = sorted(set(DEFAULT_PERCENTILES) | set(required_percentiles(keys)))
     by_name = {s.name: s for s in all_settings}

@@ -94,6 +94,22 @@ def test_vllm_profile_runs_the_triton_decay_and_refuses_replay():
     assert "vLLM's ReplaySSM runs FlashInfer checkpointing_ssu" in refusal
 
 
+def test_vllm_profile_on_gdn_is_the_ideal_arithmetic_bit_for_bit():
+    """vLLM decodes GDN with fla's fused recurrent kernel, which the profile runs as the ideal recurrence."""
+    kw = dict(candidates=["fp16", "bf16"], schemes=["conventional"], layers=[0], **{**LOOSE, "calibration": ["none"]})
+    ideal, vl = tiny_calibration("gdn", **kw), tiny_calibration("gdn", **kw, engine="vllm")
+    assert vl.evaluations["runnable"].all()
+    assert _errors(vl) == _errors(ideal) and _errors(vl, "state_rel_err") == _errors(ideal, "state_rel_err")
+
+
+def test_a_profile_that_runs_no_candidate_is_refused_before_any_layer_runs():
+    from ssmquant.calibrate import CalibrateError
+
+    with pytest.raises(CalibrateError, match=r"--engine flashinfer: the profile runs none of the 2 candidates on these gdn"):
+        tiny_calibration("gdn", candidates=["fp16"], schemes=["conventional", "replay"], buffer_lens=[4],
+                         engine="flashinfer", **{**LOOSE, "calibration": ["none"]})  # fmt: skip
+
+
 def test_cli_bad_engine_is_one_line_listing_the_profiles(tmp_path):
     res = CliRunner().invoke(
         main, ["calibrate", "--model", "nemotron-3-nano", "--synthetic", "--budget", "0.02", "--engine", "sglang", "--out", str(tmp_path / "r"), "-q"]
