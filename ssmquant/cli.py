@@ -601,6 +601,13 @@ class _BudgetNotMet(click.ClickException):
 )
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for data selection and stochastic rounding.")
 @click.option(
+    "--engine",
+    default="ideal",
+    show_default=True,
+    help="Engine profile whose arithmetic emulates every candidate: ideal, flashinfer, vllm or trtllm; a setting the "
+    "engine cannot run is reported with its reason and never chosen (export checks the recipe against its target).",
+)
+@click.option(
     "--engine-version",
     "engine_versions",
     multiple=True,
@@ -640,6 +647,7 @@ def calibrate_cmd(
     devices,
     backend,
     seed,
+    engine,
     engine_versions,
     gpu,
     no_verify,
@@ -687,6 +695,7 @@ def calibrate_cmd(
         engine_versions=_engine_versions(engine_versions),
         gpu=gpu,
         devices=_devices(devices),
+        engine=engine,
     )
     bars: dict[str, _Bar] = {}
 

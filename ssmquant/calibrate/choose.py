@@ -8,6 +8,11 @@ candidates with error <= budget, ties broken by lower error, then by name. A uni
 candidate applied to every layer (static ones with each layer's own scales); the global setting is the
 cheapest uniform setting an engine can take that meets the budget on every layer, else the engine-takeable
 one that comes closest (lowest worst-layer error, then cheapest).
+
+Engine profile (`ssmquant.engines.profiles`): the candidates are emulated with the arithmetic of the profile
+`calibrate --engine` names. A setting the profile refuses (the engine cannot run it, or its kernel's
+arithmetic is not modelled for it) is not measured with another arithmetic: its row has no errors
+(NaN), `runnable` False and the engine's own reason in `refusal`; it can never be chosen.
 """
 
 from __future__ import annotations
@@ -56,48 +61,81 @@ def evaluate_layer(
     seed: int = 0,
     count_buffer: bool = True,
     chunk: int = MAX_VARIANTS_PER_CALL,
+    engine: str = "ideal",
 ) -> pd.DataFrame:
-    """Simulate every setting on one layer; one row per setting.
+    """Simulate every setting on one layer under the engine profile `engine`; one row per setting.
 
     scales: {Setting.scale_key: FP32 [H, rows]} for the static settings; roles: {setting name: "candidate" |
     "fallback"} (default candidate). Columns: layer, setting, role, encoding, scale_mode, rounding, scheme,
     buffer_len, calibration, state_bytes, buffer_bytes, bytes, the METRICS (out_rel_err, state_rel_err and
-    their _max) and, per quantity, the worst head (by window mean) and its error.
+    their _max), per quantity the worst head (by window mean) and its error, engine (the profile), runnable
+    and refusal (the engine's reason when the profile refuses the setting on this layer; its errors are NaN).
     """
     dims = LayerDims.of(inputs)
     steps = inputs.steps
+    refusals = profile_refusals(engine, settings, inputs.kind, inputs.state_shape)
+    runnable = [s for s in settings if s.name not in refusals]
     rows = []
-    for start in range(0, len(settings), chunk):
-        part = settings[start : start + chunk]
-        variants = [s.variant(seed=seed, static_scale=scales.get(s.scale_key) if s.is_static else None) for s in part]
+
+    def base(s: Setting) -> dict:
+        b = setting_bytes(s, dims, count_buffer=count_buffer)
+        return {
+            "layer": layer,
+            "setting": s.name,
+            "role": (roles or {}).get(s.name, "candidate"),
+            "format": s.format.name,
+            "encoding": s.encoding,
+            "scale_mode": s.scale_mode,
+            "rounding": s.rounding,
+            "scheme": s.scheme.name,
+            "buffer_len": s.buffer_len,
+            "calibration": s.calibration_label,
+            "state_bytes": b["state"],
+            "buffer_bytes": b["buffer"],
+            "bytes": b["total"],
+            "engine": engine,
+            "runnable": s.name not in refusals,
+            "refusal": refusals.get(s.name, ""),
+        }
+
+    for start in range(0, len(runnable), chunk):
+        part = runnable[start : start + chunk]
+        variants = [
+            s.variant(seed=seed, static_scale=scales.get(s.scale_key) if s.is_static else None, engine=engine)
+            for s in part
+        ]
         trace = simulate(inputs, variants, backend=backend, record_every=horizon_window(variants, steps))
         res = horizon_errors(trace)
         heads = horizon_errors(trace, per_head=True)  # [V, H]
         for i, s in enumerate(part):
-            b = setting_bytes(s, dims, count_buffer=count_buffer)
-            row = {
-                "layer": layer,
-                "setting": s.name,
-                "role": (roles or {}).get(s.name, "candidate"),
-                "format": s.format.name,
-                "encoding": s.encoding,
-                "scale_mode": s.scale_mode,
-                "rounding": s.rounding,
-                "scheme": s.scheme.name,
-                "buffer_len": s.buffer_len,
-                "calibration": s.calibration_label,
-                "state_bytes": b["state"],
-                "buffer_bytes": b["buffer"],
-                "bytes": b["total"],
-                **{m: float(res[m][i]) for m in METRICS},
-            }
+            row = {**base(s), **{m: float(res[m][i]) for m in METRICS}}
             for q in ("out", "state"):
                 h = heads[f"{q}_rel_err"][i]
                 worst = int(np.nanargmax(h)) if np.isfinite(h).any() else -1
                 row[f"worst_head_{q}"] = worst
                 row[f"worst_head_{q}_rel_err"] = float(h[worst]) if worst >= 0 else float("nan")
             rows.append(row)
-    return pd.DataFrame(rows)
+    nan = float("nan")
+    for s in settings:
+        if s.name in refusals:
+            rows.append({**base(s), **{m: nan for m in METRICS}, **{f"worst_head_{q}": -1 for q in ("out", "state")},
+                         **{f"worst_head_{q}_rel_err": nan for q in ("out", "state")}})  # fmt: skip
+    order = {s.name: i for i, s in enumerate(settings)}
+    return pd.DataFrame(rows).sort_values("setting", key=lambda c: c.map(order), kind="mergesort").reset_index(drop=True)
+
+
+def profile_refusals(engine: str, settings: list[Setting], kind: str, state_shape) -> dict[str, str]:
+    """{setting name: the engine's reason} for every setting the profile `engine` cannot emulate on a `kind`
+    layer whose state is [..., rows, state_dim] (`ssmquant.engines.profiles.check_variant`'s messages)."""
+    from ..engines.profiles import EngineError, check_variant
+
+    out = {}
+    for s in settings:
+        try:
+            check_variant(engine, s.format, s.scheme, kind, tuple(state_shape))
+        except EngineError as err:
+            out[s.name] = str(err)
+    return out
 
 
 def _rank(df: pd.DataFrame, metric: str) -> pd.DataFrame:

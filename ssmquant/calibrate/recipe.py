@@ -59,6 +59,21 @@ def _num(x):
 
 
 # -- building the document ---------------------------------------------------------------------------
+def engine_profile_doc(result) -> dict:
+    """The recipe's `engine_profile`: the profile every candidate was emulated with (`calibrate --engine`), the
+    arithmetic it ran on this layer kind, and the settings it refused with the engine's reason."""
+    from ..engines.profiles import arithmetic
+
+    name = result.config.engine
+    ev = result.evaluations
+    refused = ev[~ev["runnable"]].drop_duplicates("setting") if "runnable" in ev else ev.iloc[:0]
+    return {
+        "name": name,
+        "arithmetic": arithmetic(name, result.layer_kind),
+        "refused": {str(r["setting"]): str(r["refusal"]) for _, r in refused.iterrows()},
+    }
+
+
 def build_document(result) -> dict:
     """The ssm_quant_config.json document of a CalibrationResult (schema README.md)."""
     import modelopt
@@ -212,6 +227,7 @@ def build_document(result) -> dict:
         },
         "data": {"calibration": result.source, "heldout": result.heldout_source},
         "budget": {"metric": metric, "value": budget, "horizon": cfg.horizon, "definition": BUDGET_DEFINITION},
+        "engine_profile": engine_profile_doc(result),
         "search": {
             "candidates": list(cfg.candidates),
             "schemes": list(cfg.schemes),
@@ -356,6 +372,7 @@ def validate_document(doc: dict) -> None:
     if _need(budget, "horizon", int, "budget") < 1:
         _fail(f"budget.horizon must be >= 1, got {budget['horizon']}")
     count_buffer = _validate_search(doc.get("search"))
+    _validate_engine_profile(doc.get("engine_profile"))
 
     def meets(err, flag, where):
         if not isinstance(flag, bool):
@@ -449,6 +466,21 @@ def validate_document(doc: dict) -> None:
             _fail(f"verification.passed is {passed} but its per_layer meets_budget flags say otherwise")
 
 
+def _validate_engine_profile(prof) -> None:
+    """`engine_profile` is optional (recipes before it was recorded were measured with `ideal`)."""
+    from ..engines.profiles import ENGINES
+
+    if prof is None:
+        return
+    if not isinstance(prof, dict):
+        _fail(f"engine_profile must be an object, got {type(prof).__name__}")
+    if prof.get("name") not in ENGINES:
+        _fail(f"engine_profile.name must be one of {', '.join(ENGINES)}, got {prof.get('name')!r}")
+    refused = prof.get("refused", {})
+    if not isinstance(refused, dict) or not all(isinstance(v, str) for v in refused.values()):
+        _fail(f"engine_profile.refused must map setting names to reasons, got {refused!r}")
+
+
 def _validate_search(search) -> bool:
     """Types of the search block (informational, but a recipe's record of how it was made); returns
     whether the layers' byte totals count the replay ring (its objective)."""
@@ -509,6 +541,13 @@ class Recipe:
     @property
     def budget(self) -> float:
         return float(self.config["budget"]["value"])
+
+    @property
+    def engine_profile(self) -> str | None:
+        """The engine profile the recipe's numbers were measured with; None: not recorded (an older recipe,
+        measured with the `ideal` arithmetic: `calibrate --engine` did not exist)."""
+        prof = self.config.get("engine_profile")
+        return None if prof is None else prof["name"]
 
     @property
     def layers(self) -> list[LayerDecision]:

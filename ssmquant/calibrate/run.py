@@ -44,6 +44,7 @@ from .choose import (
     choose_global,
     choose_layer,
     evaluate_layer,
+    profile_refusals,
     uniform_table,
 )
 from .scales import calibrate_scales, required_percentiles, scale_keys
@@ -92,6 +93,9 @@ class CalibrateConfig:
     # emulation devices: "cuda:0,cuda:1", a list, or "all" (analysis.devices); None: `device` alone. Each
     # layer is calibrated and verified on the GPU holding it, or round-robin, one worker thread per GPU.
     devices: str | list[str] | None = None
+    # the engine profile whose arithmetic emulates every candidate (`ssmquant.engines.profiles`); a setting the
+    # profile refuses is recorded as not runnable by that engine, with its reason, and never chosen
+    engine: str = "ideal"
 
     def deployments(self):
         """(Targets, GPU note) that takeability is checked for (`export.engines.deployments`)."""
@@ -117,6 +121,12 @@ class CalibrateConfig:
             raise CalibrateError(f"--heldout-batch must be an integer >= 1, got {self.heldout_batch!r}")
         if self.backend not in BACKENDS:
             raise CalibrateError(f"unknown backend {self.backend!r}; accepted: {', '.join(BACKENDS)}")
+        from ..engines.profiles import EngineError, check_engine
+
+        try:
+            check_engine(self.engine)
+        except EngineError as err:
+            raise CalibrateError(f"--engine: {err}") from None
         self.deployments()
 
 
@@ -244,7 +254,15 @@ def calibrate(
     t_loaded = time.time()
     layers = source.select(cfg.layers)
     source.check_formats([s.format for s in all_settings])
-    _plan(cfg, source, layers, all_settings, emu_devices, chosen_backend, notify)
+    # the estimate counts what the profile simulates (a refused setting costs nothing)
+    refused = profile_refusals(cfg.engine, all_settings, source.layer_kind, source.state_shape)
+    if all(s.name in refused for s in settings):
+        reasons = sorted(set(refused.values()))
+        raise CalibrateError(
+            f"--engine {cfg.engine}: the profile runs none of the {len(settings)} candidates on these "
+            f"{source.layer_kind} layers ({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''})"
+        )
+    _plan(cfg, source, layers, [s for s in all_settings if s.name not in refused], emu_devices, chosen_backend, notify)
     percentiles = sorted(set(DEFAULT_PERCENTILES) | set(required_percentiles(keys)))
     by_name = {s.name: s for s in all_settings}
     in_use = _cuda_devices([device, *emu_devices, *(source.layer_devices or {}).values()])
@@ -273,6 +291,7 @@ def calibrate(
             backend=cfg.backend,
             seed=cfg.seed,
             count_buffer=cfg.count_buffer,
+            engine=cfg.engine,
         )
         chosen = choose_layer(df, cfg.budget, cfg.metric)
         decision = None if chosen is None else by_name[chosen["setting"]]
@@ -344,7 +363,11 @@ def calibrate(
     from ..export.engines import describe_deployments, takeable_by_any  # lazy: export imports calibrate
 
     targets, gpu_note = cfg.deployments()
-    takeable = {name: takeable_by_any(by_name[name], layer_kind, targets) for name in uniform["setting"]}
+    # takeable: an engine can run it and the profile measured it on every layer (a refused setting has no numbers)
+    runnable = evaluations.groupby("setting")["runnable"].all()
+    takeable = {
+        name: bool(runnable[name]) and takeable_by_any(by_name[name], layer_kind, targets) for name in uniform["setting"]
+    }
     global_row, status = choose_global(uniform, takeable)
     global_setting = by_name[global_row["setting"]] if global_row is not None else None
     if cfg.force_global:
@@ -392,7 +415,8 @@ def calibrate(
         def verify_one(layer, inputs, dev):
             inputs = inputs.to(dev)
             return verify_layer(layer, inputs, decisions[layer], chosen_scales.get(layer), verify_uniform,
-                                metric=cfg.metric, budget=cfg.budget, backend=cfg.backend, seed=cfg.seed)  # fmt: skip
+                                metric=cfg.metric, budget=cfg.budget, backend=cfg.backend, seed=cfg.seed,
+                                engine=cfg.engine)  # fmt: skip
 
         done.clear()
         if progress:
@@ -462,7 +486,7 @@ STATS_COST = 2
 def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, devices, backend, notify) -> None:
     """Refuse a run that will not fit in memory on any of the emulation ``devices`` (each holds one layer's
     work at a time); send the time estimate to ``notify`` (torch backend)."""
-    dynamic = [s.variant(seed=cfg.seed) for s in settings if not s.is_static]
+    dynamic = [s.variant(seed=cfg.seed, engine=cfg.engine) for s in settings if not s.is_static]
     hb = cfg.heldout_batch or cfg.batch
     # verification of synthetic data draws calibration + held-out sequences and slices (verify.py)
     held = hb + (cfg.batch if cfg.synthetic else 0) if cfg.verify else 0

@@ -194,9 +194,9 @@ class Setting:
             return None
         return (self.encoding, self.calibration, self.calibration_granularity)
 
-    def variant(self, *, seed: int = 0, static_scale=None) -> Variant:
-        """The replay Variant that emulates this setting (label = self.name)."""
-        return Variant(self.format, self.scheme, seed=seed, static_scale=static_scale, label=self.name)
+    def variant(self, *, seed: int = 0, static_scale=None, engine: str = "ideal") -> Variant:
+        """The replay Variant that emulates this setting (label = self.name) under an engine profile's arithmetic."""
+        return Variant(self.format, self.scheme, seed=seed, static_scale=static_scale, label=self.name, engine=engine)
 
     # -- serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -18,6 +18,30 @@ def engines_checked_text(takeability: dict) -> str:
     return f"{names} on {takeability['gpu']}" + (f" ({'; '.join(extra)})" if extra else "")
 
 
+SHOW_REFUSED = 8
+
+
+def _reason(refusal: str) -> str:
+    """The profile's message without its leading 'format@scheme: ' (the line names the setting already)."""
+    where, sep, rest = refusal.partition(": ")
+    return rest if sep and "@" in where and " " not in where else refusal
+
+
+def profile_text(result) -> str:
+    """'engine profile: flashinfer (...)' and one line per setting the profile refused, with the engine's reason."""
+    from ..engines.profiles import arithmetic
+
+    name = result.config.engine
+    ev = result.evaluations
+    refused = ev[~ev["runnable"]].drop_duplicates("setting")
+    head = f"engine profile: {name} (candidates emulated with the {arithmetic(name, result.layer_kind)} arithmetic"
+    head += f"; {len(refused)} setting(s) not runnable by this engine, not measured)" if len(refused) else ")"
+    lines = [head] + [f"  not runnable: {r['setting']}: {_reason(r['refusal'])}" for _, r in refused.head(SHOW_REFUSED).iterrows()]
+    if len(refused) > SHOW_REFUSED:
+        lines.append(f"  ... {len(refused) - SHOW_REFUSED} more (candidates.csv: runnable, refusal)")
+    return "\n".join(lines)
+
+
 def summary_text(result) -> str:
     """Per layer: decision, bytes, calibration and held-out error vs the budget; then the global setting."""
     cfg = result.config
@@ -30,6 +54,7 @@ def summary_text(result) -> str:
         rows.append(
             {
                 "layer": layer,
+                "engine": cfg.engine,
                 "setting": result.decisions[layer].name,
                 "bytes/seq": int(row["bytes"]),
                 f"{metric} (calib)": _f(row[metric]),
@@ -38,6 +63,7 @@ def summary_text(result) -> str:
             }
         )
     lines = [
+        profile_text(result),
         f"budget: {metric} <= {cfg.budget:g} at step {cfg.horizon} "
         f"({'one setting for all layers (--global)' if cfg.force_global else 'per-layer choice'})",
         pd.DataFrame(rows).to_string(index=False),

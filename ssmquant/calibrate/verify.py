@@ -73,15 +73,18 @@ def verify_layer(
     budget: float,
     backend: str = "auto",
     seed: int = 0,
+    engine: str = "ideal",
 ) -> tuple[dict, dict[str, dict]]:
-    """Simulate one layer's decision and the uniform (dynamic-scale) settings on its held-out inputs.
+    """Simulate one layer's decision and the uniform (dynamic-scale) settings on its held-out inputs under the
+    engine profile `engine` (the calibration's; every setting passed was runnable by it on calibration data).
 
     scale: FP32 [H, rows] for a static decision, else None. Returns (the layer's row: layer, setting, the
     METRICS and meets_budget; {uniform setting name: {metric: error}})."""
     by_name = {u.name: u for u in uniform}
     names = list(by_name)
-    variants = [decision.variant(seed=seed, static_scale=None if scale is None else scale.to(inputs.device))]
-    variants += [by_name[name].variant(seed=seed) for name in names if name != decision.name]
+    static = None if scale is None else scale.to(inputs.device)
+    variants = [decision.variant(seed=seed, static_scale=static, engine=engine)]
+    variants += [by_name[name].variant(seed=seed, engine=engine) for name in names if name != decision.name]
     trace = simulate(inputs, variants, backend=backend, record_every=horizon_window(variants, inputs.steps))
     errs = horizon_errors(trace)
     row = {

@@ -10,6 +10,7 @@ from ..calibrate.recipe import RecipeError, load_recipe
 from .engines import TARGET_NAMES, UnknownTargetError, check_target
 from .facts import FACTS
 from .plan import ExportError, ExportPlan, plan_export
+from .profile import profile_check
 from .targets import WRITERS
 
 REPORT_NAME = "export_report.json"
@@ -24,13 +25,15 @@ class ExportResult:
     files: list[str]
     plan: ExportPlan
     metric: str
+    profile: dict  # profile.profile_check: the recipe's engine profile against the target's
 
     def report_lines(self) -> list[str]:
         """Human-readable report: the setting, then each dropped setting with its measured cost, then notes."""
         p = self.plan
         lines = [
             f"{p.deployment.label}: {p.setting.name} "
-            f"({'the recipe global setting' if p.from_global else 'chosen for this engine'})"
+            f"({'the recipe global setting' if p.from_global else 'chosen for this engine'})",
+            self.profile["line"],
         ]
         for d in p.dropped:
             lines += d.lines(self.metric)
@@ -74,6 +77,7 @@ def export(
         raise ExportError(str(err)) from None
     plan = plan_export(recipe, t, num_speculative_tokens=num_speculative_tokens, engine_version=engine_version, gpu=gpu)
     files = WRITERS[t](plan, recipe)
+    prof = profile_check(recipe, plan)
     dep, rt = plan.deployment, plan.runtime
     result_files = sorted(files) + [SUMMARY_NAME, REPORT_NAME]
     report = {
@@ -101,6 +105,7 @@ def export(
         "recipe": str(recipe.path),
         "setting": plan.setting.to_dict(),
         "from_global": plan.from_global,
+        "engine_profile": prof,
         "measured": {
             "metric": recipe.metric,
             "budget": recipe.budget,
@@ -115,7 +120,7 @@ def export(
         "files": result_files,
     }
     out = default_out_dir(recipe.path, t) if out_dir is None else pathlib.Path(out_dir)
-    result = ExportResult(out, result_files, plan, recipe.metric)
+    result = ExportResult(out, result_files, plan, recipe.metric, prof)
 
     def fill(tmp: pathlib.Path):
         for name, text in files.items():
@@ -154,6 +159,8 @@ def _summary(result: ExportResult, recipe, files: dict[str, str]) -> str:
         f"{name} runs **{p.setting.name}** on every SSM layer: worst calibrated layer {recipe.metric} "
         f"{p.entry['max_error']:.4g}, {p.entry['bytes_per_sequence']:,} bytes per sequence over the "
         f"{len(recipe.config['model']['calibrated_layers'])} calibrated layers (ssmquant's count).",
+        "",
+        result.profile["line"].replace("engine profile MISMATCH", "**Engine profile MISMATCH**", 1),
         "",
         "## How the engine runs it",
         "",
