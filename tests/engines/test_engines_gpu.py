@@ -36,18 +36,10 @@ def nano():
     return oracle.nano_layer(2, 256, "cuda")
 
 
-# Measured on an H200 (benchmarks/results/engines.md, GPU run 4, 2026-12-01 04:30, with the MUFU instructions still
-# modelled as RN(1/x) and 2^x toward zero): codes >= 99.998% identical, error curves within 0.03% of the kernel's,
-# decode scales 68-74% bit-identical and 93-96% within one ulp. The profile now computes MUFU.RCP / MUFU.EX2 from
-# the H200's tables, which makes every scale of the kernel dump bit-identical (fit.py); until the oracle confirms it
-# on the GPU (benchmarks/gpu/fi_mufu_check.sh), the assertion states the goal as an expected failure.
-_SCALES_GAP = pytest.mark.xfail(
-    reason="H200 run 4 (2026-12-01, MUFU modelled): scales within 1 ulp 0.958-0.961 (< 0.99); exact MUFU not yet re-run",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize("state", [pytest.param("int8", marks=_SCALES_GAP), pytest.param("fp8_e4m3", marks=_SCALES_GAP)])
+# Measured on an H200 (benchmarks/results/engines.md, GPU run 5, 2026-12-01 04:49, MUFU.RCP / MUFU.EX2 computed from
+# the H200's tables): at L=16, 256 steps, codes >= 99.999% identical, decode scales 97.6-97.8% bit-identical and
+# 99.19-99.35% within one ulp, error curves within 2e-4 of the kernel's; this test passed there (was xfail).
+@pytest.mark.parametrize("state", ["int8", "fp8_e4m3"])
 def test_checkpointing_ssu_8bit_matches_its_recomputation(nano, state):
     _require("flashinfer")
     r = oracle.run_checkpointing(nano, oracle.CkptCase(state, 16, steps=256))
@@ -64,13 +56,9 @@ def test_checkpointing_ssu_int8_stochastic_stream_is_reproduced(nano):
     assert r["teacher_forced"]["codes_identical_mean"] >= 0.999, r["teacher_forced"]
 
 
-_FMA = pytest.mark.xfail(
-    reason="H200 run 4 (2026-12-01, MUFU.EX2 modelled): fp32 state words within 1 ulp 0.967 (< 0.99); exact EX2 not yet re-run",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize("state", [pytest.param("fp32", marks=_FMA), "bf16", "int16"])
+# H200 GPU run 5 (2026-12-01, exact MUFU.EX2): fp32 state words 100% bit-identical over 256 steps (run 4, EX2 modelled
+# as 2^x toward zero: 96.7% within one ulp); this test passed there (was xfail).
+@pytest.mark.parametrize("state", ["fp32", "bf16", "int16"])
 def test_selective_state_update_matches_its_recomputation(nano, state):
     _require("flashinfer")
     r = oracle.run_ssu(nano, oracle.SsuCase(state, steps=128))
