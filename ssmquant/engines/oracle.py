@@ -466,6 +466,10 @@ def run_fla_kda(inp: KDAInputs, case: FlaCase, *, window: int = 64) -> dict:
     so use_qk_l2norm_in_kernel=False and scale=1.0; state_v_first=True matches our [Dv, Dk] layout. Inside a
     call the kernel keeps the state in FP32 (b_h), decays it by exp(g) per key channel, then applies the delta
     rule and y = S q, the order of `kda_advance`; the returned FP32 state is cast to the cache dtype (RNE).
+    vLLM's Kimi-Linear decode (KimiGatedDeltaNetAttention._forward, calling its vendored
+    vllm.third_party.flash_linear_attention.ops.kda.fused_recurrent_kda; seen through code search, version not
+    pinned) instead passes raw q/k with use_qk_l2norm_in_kernel=True and lets the kernel store the state in place
+    at ssm_state_indices, so a bf16 cache is written by Triton's fp32 -> bf16 store (also RNE), not a torch cast.
     """
     if case.op != "kda":
         raise ValueError(f"run_fla_kda runs FlaCase op 'kda', got {case.op!r} (use run_fla_gdn for 'gdn')")
