@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 
 from ..formats import parse as parse_format
-from ..replay.inputs import GDNInputs, Mamba2Inputs
-from ..replay.naive import StateStore, gdn_advance, mamba2_advance
-from ..replay.reference import expand_groups, gdn_decays, mamba2_decays
+from ..replay.inputs import GDNInputs, KDAInputs, Mamba2Inputs
+from ..replay.naive import StateStore, gdn_advance, kda_advance, mamba2_advance
+from ..replay.reference import expand_groups, gdn_decays, kda_decays, mamba2_decays
 from ..replay.schemes import Scheme
 from . import flashinfer as fi
 from . import philox
@@ -418,34 +418,88 @@ def run_ssu(inp: Mamba2Inputs, case: SsuCase, *, seed: int = 1, window: int = 64
     }
 
 
-# --- fla fused recurrent GDN -------------------------------------------------------------------------------
+# --- fla fused recurrent GDN and KDA ----------------------------------------------------------------------
+
+FLA_OPS = {"gdn": "fused_recurrent_gated_delta_rule", "kda": "fused_recurrent_kda"}
 
 
 @dataclass(frozen=True)
 class FlaCase:
     state: str  # fp32 | bf16
     steps: int = 256
+    op: str = "gdn"  # gdn | kda (a key of FLA_OPS)
 
     @property
     def name(self) -> str:
-        return f"fla fused_recurrent_gated_delta_rule {self.state}"
+        return f"fla {FLA_OPS[self.op]} {self.state}"
 
 
 def run_fla_gdn(inp: GDNInputs, case: FlaCase, *, window: int = 64) -> dict:
     """fla's fused recurrent GDN decode, one token per call, state stored in `case.state` between calls.
 
     The kernel keeps the state in FP32 inside a call and returns it in FP32; the engine's cache stores
-    it in its own dtype (a torch cast, RNE), which is what the loop does.
+    it in its own dtype (a torch cast, RNE), which is what the loop does. Inputs: q/k [B, T, Hk, Dk],
+    v [B, T, Hv, Dv], g/beta [B, T, Hv]; the state is [B, Hv, Dv, Dk] (fla's state_v_first layout).
     """
+    if case.op != "gdn":
+        raise ValueError(f"run_fla_gdn runs FlaCase op 'gdn', got {case.op!r} (use run_fla_kda for 'kda')")
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
+    def kernel(sl, state):
+        return fused_recurrent_gated_delta_rule(
+            inp.q[:, sl].float().contiguous(), inp.k[:, sl].float().contiguous(), inp.v[:, sl].float().contiguous(),
+            g=inp.g[:, sl].float().contiguous(), beta=inp.beta[:, sl].float().contiguous(), scale=1.0,
+            initial_state=state, output_final_state=True, state_v_first=True,
+        )  # fmt: skip
+
+    return _run_fla(inp, case, kernel, gdn_advance, gdn_decays(inp), window)
+
+
+def run_fla_kda(inp: KDAInputs, case: FlaCase, *, window: int = 64) -> dict:
+    """fla's fused recurrent KDA decode (`fla.ops.kda.fused_recurrent_kda`, fla 0.6.0), one token per call,
+    state stored in `case.state` between calls, against `kda_advance` (the replay's KDA step).
+
+    Inputs: q/k [B, T, Hk, Dk], v [B, T, Hv, Dv], g [B, T, Hv, Dk] (per-key-channel log decays), beta
+    [B, T, Hv]; the state is [B, Hv, Dv, Dk]. The call follows fla 0.6.0 fla/ops/kda/fused_recurrent.py:
+    g is the finished log decay (use_gate_in_kernel=False), beta is post-sigmoid
+    (use_beta_sigmoid_in_kernel=False), q/k arrive L2-normalised and q already scaled by 1/sqrt(Dk) (KDAInputs),
+    so use_qk_l2norm_in_kernel=False and scale=1.0; state_v_first=True matches our [Dv, Dk] layout. Inside a
+    call the kernel keeps the state in FP32 (b_h), decays it by exp(g) per key channel, then applies the delta
+    rule and y = S q, the order of `kda_advance`; the returned FP32 state is cast to the cache dtype (RNE).
+    vLLM's Kimi-Linear decode (KimiGatedDeltaNetAttention._forward, calling its vendored
+    vllm.third_party.flash_linear_attention.ops.kda.fused_recurrent_kda; seen through code search, version not
+    pinned) instead passes raw q/k with use_qk_l2norm_in_kernel=True and lets the kernel store the state in place
+    at ssm_state_indices, so a bf16 cache is written by Triton's fp32 -> bf16 store (also RNE), not a torch cast.
+    """
+    if case.op != "kda":
+        raise ValueError(f"run_fla_kda runs FlaCase op 'kda', got {case.op!r} (use run_fla_gdn for 'gdn')")
+    if not isinstance(inp, KDAInputs):
+        raise ValueError(f"run_fla_kda takes KDAInputs (g [B, T, Hv, Dk]), got {type(inp).__name__}")
+    from fla.ops.kda import fused_recurrent_kda
+
+    def kernel(sl, state):
+        return fused_recurrent_kda(
+            inp.q[:, sl].float().contiguous(), inp.k[:, sl].float().contiguous(), inp.v[:, sl].float().contiguous(),
+            g=inp.g[:, sl].float().contiguous(), beta=inp.beta[:, sl].float().contiguous(), scale=1.0,
+            initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=False, state_v_first=True,
+        )  # fmt: skip
+
+    return _run_fla(inp, case, kernel, kda_advance, kda_decays(inp), window)
+
+
+def _run_fla(inp, case: FlaCase, kernel, advance, alpha: torch.Tensor, window: int) -> dict:
+    """The shared decode loop of the fla cases: `kernel(step_slice, fp32 state)` -> (o [B, 1, Hv, Dv], fp32 state)
+    against `advance` (gdn_advance / kda_advance) teacher-forced from the kernel's stored state, free-running in
+    FP32 (the reference) and free-running with the state stored in `case.state` (the ideal emulation).
+    alpha: exp(g), [B, T, Hv] (GDN) or [B, T, Hv, Dk] (KDA)."""
+    if case.state not in ("fp32", "bf16"):
+        raise ValueError(f"fla state {case.state!r}: accepted fp32, bf16")
     dev = inp.device
     bsz, steps, hv, dv, dk = inp.batch, min(inp.steps, case.steps), inp.num_heads, inp.rows, inp.state_dim
     sd = STATE_DTYPES[case.state]
     state = torch.zeros(bsz, hv, dv, dk, dtype=sd, device=dev)
     fmt = parse_format(case.state)
     store = StateStore(fmt, (bsz, hv, dv, dk), dev, 0)
-    alpha = gdn_decays(inp)
     q = expand_groups(inp.q.float(), hv)
     k = expand_groups(inp.k.float(), hv)
     s_ref = torch.zeros(bsz, hv, dv, dk, device=dev)
@@ -455,21 +509,15 @@ def run_fla_gdn(inp: GDNInputs, case: FlaCase, *, window: int = 64) -> dict:
     tf_state, tf_out = [], []
     t0 = time.perf_counter()
     for t in range(steps):
-        sl = slice(t, t + 1)
-        o, ht = fused_recurrent_gated_delta_rule(
-            inp.q[:, sl].float().contiguous(), inp.k[:, sl].float().contiguous(), inp.v[:, sl].float().contiguous(),
-            g=inp.g[:, sl].float().contiguous(), beta=inp.beta[:, sl].float().contiguous(), scale=1.0,
-            initial_state=state.float().contiguous(), output_final_state=True, state_v_first=True,
-        )  # fmt: skip
+        o, ht = kernel(slice(t, t + 1), state.float().contiguous())
+        args = (alpha[:, t], k[:, t], inp.v[:, t].float(), inp.beta[:, t].float(), q[:, t])
         # the ideal emulation advanced from the kernel's previous state (teacher-forced) and on its own
-        s_tf, y_tf = gdn_advance(state.float(), alpha[:, t], k[:, t], inp.v[:, t].float(), inp.beta[:, t].float(), q[:, t])
+        s_tf, y_tf = advance(state.float(), *args)
         state = ht.to(sd)
         tf_state.append(frac_equal(state, store(s_tf, 0).to(sd)))
         tf_out.append(frac_equal(o[:, 0], y_tf))
-        s_ref, y_ref = gdn_advance(s_ref, alpha[:, t], k[:, t], inp.v[:, t].float(), inp.beta[:, t].float(), q[:, t])
-        s_ideal, y_ideal = gdn_advance(
-            s_ideal, alpha[:, t], k[:, t], inp.v[:, t].float(), inp.beta[:, t].float(), q[:, t]
-        )
+        s_ref, y_ref = advance(s_ref, *args)
+        s_ideal, y_ideal = advance(s_ideal, *args)
         s_ideal = store(s_ideal, 0)
         curves_out["real"].add(t + 1, o[:, 0], y_ref)
         curves_out["ideal"].add(t + 1, y_ideal, y_ref)
@@ -633,6 +681,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--captured", type=Path, default=None, help="safetensors of captured tiny-model inputs")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument(
+        "--only", choices=("all", "fla"), default="all",
+        help="all: every case (the default); fla: only the fla GDN / KDA cases (no FlashInfer module is built)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict = {"environment": environment(), "engines": {}, "cases": [], "skipped": []}
@@ -643,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[oracle] {name}: {st.reason}", flush=True)
     dev = torch.device("cuda")
     ckpt, long, ssu, fla = default_cases(args.steps, args.long_steps)
+    fla_kda = [FlaCase(st, args.steps, "kda") for st in ("fp32", "bf16")]
     captured = load_captured(args.captured, dev) if args.captured else {}
 
     def save():
@@ -661,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[oracle] FAILED {case.name}: {msg}", flush=True)
         save()
 
-    fi_ok, fla_ok = status["flashinfer"].ok, status["fla"].ok
+    fi_ok, fla_ok = status["flashinfer"].ok and args.only == "all", status["fla"].ok
     if fi_ok:
         results["prebuild"] = prebuild(ckpt + long, ssu, 64, 8, dev)
         save()
@@ -683,6 +736,14 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(cinp, GDNInputs):
                 for case in (FlaCase("fp32", cinp.steps), FlaCase("bf16", cinp.steps)):
                     attempt(run_fla_gdn, cinp, case, label=name)
+        kinp = synthetic_inputs("glm-5.3-flash", 0, batch=args.batch, steps=args.steps, device=dev)
+        kinp.meta["source"] = "synthetic glm-5.3-flash layer 0"
+        for case in fla_kda:
+            attempt(run_fla_kda, kinp, case)
+        for name, cinp in captured.items():
+            if isinstance(cinp, KDAInputs):
+                for st in ("fp32", "bf16"):
+                    attempt(run_fla_kda, cinp, FlaCase(st, cinp.steps, "kda"), label=name)
     if fi_ok and not args.no_timing:
         try:
             results["timing"] = time_kernels(device=dev)
@@ -721,7 +782,7 @@ def _json_default(o):
 
 
 def load_captured(path: Path, device) -> dict:
-    """Captured layer inputs saved by `save_captured`: {name: Mamba2Inputs | GDNInputs}."""
+    """Captured layer inputs saved by `save_captured`: {name: Mamba2Inputs | GDNInputs | KDAInputs}."""
     from safetensors.torch import load_file
 
     flat = load_file(str(path), device=str(device))
@@ -731,14 +792,15 @@ def load_captured(path: Path, device) -> dict:
         t = {k.split("/", 1)[1]: v for k, v in flat.items() if k.startswith(name + "/")}
         if "x" in t:
             out[name] = bf16_inputs(Mamba2Inputs(x=t["x"], dt=t["dt"], B=t["B"], C=t["C"], A=t["A"], D=t["D"]))
-        else:
-            out[name] = GDNInputs(q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"]).validate()
+        else:  # a gate per key channel (g [B, T, Hv, Dk]) is KDA, one per head (g [B, T, Hv]) GDN
+            cls = KDAInputs if t["g"].ndim == 4 else GDNInputs
+            out[name] = cls(q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"]).validate()
         out[name].meta["source"] = name
     return out
 
 
 def save_captured(layers: dict, path: Path) -> None:
-    """Save {name: Mamba2Inputs | GDNInputs} (initial state dropped) for `load_captured`."""
+    """Save {name: Mamba2Inputs | GDNInputs | KDAInputs} (initial state dropped) for `load_captured`."""
     from safetensors.torch import save_file
 
     flat = {}

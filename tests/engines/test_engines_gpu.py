@@ -83,6 +83,21 @@ def test_fla_gdn_decode_matches_the_ideal_recurrence(state):
         assert r["out_curves"]["max_rel_gap_vs_real"]["ideal"] <= 0.05, r["out_curves"]
 
 
+@pytest.mark.parametrize("state", ["fp32", "bf16"])
+def test_fla_kda_decode_matches_the_ideal_recurrence(state):
+    # the KDA twin of the GDN test (GLM-5.3-Flash layer 0: 64 heads, Dk = Dv = 128); not yet run on a GPU, the
+    # bounds are the GDN test's
+    _require("fla")
+    from ssmquant.models.synthetic import synthetic_inputs
+
+    inp = synthetic_inputs("glm-5.3-flash", 0, batch=2, steps=128, device="cuda")
+    r = oracle.run_fla_kda(inp, oracle.FlaCase(state, steps=128, op="kda"))
+    if state == "fp32":
+        assert r["out_curves"]["final_window"]["real"] <= 1e-5, r["out_curves"]
+    else:
+        assert r["out_curves"]["max_rel_gap_vs_real"]["ideal"] <= 0.05, r["out_curves"]
+
+
 def test_missing_engine_is_one_clear_line():
     for name in ("flashinfer", "fla"):
         st = engine_status(name)
