@@ -45,26 +45,32 @@ INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 BRANCH = re.compile(r"^(@!?P\d)\s+BRA\s+(?:!?P\d, )?0x([0-9a-f]+)")
 
 
-def compile_sass(slots, block_p: int) -> list[tuple[int, str]]:
-    """(address, instruction) of the kernel compiled for sm_90a with one warp."""
-    specs = ([slot_spec(f, block_p, False, False, buf) for f, buf in slots] + [0] * 6)[:6]
-    fn = _mamba2_emulate_kernel
-    ptrs = dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
-    ptrs.update(x_ptr="*bf16", bm_ptr="*bf16", cm_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
-    const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, NV=len(slots), KMAJOR=True)  # as mamba2_launch
-    const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
+def sass_of(fn, ptrs: dict, const: dict, options: dict) -> list[tuple[int, str]]:
+    """(address, instruction) of Triton kernel `fn` compiled ahead of time for sm_90a: ptrs maps pointer
+    arguments to their types (other arguments i32), const the constexprs; record_every is specialised to 1
+    (metrics every step, as emulate_triton_steps launches it); options are triton.compile's (the launcher's)."""
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}
-    spec1 = {(names.index("record_every"),): 1}  # metrics every step, as emulate_triton_steps launches it
-    src = ASTSource(fn, sig, constexprs={**{(names.index(k),): v for k, v in const.items()}, **spec1})
-    opts = {"num_warps": 1, "enable_fp_fusion": True, "enable_reflect_ftz": False}  # as mamba2_launch
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    constexprs = {(names.index(k),): v for k, v in const.items()}
+    constexprs[(names.index("record_every"),)] = 1
+    k = triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32), options=options)
     cuobjdump = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = pathlib.Path(tmp) / "k.cubin"
         cubin.write_bytes(k.asm["cubin"])
         out = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True)
     return [(int(m.group(1), 16), m.group(2)) for m in map(INSTR.match, out.stdout.splitlines()) if m]
+
+
+def compile_sass(slots, block_p: int) -> list[tuple[int, str]]:
+    """(address, instruction) of the kernel compiled for sm_90a with one warp."""
+    specs = ([slot_spec(f, block_p, False, False, buf) for f, buf in slots] + [0] * 6)[:6]
+    ptrs = dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
+    ptrs.update(x_ptr="*bf16", bm_ptr="*bf16", cm_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
+    const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, NV=len(slots), KMAJOR=True)  # as mamba2_launch
+    const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
+    opts = {"num_warps": 1, "enable_fp_fusion": True, "enable_reflect_ftz": False}  # as mamba2_launch
+    return sass_of(_mamba2_emulate_kernel, ptrs, const, opts)
 
 
 def write_branches(ins: list[tuple[int, str]], head: int, end: int) -> set[int]:

@@ -13,20 +13,15 @@ the previous default (both off). A static count of one thread's work, not a timi
 from __future__ import annotations
 
 import argparse
-import inspect
 import pathlib
-import subprocess
 import sys
-import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import triton  # noqa: E402
-from kernel_sass import INSTR, step_path  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from kernel_sass import sass_of, step_path  # noqa: E402
 
 from ssmquant.kernels.common import slot_spec  # noqa: E402
 from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel  # noqa: E402
@@ -39,24 +34,13 @@ PATHS = {"default (fast_round, fp_fusion)": (True, True), "previous (both off)":
 
 def compile_sass(fmt: int, fast_round: bool, fp_fusion: bool) -> list[tuple[int, str]]:
     """(address, instruction) of the KDA kernel, one conventional slot of format fmt, as delta_rule_launch builds it."""
-    fn = _delta_rule_emulate_kernel
     ptrs = dict.fromkeys(["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
     ptrs.update(v_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
     specs = [slot_spec(fmt, BLOCK_P, False, False, 0)] + [0] * 5
     const = dict(BLOCK_P=BLOCK_P, BLOCK_N=128, VEC_DECAY=True, HAS_S0=False, FAST_ROUND=fast_round, FP_FUSION=fp_fusion,
                  NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})
-    names = list(inspect.signature(fn.fn).parameters)
-    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}
-    const_idx = {(names.index(k),): v for k, v in const.items()}
-    const_idx[(names.index("record_every"),)] = 1  # metrics every step, as emulate_triton_steps launches it
-    src = ASTSource(fn, sig, constexprs=const_idx)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "enable_fp_fusion": fp_fusion, "enable_reflect_ftz": False})
-    cuobjdump = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = pathlib.Path(tmp) / "k.cubin"
-        cubin.write_bytes(k.asm["cubin"])
-        out = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True)
-    return [(int(m.group(1), 16), m.group(2)) for m in map(INSTR.match, out.stdout.splitlines()) if m]
+    opts = {"num_warps": 1, "enable_fp_fusion": fp_fusion, "enable_reflect_ftz": False}
+    return sass_of(_delta_rule_emulate_kernel, ptrs, const, opts)
 
 
 def main():
