@@ -9,25 +9,17 @@ identical (exact), and prints each run's time. Exits 1 on any difference.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
-import pandas as pd
+from nano_outputs_check import compare, nano_config  # this folder: the same command line and comparison
 
-from ssmquant.analysis import AnalyzeConfig, analyze
+from ssmquant.analysis import analyze
 from ssmquant.analysis import run as run_mod
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--steps", type=int, default=4096)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--layers", default="0,2,4,7")
-    args = ap.parse_args()
-    cfg = AnalyzeConfig(model="nemotron-3-nano", synthetic=True, steps=args.steps, batch=args.batch,
-                        layers=[int(x) for x in args.layers.split(",")], device=args.device)  # fmt: skip
+    _, cfg = nano_config()
     results = {}
     for lanes in (1, 2, 1):
         run_mod.GPU_LANES = lanes
@@ -35,16 +27,8 @@ def main() -> int:
         res = analyze(cfg)
         print(f"lanes={lanes}: {time.perf_counter() - t0:.3f} s, stages {res.stages}", flush=True)
         results.setdefault(lanes, res)
-    a, b = results[1], results[2]
-    bad = 0
-    for name in ("traces", "heads", "summary"):
-        try:
-            pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name), check_exact=True)
-            print(f"{name}: identical ({len(getattr(a, name))} rows)")
-        except AssertionError as err:
-            bad += 1
-            print(f"{name}: DIFFERENT\n{err}")
-    return 1 if bad else 0
+    identical, _ = compare("1 / 2 lanes", results[1], results[2])
+    return 0 if identical else 1
 
 
 if __name__ == "__main__":

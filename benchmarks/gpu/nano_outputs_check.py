@@ -94,7 +94,9 @@ def compare(label: str, a, b) -> tuple[bool, float]:
     return identical, worst
 
 
-def main() -> int:
+def nano_config() -> tuple[argparse.Namespace, AnalyzeConfig]:
+    """The command line shared with lanes_check.py (--device, --steps, --batch, --layers) and the synthetic
+    nemotron-3-nano analysis it asks for."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--steps", type=int, default=4096)
@@ -103,6 +105,11 @@ def main() -> int:
     args = ap.parse_args()
     cfg = AnalyzeConfig(model="nemotron-3-nano", synthetic=True, steps=args.steps, batch=args.batch,
                         layers=[int(x) for x in args.layers.split(",")], device=args.device)  # fmt: skip
+    return args, cfg
+
+
+def main() -> int:
+    args, cfg = nano_config()
     runs = {}
     for label in ("new", "new again", "main", "main again"):
         with mains_arithmetic() if label.startswith("main") else contextlib.nullcontext():
