@@ -658,7 +658,7 @@ def default_cases(steps: int, long_steps: int):
     ckpt += [CkptCase(st, 16, steps=steps) for st in ("fp32", "bf16")]
     long = [CkptCase(st, 16, steps=long_steps) for st in ("int8", "fp8_e4m3")]
     ssu = [SsuCase(st, steps=steps) for st in ("fp32", "bf16", "int16")] + [SsuCase("fp16", True, steps)]
-    fla = [FlaCase(st, steps=steps) for st in ("fp32", "bf16")]
+    fla = [FlaCase(st, steps, op) for op in ("gdn", "kda") for st in ("fp32", "bf16")]
     return ckpt, long, ssu, fla
 
 
@@ -695,7 +695,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[oracle] {name}: {st.reason}", flush=True)
     dev = torch.device("cuda")
     ckpt, long, ssu, fla = default_cases(args.steps, args.long_steps)
-    fla_kda = [FlaCase(st, args.steps, "kda") for st in ("fp32", "bf16")]
     captured = load_captured(args.captured, dev) if args.captured else {}
 
     def save():
@@ -728,22 +727,17 @@ def main(argv: list[str] | None = None) -> int:
     if fla_ok:
         from ..models.synthetic import synthetic_inputs
 
-        ginp = synthetic_inputs("qwen3.5-9b", 0, batch=args.batch, steps=args.steps, device=dev)
-        ginp.meta["source"] = "synthetic qwen3.5-9b layer 0"
-        for case in fla:
-            attempt(run_fla_gdn, ginp, case)
-        for name, cinp in captured.items():
-            if isinstance(cinp, GDNInputs):
-                for case in (FlaCase("fp32", cinp.steps), FlaCase("bf16", cinp.steps)):
-                    attempt(run_fla_gdn, cinp, case, label=name)
-        kinp = synthetic_inputs("glm-5.3-flash", 0, batch=args.batch, steps=args.steps, device=dev)
-        kinp.meta["source"] = "synthetic glm-5.3-flash layer 0"
-        for case in fla_kda:
-            attempt(run_fla_kda, kinp, case)
-        for name, cinp in captured.items():
-            if isinstance(cinp, KDAInputs):
-                for st in ("fp32", "bf16"):
-                    attempt(run_fla_kda, cinp, FlaCase(st, cinp.steps, "kda"), label=name)
+        # each fla op on its family's synthetic layer 0, then on the captured layers of its kind
+        for op, run, preset, kind in (("gdn", run_fla_gdn, "qwen3.5-9b", GDNInputs),
+                                      ("kda", run_fla_kda, "glm-5.3-flash", KDAInputs)):  # fmt: skip
+            sinp = synthetic_inputs(preset, 0, batch=args.batch, steps=args.steps, device=dev)
+            sinp.meta["source"] = f"synthetic {preset} layer 0"
+            for case in (c for c in fla if c.op == op):
+                attempt(run, sinp, case)
+            for name, cinp in captured.items():
+                if isinstance(cinp, kind):
+                    for st in ("fp32", "bf16"):
+                        attempt(run, cinp, FlaCase(st, cinp.steps, op), label=name)
     if fi_ok and not args.no_timing:
         try:
             results["timing"] = time_kernels(device=dev)

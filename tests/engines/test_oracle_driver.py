@@ -4,6 +4,8 @@ With kernel == re-computation every teacher-forced and free-running comparison i
 engine curves coincide with the real ones; the ideal emulation stays within a few percent of them.
 """
 
+import json
+
 import pytest
 import torch
 
@@ -82,3 +84,41 @@ def test_engine_status_is_one_line_naming_what_is_missing_and_how_to_get_it(monk
     assert "python -m ssmquant.engines.bundle OUTDIR" in st.reason and "\n" not in st.reason
     with pytest.raises(ValueError, match="accepted: flashinfer, fla"):
         env.engine_status("vllm")
+
+
+def test_main_runs_each_fla_op_on_its_synthetic_and_captured_layers(monkeypatch, tmp_path):
+    """`--only fla` with fla present: GDN cases on the qwen3.5-9b layer and on captured GDN layers, then KDA cases on
+    the glm-5.3-flash layer and on captured KDA layers (the kernels replaced by a recorder)."""
+    import ssmquant.models.synthetic as synthetic
+    from ssmquant.engines.env import EngineStatus
+
+    def ok(name):
+        return EngineStatus(name, name == "fla", "" if name == "fla" else "not here", "0")
+
+    small = {p: synthetic_inputs(p, 0, batch=1, steps=2) for p in ("qwen3.5-9b", "glm-5.3-flash")}
+    calls = []
+
+    def recorder(op):
+        def run(inp, case):
+            assert case.op == op
+            calls.append(case.name)
+            gaps = {"max_rel_gap_vs_real": {"ideal": 0.0}}
+            return {"case": case.name, "teacher_forced": {}, "out_curves": gaps, "state_curves": gaps, "seconds": 0.0}
+
+        return run
+
+    monkeypatch.setattr(oracle, "engine_status", ok)
+    monkeypatch.setattr(oracle, "run_fla_gdn", recorder("gdn"))
+    monkeypatch.setattr(oracle, "run_fla_kda", recorder("kda"))
+    monkeypatch.setattr(synthetic, "synthetic_inputs", lambda preset, layer, **kw: small[preset])
+    captured = {"cap-gdn": synthetic_inputs("qwen3.5-9b", 1, batch=1, steps=2),
+                "cap-kda": synthetic_inputs("glm-5.3-flash", 1, batch=1, steps=2)}  # fmt: skip
+    monkeypatch.setattr(oracle, "load_captured", lambda path, dev: captured)
+    assert oracle.main(["--only", "fla", "--out", str(tmp_path), "--captured", "x", "--steps", "2"]) == 0
+    gdn, kda = oracle.FLA_OPS["gdn"], oracle.FLA_OPS["kda"]
+    names = [f"fla {op} {st}" for op in (gdn, gdn, kda, kda) for st in ("fp32", "bf16")]
+    sources = ["synthetic qwen3.5-9b layer 0"] * 2 + ["cap-gdn"] * 2 + ["synthetic glm-5.3-flash layer 0"] * 2
+    sources += ["cap-kda"] * 2
+    assert calls == names
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["case"], r["source"]) for r in results["cases"]] == list(zip(names, sources)) and not results["skipped"]
