@@ -217,48 +217,6 @@ def tiny_run(tmp_path_factory):
     return out, res
 
 
-@pytest.mark.slow
-def test_plotting_processes_draw_the_pngs_the_process_itself_draws(tiny_run, tmp_path):
-    """The plotting processes that `analyze` starts on machines with spare cores write byte-identical PNGs."""
-    import types
-
-    import pandas as pd
-
-    from ssmquant.report import files
-
-    out, _ = tiny_run
-    traces, heads, summary, report = files.load_analysis(out)
-    result = types.SimpleNamespace(traces=traces, heads=heads, summary=summary,
-                                   memory=pd.read_csv(out / "memory.csv"), report=lambda: dict(report))  # fmt: skip
-    files.prefetch_plotting(processes=True)
-    assert files._workers is not None and set(files._workers) == set(files.PLOT_FILES)
-    a = files.write_analysis(result, tmp_path / "a")
-    assert files._workers is None  # handed over and waited for
-    written = json.loads((a / "report.json").read_text())
-    assert written["files"][-4:] == [*files.PLOT_FILES, "report.json"] and written["stages"]["plots_s"] >= 0
-    b = tmp_path / "b"
-    b.mkdir()
-    files._plots().render_all(traces, heads, summary, dict(report), b)
-    for name in files.PLOT_FILES:
-        assert (a / name).read_bytes() == (b / name).read_bytes(), name
-
-
-def test_a_plotting_process_that_fails_names_its_plot(tiny_run, tmp_path, monkeypatch):
-    import types
-
-    from ssmquant.report import files
-
-    out, _ = tiny_run
-    traces, heads, summary, report = files.load_analysis(out)
-    result = types.SimpleNamespace(traces=traces, heads=heads, summary=summary, memory=summary,
-                                   report=lambda: dict(report))  # fmt: skip
-    monkeypatch.setattr(files.sys, "executable", "/bin/false")  # every plotting process exits with status 1
-    files.prefetch_plotting(processes=True)
-    with pytest.raises(RuntimeError, match=r"the process plotting drift.png failed \(status 1\)"):
-        files.write_analysis(result, tmp_path / "a")
-    assert not (tmp_path / "a").exists() and files._workers is None
-
-
 def test_plots_read_the_first_writes_from_the_report_and_need_no_torch(tiny_run, tmp_path):
     """report.json names each scheme's first rounded step; drawing from it imports no torch (a plotting process
     of its own needs nothing else of it), and the PNGs are those drawn with the steps computed from the schemes."""

@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import pickle
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -23,76 +21,25 @@ import warnings
 import pandas as pd
 
 PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
-# Plotting processes need spare cores: below this many, prefetch_plotting imports in a thread instead.
-# Effectively off since the H200 run of 2026-12-01 (16 cores): the processes made the plots stage 5.5 s
-# where the background thread took 1.7 s. Lower it to try them again.
-PLOT_PROCESS_MIN_CPUS = 1024
 # With at least this many cores (and os.fork, on Linux), the plots render at once: the process forks one child
 # per plot but the last, which inherits the imported plotting stack and the tables (nothing to import or
 # pass), renders its plot into the output directory and exits; this process writes the tables, then renders
 # the last plot. The PNGs are the bytes an in-process render writes (tests/test_cli.py). 0 turns it off.
+# (A plotting process per plot started with the run, importing the stack itself, made the plots stage 5.5 s
+# on the H200 where a background import took 1.7 s; forked children took 1.0 s.)
 PLOT_FORK_MIN_CPUS = 4
 
 _prefetch: threading.Thread | None = None
-_workers: dict[str, tuple[subprocess.Popen, object]] | None = None  # plot -> (process, its stderr file)
 
 
-def prefetch_plotting(processes: bool | None = None) -> None:
-    """Get the plots ready while the analysis runs. With spare cores (``processes``: None decides by
-    PLOT_PROCESS_MIN_CPUS) one process per plot (``plot_worker``) imports the plotting stack (matplotlib,
-    seaborn and the scipy it imports: about 1-2 s) and loads the fonts at once, off this process' GIL;
-    ``write_analysis`` then hands each its plot and the plots render in parallel while the tables are
-    written. Otherwise a background thread imports the stack here. ``write_analysis`` and ``replot`` wait
+def prefetch_plotting() -> None:
+    """Get the plots ready while the analysis runs: a background thread imports the plotting stack (matplotlib,
+    seaborn and the scipy it imports: about 1-2 s) and loads the fonts. ``write_analysis`` and ``replot`` wait
     for it before plotting; an error in it surfaces there, in the main thread."""
-    global _prefetch, _workers
-    if processes is None:
-        processes = (os.cpu_count() or 1) >= PLOT_PROCESS_MIN_CPUS
-    if processes and _workers is None:
-        root = str(pathlib.Path(__file__).resolve().parents[2])  # the directory holding this ssmquant
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
-        _workers = {}
-        for name in PLOT_FILES:
-            err = tempfile.TemporaryFile()
-            proc = subprocess.Popen([sys.executable, "-m", "ssmquant.report.plot_worker"], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=err, env=env)  # fmt: skip
-            _workers[name] = (proc, err)
-        return
+    global _prefetch
     if _prefetch is None and "ssmquant.report.plots" not in sys.modules:
         _prefetch = threading.Thread(target=_warm_plots, name="ssmquant-plot-prefetch", daemon=True)
         _prefetch.start()
-
-
-def _render_in_workers(workers: dict, result, report: dict, tmp: pathlib.Path):
-    """Hand each plotting process its plot; returns a function that waits for them and returns the files."""
-    fd, path = tempfile.mkstemp(prefix="ssmquant-plot-input-", suffix=".pkl")
-    with os.fdopen(fd, "wb") as f:
-        pickle.dump((result.traces, result.heads, result.summary, report), f, protocol=pickle.HIGHEST_PROTOCOL)
-    for name, (proc, _) in workers.items():
-        try:
-            proc.stdin.write((json.dumps({"input": path, "plot": name, "out_dir": str(tmp)}) + "\n").encode())
-            proc.stdin.close()
-        except BrokenPipeError:  # it died at start; wait() below reports why
-            pass
-
-    def wait() -> list[str]:
-        try:
-            for name, (proc, err) in workers.items():
-                out = proc.stdout.read()
-                if proc.wait() != 0 or not out.strip():
-                    err.seek(0)
-                    why = err.read().decode(errors="replace").strip().splitlines()[-15:]
-                    raise RuntimeError(f"the process plotting {name} failed (status {proc.returncode}):\n" + "\n".join(why))
-            return list(workers)
-        finally:
-            os.unlink(path)
-            for proc, err in workers.values():
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-                err.close()
-                proc.stdout.close()
-
-    return wait
 
 
 def _can_fork() -> bool:
@@ -278,17 +225,12 @@ def write_atomically(out_dir, force: bool, fill) -> pathlib.Path:
 def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) -> pathlib.Path:
     """Write an AnalysisResult to out_dir (atomically); returns the directory."""
 
-    global _workers
-    workers, _workers = (_workers, None) if plots else (None, _workers)
-
     def fill(tmp: pathlib.Path):
         t0 = time.perf_counter()
         report = result.report()
-        # plotting processes (prefetch_plotting) or forked children render while this process writes the tables
+        # forked children render while this process writes the tables
         waiting = None
-        if workers:
-            waiting = _render_in_workers(workers, result, report, tmp)
-        elif plots and _can_fork():
+        if plots and _can_fork():
             waiting = _fork_plots(result.traces, result.heads, result.summary, report, tmp)
         try:
             files = [
@@ -298,7 +240,7 @@ def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) 
             result.summary.to_csv(tmp / "summary.csv", index=False)
             result.memory.to_csv(tmp / "memory.csv", index=False)
         except BaseException:
-            if waiting is not None and not workers:
+            if waiting is not None:
                 waiting(render=False)  # no forked child outlives the run
             raise
         files += ["summary.csv", "memory.csv"]
@@ -309,7 +251,7 @@ def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) 
             # matplotlib and seaborn are imported only when plotting (or by prefetch_plotting, meanwhile)
             files += _plots().render_all(result.traces, result.heads, result.summary, report, tmp)
         # the time of this write, beside analyze()'s stages (report.json itself is not counted); with
-        # plotting processes plots_s is the wait for them after the tables are written
+        # forked children plots_s is the last plot and the wait for them after the tables are written
         report["stages"] = {
             **report.get("stages", {}),
             "write_tables_s": round(t_tables - t0, 3),
