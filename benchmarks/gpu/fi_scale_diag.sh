@@ -8,9 +8,9 @@
 #
 # Exact command, from the repository root on the GPU machine (bundle with the ahead-of-time modules):
 #   BUNDLE=.stage-engines/bundle OUT=/path/to/out [DUMP=/path/to/fi_dump.safetensors] bash benchmarks/gpu/fi_scale_diag.sh
-# Writes $OUT/results.json, $OUT/scale_diag.log and $OUT/oracle_ckpt_*.safetensors (4 files, <= 15 MiB each:
+# Writes $OUT/results.json, $OUT/scale_diag.log and $OUT/oracle_ckpt_*.safetensors (4 files, 8-15 MB each:
 # the oracle calls in the dump format, for `python -m ssmquant.engines.fit FILE --calls` offline).
-# About 60-90 s on an H200; stopped at $LIMIT (110) s.
+# About 60-90 s on an H200 (imports ~15 s; CPU re-computation of ~16 flushes of 64 heads); stopped at $LIMIT (110) s.
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}"
 BUNDLE=${BUNDLE:-$PWD/.stage-engines/bundle}

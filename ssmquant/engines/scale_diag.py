@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dump", type=Path, nargs="*", default=[], help="dumps to replay first (dump.py format)")
     ap.add_argument("--dump-after", type=Path, nargs="*", default=[], help="dumps to replay after the oracle part")
     ap.add_argument("--dump-cpu", action="store_true", help="also replay the --dump files on the CPU (not --dump-after)")
-    ap.add_argument("--cases", nargs="*", default=["int8:4:40", "int8:16", "fp8_e4m3:16", "fp32:16:32"], metavar="STATE:L[:CALLS]",
+    ap.add_argument("--cases", nargs="*", default=["int8:4:40", "int8:16", "fp8_e4m3:16", "fp32:16:33"], metavar="STATE:L[:CALLS]",
                     help="oracle cases (batch 2, one token per call); 16/32-bit snapshots are 4x larger: fewer calls")
     ap.add_argument("--calls", type=int, default=64, help="calls of a case that names none")
     ap.add_argument("--layer-steps", type=int, default=4096, help="steps of the synthetic layer (oracle.main: --long-steps)")
