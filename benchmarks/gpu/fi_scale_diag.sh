@@ -22,7 +22,7 @@ if [ -n "${DUMP:-}" ]; then
   if [ -f "$DUMP" ]; then after=(--dump-after "$DUMP"); else echo "[fi_scale_diag] DUMP=$DUMP is not a file: skipped"; fi
 fi
 timeout --kill-after=5 "${LIMIT:-110}" python3 -m ssmquant.engines.scale_diag --out "$OUT" \
-  --dump tests/engines/data/fi_dump_slice.safetensors --dump-cpu "${after[@]}" ${DIAG_ARGS:-} 2>&1 | tee "$OUT/scale_diag.log"
+  --dump tests/engines/data/fi_dump_slice.safetensors --dump-cpu --legacy-ldexp int8:4:16 "${after[@]}" ${DIAG_ARGS:-} 2>&1 | tee "$OUT/scale_diag.log"
 rc=${PIPESTATUS[0]}
 ls -la "$OUT"
 if [ "$rc" -ne 0 ]; then echo "[fi_scale_diag] FAILED rc=$rc$( [ "$rc" -eq 124 ] && echo ' (timed out: results.json holds what finished)')"; exit 1; fi

@@ -453,6 +453,18 @@ def run_oracle_case(case: CkptCase, calls: int, inp, device, out_dir: Path | Non
     return res, t
 
 
+@contextlib.contextmanager
+def legacy_ldexp_quantum():
+    """`hmma` as it was before `pow2_f64`: its quantum from torch.ldexp (x * pow(2, e)), to show on the GPU
+    whether that op was the device-dependent one (the bisection then names it)."""
+    exact = fi.pow2_f64
+    fi.pow2_f64 = lambda e: torch.ldexp(torch.ones((), dtype=torch.float64, device=e.device), e.double())
+    try:
+        yield
+    finally:
+        fi.pow2_f64 = exact
+
+
 # --- driver ---------------------------------------------------------------------------------------------------
 
 
@@ -471,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=64, help="calls of a case that names none")
     ap.add_argument("--layer-steps", type=int, default=4096, help="steps of the synthetic layer (oracle.main: --long-steps)")
     ap.add_argument("--no-bisect", action="store_true")
+    ap.add_argument("--legacy-ldexp", default=None, metavar="STATE:L[:CALLS]",
+                    help="one more case with hmma's quantum from torch.ldexp (the reference before pow2_f64), bisected")
     args = ap.parse_args(argv)
     try:
         cases = oracle_cases(args.cases, args.calls)
@@ -544,6 +558,20 @@ def main(argv: list[str] | None = None) -> int:
             _log(f"  bisect ({kind}) {r['case']}: {json.dumps(b)[:3000]}")
             save()
         _log(f"{time.perf_counter() - t0:.1f} s")
+    if args.legacy_ldexp:
+        case, calls = oracle_cases([args.legacy_ldexp], args.calls)[0]
+        try:
+            with legacy_ldexp_quantum():
+                r, t = run_oracle_case(case, calls, inp, device, None)
+                first = r["first_mismatch"].get("device_vs_cpu")
+                if first is not None and not args.no_bisect:
+                    r["bisect_device_vs_cpu"] = bisect_call(t, first["call"], first["row"], first["head"], device)
+        except Exception as err:  # noqa: BLE001
+            r = {"case": case.name, "failed": f"{type(err).__name__}: {str(err)[:300]}"}
+            res["oracle"].append(r)
+        res["legacy_ldexp"] = r
+        _log(f"legacy (torch.ldexp quantum) {r['case']}: {json.dumps(r, default=str)[:3000]}")
+        save()
     replay(args.dump_after, False)
     save()
     failed = [r["case"] for r in res["oracle"] if "failed" in r]

@@ -31,6 +31,18 @@ def test_pow2_f64_is_exact_where_ldexp_is_and_clamps_below():
     assert torch.equal(fi.hmma(a, torch.zeros(1, 3, 4)), torch.zeros(1, 2, 4))
 
 
+def test_legacy_quantum_is_the_same_on_the_cpu():
+    g = torch.Generator().manual_seed(3)
+    a = scale_diag._bf16_values(g, (4, 16, 16), -30, 4)
+    b = scale_diag._bf16_values(g, (4, 16, 8), -4, 2)
+    c = torch.randn(4, 16, 8, generator=g)
+    want = fi.hmma(a, b, c)
+    with scale_diag.legacy_ldexp_quantum():
+        got = fi.hmma(a, b, c)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert fi.pow2_f64.__name__ == "pow2_f64"
+
+
 def _flush_case():
     cases, meta = dump.load(SLICE)
     t = cases["ckpt_int8_L16"]
