@@ -189,17 +189,18 @@ def _bf16_values(g: torch.Generator, shape, lo: int, hi: int) -> torch.Tensor:
     return fi.bf16(s * m * torch.exp2(e))
 
 
-def primitive_inputs(seed: int = 0) -> dict[str, tuple]:
-    """Seeded CPU inputs for each helper: {name: (fn, args)}; each fn returns a tensor or a tuple."""
+def primitive_inputs(seed: int = 0, size: int = 16) -> dict[str, tuple]:
+    """Seeded CPU inputs for each helper: {name: (fn, args)} (2^size scalar arguments, 2^size // 8 rows of
+    128 to encode); each fn returns a tensor or a tuple."""
     g = torch.Generator().manual_seed(seed)
-    n = 1 << 16
+    n = 1 << size
     wide = (torch.rand(n, generator=g) * 2 - 1) * torch.exp2(torch.randint(-140, 127, (n,), generator=g).float())
     decay_args = -torch.exp2(torch.rand(n, generator=g) * 16 - 10)  # [-64, -2^-10]: every decay argument
     out_args = torch.cat([decay_args, decay_args.abs()[: n // 8]])  # positive ones too (masked in the kernel)
     a = _bf16_values(g, (8, 64, 16), -30, 4)  # replay operands: x * coef (wide), B
     b = _bf16_values(g, (8, 16, 128), -4, 2)
     c = (torch.randn(8, 64, 128, generator=g) * torch.exp2(torch.randint(-20, 4, (8, 64, 1), generator=g).float())).float()
-    rows = torch.randn(64, 64, 128, generator=g) * torch.exp2(torch.randint(-30, 10, (64, 64, 1), generator=g).float())
+    rows = torch.randn(n // 8, 128, generator=g) * torch.exp2(torch.randint(-30, 10, (n // 8, 1), generator=g).float())
     exps = torch.arange(-1100, 1024, dtype=torch.float64)
     dts = torch.rand(64, 16, generator=g) * 0.7
     return {
@@ -217,10 +218,10 @@ def primitive_inputs(seed: int = 0) -> dict[str, tuple]:
     }  # fmt: skip
 
 
-def audit_primitives(device: torch.device, seed: int = 0) -> list[dict]:
+def audit_primitives(device: torch.device, seed: int = 0, size: int = 16) -> list[dict]:
     """Each helper on the device and on the CPU, same inputs: fraction of bit-identical outputs, first difference."""
     rows = []
-    for name, (fn, args) in primitive_inputs(seed).items():
+    for name, (fn, args) in primitive_inputs(seed, size).items():
         ref = _tensors(fn(*args))
         got = [t.cpu() for t in _tensors(fn(*(x.to(device) for x in args)))]
         d = [bits_differ(x, y) for x, y in zip(ref, got)]

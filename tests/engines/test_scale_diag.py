@@ -100,7 +100,7 @@ def test_implied_amax_offset_recovers_a_moved_amax():
 
 
 def test_primitives_and_dump_replay_are_identical_on_one_device():
-    rows = scale_diag.audit_primitives(torch.device("cpu"))
+    rows = scale_diag.audit_primitives(torch.device("cpu"), size=12)
     assert len(rows) >= 10 and all(r["identical"] == 1.0 for r in rows), rows
     r = scale_diag.replay_dump(SLICE, [torch.device("cpu")])
     assert {x["case"] for x in r} == {"ckpt_int8_L16", "ckpt_fp8_e4m3_L4", "ckpt_int8_L12_T4", "ckpt_fp32_L16"}
