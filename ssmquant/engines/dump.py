@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from ..replay.inputs import Mamba2Inputs
 from .oracle import STATE_DTYPES, CkptCase, SsuCase, _Cache, ckpt_module_args, nano_layer, ssu_module_args
 from .philox import engine_seed
 
@@ -117,17 +118,33 @@ def _cpu(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: (v.view(torch.uint8) if v.dtype is torch.float8_e4m3fn else v).detach().cpu().contiguous() for k, v in d.items()}
 
 
-def dump_checkpointing(case: CkptCase, s: DumpSettings, device) -> dict[str, torch.Tensor]:
-    """Run the real `checkpointing_ssu` `s.calls` times; the tensors to save (keys without the case prefix)."""
+def dump_checkpointing(
+    case: CkptCase, s: DumpSettings, device, inp: Mamba2Inputs | None = None, zero_init: bool = False
+) -> dict[str, torch.Tensor]:
+    """Run the real `checkpointing_ssu` `s.calls` times; the tensors to save (keys without the case prefix).
+
+    inp: the layer's inputs (a synthetic Nemotron-3-Nano layer of just enough steps when None; given ones
+    need s.batch rows, the 64 x 64 x 128 heads and enough steps). zero_init: start from the oracle's cache
+    (codes 0, decode scales 1, `oracle.run_checkpointing`) instead of a random non-zero one.
+    """
     from flashinfer.mamba import checkpointing_ssu
 
     bsz, tn, hs = s.batch, case.npred, s.heads_saved
     gs = hs * GROUPS // HEADS
     ring = case.window + tn
     acc = accept_counts(case, s.calls, bsz)
-    inp = nano_layer(bsz, int(acc.sum(0).max()) + tn + 1, device, seed=s.input_seed)
-    gen = torch.Generator().manual_seed(7 + case.window + 100 * tn)
-    c = initial_cache(case, bsz, device, gen)
+    need = int(acc.sum(0).max()) + tn + 1
+    if inp is None:
+        inp = nano_layer(bsz, need, device, seed=s.input_seed)
+    elif (inp.batch, inp.num_heads, inp.rows, inp.state_dim) != (bsz, HEADS, P, N) or inp.steps < need:
+        raise ValueError(
+            f"dump_checkpointing needs inputs of batch {bsz}, {HEADS} heads x {P} x {N} and >= {need} steps, "
+            f"got batch {inp.batch}, {inp.num_heads} x {inp.rows} x {inp.state_dim}, {inp.steps} steps"
+        )
+    if zero_init:
+        c = _Cache(STATE_DTYPES[case.state], bsz, HEADS, GROUPS, P, N, ring, device)
+    else:
+        c = initial_cache(case, bsz, device, torch.Generator().manual_seed(7 + case.window + 100 * tn))
     out_t: dict[str, torch.Tensor] = {f"init/{k}": v.clone() for k, v in _cache_tensors(c, hs).items()}
     out_t["init/start"], out_t["init/pnat"] = c.start.clone(), c.pnat.clone()
     A3 = inp.A.float()[:, None, None].expand(HEADS, P, N)

@@ -122,6 +122,16 @@ def _rz_from_f64(s: torch.Tensor) -> torch.Tensor:
     return torch.where(f.double().abs() > s.abs(), (f.view(torch.int32) - 1).view(torch.float32), f)
 
 
+def pow2_f64(e: torch.Tensor) -> torch.Tensor:
+    """2^e as FP64 from the exponent bits, for integer e (clamped to the normal range [-1022, 1023]).
+
+    Exact on every device by construction; `torch.ldexp` is `x * pow(2, e)`, a libm / libdevice power whose
+    exactness for integer e no specification promises. `hmma` only meets e < -1022 when every product and
+    the accumulator are zero, where any non-zero quantum gives the same (zero) sum.
+    """
+    return ((e.long().clamp(-1022, 1023) + 1023) << 52).view(torch.float64)
+
+
 HMMA_EXTRA_BITS = 2  # alignment width 24 + 2 bits: fitted on the dump's FP32 flushes (1 / 3 bits: 70% / 86%, 2: 100%)
 
 
@@ -139,7 +149,7 @@ def hmma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None) -> tor
     for k in range(a.shape[-1]):
         e = torch.where((ea[..., :, k, None] > big) & (eb[..., k, None, :] > big), ea[..., :, k, None] + eb[..., k, None, :], big)
         emax = e if emax is None else torch.maximum(emax, e)
-    quantum = torch.ldexp(torch.ones((), dtype=torch.float64, device=a.device), (emax - 23 - HMMA_EXTRA_BITS).double())
+    quantum = pow2_f64(emax - 23 - HMMA_EXTRA_BITS)
     acc = torch.zeros(emax.shape, dtype=torch.float64, device=a.device)
     if c is not None:
         acc = torch.trunc(c.double() / quantum) * quantum
