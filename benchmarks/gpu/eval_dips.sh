@@ -4,12 +4,13 @@
 # steps), then runs `evaluate` (256 steps x batch 8, fp8_e4m3@conventional, nvfp4@conventional, int8@replay16) with
 # every decode step timed on the host and the device and what happened in it (garbage collections, cudaMalloc /
 # cudaFree, attention's host time and backend, window checks, progress lines), as an A/B in one process:
-#   base (cold per-shape caches), again (warm), gcoff (gc.freeze + gc.disable), flash (cuDNN SDPA off: flash
-#   attention), flash_kvbuf (and the preallocated KV cache), expandable (expandable_segments:True)
+#   base (cold per-shape caches), again (warm), flash (cuDNN SDPA off: flash attention), flash_kvbuf (and the
+#   preallocated KV cache), gcoff (gc.freeze + gc.disable), expandable (expandable_segments:True); in that order of
+#   priority: a run that would not fit in the budget is skipped
 # and, with the time left, attention alone at the decode shapes: first vs second call per KV length, per backend,
 # contiguous vs a view of a larger buffer, bit for bit.
 #
-#   OUT=/tmp/o bash benchmarks/gpu/eval_dips.sh          # from the repo root; GPU 0; ~110 s (stops itself at 120 s)
+#   OUT=/tmp/o bash benchmarks/gpu/eval_dips.sh          # from the repo root; GPU 0; stops itself at LIMIT_S (120 s)
 #   OUT=/tmp/o MODEL=tiny-nemotron DEVICE=cpu STEPS=40 BATCH=2 RUNS=base,again,gcoff,kvbuf bash benchmarks/gpu/eval_dips.sh
 #
 # Writes $OUT/eval_dips.json (per run: steps/s, window rates, per-step table, the slow-step correlations; the bit
@@ -21,7 +22,7 @@ MODEL=${MODEL:-nemotron-h-8b}
 DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-256}
 BATCH=${BATCH:-8}
-RUNS=${RUNS:-base,again,gcoff,flash,flash_kvbuf,expandable}
+RUNS=${RUNS:-base,again,flash,flash_kvbuf,gcoff,expandable}
 VARIANTS=${VARIANTS:-fp8_e4m3@conventional,nvfp4@conventional,int8@replay16}
 gpu_begin "${LIMIT_S:-120}"
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
