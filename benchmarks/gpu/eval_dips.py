@@ -85,6 +85,7 @@ class Tracer:
         self.anchor = None
         self.h_anchor = 0.0
         self.alloc_before: dict | None = None
+        self.sdpa_call: dict | None = None  # shapes and arguments of the first traced attention call
 
     # -- recording helpers
     def _event(self):
@@ -202,6 +203,14 @@ class Tracer:
                         cur["sdpa_backend"] = tr.backends.get(int(choice), str(choice))
                     cur["kv_len"] = int(k.shape[-2])
                     cur["kv_contiguous"] = bool(k.is_contiguous())
+                    if tr.sdpa_call is None:  # what transformers passes (the probe mimics it)
+                        mask = kw.get("attn_mask")
+                        tr.sdpa_call = {
+                            "q": list(q.shape), "k": list(k.shape), "k_stride": list(k.stride()),
+                            "dtype": str(q.dtype), "enable_gqa": bool(kw.get("enable_gqa", False)),
+                            "is_causal": bool(kw.get("is_causal", False)),
+                            "attn_mask": None if mask is None else [list(mask.shape), str(mask.dtype)],
+                        }  # fmt: skip
                 t = time.perf_counter()
                 out = orig(q, k, v, *a, **kw)
                 cur["sdpa_host_ms"] += 1e3 * (time.perf_counter() - t)
@@ -389,22 +398,28 @@ def run_setting(name: str, device: torch.device):
         yield
 
 
-def sdpa_probe(cfg, batch: int, device: torch.device, lengths: list[int], capacity: int) -> dict:
-    """Attention alone at decode shapes [batch, heads, 1, d] x [batch, kv_heads, n, d] (bf16, GQA as transformers
-    calls it without a mask): per backend and KV length, host ms of the first and the second call (synchronised),
-    and whether a view of a [batch, kv_heads, capacity, d] buffer gives the bits of the contiguous tensor."""
+def sdpa_probe(call: dict, batch: int, device: torch.device, lengths: list[int], capacity: int) -> dict:
+    """Attention alone as the decode loop calls it (``call``: the traced call's query shape, KV heads, dtype,
+    ``enable_gqa``; no mask) at another batch: per backend and KV length, host ms of the first and the second call
+    (synchronised), the backend torch picks, and whether a view of a [batch, kv_heads, capacity, d] buffer gives the
+    bits of the contiguous tensor."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    text = cfg.get_text_config()
-    heads, kv_heads = text.num_attention_heads, text.num_key_value_heads
-    d = getattr(text, "head_dim", None) or text.hidden_size // heads
+    _, heads, q_len, d = call["q"]
+    kv_heads = call["k"][1]
+    gqa = call["enable_gqa"]
     g = torch.Generator(device=device).manual_seed(1)
-    dt = torch.bfloat16
+    dt = getattr(torch, call["dtype"].replace("torch.", ""))
     kb = torch.randn(batch, kv_heads, capacity, d, generator=g, device=device, dtype=dt)
     vb = torch.randn(batch, kv_heads, capacity, d, generator=g, device=device, dtype=dt)
-    q = torch.randn(batch, heads, 1, d, generator=g, device=device, dtype=dt)
+    q = torch.randn(batch, heads, q_len, d, generator=g, device=device, dtype=dt)
     names = _backend_names()
-    out = {"shape": {"batch": batch, "heads": heads, "kv_heads": kv_heads, "head_dim": d, "capacity": capacity}}
+    out = {"call": call, "batch": batch, "capacity": capacity}
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     backends = {"default": None, "cudnn": [SDPBackend.CUDNN_ATTENTION], "flash": [SDPBackend.FLASH_ATTENTION],
                 "efficient": [SDPBackend.EFFICIENT_ATTENTION]}  # fmt: skip
     for label, which in backends.items():
@@ -418,12 +433,12 @@ def sdpa_probe(cfg, batch: int, device: torch.device, lengths: list[int], capaci
                     with sdpa_kernel(which) if which else contextlib.nullcontext():
                         times = []
                         for _ in range(2):
-                            torch.cuda.synchronize(device)
+                            sync()
                             t = time.perf_counter()
-                            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-                            torch.cuda.synchronize(device)
+                            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+                            sync()
                             times.append(round(1e3 * (time.perf_counter() - t), 3))
-                        choice = int(torch._fused_sdp_choice(q, k, v, enable_gqa=True))
+                        choice = int(torch._fused_sdp_choice(q, k, v, enable_gqa=gqa))
                     row[lay] = {"first_ms": times[0], "second_ms": times[1], "picked": names.get(choice, choice)}
                     outs[lay] = o
                 except Exception as err:  # a backend that cannot run these inputs
@@ -432,6 +447,8 @@ def sdpa_probe(cfg, batch: int, device: torch.device, lengths: list[int], capaci
                 row["view_equals_contiguous"] = bool(torch.equal(outs["view"], outs["contiguous"]))
                 row["max_abs_diff"] = float((outs["view"].float() - outs["contiguous"].float()).abs().max())
             res[n] = row
+            if not outs:  # the backend cannot run these inputs (the same at every length)
+                break
         out[label] = res
     return out
 
@@ -559,21 +576,30 @@ def main(argv=None) -> int:
                 c = checks[f"{a}_vs_{b}"] = check(results[a], results[b])
                 c["required"] = pairs is not REPORT_PAIRS
                 print(f"{a} vs {b}: {'OK' if c['ok'] else 'DIFFERENT'} {json.dumps(c)}", flush=True)
-    extra = {"checks": checks, "agree_tolerances": AGREE}
-    if args.probe and cuda:
+    extra = {"checks": checks, "agree_tolerances": AGREE, "sdpa_call": tracer.sdpa_call}
+    if args.probe:
         left = args.budget - (time.time() - t_proc)
         if left > 8:
             t = time.time()
             try:
                 lengths = [2, 3, 64, 65, 127, 128, 129, 130, 200, 255, 256, 257]
-                p = sdpa_probe(loaded.model.config, 4 * args.batch + 1, dev, lengths, args.steps + 1)
+                if tracer.sdpa_call is None:
+                    raise RuntimeError("no attention call was traced (a model without attention layers?)")
+                p = sdpa_probe(tracer.sdpa_call, 4 * args.batch + 1, dev, lengths, args.steps + 1)
             except Exception as err:
                 traceback.print_exc()
                 p = {"error": f"{type(err).__name__}: {err}"}
             extra["sdpa_probe"] = p
-            print(f"attention probe ({time.time() - t:.1f} s):", flush=True)
+            print(f"attention probe ({time.time() - t:.1f} s): {p.get('call')}, batch {p.get('batch')}; per KV length: "
+                  "view / contiguous first-call and second-call host ms, backend picked, view bits == contiguous",
+                  flush=True)  # fmt: skip
             for label, v in p.items():
-                print(f"  {label}: {json.dumps(v)}", flush=True)
+                if not isinstance(v, dict) or label == "call":
+                    continue
+                for n, row in v.items():
+                    cells = [f"{lay} " + (f"{c['first_ms']}/{c['second_ms']} {c['picked']}" if "error" not in c
+                                          else c["error"][:60]) for lay, c in row.items() if isinstance(c, dict)]  # fmt: skip
+                    print(f"  {label} n={n}: {'; '.join(cells)}; equal {row.get('view_equals_contiguous')}", flush=True)
         else:
             print(f"attention probe SKIPPED ({left:.0f} s left)", flush=True)
     out = dump(extra)
