@@ -24,7 +24,9 @@ STEPS=${STEPS:-256}
 BATCH=${BATCH:-8}
 RUNS=${RUNS:-base,again,flash,flash_kvbuf,gcoff,expandable}
 VARIANTS=${VARIANTS:-fp8_e4m3@conventional,nvfp4@conventional,int8@replay16}
+site=${PYTHONPATH:-}  # the lead's runner puts the carried transformers wheel there; gpu_begin resets PYTHONPATH
 gpu_begin "${LIMIT_S:-120}"
+export PYTHONPATH=$PWD${site:+:$site}
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 gpu_versions | tee "$OUT/logs/versions.txt"
 python3 -c "import transformers; print('transformers', transformers.__version__)" | tee -a "$OUT/logs/versions.txt"
