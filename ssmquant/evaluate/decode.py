@@ -141,7 +141,8 @@ def decode_attention(device: torch.device, cudnn: bool = False):
     benchmarks/gpu/eval_dips.sh, 2026-12-01) the new lengths cost a median 36 ms of host time per step and
     294-439 ms at KV lengths 32, 33, 64, 129 and 256: 20.1 decode steps/s in the first run against 36.5 in a
     repeat. And cuDNN's outputs were not the same bits from run to run: three repeats of the same run differed
-    (the FP32 reference's logits too; per-position KL up to 1e-5 apart), and so did a probe's same call repeated.
+    (the FP32 reference's logits too; per-position KL up to 1e-5 apart), and in a probe the same cached plans on
+    the same values gave other bits in a second pass.
 
     Inside this context cuDNN is switched off and the other backends keep torch's settings and order: flash
     attention where it supports the inputs (there: every decode step, 36.5 steps/s in a run after the cuDNN ones,
