@@ -28,6 +28,10 @@ Runs (each a fresh ``evaluate`` of ``--steps`` steps, the default loop otherwise
 flash attention), ``flash_kvbuf`` (that and ``kv_buffer=True``), ``kvbuf`` (the preallocated KV cache with the
 default backend). Checks: runs that must be bit-identical (base / again / gcoff / expandable; flash / flash_kvbuf;
 base / kvbuf is reported, not required) and flash vs base within eval_speed's tolerances (another attention kernel).
+Since 2026-12-01 ``evaluate`` decodes without cuDNN's attention by default (``decode.decode_attention``, the fix this
+script's first GPU run, s1, led to): then base / again / gcoff / expandable / kvbuf run flash attention like the
+flash runs; ``--cudnn-attention`` (CUDNN=1 in eval_dips.sh) gives them ``cudnn_attention=True``, torch's own choice,
+as s1 ran them.
 
 ``--probe``: attention alone at the model's decode shapes (a batch the runs never used, so torch's per-shape caches
 are cold): host time of the first and second call at each KV length, contiguous (``torch.cat``'s layout) vs a view
@@ -465,6 +469,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-steps", type=int, default=20, help="steps of the warm-up (replay16 writes at step 15)")
     ap.add_argument("--budget", type=float, default=110.0, help="seconds for the whole process; runs that would not "
                     "fit (estimated from the previous run) are skipped")  # fmt: skip
+    ap.add_argument("--cudnn-attention", action="store_true", help="evaluate(cudnn_attention=True) in the runs other "
+                    "than flash*: torch's own choice of attention kernel (the default before 2026-12-01)")  # fmt: skip
     ap.add_argument("--probe", action="store_true", help="the attention probe at the end (a few seconds)")
     args = ap.parse_args(argv)
     t_proc = time.time()
@@ -499,6 +505,7 @@ def main(argv=None) -> int:
         "batch": args.batch,
         "variants": args.variants.split(","),
         "slow_factor": SLOW,
+        "cudnn_attention": args.cudnn_attention,
     }
 
     def dump(extra=None) -> dict:
@@ -517,7 +524,10 @@ def main(argv=None) -> int:
             skipped.append(name)
             continue
         print(f"== {name}", flush=True)
-        kw = {"kv_buffer": name.endswith("kvbuf")}
+        kw = {
+            "kv_buffer": name.endswith("kvbuf"),
+            "cudnn_attention": args.cudnn_attention and not name.startswith("flash"),
+        }
         t = time.time()
         try:
             with run_setting(name, dev):

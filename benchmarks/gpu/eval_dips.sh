@@ -12,6 +12,8 @@
 #
 #   OUT=/tmp/o bash benchmarks/gpu/eval_dips.sh          # from the repo root; GPU 0; stops itself at LIMIT_S (120 s)
 #   OUT=/tmp/o MODEL=tiny-nemotron DEVICE=cpu STEPS=40 BATCH=2 RUNS=base,again,gcoff,kvbuf bash benchmarks/gpu/eval_dips.sh
+#   CUDNN=1: the runs other than flash* with evaluate(cudnn_attention=True), as run s1 ran them (before the default
+#   changed to attention without cuDNN)
 #
 # FINAL=1: the new default as a user meets it, over STEPS x BATCH (benchmarks/gpu/eval_final.py): a fresh process
 # with a fresh (cold) Triton cache runs `evaluate` twice in a row with its defaults (no warm-up: the first run counts),
@@ -64,7 +66,7 @@ else
   STAGE_TAIL=200
   stage eval_dips "$(($(budget_left) - 2))" python3 benchmarks/gpu/eval_dips.py "$MODEL" "$OUT/eval_dips.json" \
     --steps "$STEPS" --batch "$BATCH" --device "$DEVICE" --variants "$VARIANTS" --runs "$RUNS" \
-    --budget "$(($(budget_left) - 10))" $probe
+    --budget "$(($(budget_left) - 10))" $probe $([ "${CUDNN:-0}" = 1 ] && echo --cudnn-attention)
 fi
 [ -n "$smi" ] && kill "$smi" 2>/dev/null
 gpu_end
