@@ -451,6 +451,13 @@ def presets_cmd():
     help="Decode the FP32 reference and the variants as one batch, one forward per step (--fold), or one forward "
     "each (--no-fold). [default: fold on a GPU, not on the CPU]",
 )
+@click.option(
+    "--cudnn-attention",
+    is_flag=True,
+    help="On a GPU, let torch pick the attention kernel (cuDNN's first on H100 / H200) instead of the default, torch's "
+    "choice without cuDNN (flash attention): cuDNN builds a plan for every new KV length (a slower first run) and its "
+    "results are not bit-identical from run to run.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or table.")
 def eval_cmd(
     model,
@@ -468,6 +475,7 @@ def eval_cmd(
     force,
     no_plots,
     fold,
+    cudnn_attention,
     quiet,
 ):
     """End to end: decode held-out text with each variant's stored SSM state; KL, top-1 agreement, loss change vs FP32."""
@@ -508,6 +516,7 @@ def eval_cmd(
             device=device,
             text_path=text,
             fold=fold,
+            cudnn_attention=cudnn_attention,
             progress=bar.update,
             notify=None if quiet else bar.info,
         )

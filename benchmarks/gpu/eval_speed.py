@@ -33,6 +33,8 @@ Checks (the process exits with status 1 when one fails, after writing the JSON):
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import sys
 import time
@@ -42,7 +44,8 @@ import numpy as np
 import torch
 
 from ssmquant.evaluate import EvalError, evaluate
-from ssmquant.evaluate import states as states_module
+from ssmquant.evaluate import run as run_module
+from ssmquant.evaluate.states import StateWriter
 from ssmquant.models import load_model
 
 METRICS = ["kl", "top1_agree", "delta_loss"]
@@ -58,6 +61,18 @@ KNOWN_RUNS = {
     for n in ("short", "long")
     for k in ("", kv)
 } | {"new_short_again"}
+
+
+@contextlib.contextmanager
+def _writes(in_place: bool):
+    """``evaluate``'s state writers built with ``in_place`` (False: the earlier GPU writes, fake_quant_triton + a
+    copy + two finiteness checks per state; the same bits)."""
+    saved = run_module.StateWriter
+    run_module.StateWriter = functools.partial(StateWriter, in_place=in_place)
+    try:
+        yield
+    finally:
+        run_module.StateWriter = saved
 
 
 def _load(spec: str, device: str):
@@ -191,9 +206,8 @@ def main(argv=None) -> int:
     # CUDA context, cuBLAS at both batch sizes, Triton kernels; eager: a failure of graph recording must not hide
     # the other numbers
     for fold, in_place in ((False, False), (False, True), (True, True)):  # every kernel the runs launch
-        states_module.IN_PLACE_WRITES = in_place
-        evaluate(loaded, args.variants, steps=4, batch=args.batch, notify=None, cuda_graphs=False, fold=fold)
-    states_module.IN_PLACE_WRITES = True
+        with _writes(in_place):
+            evaluate(loaded, args.variants, steps=4, batch=args.batch, notify=None, cuda_graphs=False, fold=fold)
     print(f"warm-up (4 steps: unfolded with both write paths, folded; kernels compiled or loaded) {time.time() - t:.1f} s",
           flush=True)  # fmt: skip
 
@@ -258,9 +272,11 @@ def main(argv=None) -> int:
         print(f"== {name}: {kw}", flush=True)
         t = time.time()
         # the old loop with the state writes of before (fake_quant_triton, a copy back, two finiteness checks)
-        states_module.IN_PLACE_WRITES = kw["fold"] or "inplace" in name
+        in_place = kw["fold"] or "inplace" in name
         try:
-            r = evaluate(loaded, args.variants, batch=args.batch, notify=lambda line: print("  " + line, flush=True), **kw)
+            with _writes(in_place):
+                r = evaluate(loaded, args.variants, batch=args.batch, notify=lambda line: print("  " + line, flush=True),
+                             **kw)  # fmt: skip
         except EvalError as err:
             print(f"  {name} FAILED: {err}", flush=True)
             res[name] = {"error": str(err), "wall_s": round(time.time() - t, 2), **kw}
@@ -273,7 +289,7 @@ def main(argv=None) -> int:
         tm = r.timing
         res[name] = {
             **kw,
-            "in_place_writes": states_module.IN_PLACE_WRITES,
+            "in_place_writes": in_place,
             "wall_s": round(time.time() - t, 2),
             "timing": tm,
             "reference": r.reference,

@@ -10,6 +10,7 @@ Qwen3.5 / Qwen3-Next: ``torch_recurrent_gated_delta_rule``; GLM-5.3-Flash / Kimi
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -125,3 +126,63 @@ class KVBuffer(DynamicLayer):
         self.keys, self.values = kb[..., : n + q, :], vb[..., : n + q, :]
         self._views = (self.keys, self.values)
         return self.keys, self.values
+
+
+@contextlib.contextmanager
+def decode_attention(device: torch.device, cudnn: bool = False):
+    """Inside: scaled-dot-product attention on a CUDA ``device`` without cuDNN's fused kernel, unless ``cudnn``.
+
+    Recent torch CUDA builds put cuDNN's attention first on sm90 / sm100 (aten/src/ATen/native/transformers/cuda/
+    sdp_utils.cpp, ``check_prefer_cudnn_attention``; on the H200 with torch 2.11+cu130 and cuDNN 9.19
+    ``torch._fused_sdp_choice`` picked it for every decode step), and its host side builds a cuDNN graph and
+    execution plan for every new set of shapes and strides, cached per thread (aten/src/ATen/native/cudnn/MHA.cpp,
+    ``MHAParams``). A teacher-forced decode has a new KV length at every step, so the first run of a process built
+    one plan per step. On that H200 (nemotron-h-8b, batch 8 folded to 32 rows, 256 steps,
+    benchmarks/gpu/eval_dips.sh, 2026-12-01) the new lengths cost a median 36 ms of host time per step and
+    294-439 ms at KV lengths 32, 33, 64, 129 and 256: 20.1 decode steps/s in the first run against 36.5 in a
+    repeat. And cuDNN's outputs were not the same bits from run to run: three repeats of the same run differed
+    (the FP32 reference's logits too; per-position KL up to 1e-5 apart), and in a probe the same cached plans on
+    the same values gave other bits in a second pass.
+
+    Inside this context cuDNN is switched off and the other backends keep torch's settings and order: flash
+    attention where it supports the inputs (there: every decode step, 36.5 steps/s in a run after the cuDNN ones,
+    two runs bit-identical, one with the KV cache in a preallocated buffer; a probe gave the same bits for a view
+    of a buffer as for a contiguous tensor at every KV length), else memory-efficient or math attention; these
+    pick their kernels from the shapes alone. torch's settings are restored on exit, also on error. On the CPU,
+    or with ``cudnn=True`` (torch's own choice), nothing changes.
+
+    Raises ValueError when cuDNN is the only backend enabled (nothing to fall back to).
+    """
+    if device.type != "cuda" or cudnn:
+        yield
+        return
+    from torch.nn.attention import sdpa_kernel
+
+    refusal = attention_refusal(device, cudnn)
+    if refusal is not None:
+        raise ValueError(refusal)
+    with sdpa_kernel(_backends_without_cudnn()):
+        yield
+
+
+def _backends_without_cudnn() -> list:
+    """The SDPA backends torch has enabled on CUDA, cuDNN's left out (flash, memory-efficient, math)."""
+    from torch.nn.attention import SDPBackend
+
+    enabled = {
+        SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled(),
+        SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled(),
+        SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled(),
+    }
+    return [backend for backend, on in enabled.items() if on]
+
+
+def attention_refusal(device: torch.device, cudnn: bool = False) -> str | None:
+    """Why ``decode_attention(device, cudnn)`` cannot run (torch has only cuDNN's attention enabled), or None."""
+    if device.type != "cuda" or cudnn or _backends_without_cudnn():
+        return None
+    return (
+        "decode attention without cuDNN needs flash, memory-efficient or math attention enabled in torch, but only "
+        "cuDNN's is (torch.backends.cuda.enable_flash_sdp etc.); enable one, or use cudnn_attention=True "
+        "(--cudnn-attention)"
+    )

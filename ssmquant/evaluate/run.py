@@ -35,6 +35,7 @@ from ..provenance import environment
 from ..replay.schemes import DEFAULT_BUFFER_LEN
 from ..replay.variants import Variant, VariantError, check_variants_fit, parse_variant, parse_variants
 from ..sizing import SizingError, check_memory, eval_memory, free_bytes, layer_dims
+from .decode import attention_refusal, decode_attention
 from .graphs import SegmentGraphs, backend_for, graph_refusal
 from .loop import CHECK_EVERY, CPU_ROW_MULTIPLE, Clock, decode_pass, plan_passes, run_steps, total_steps
 from .metrics import LN2, horizon_window, positions_frame, summary_rows
@@ -63,6 +64,7 @@ class EvalConfig:
     variants_per_pass: int | None = None
     cuda_graphs: bool = False
     kv_buffer: bool = False
+    cudnn_attention: bool = False
 
 
 @dataclass
@@ -283,6 +285,7 @@ def evaluate(
     fold_width: int | None = None,
     cuda_graphs: bool | None = None,
     kv_buffer: bool = False,
+    cudnn_attention: bool = False,
     progress: Callable[[int, int], None] | None = None,
     notify: Callable[[str], None] | None = None,
 ) -> EvalResult:
@@ -310,10 +313,16 @@ def evaluate(
     same kernels on the same addresses, so the same results; NemotronH on one GPU); None (the default) wherever
     ``graphs.graph_refusal`` allows it, True: required (EvalError saying why not), False: never.
     ``kv_buffer``: the attention layers' KV caches are allocated once for all steps instead of growing by
-    concatenation every step (``decode.KVBuffer``; the same values, bit-identical logits on the CPU). Off by
-    default: on an H200 (nemotron-h-8b, batch 8, 256 steps, 2026-12-01) it was slower (13.0 against 17.3 steps/s)
-    and its logits were not bit-identical to the concatenated cache's (attention over strided views takes
-    another kernel).
+    concatenation every step (``decode.KVBuffer``; the same values, bit-identical logits on the CPU, and on an
+    H200 under flash attention, at 36.56 against 36.51 decode steps/s; nemotron-h-8b, batch 8, 256 steps,
+    2026-12-01). Off by default: no measurable gain at 256 steps. (With cuDNN's attention it was slower, 13.0
+    against 17.3 steps/s, and not bit-identical: a cuDNN plan per KV length and stride, see below.)
+    ``cudnn_attention``: on a GPU, let torch choose the decode's attention kernel (cuDNN's first on an H100 /
+    H200) instead of the default, torch's choice without cuDNN (flash attention at the shapes measured;
+    ``decode.decode_attention``). cuDNN builds a plan for every new KV length, which made the first run of a
+    process 1.8x slower (20.1 against 36.5 steps/s), and its results were not bit-identical from run to run; the
+    default's are (flash attention: another kernel than cuDNN's, so other last bits than before 2026-12-01). No
+    effect on the CPU.
     ``progress(done, total)`` is called after every decode step, counting sequence batches decoded (total =
     (1 + variants) x steps in one pass); ``notify(line)`` receives a time estimate measured on the first decode
     steps and, on long runs, the rate and time left every 30 s.
@@ -407,6 +416,9 @@ def evaluate(
         if progress:
             progress(done, total)
 
+    refusal = attention_refusal(loaded.device, cudnn_attention)
+    if refusal is not None:
+        raise EvalError(refusal)
     refusal = graph_refusal(net)
     if cuda_graphs and refusal is not None:
         raise EvalError(f"cuda_graphs was requested but {refusal}; use cuda_graphs=False or None")
@@ -420,7 +432,12 @@ def evaluate(
     was_training = net.training
     net.eval()
     try:
-        with _threads(threads), torch.inference_mode(), segment_graphs or contextlib.nullcontext():
+        with (
+            _threads(threads),
+            torch.inference_mode(),
+            decode_attention(loaded.device, cudnn_attention),
+            segment_graphs or contextlib.nullcontext(),
+        ):
             for n, plan in enumerate(plans):
                 notes += decode_pass(
                     net, ids, plan, writers, layers, state_shape, values, ref_nll if n == 0 else None, clock,
@@ -494,6 +511,7 @@ def evaluate(
         variants_per_pass=per_pass,
         cuda_graphs=use_graphs,
         kv_buffer=bool(kv_buffer),
+        cudnn_attention=bool(cudnn_attention),
     )
     return EvalResult(
         config=config,

@@ -137,10 +137,6 @@ WRITE_GROUP_ELEMENTS = 2**25
 WRITE_BYTES_PER_ELEMENT = 64
 
 
-# The GPU path stores contiguous FP32 states in place (``kernels.store_state_triton``); False: the earlier
-# fake_quant_triton + copy + finiteness checks for every state (the same bits; benchmarks/gpu/eval_speed.sh times both).
-IN_PLACE_WRITES = True
-
 
 class StateWriter:
     """Stores every SSM layer's cached state in a variant's format at the variant's write steps.
@@ -158,13 +154,24 @@ class StateWriter:
     Layers of equal state shape are stored together (stacked, at most ``WRITE_GROUP_ELEMENTS`` elements):
     every scale group lies inside one layer's [rows, state_dim], so this is bit-identical to storing each
     layer on its own. On a GPU each layer is stored by one fused Triton kernel instead (``kernel``: None picks
-    it for CUDA states, True / False force it; the same bits). No host synchronisation: ``finite`` (bool
+    it for CUDA states, True / False force it; the same bits); there ``in_place`` (default) stores contiguous FP32
+    states with ``store_state_triton``, False with ``fake_quant_triton``, a copy back and two finiteness checks (the
+    path of transposed GDN / KDA states; the same bits, ~3x the memory traffic: kept for benchmarks/gpu/eval_speed.py's
+    comparison with the earlier writes). No host synchronisation: ``finite`` (bool
     [steps, layers, 2], on the states' device) records whether each state was finite before and after its write,
     for the caller to check once per window
     (``first_nonfinite``) instead of once per layer and step.
     """
 
-    def __init__(self, variant: Variant, layers: list[SSMLayer], batch: int, steps: int, kernel: bool | None = None):
+    def __init__(
+        self,
+        variant: Variant,
+        layers: list[SSMLayer],
+        batch: int,
+        steps: int,
+        kernel: bool | None = None,
+        in_place: bool = True,
+    ):
         self.variant = variant
         self.layers = layers
         self.batch = batch
@@ -173,6 +180,7 @@ class StateWriter:
         self.all = self.mask.all(0).tolist()
         self.exact = variant.format.is_exact
         self.kernel = kernel
+        self.in_place = bool(in_place)
         # [T, layers, 2] bool, allocated at the first write: the model's state, and the stored one, were finite
         self.finite: torch.Tensor | None = None
         self._on: dict[tuple[str, torch.device], torch.Tensor] = {}  # mask and SR keys per device, copied once
@@ -209,7 +217,7 @@ class StateWriter:
         from ..kernels import fake_quant_triton, store_state_triton  # Triton is imported only when a GPU path needs it
 
         fmt = self.variant.format
-        if IN_PLACE_WRITES and all(x.is_contiguous() and x.dtype == torch.float32 for x in rows):
+        if self.in_place and all(x.is_contiguous() and x.dtype == torch.float32 for x in rows):
             dev = rows[0].device
             flags = self._flags(rows[0])  # [layers, B * H, 2]
             keep = None if self.all[step] else self._device_copy("keep", dev)[step]

@@ -16,6 +16,24 @@ from .rounding import FORMAT_CODES, fake_quant_tile, stream_key
 
 
 @triton.jit
+def _state_tile(s_ptr, R, N, seed, stream, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, KMAJOR: tl.constexpr):
+    """Program m's tile of a [M, R, N] FP32 state, held transposed [BLOCK_N, BLOCK_R] as the emulation kernels hold
+    it (KMAJOR: the Mamba-2 kernel's column order): (m, row indices, element offsets, in-bounds mask, values with 0
+    outside, the stochastic-rounding key of (seed, stream)). The offsets are the element counters of SR."""
+    m = tl.program_id(0).to(tl.int64)
+    rows = tl.arange(0, BLOCK_R)
+    if KMAJOR:  # the Mamba-2 kernel's tile order: position k * (BLOCK_N // 16) + i holds column 16 i + k
+        pos = tl.arange(0, BLOCK_N)
+        cols = (pos % (BLOCK_N // 16)) * 16 + pos // (BLOCK_N // 16)
+    else:
+        cols = tl.arange(0, BLOCK_N)
+    ok = (cols < N)[:, None] & (rows < R)[None, :]
+    offs = (m * R + rows)[None, :] * N + cols[:, None]  # the kernels' transposed tile [BLOCK_N, BLOCK_R]
+    s = tl.load(s_ptr + offs, mask=ok, other=0.0)
+    return m, rows, offs, ok, s, stream_key(seed, stream)
+
+
+@triton.jit
 def _fake_quant_kernel(
     s_ptr,  # [M, R, N] fp32
     out_ptr,  # [M, R, N] fp32
@@ -32,20 +50,10 @@ def _fake_quant_kernel(
     SR: tl.constexpr,
     KMAJOR: tl.constexpr,
 ):
-    m = tl.program_id(0).to(tl.int64)
-    rows = tl.arange(0, BLOCK_R)
-    if KMAJOR:  # the Mamba-2 kernel's tile order: position k * (BLOCK_N // 16) + i holds column 16 i + k
-        pos = tl.arange(0, BLOCK_N)
-        cols = (pos % (BLOCK_N // 16)) * 16 + pos // (BLOCK_N // 16)
-    else:
-        cols = tl.arange(0, BLOCK_N)
-    ok = (cols < N)[:, None] & (rows < R)[None, :]
-    offs = (m * R + rows)[None, :] * N + cols[:, None]  # the kernels' transposed tile [BLOCK_N, BLOCK_R]
-    s = tl.load(s_ptr + offs, mask=ok, other=0.0)
+    m, rows, offs, ok, s, key = _state_tile(s_ptr, R, N, seed, stream, BLOCK_R, BLOCK_N, KMAJOR)
     scale = tl.full([BLOCK_R], 1.0, tl.float32)
     if STATIC:
         scale = tl.load(scale_ptr + m * R + rows, mask=rows < R, other=1.0)
-    key = stream_key(seed, stream)
     out = fake_quant_tile(s, scale, offs, key, BLOCK_N, BLOCK_R, FMT, GROUP, STATIC, SR, KMAJOR)
     tl.store(out_ptr + offs, out, mask=ok)
 
@@ -127,13 +135,8 @@ def _store_state_kernel(
     SR: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    m = tl.program_id(0).to(tl.int64)
-    rows = tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_N)
-    ok = (cols < N)[:, None] & (rows < R)[None, :]
-    offs = (m * R + rows)[None, :] * N + cols[:, None]  # as _fake_quant_kernel: the same SR element counters
-    s = tl.load(s_ptr + offs, mask=ok, other=0.0)
-    key = stream_key(seed, stream)
+    # _fake_quant_kernel's tile (row-major columns): the same element offsets, so the same SR element counters
+    m, rows, offs, ok, s, key = _state_tile(s_ptr, R, N, seed, stream, BLOCK_R, BLOCK_N, False)
     out = fake_quant_tile(s, tl.full([BLOCK_R], 1.0, tl.float32), offs, key, BLOCK_N, BLOCK_R, FMT, GROUP, False, SR)
     if MASKED:
         keep = tl.load(keep_ptr + m // HEADS)

@@ -267,3 +267,26 @@ def test_the_fused_kernel_write_gives_the_torch_bits(spec, mamba_only):
     assert (("flags", torch.device(dev)) in writers[True]._on) == mamba_only  # the in-place kernel ran
     assert not torch.equal(caches[True].states[0], big[0])
     assert torch.equal(caches[True].states[0][:3], big[0][:3]) and torch.equal(caches[True].states[0][6:], big[0][6:])
+
+
+@pytest.mark.parametrize("spec", ["fp8_e4m3@conventional", "int8:sr@replay4", "nvfp4@conventional"])
+def test_in_place_and_copy_back_kernel_writes_give_the_same_bits(spec):
+    # in_place=False takes fake_quant_triton + a copy back for every state (the earlier GPU writes, which
+    # benchmarks/gpu/eval_speed.py compares with); the default stores contiguous FP32 states in place
+    if not _kernel_available():
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    v = parse_variant(spec, seed=2)
+    base = {k: s.to(dev) for k, s in _mamba_states(4).items()}
+    base[1][2, 1, 5, 3] = float("inf")  # a non-finite state: flagged alike
+    writers = {p: StateWriter(v, MAMBA_LAYERS, batch=3, steps=6, kernel=True, in_place=p) for p in (True, False)}
+    caches = {p: FakeCache({i: s.clone() for i, s in base.items()}) for p in writers}
+    for t in range(6):
+        for p in writers:
+            writers[p](caches[p], t)
+        for i in base:
+            assert torch.equal(caches[True].states[i].nan_to_num(7.0), caches[False].states[i].nan_to_num(7.0)), (t, i)
+    assert torch.equal(writers[True].finite, writers[False].finite)
+    assert writers[True].first_nonfinite() == writers[False].first_nonfinite() is not None
+    flags = ("flags", torch.device(dev))
+    assert flags in writers[True]._on and flags not in writers[False]._on  # which path each took
