@@ -13,9 +13,12 @@ measures in one run:
   a Python loop, the state round-tripping through memory every step;
 - compiled: the same per-step function under torch.compile, in mode "default" and mode "reduce-overhead"
   (default: the functional loop; reduce-overhead: CUDA graphs, the states updated in place at static
-  addresses, a graph step begun per call), each timed,
-  the faster one the peer (measured for the variants listed in COMPILE_VARIANTS: each compile costs
-  tens of seconds).
+  addresses, a graph step begun per call), each timed, the faster one the peer; compiled for every variant
+  of --compile-variants (default all: each variant's own peer; a variant left out gets no "x compiled").
+
+Every time is the median of --reps (>= 3) runs after a warm-up run, printed with its spread (the fastest and
+slowest run), so that run-to-run variation shows; a ratio divides the medians, and its range divides the
+extremes (kernel fastest / peer slowest .. kernel slowest / peer fastest).
 
 - all in one launch: the six variants above given to `emulate_triton_steps` together, which runs
   them in one launch (`plan_launches`): each step's inputs are read once and the FP32 reference state
@@ -27,8 +30,8 @@ Peers run fewer steps (their cost per step is constant) and are reported per ste
 printed last and written to benchmarks/results/emulation.md with the GPU name, versions and date.
 
     python benchmarks/bench_emulation.py [--steps 4096] [--batch 16] [--peer-steps 64] [--kinds mamba2,gdn,kda]
-        [--compile-modes default,reduce-overhead | --no-compile] [--multi-sweep] [--formats fp8_e4m3,int8,nvfp4]
-        [--out FILE]
+        [--compile-modes default,reduce-overhead | --no-compile] [--compile-variants all | fp8_e4m3@conventional,...]
+        [--reps 5] [--multi-sweep] [--formats fp8_e4m3,int8,nvfp4] [--out FILE]
 """
 
 from __future__ import annotations
@@ -61,7 +64,6 @@ from ssmquant.replay.reference import expand_groups, gdn_decays, kda_decays, mam
 
 FORMATS = ["fp8_e4m3", "int8", "nvfp4"]
 SCHEMES = ["conventional", "replay16"]
-COMPILE_VARIANTS = {(kind, "fp8_e4m3@conventional") for kind in ("mamba2", "gdn", "kda")}
 KINDS = ("mamba2", "gdn", "kda")
 COMPILE_MODES = ("default", "reduce-overhead")
 LAYER_NAMES = {"mamba2": "Mamba-2 (Nemotron-3-Nano)", "gdn": "GDN (Qwen3.5-9B)", "kda": "KDA (GLM-5.3-Flash)"}
@@ -127,13 +129,44 @@ def glm53_flash_inputs(batch, steps, device):
 
 
 INPUTS = {"mamba2": nano_inputs, "gdn": qwen9b_inputs, "kda": glm53_flash_inputs}
-PEER_REPS = 3  # the compiled peer's time: the median of this many runs of --peer-steps steps
+
+
+def layer_inputs(kind, batch, steps, device):
+    """The benchmark's layer of `kind` (INPUTS) on a GPU; with --device cpu (a check of the script in Triton's
+    interpreter, where full heads would take many minutes) a small layer of the kind: tests/replay/helpers.py's,
+    one or two heads of 32 x 32."""
+    if device == "cuda":
+        return INPUTS[kind](batch, steps, device)
+    sys.path.insert(0, str(ROOT / "tests" / "replay"))
+    import helpers
+
+    if kind == "mamba2":
+        return helpers.mamba2_inputs(batch=batch, steps=steps, heads=2, head_dim=32, groups=1, state=32)
+    make = helpers.kda_inputs if kind == "kda" else helpers.gdn_inputs
+    return make(batch=batch, steps=steps, key_heads=1, value_heads=2, dk=32, dv=32)
+MIN_REPS = 3  # every timing is a median over at least this many runs
 STEP_FNS = {"mamba2": mamba2_emulation_step, "gdn": gdn_emulation_step, "kda": kda_emulation_step}
 
 
-def cuda_time(fn, reps: int) -> float:
-    """Median seconds of fn() over reps runs (events around each run, after one warm-up); on the CPU
-    (`--device cpu`, a check of this script in Triton's interpreter) wall-clock time."""
+class Timing(tuple):
+    """Seconds of reps runs: .median, .fastest, .slowest (a tuple of the sorted times)."""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self)
+
+    @property
+    def fastest(self) -> float:
+        return self[0]
+
+    @property
+    def slowest(self) -> float:
+        return self[-1]
+
+
+def cuda_times(fn, reps: int) -> Timing:
+    """Seconds of each of reps runs of fn() (events around each run, after one warm-up run), sorted; on the CPU
+    (`--device cpu`, a check of this script in Triton's interpreter) wall-clock times."""
     if not torch.cuda.is_available():
         fn()
         times = []
@@ -141,7 +174,7 @@ def cuda_time(fn, reps: int) -> float:
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return Timing(sorted(times))
     fn()
     torch.cuda.synchronize()
     times = []
@@ -152,7 +185,17 @@ def cuda_time(fn, reps: int) -> float:
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+    return Timing(sorted(times))
+
+
+def cuda_time(fn, reps: int) -> float:
+    """Median seconds of fn() over reps runs (`cuda_times`)."""
+    return cuda_times(fn, reps).median
+
+
+def spread(rate_of, timing: Timing) -> str:
+    """The rates of a timing's slowest and fastest runs, "lo-hi" (rate_of: seconds -> rate)."""
+    return f"{fmt_cell(rate_of(timing.slowest))}-{fmt_cell(rate_of(timing.fastest))}"
 
 
 def peer_step_args(kind, inputs, variant, steps):
@@ -247,8 +290,8 @@ def compiled_peer_loop(kind, inputs, variant, steps, step_fn, mode):
 
 
 def compiled_peers(kind, inputs, variant, args, step_fn, eager_m):
-    """Time the compiled peer in every mode of --compile-modes: {mode: G/s or None}, the faster mode first
-    reported; a mode that fails or skips CUDA graphs is printed, not hidden. eager_m: the eager loop's last
+    """Time the compiled peer in every mode of --compile-modes: {mode: Timing per step (`cuda_times` / steps) or
+    None}; a mode that fails or skips CUDA graphs is printed, not hidden. eager_m: the eager loop's last
     metrics, which the compiled loops must reproduce (printed: their largest relative difference)."""
     from torch._dynamo.utils import counters
 
@@ -265,17 +308,18 @@ def compiled_peers(kind, inputs, variant, args, step_fn, eager_m):
             if args.device == "cuda":
                 torch.cuda.synchronize()
             compile_s = time.time() - t0
-            t = cuda_time(comp, PEER_REPS) / args.peer_steps
+            t = Timing(x / args.peer_steps for x in cuda_times(comp, args.reps))
         except Exception as err:  # noqa: BLE001 - a peer mode that fails is reported, the others still run
             print(f"  compiled peer mode={mode} FAILED: {type(err).__name__}: {str(err).splitlines()[0][:300]}", flush=True)
             rates[mode] = None
             continue
-        rates[mode] = elems / t / 1e9
+        rates[mode] = t
         skips = dict(counters["inductor"])
         skips = {k: v for k, v in skips.items() if "cudagraph" in k}
         rel = float(((m.double() - eager_m.double()).abs().sum() / eager_m.double().abs().sum()).item())
         print(
-            f"  compiled {kind} mode={mode}: {rates[mode]:.1f} G/s, compile + warm-up {compile_s:.0f} s, "
+            f"  compiled {kind} {variant.name} mode={mode}: {elems / t.median / 1e9:.1f} G/s "
+            f"({spread(lambda x: elems / x / 1e9, t)}), compile + warm-up {compile_s:.0f} s, "
             f"last-step metrics vs eager: rel diff {rel:.1e}{f', inductor {skips}' if skips else ''}",
             flush=True,
         )
@@ -287,13 +331,19 @@ def main():
     ap.add_argument("--steps", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--peer-steps", type=int, default=64, help="steps timed for the per-step peers")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5, help=f"timed runs per measurement (>= {MIN_REPS}): the median is reported")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer (--compile-modes '')")
     ap.add_argument(
         "--compile-modes",
         default="default,reduce-overhead",
         help="comma-separated torch.compile modes of the compiled peer, among default, reduce-overhead (CUDA graphs: "
         "no per-step launch cost); each is timed and the faster one is the peer of 'x compiled'",
+    )
+    ap.add_argument(
+        "--compile-variants",
+        default="all",
+        help="comma-separated variants (fmt@scheme) whose torch.compile peer is compiled and timed, or 'all' (default); "
+        "the others get no 'x compiled'",
     )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "emulation.md"))
     ap.add_argument("--sweep", action="store_true", help="also time tilings (BLOCK_P, num_warps) of fp8 conventional")
@@ -305,6 +355,12 @@ def main():
     args = ap.parse_args()
     if args.no_compile:
         args.compile_modes = ""
+    if args.reps < MIN_REPS:
+        sys.exit(f"--reps must be at least {MIN_REPS} (each time is a median with its spread), got {args.reps}")
+    names = [f"{fmt}@{scheme}" for fmt in args.formats.split(",") for scheme in SCHEMES]
+    compile_variants = set(names) if args.compile_variants == "all" else set(args.compile_variants.split(","))
+    if not compile_variants <= set(names):
+        sys.exit(f"--compile-variants takes 'all' or a comma-separated subset of {', '.join(names)}, got {args.compile_variants!r}")
     modes = [m for m in args.compile_modes.split(",") if m]
     if any(m not in COMPILE_MODES for m in modes):
         sys.exit(f"--compile-modes takes a comma-separated subset of {', '.join(COMPILE_MODES)}, got {args.compile_modes!r}")
@@ -320,7 +376,7 @@ def main():
             return
     rows, multi_rows = [], []
     for kind in kinds:
-        inputs = INPUTS[kind](args.batch, args.steps, dev)
+        inputs = layer_inputs(kind, args.batch, args.steps, dev)
         elems = math.prod(inputs.state_shape)
         step_fn = STEP_FNS[kind]
         kind_rows = []
@@ -328,39 +384,63 @@ def main():
             for scheme in SCHEMES:
                 name = f"{fmt}@{scheme}"
                 variant = parse_variant(name)
-                t_kernel = cuda_time(lambda i=inputs, v=variant: drain(emulate_triton_steps(i, [v])), args.reps)
-                kernel_rate = elems * args.steps / t_kernel / 1e9
+                work = elems * args.steps  # state element-steps of one kernel launch
+
+                def kernel_rate_of(x, work=work):
+                    return work / x / 1e9
+
+                t_kernel = cuda_times(lambda i=inputs, v=variant: drain(emulate_triton_steps(i, [v])), args.reps)
+                kernel_rate = kernel_rate_of(t_kernel.median)
                 # the whole measurement as analyze runs it: validation, kernel, window statistics
                 t_sim = cuda_time(
                     lambda i=inputs, v=variant: simulate(i, [v], backend="triton", record_every=min(16, args.steps)), args.reps
                 )
                 eager = peer_loop(kind, inputs, variant, args.peer_steps, step_fn)
-                t_eager = cuda_time(eager, 1) / args.peer_steps
+                t_eager = cuda_time(eager, args.reps) / args.peer_steps
                 eager_rate = elems / t_eager / 1e9
-                rates = {}
-                if args.compile_modes and (kind, name) in COMPILE_VARIANTS:
-                    rates = compiled_peers(kind, inputs, variant, args, step_fn, eager())
-                ok = [r for r in rates.values() if r is not None]
-                compiled_rate = max(ok) if ok else None  # the faster mode is the peer
+                timings = {}
+                if modes and name in compile_variants:
+                    timings = compiled_peers(kind, inputs, variant, args, step_fn, eager())
+                ok = {m: t for m, t in timings.items() if t is not None}
+                faster = min(ok, key=lambda m: ok[m].median) if ok else None  # the faster mode is the peer
+                peer = ok.get(faster)
+
+                def peer_rate_of(x, elems=elems):
+                    return elems / x / 1e9
+
                 fp_ops, int_ops = OPS_PER_ELEMENT_STEP[(kind, fmt)]
                 floor_rate = 1 / max(fp_ops / FP32_INSTR_PER_S, int_ops / INT_INSTR_PER_S) / 1e9
                 kind_rows.append(
                     {
                         "layer": LAYER_NAMES[kind],
                         "variant": name,
-                        "kernel ms": t_kernel * 1e3,
+                        "kernel ms": t_kernel.median * 1e3,
                         "kernel G/s": kernel_rate,
+                        "kernel G/s (slowest-fastest)": spread(kernel_rate_of, t_kernel),
                         "simulate G/s": elems * args.steps / t_sim / 1e9,
                         "eager G/s": eager_rate,
                         "x eager": kernel_rate / eager_rate,
-                        **{f"compiled G/s ({mode})": rates.get(mode) for mode in args.compile_modes.split(",") if mode},
-                        "compiled G/s (faster)": compiled_rate,
-                        "x compiled": None if compiled_rate is None else kernel_rate / compiled_rate,
+                        **{
+                            f"compiled G/s ({mode})": None if timings.get(mode) is None else peer_rate_of(timings[mode].median)
+                            for mode in modes
+                        },
+                        "compiled G/s (faster)": None if peer is None else peer_rate_of(peer.median),
+                        "compiled (slowest-fastest)": None if peer is None else spread(peer_rate_of, peer),
+                        "x compiled": None if peer is None else kernel_rate / peer_rate_of(peer.median),
+                        "x compiled (range)": None
+                        if peer is None
+                        else f"{kernel_rate_of(t_kernel.slowest) / peer_rate_of(peer.fastest):.1f}-"
+                        f"{kernel_rate_of(t_kernel.fastest) / peer_rate_of(peer.slowest):.1f}",
                         "floor G/s (est.)": floor_rate,
                         "% of floor": 100 * kernel_rate / floor_rate,
                     }
                 )
-                print(f"{kind} {name}: kernel {kernel_rate:.0f} G/s, eager {eager_rate:.1f} G/s", flush=True)
+                print(
+                    f"{kind} {name}: kernel {kernel_rate:.0f} G/s ({spread(kernel_rate_of, t_kernel)}), eager "
+                    f"{eager_rate:.1f} G/s, compiled "
+                    f"{'-' if peer is None else f'{peer_rate_of(peer.median):.1f} G/s ({faster})'}",
+                    flush=True,
+                )
                 write_table(rows + kind_rows, multi_rows, args, quiet=True)  # a run cut short keeps its rows
         rows += kind_rows
         multi_rows.append(multi_row(kind, inputs, kind_rows, args))
@@ -383,13 +463,16 @@ def multi_row(kind, inputs, kind_rows, args):
     plan = plan_launches(variants, inputs.rows, inputs.state_dim)
     nv = len(variants)
     elems = math.prod(inputs.state_shape)
-    t_one = cuda_time(lambda: drain(emulate_triton_steps(inputs, variants)), args.reps)
+    t_all = cuda_times(lambda: drain(emulate_triton_steps(inputs, variants)), args.reps)
+    t_one = t_all.median
     t_sim = cuda_time(lambda: simulate(inputs, variants, backend="triton", record_every=min(16, args.steps)), args.reps)
     t_six = sum(r["kernel ms"] for r in kind_rows) / 1e3
     rate = nv * elems * args.steps / t_one / 1e9
     # the eager loops one after the other: nv states advanced in the sum of their per-step times
     eager = nv * elems / sum(elems / (r["eager G/s"] * 1e9) for r in kind_rows) / 1e9
-    compiled = [r["compiled G/s (faster)"] for r in kind_rows if r["compiled G/s (faster)"] is not None]
+    # the compiled loops one after the other, when every variant's peer was compiled
+    compiled = [r["compiled G/s (faster)"] for r in kind_rows]
+    compiled = None if None in compiled else nv * elems / sum(elems / (c * 1e9) for c in compiled) / 1e9
     row = {
         "layer": LAYER_NAMES[kind],
         "launches (BLOCK_P, warps)": " + ".join(f"{len(idx)} variants {tiling}" for idx, tiling in plan),
@@ -397,11 +480,12 @@ def multi_row(kind, inputs, kind_rows, args):
         "separate launches ms": t_six * 1e3,
         "speed-up": t_six / t_one,
         "G/s per variant": rate,
+        "G/s per variant (slowest-fastest)": spread(lambda x: nv * elems * args.steps / x / 1e9, t_all),
         "simulate G/s per variant": nv * elems * args.steps / t_sim / 1e9,
         "eager G/s (loops in turn)": eager,
         "x eager": rate / eager,
-        "compiled G/s (fp8 conv, one variant)": compiled[0] if compiled else None,
-        "x compiled (shared reference: not the bar)": rate / compiled[0] if compiled else None,
+        "compiled G/s (loops in turn)": compiled,
+        "x compiled (shared reference: not the bar)": None if compiled is None else rate / compiled,
     }
     print(f"{kind} all {nv} in one launch: {rate:.0f} G/s per variant, {t_six / t_one:.2f}x separate launches", flush=True)
     return row
@@ -438,7 +522,7 @@ def sweep(args, dev, kinds):
     """Time fp8_e4m3 conventional at several tilings (printed, not written)."""
     variant = parse_variant("fp8_e4m3@conventional")
     for kind in kinds:
-        inputs = INPUTS[kind](args.batch, min(args.steps, 1024), dev)
+        inputs = layer_inputs(kind, args.batch, min(args.steps, 1024), dev)
         elems = math.prod(inputs.state_shape) * inputs.steps
         for block_p, warps in SWEEP:
             if block_p > inputs.rows:
@@ -486,9 +570,13 @@ def write_table(rows, multi_rows, args, quiet=False):
         f"advances the FP32 reference and that variant, the work of the peers' step function) with the peers running "
         f"the same variant. Compiled peer: the naive step function under torch.compile in each mode of "
         f"--compile-modes ({args.compile_modes or 'none'}; default: the functional loop, states in and new states "
-        f"out; reduce-overhead: CUDA graphs replayed with the states updated in place at static addresses), timed "
-        f"as the median of {PEER_REPS} runs after its compile and warm-up runs; \"x compiled\" divides by the faster "
-        f"mode.\n\n"
+        f"out; reduce-overhead: CUDA graphs replayed with the states updated in place at static addresses), compiled "
+        f"for the variants of --compile-variants ({args.compile_variants}), each its own peer; \"x compiled\" "
+        f"divides by the faster mode (by median).\n\n"
+        f"Every time (kernel, simulate, eager, compiled) is the median of {args.reps} runs after a warm-up (and, for "
+        f"the compiled peer, its compile) run; \"slowest-fastest\" gives the rates of the slowest and the fastest "
+        f"run, and \"x compiled (range)\" the kernel's slowest over the peer's fastest and the kernel's fastest over "
+        f"the peer's slowest.\n\n"
         f"Command: `python benchmarks/bench_emulation.py {' '.join(sys.argv[1:])}`\n\n"
     )
     multi_head = (
@@ -498,8 +586,8 @@ def write_table(rows, multi_rows, args, quiet=False):
         "the FP32 reference once, beside one emulated state per variant; each variant's work (its update, "
         "output, write and metrics) is its own. G/s per variant = NV x state elements x steps / time. "
         "\"separate launches ms\" is the sum of the per-variant kernel times above; the eager peer is the "
-        "per-step loops run one after the other; the compiled peer is the fp8_e4m3 conventional loop under torch.compile (the only one "
-        "compiled, its faster mode). The per-variant rate of the shared launch amortises the FP32 reference over the "
+        "per-step loops run one after the other, and so is the compiled peer (each variant's compiled loop in its faster "
+        "mode; none when a variant's peer was not compiled). The per-variant rate of the shared launch amortises the FP32 reference over the "
         "variants while every peer loop advances its own, so these ratios are not the issue's bar (the table above "
         "is).\n\n"
     )
