@@ -342,6 +342,7 @@ class PeerResult:
             "mode": self.mode,
             "G/s": elems / self.timing.median / 1e9,
             "G/s (slowest-fastest)": spread(lambda x: elems / x / 1e9, self.timing),
+            "G/s (runs)": [elems / x / 1e9 for x in self.timing],
             "us per step (runs)": [x * 1e6 for x in self.timing],
             "host us per step (first steps)": self.host_s * 1e6,
             "compile + warm-up s": self.compile_s,
@@ -541,7 +542,7 @@ def main():
         sweep(args, dev, kinds)
         if args.sweep_only:
             return
-    rows, multi_rows, peer_json = [], [], []
+    rows, multi_rows, variant_json = [], [], []
     for kind in kinds:
         inputs = layer_inputs(kind, args.batch, args.steps, dev)
         elems = math.prod(inputs.state_shape)
@@ -570,9 +571,15 @@ def main():
                     eager_m = eager()
                     del eager  # its per-step argument lists: nothing of the eager loop stays alive beside the peers
                     results = compiled_peers(kind, inputs, variant, args, step_fn, eager_m)
-                    peer_json.append({"layer": kind, "variant": name, **{
-                        m: None if r is None else r.summary(elems) for m, r in results.items()
-                    }})
+                variant_json.append(
+                    {
+                        "layer": kind,
+                        "variant": name,
+                        "kernel G/s (runs)": [kernel_rate_of(x) for x in t_kernel],
+                        "eager G/s": eager_rate,
+                        "compiled peers": {m: None if r is None else r.summary(elems) for m, r in results.items()},
+                    }
+                )
                 timings = {m: None if r is None else r.timing for m, r in results.items()}
                 ok = {m: t for m, t in timings.items() if t is not None}
                 faster = min(ok, key=lambda m: ok[m].median) if ok else None  # the faster mode is the peer
@@ -615,7 +622,7 @@ def main():
                     flush=True,
                 )
                 write_table(rows + kind_rows, multi_rows, args, quiet=True)  # a run cut short keeps its rows
-                write_json(rows + kind_rows, multi_rows, peer_json, args)
+                write_json(rows + kind_rows, multi_rows, variant_json, args)
         rows += kind_rows
         multi_rows.append(multi_row(kind, inputs, kind_rows, args))
         if args.multi_sweep:
@@ -624,13 +631,14 @@ def main():
         if dev == "cuda":
             torch.cuda.empty_cache()
     write_table(rows, multi_rows, args)
-    write_json(rows, multi_rows, peer_json, args)
+    write_json(rows, multi_rows, variant_json, args)
     if args.failed:
         sys.exit("FAILED: a compiled peer recompiled while it was timed (above)")
 
 
-def write_json(rows, multi_rows, peers, args) -> None:
-    """--json: the tables' rows and every compiled peer mode's measurement (`PeerResult.summary`)."""
+def write_json(rows, multi_rows, variants, args) -> None:
+    """--json: the tables' rows, and per variant the kernel's rate in each timed run and every compiled peer mode's
+    measurement (`PeerResult.summary`)."""
     if not args.json:
         return
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU check)"
@@ -642,7 +650,7 @@ def write_json(rows, multi_rows, peers, args) -> None:
         "failed": args.failed,
         "rows": rows,
         "all in one launch": multi_rows,
-        "compiled peers": peers,
+        "variants": variants,
     }
     pathlib.Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
 
