@@ -43,10 +43,11 @@ from bench_emulation import MIN_REPS, cuda_times, glm53_flash_inputs, spread  # 
 from kda_paths import launch_args  # noqa: E402
 
 from ssmquant.kernels import plan_launches  # noqa: E402
-from ssmquant.kernels.delta_rule import delta_rule_launch  # noqa: E402
+from ssmquant.kernels.delta_rule import ROW_BLOCKS_FIRST_DEFAULT, delta_rule_launch  # noqa: E402
 from ssmquant.replay import parse_variant  # noqa: E402
 
-# (BLOCK_P, num_warps, prefetch, row_blocks_first); the first is the planned default. Registers per thread
+# (BLOCK_P, num_warps, prefetch, row_blocks_first); the first is the planned tiling in the previous grid order, the
+# third the launcher's default (row blocks first, chosen from GPU run s1's sweep of this list). Registers per thread
 # (Triton 3.9, ptxas 13.4, sm_90a, fp8_e4m3, without / with prefetch): (16, 1) 238 / 249, (8, 1) 155 / 167,
 # (4, 1) 72 / 95, (16, 2) 186 / 200, (32, 4) 219 / 165; (32, 2) and (64, 4) spill (255 + 96 bytes), left out.
 CONFIGS = [
@@ -116,7 +117,9 @@ def sweep(args, inputs, fmt: str, save) -> list[dict]:
             "num_warps": warps,
             "prefetch": prefetch,
             "row_blocks_first": rows_first,
-            "planned": (block_p, warps) == planned and not prefetch and not rows_first,
+            # the launcher's default: the planned tiling, no prefetch, its default grid order
+            "planned": (block_p, warps) == planned and not prefetch
+            and rows_first == (("kda", block_p, warps) in ROW_BLOCKS_FIRST_DEFAULT),
             "ms": t.median * 1e3,
             "G/s": rate_of(t.median),
             "G/s (slowest-fastest)": spread(rate_of, t),
@@ -150,7 +153,7 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--formats", default="fp8_e4m3,int8", help="comma-separated formats, conventional decoding")
-    ap.add_argument("--configs", default=None, help="BLOCK_PxWARPS[+pf][+rb],... (default: CONFIGS, planned first)")
+    ap.add_argument("--configs", default=None, help="BLOCK_PxWARPS[+pf][+rb],... (default: CONFIGS)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: check the script (interpreter)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

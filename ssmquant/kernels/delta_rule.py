@@ -325,6 +325,16 @@ def _delta_rule_emulate_kernel(
                 _store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
 
 
+# Launches whose grid puts a head's row blocks first by default: (kind, BLOCK_P, num_warps) measured faster that
+# way, bit-identical. H200, GPU run s1 (2026-12-01, benchmarks/gpu/kda_tiles.py: GLM-5.3-Flash KDA, batch 16,
+# 4096 steps, median of 5 with the slowest-fastest runs), BLOCK_P 16, one warp (the planned one-variant tiling):
+# fp8_e4m3 conventional 959.1 G/s (951.7-980.5) against 942.2 (938.9-944.2) in the other order, int8 conventional
+# 1004.7 (1004-1031) against 978.5 (976.4-980.1); the other order never exceeded 944.1 (fp8) / 983.8 (int8) in runs
+# 4, 5 and s1. Not measured alone at other tilings (4 x 1, the six-variant launch's, only with prefetch) nor for
+# GDN, so those keep the previous order. Prefetch stays off: slower at 16 x 1 (699.1 / 712.9 G/s).
+ROW_BLOCKS_FIRST_DEFAULT = {("kda", 16, 1)}
+
+
 def delta_rule_launch(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -344,7 +354,7 @@ def delta_rule_launch(
     fast_round: bool = True,
     fp_fusion: bool = True,
     prefetch: bool = False,
-    row_blocks_first: bool = False,
+    row_blocks_first: bool | None = None,
 ) -> torch.Tensor:
     """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, R, B, Hv, NPB, 4].
 
@@ -363,6 +373,8 @@ def delta_rule_launch(
     row_blocks_first: grid (NPB, B * Hv) instead of (B * Hv, NPB): the NPB programs of one head, which read the same
     inputs every step, are launched next to each other (in one wave) instead of B * Hv programs apart (in different
     waves, each of which then reads all inputs from HBM again); the order of work only, bit-identical as well.
+    None (the default): on where it was measured faster (`ROW_BLOCKS_FIRST_DEFAULT`: KDA at BLOCK_P 16, one warp)
+    and CUDA's grid allows it (B * Hv <= 65535), off elsewhere.
     """
     bsz, steps, hv, dv = v.shape
     hk, dk = k.shape[2], k.shape[3]
@@ -374,6 +386,9 @@ def delta_rule_launch(
     metrics = torch.full((nv, n_rec, bsz, hv, npb, 4), float("nan"), device=v.device, dtype=torch.float32)
     dummy = torch.empty(1, device=v.device, dtype=torch.float32)
     padded = tuple(specs) + (0,) * (6 - nv)
+    if row_blocks_first is None:
+        kind = "kda" if alpha.dim() == 4 else "gdn"
+        row_blocks_first = (kind, block_p, num_warps) in ROW_BLOCKS_FIRST_DEFAULT and bsz * hv <= 65535
     if row_blocks_first and bsz * hv > 65535:  # CUDA's limit on the grid's second dimension
         raise ValueError(f"row_blocks_first takes at most 65535 (batch x heads) programs, got {bsz * hv}")
     grid = (npb, bsz * hv) if row_blocks_first else (bsz * hv, npb)

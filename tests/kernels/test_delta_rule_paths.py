@@ -225,18 +225,41 @@ def test_kernel_fast_round_changes_no_metric_bit(fp_fusion):
     assert torch.equal(_launch(inp, NAMES, True, fp_fusion), _launch(inp, NAMES, False, fp_fusion))
 
 
-@pytest.mark.parametrize("kind, prefetch, row_blocks_first", [("kda", True, False), ("kda", True, True), ("gdn", True, True)])
+@pytest.mark.parametrize(
+    "kind, prefetch, row_blocks_first",
+    [("kda", True, False), ("kda", False, True), ("kda", True, True), ("gdn", True, True)],
+)
 def test_kernel_prefetch_and_grid_order_change_no_metric_bit(kind, prefetch, row_blocks_first):
     """Loading each step's inputs a step ahead and launching a head's row blocks together change when loads are
-    issued and which program runs when, not what is computed: the same metrics bit for bit, with 2 row blocks per
-    head (so the two grid orders differ) and a batch of 2 (the prefetch crosses no sequence's end)."""
+    issued and which program runs when, not what is computed: the same metrics bit for bit as neither, with 2 row
+    blocks per head (so the two grid orders differ) and a batch of 2 (the prefetch crosses no sequence's end)."""
     make = kda_inputs if kind == "kda" else gdn_inputs
     inp = make(batch=2, steps=5, key_heads=1, value_heads=1, dk=16, dv=8, device=DEVICE)
     names = ["fp8_e4m3", "int8@replay4", "nvfp4"]  # the fast 8-bit write (its byte prefetched) and the generic one
-    base = _launch(inp, names, True, True, block_p=4)
+    base = _launch(inp, names, True, True, block_p=4, prefetch=False, row_blocks_first=False)
     got = _launch(inp, names, True, True, block_p=4, prefetch=prefetch, row_blocks_first=row_blocks_first)
     assert not base.isnan().any()
     assert torch.equal(got, base)
+
+
+def test_row_blocks_first_default_only_where_measured(monkeypatch):
+    """The default grid order follows ROW_BLOCKS_FIRST_DEFAULT (KDA at 16 rows x 1 warp): recorded from the launch."""
+    from ssmquant.kernels import delta_rule
+
+    grids = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return lambda *a, **kw: None
+
+    monkeypatch.setattr(delta_rule, "_delta_rule_emulate_kernel", Spy())
+    kda = kda_inputs(batch=3, steps=3, key_heads=1, value_heads=1, dk=16, dv=32, device=DEVICE)
+    gdn = gdn_inputs(batch=3, steps=3, key_heads=1, value_heads=1, dk=16, dv=32, device=DEVICE)
+    _launch(kda, ["fp8_e4m3"], True, True, block_p=16)  # (kda, 16, 1): row blocks first, grid (NPB 2, B * Hv 3)
+    _launch(kda, ["fp8_e4m3"], True, True, block_p=8)  # not measured: grid (B * Hv 3, NPB 4)
+    _launch(gdn, ["fp8_e4m3"], True, True, block_p=16)  # GDN not measured: grid (B * Hv 3, NPB 2)
+    assert grids == [(2, 3), (3, 4), (3, 2)]
 
 
 @pytest.mark.parametrize("fp_fusion", [True, False])
