@@ -416,6 +416,8 @@ def profile_peer(comp, steps: int, top: int = 8) -> dict:
     attr = "self_device_time_total" if cuda else "self_cpu_time_total"
     events = [(e.key, e.count, getattr(e, attr)) for e in prof.key_averages() if getattr(e, attr) > 0]
     events.sort(key=lambda e: -e[2])
+    if not events:
+        return {"error": "the profiler recorded no timed events"}
     return {
         "busy us per step": sum(e[2] for e in events) / steps,
         "launches per step": sum(e[1] for e in events) / steps,
@@ -463,7 +465,12 @@ def compiled_peers(kind, inputs, variant, args, step_fn, eager_m, profile=False)
                     f"dynamo compiled again while the peer was timed: graphs {graphs} -> "
                     f"{counters['stats']['unique_graphs']}, frames {frames} -> {counters['frames']['total']}"
                 )
-            prof = profile_peer(comp, args.peer_steps) if profile else None
+            prof = None
+            if profile:
+                try:
+                    prof = profile_peer(comp, args.peer_steps)
+                except Exception as err:  # noqa: BLE001 - a diagnostic; the timing above stands
+                    prof = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
         except Exception as err:  # noqa: BLE001 - a peer mode that fails is reported, the others still run
             recompiled = isinstance(err, torch._dynamo.exc.RecompileError) or "compiled again" in str(err)
             if recompiled:
@@ -481,7 +488,7 @@ def compiled_peers(kind, inputs, variant, args, step_fn, eager_m, profile=False)
         skips = {k: v for k, v in dict(counters["inductor"]).items() if "cudagraph" in k}
         rel = float(((m.double() - eager_m.double()).abs().sum() / eager_m.double().abs().sum()).item())
         results[mode] = r = PeerResult(mode, t, compile_s, host, graphs, frames, breaks, rel, skips, gpu, prof)
-        busy = "" if prof is None else f", device busy {prof['busy us per step']:.0f} us/step"
+        busy = "" if prof is None else f", device busy {prof.get('busy us per step', float('nan')):.0f} us/step"
         print(
             f"  compiled {kind} {variant.name} mode={mode}: {elems / t.median / 1e9:.1f} G/s "
             f"({spread(lambda x: elems / x / 1e9, t)}), {t.median * 1e6:.0f} us/step, host {host * 1e6:.0f} us/step"

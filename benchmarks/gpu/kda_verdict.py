@@ -52,7 +52,7 @@ def verdict(bench: dict, peer: dict | None) -> list[dict]:
                         round(m["G/s"], 1),
                         m["G/s (slowest-fastest)"],
                         round(m["host us per step (first steps)"], 1),
-                        None if m.get("profile") is None else round(m["profile"]["busy us per step"], 1),
+                        None if m.get("profile") is None else round(m["profile"].get("busy us per step", float("nan")), 1),
                     ]
                     for label, m in peers
                 },
