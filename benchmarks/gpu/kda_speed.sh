@@ -3,7 +3,7 @@
 #
 #   OUT=/tmp/out bash benchmarks/gpu/kda_speed.sh
 #   OUT=/tmp/out DEVICE=cpu bash benchmarks/gpu/kda_speed.sh     a check of the script: Triton's interpreter, tiny
-#                      shapes, limits x10 (about 65 s on 2 CPU cores; no timing means anything; needs python3
+#                      shapes, limits x10 (about 80 s on 2 CPU cores; no timing means anything; needs python3
 #                      to be the project's interpreter, e.g. PATH=/work/main/.venv/bin:$PATH)
 #
 # All stages share one inductor cache, empty at the start (TORCHINDUCTOR_CACHE_DIR under /tmp), so the first compile
