@@ -13,9 +13,14 @@ measures in one run:
   a Python loop, the state round-tripping through memory every step;
 - compiled: the same per-step function under torch.compile, in mode "default" and mode "reduce-overhead"
   (default: the functional loop; reduce-overhead: CUDA graphs, the states updated in place at static
-  addresses, a graph step begun per call), each timed,
-  the faster one the peer (measured for the variants listed in COMPILE_VARIANTS: each compile costs
-  tens of seconds).
+  addresses, a graph step begun per call), each timed, the faster one the peer; compiled for every variant
+  of --compile-variants (default all: each variant's own peer; a variant left out gets no "x compiled").
+  Each mode is compiled and timed in isolation, after warm-up, with recompiles during its timing failing the
+  run (`compiled_peers`); --json keeps each mode's diagnostics (host time per step, graphs, GPU clocks).
+
+Every time is the median of --reps (>= 3) runs after a warm-up run, printed with its spread (the fastest and
+slowest run), so that run-to-run variation shows; a ratio divides the medians, and its range divides the
+extremes (kernel fastest / peer slowest .. kernel slowest / peer fastest).
 
 - all in one launch: the six variants above given to `emulate_triton_steps` together, which runs
   them in one launch (`plan_launches`): each step's inputs are read once and the FP32 reference state
@@ -27,17 +32,22 @@ Peers run fewer steps (their cost per step is constant) and are reported per ste
 printed last and written to benchmarks/results/emulation.md with the GPU name, versions and date.
 
     python benchmarks/bench_emulation.py [--steps 4096] [--batch 16] [--peer-steps 64] [--kinds mamba2,gdn,kda]
-        [--compile-modes default,reduce-overhead | --no-compile] [--multi-sweep] [--formats fp8_e4m3,int8,nvfp4]
-        [--out FILE]
+        [--compile-modes default,reduce-overhead | --no-compile] [--compile-variants all | fp8_e4m3@conventional,...]
+        [--reps 5] [--multi-sweep] [--formats fp8_e4m3,int8,nvfp4] [--out FILE] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import gc
+import json
 import math
+import os
 import pathlib
 import statistics
+import subprocess
 import sys
 import time
 
@@ -61,9 +71,12 @@ from ssmquant.replay.reference import expand_groups, gdn_decays, kda_decays, mam
 
 FORMATS = ["fp8_e4m3", "int8", "nvfp4"]
 SCHEMES = ["conventional", "replay16"]
-COMPILE_VARIANTS = {(kind, "fp8_e4m3@conventional") for kind in ("mamba2", "gdn", "kda")}
 KINDS = ("mamba2", "gdn", "kda")
-COMPILE_MODES = ("default", "reduce-overhead")
+# torch.compile modes of the compiled peer; the CUDA-graph ones run the in-place loop (`compiled_peer_loop`).
+# max-autotune-no-cudagraphs (inductor autotunes every kernel's launch configuration, coordinate descent) is
+# accepted but not in the default list: its compile takes far longer than the GPU runs allow.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead",)
 LAYER_NAMES = {"mamba2": "Mamba-2 (Nemotron-3-Nano)", "gdn": "GDN (Qwen3.5-9B)", "kda": "KDA (GLM-5.3-Flash)"}
 
 # Estimated FP32 / integer operations per element-step of the kernel (no FMA fusion), for the floor.
@@ -127,13 +140,46 @@ def glm53_flash_inputs(batch, steps, device):
 
 
 INPUTS = {"mamba2": nano_inputs, "gdn": qwen9b_inputs, "kda": glm53_flash_inputs}
-PEER_REPS = 3  # the compiled peer's time: the median of this many runs of --peer-steps steps
+
+
+def layer_inputs(kind, batch, steps, device):
+    """The benchmark's layer of `kind` (INPUTS) on a GPU; with --device cpu (a check of the script in Triton's
+    interpreter, where full heads would take many minutes) a small layer of the kind: tests/replay/helpers.py's,
+    one or two heads of 32 x 32."""
+    if device == "cuda":
+        return INPUTS[kind](batch, steps, device)
+    sys.path.insert(0, str(ROOT / "tests" / "replay"))
+    import helpers
+
+    if kind == "mamba2":
+        return helpers.mamba2_inputs(batch=batch, steps=steps, heads=2, head_dim=32, groups=1, state=32)
+    make = helpers.kda_inputs if kind == "kda" else helpers.gdn_inputs
+    return make(batch=batch, steps=steps, key_heads=1, value_heads=2, dk=32, dv=32)
+
+
+MIN_REPS = 3  # every timing is a median over at least this many runs
 STEP_FNS = {"mamba2": mamba2_emulation_step, "gdn": gdn_emulation_step, "kda": kda_emulation_step}
 
 
-def cuda_time(fn, reps: int) -> float:
-    """Median seconds of fn() over reps runs (events around each run, after one warm-up); on the CPU
-    (`--device cpu`, a check of this script in Triton's interpreter) wall-clock time."""
+class Timing(tuple):
+    """Seconds of reps runs: .median, .fastest, .slowest (a tuple of the sorted times)."""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self)
+
+    @property
+    def fastest(self) -> float:
+        return self[0]
+
+    @property
+    def slowest(self) -> float:
+        return self[-1]
+
+
+def cuda_times(fn, reps: int) -> Timing:
+    """Seconds of each of reps runs of fn() (events around each run, after one warm-up run), sorted; on the CPU
+    (`--device cpu`, a check of this script in Triton's interpreter) wall-clock times."""
     if not torch.cuda.is_available():
         fn()
         times = []
@@ -141,7 +187,7 @@ def cuda_time(fn, reps: int) -> float:
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return Timing(sorted(times))
     fn()
     torch.cuda.synchronize()
     times = []
@@ -152,7 +198,17 @@ def cuda_time(fn, reps: int) -> float:
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+    return Timing(sorted(times))
+
+
+def cuda_time(fn, reps: int) -> float:
+    """Median seconds of fn() over reps runs (`cuda_times`)."""
+    return cuda_times(fn, reps).median
+
+
+def spread(rate_of, timing: Timing) -> str:
+    """The rates of a timing's slowest and fastest runs, "lo-hi" (rate_of: seconds -> rate)."""
+    return f"{fmt_cell(rate_of(timing.slowest))}-{fmt_cell(rate_of(timing.fastest))}"
 
 
 def peer_step_args(kind, inputs, variant, steps):
@@ -189,14 +245,19 @@ def peer_step_args(kind, inputs, variant, steps):
 
 def peer_loop(kind, inputs, variant, steps, step_fn):
     """The eager peer: a per-step loop of `step_fn` (the naive step, states in and out) over the first `steps`
-    steps; returns a closure that runs it and returns the last step's metrics [B, H, 4]."""
+    steps; returns a closure that runs it and returns the last step's metrics [B, H, 4]. The closure's `marks`
+    (a list) receives time.perf_counter() before the first step and after each step is enqueued."""
     args = peer_step_args(kind, inputs, variant, steps)
 
-    def run():
+    def run(marks=None):
         s_ref = torch.zeros(inputs.state_shape, device=inputs.device)
         s_var = torch.zeros_like(s_ref)
+        if marks is not None:
+            marks.append(time.perf_counter())
         for a in args:
             s_ref, s_var, m = step_fn(s_ref, s_var, *a)
+            if marks is not None:
+                marks.append(time.perf_counter())
         return m
 
     return run
@@ -216,18 +277,20 @@ def _in_place(step_fn):
 
 
 def compiled_peer_loop(kind, inputs, variant, steps, step_fn, mode):
-    """The compiled peer: `step_fn` under torch.compile in `mode` ("default" or "reduce-overhead"). Returns a
-    closure like `peer_loop`'s (the last step's metrics).
+    """The compiled peer: `step_fn` under torch.compile in `mode` (COMPILE_MODES). Returns a closure like
+    `peer_loop`'s (the last step's metrics; `marks` as there).
 
-    default: the functional loop (states in, new states out), as the eager peer runs it; inductor writes the new
-    states once. An in-place form costs this mode two extra state copies per step (on an H200 it ran 90.6 G/s
-    for KDA fp8 on 2026-12-01, the functional loop 108.9 on 2026-11-30), which would flatter the kernel's ratio.
+    default (and max-autotune-no-cudagraphs): the functional loop (states in, new states out), as the eager peer
+    runs it; inductor writes the new states once. An in-place form may cost this mode two extra state copies per
+    step; the one H200 comparison (in place 90.6 G/s for KDA fp8 on 2026-12-01 run 4, functional 108.9 on
+    2026-11-30 and 123.1 in run 5) is within the functional loop's own spread between processes (69.5 G/s in
+    run s1), so it proves no cost, but the functional loop is the peer's natural form.
     reduce-overhead: CUDA graphs replay a step only with its states at fixed addresses, so the states are
     updated in place in two buffers marked static, and a new CUDA-graph step is begun before each call
     (torch.compiler.cudagraph_mark_step_begin: no output of a previous step is read again); the metrics are
     cloned out of the graph pool."""
-    if mode == "default":
-        return peer_loop(kind, inputs, variant, steps, torch.compile(step_fn, dynamic=False))
+    if mode not in CUDA_GRAPH_MODES:
+        return peer_loop(kind, inputs, variant, steps, torch.compile(step_fn, dynamic=False, mode=mode))
     args = peer_step_args(kind, inputs, variant, steps)
     s_ref = torch.zeros(inputs.state_shape, device=inputs.device)
     s_var = torch.zeros_like(s_ref)
@@ -235,51 +298,205 @@ def compiled_peer_loop(kind, inputs, variant, steps, step_fn, mode):
     torch._dynamo.mark_static_address(s_var)
     fn = torch.compile(_in_place(step_fn), dynamic=False, mode=mode)
 
-    def run():
+    def run(marks=None):
         s_ref.zero_()
         s_var.zero_()
+        if marks is not None:
+            marks.append(time.perf_counter())
         for a in args:
             torch.compiler.cudagraph_mark_step_begin()
             m = fn(s_ref, s_var, *a)
+            if marks is not None:
+                marks.append(time.perf_counter())
         return m.clone()
 
     return run
 
 
-def compiled_peers(kind, inputs, variant, args, step_fn, eager_m):
-    """Time the compiled peer in every mode of --compile-modes: {mode: G/s or None}, the faster mode first
-    reported; a mode that fails or skips CUDA graphs is printed, not hidden. eager_m: the eager loop's last
-    metrics, which the compiled loops must reproduce (printed: their largest relative difference)."""
+@dataclasses.dataclass
+class PeerResult:
+    """One compiled peer mode, measured by `compiled_peers`.
+
+    timing: seconds per step of each timed run (`cuda_times` of the --peer-steps loop / steps); compile_s: compile
+    and warm-up; host_s: host seconds per step to enqueue the loop's first HOST_STEPS steps (the launch queue
+    cannot be full there, so it is the host's own cost: a peer whose host cost reaches its time per step is
+    host-bound); graphs / frames / graph_breaks: dynamo's counters after warm-up (one graph, one frame, no break
+    expected); rel_diff: its last-step metrics against the eager loop's; gpu: `gpu_state()` just before timing;
+    profile: `profile_peer` of one more run, when asked."""
+
+    mode: str
+    timing: Timing
+    compile_s: float
+    host_s: float
+    graphs: int
+    frames: int
+    graph_breaks: int
+    rel_diff: float
+    inductor: dict
+    gpu: str
+    profile: dict | None = None
+
+    def summary(self, elems: int) -> dict:
+        """JSON-ready fields (rates in G state-element-steps/s)."""
+        return {
+            "mode": self.mode,
+            "G/s": elems / self.timing.median / 1e9,
+            "G/s (slowest-fastest)": spread(lambda x: elems / x / 1e9, self.timing),
+            "G/s (runs)": [elems / x / 1e9 for x in self.timing],
+            "us per step (runs)": [x * 1e6 for x in self.timing],
+            "host us per step (first steps)": self.host_s * 1e6,
+            "compile + warm-up s": self.compile_s,
+            "graphs": self.graphs,
+            "frames": self.frames,
+            "graph breaks": self.graph_breaks,
+            "rel diff vs eager": self.rel_diff,
+            "inductor cudagraph counters": self.inductor,
+            "gpu before timing": self.gpu,
+            "profile": self.profile,
+        }
+
+
+HOST_STEPS = 8  # steps whose enqueue time gives the host's cost per step (about 10-20 launches each)
+
+
+def gpu_state() -> str:
+    """The GPU's clocks, temperature, power, utilisation and clock-event reasons (nvidia-smi), and the host's load
+    average: a line for the log beside each compiled peer, so that a slow one can be told from a throttled or
+    shared machine. Never raises."""
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    if not torch.cuda.is_available():
+        return f"no GPU; loadavg {load}"
+    fields = "clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu,memory.used"
+    for extra in (",clocks_event_reasons.active", ""):
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", f"--query-gpu={fields}{extra}", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10,
+            )
+        except (OSError, subprocess.SubprocessError) as err:
+            return f"nvidia-smi failed ({type(err).__name__}); loadavg {load}"
+        if out.returncode == 0:
+            return f"{fields}{extra}: {out.stdout.strip().splitlines()[0]}; loadavg {load}"
+    return f"nvidia-smi rc {out.returncode}: {out.stderr.strip()[:200]}; loadavg {load}"
+
+
+def isolate() -> None:
+    """Drop what earlier measurements left behind before a compiled peer: dynamo's compiled code and guards (also
+    the CUDA-graph trees of reduce-overhead), Python garbage, and the caching allocator's free blocks."""
+    gc.collect()
+    torch._dynamo.reset()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def host_enqueue_s(comp, steps: int) -> float:
+    """Host seconds per step to enqueue the first HOST_STEPS steps of comp (a peer loop taking `marks`)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    marks = []
+    comp(marks=marks)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    n = min(HOST_STEPS, steps)
+    return (marks[n] - marks[0]) / n
+
+
+def profile_peer(comp, steps: int, top: int = 8) -> dict:
+    """One run of comp under torch.profiler: the device's busy time per step (the sum of its kernels' and copies'
+    durations) and the `top` kernels by time, each with its calls and microseconds per step. On the CPU (a check
+    of the script) the same from the CPU operators' self times, which mean nothing for the GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        comp()
+        if cuda:
+            torch.cuda.synchronize()
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [(e.key, e.count, getattr(e, attr)) for e in prof.key_averages() if getattr(e, attr) > 0]
+    events.sort(key=lambda e: -e[2])
+    if not events:
+        return {"error": "the profiler recorded no timed events"}
+    return {
+        "busy us per step": sum(e[2] for e in events) / steps,
+        "launches per step": sum(e[1] for e in events) / steps,
+        "top": [
+            {"name": name[:120], "calls per step": count / steps, "us per step": us / steps}
+            for name, count, us in events[:top]
+        ],
+    }
+
+
+def compiled_peers(kind, inputs, variant, args, step_fn, eager_m, profile=False) -> dict[str, PeerResult | None]:
+    """Time the compiled peer in every mode of --compile-modes: {mode: PeerResult, or None when the mode failed}.
+
+    Each mode is compiled and timed in isolation (`isolate` before and after: no compiled code, CUDA graphs or
+    cached blocks of another peer alive), after its compile run, a second run (reduce-overhead records its CUDA
+    graphs there) and `cuda_times`' own warm-up run. The timed runs must reuse the warm-up's compiled code:
+    dynamo may not recompile while they run (torch._dynamo.config.error_on_recompile, and its frame and graph
+    counters compared before and after); a recompile there sets args.failed and the mode counts as failed.
+    A mode that fails or skips CUDA graphs is printed, not hidden. eager_m: the eager loop's last metrics, which
+    the compiled loops must reproduce (printed: their relative difference). profile: also `profile_peer` one run
+    after the timing."""
     from torch._dynamo.utils import counters
 
     elems = math.prod(inputs.state_shape)
-    rates = {}
+    results = {}
     for mode in [m for m in args.compile_modes.split(",") if m]:
-        torch._dynamo.reset()
+        isolate()
         counters.clear()
         try:
             comp = compiled_peer_loop(kind, inputs, variant, args.peer_steps, step_fn, mode)
             t0 = time.time()
             comp()  # compile (reduce-overhead: a warm-up run)
-            m = comp()  # reduce-overhead: CUDA graphs record here; cuda_time warms up once more
+            m = comp()  # reduce-overhead: CUDA graphs record here; cuda_times warms up once more
             if args.device == "cuda":
                 torch.cuda.synchronize()
             compile_s = time.time() - t0
-            t = cuda_time(comp, PEER_REPS) / args.peer_steps
+            graphs, frames = counters["stats"]["unique_graphs"], counters["frames"]["total"]
+            breaks = sum(counters["graph_break"].values())
+            gpu = gpu_state()
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                t = Timing(x / args.peer_steps for x in cuda_times(comp, args.reps))
+                host = host_enqueue_s(comp, args.peer_steps)
+            if (counters["stats"]["unique_graphs"], counters["frames"]["total"]) != (graphs, frames):
+                raise RuntimeError(
+                    f"dynamo compiled again while the peer was timed: graphs {graphs} -> "
+                    f"{counters['stats']['unique_graphs']}, frames {frames} -> {counters['frames']['total']}"
+                )
+            prof = None
+            if profile:
+                try:
+                    prof = profile_peer(comp, args.peer_steps)
+                except Exception as err:  # noqa: BLE001 - a diagnostic; the timing above stands
+                    prof = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
         except Exception as err:  # noqa: BLE001 - a peer mode that fails is reported, the others still run
-            print(f"  compiled peer mode={mode} FAILED: {type(err).__name__}: {str(err).splitlines()[0][:300]}", flush=True)
-            rates[mode] = None
+            recompiled = isinstance(err, torch._dynamo.exc.RecompileError) or "compiled again" in str(err)
+            if recompiled:
+                args.failed = True
+            print(
+                f"  {'FAIL: ' if recompiled else ''}compiled peer mode={mode} FAILED: {type(err).__name__}: "
+                f"{str(err).splitlines()[0][:300]}",
+                flush=True,
+            )
+            results[mode] = None
             continue
-        rates[mode] = elems / t / 1e9
-        skips = dict(counters["inductor"])
-        skips = {k: v for k, v in skips.items() if "cudagraph" in k}
+        finally:
+            comp = None
+            isolate()
+        skips = {k: v for k, v in dict(counters["inductor"]).items() if "cudagraph" in k}
         rel = float(((m.double() - eager_m.double()).abs().sum() / eager_m.double().abs().sum()).item())
+        results[mode] = r = PeerResult(mode, t, compile_s, host, graphs, frames, breaks, rel, skips, gpu, prof)
+        busy = "" if prof is None else f", device busy {prof.get('busy us per step', float('nan')):.0f} us/step"
         print(
-            f"  compiled {kind} mode={mode}: {rates[mode]:.1f} G/s, compile + warm-up {compile_s:.0f} s, "
-            f"last-step metrics vs eager: rel diff {rel:.1e}{f', inductor {skips}' if skips else ''}",
+            f"  compiled {kind} {variant.name} mode={mode}: {elems / t.median / 1e9:.1f} G/s "
+            f"({spread(lambda x: elems / x / 1e9, t)}), {t.median * 1e6:.0f} us/step, host {host * 1e6:.0f} us/step"
+            f"{busy}, compile + warm-up {compile_s:.0f} s, {graphs} graph(s) {frames} frame(s) {breaks} break(s), "
+            f"last-step metrics vs eager: rel diff {rel:.1e}{f', inductor {skips}' if skips else ''}; {r.gpu}",
             flush=True,
         )
-    return rates
+    return results
 
 
 def main():
@@ -287,7 +504,7 @@ def main():
     ap.add_argument("--steps", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--peer-steps", type=int, default=64, help="steps timed for the per-step peers")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5, help=f"timed runs per measurement (>= {MIN_REPS}): the median is reported")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer (--compile-modes '')")
     ap.add_argument(
         "--compile-modes",
@@ -295,7 +512,14 @@ def main():
         help="comma-separated torch.compile modes of the compiled peer, among default, reduce-overhead (CUDA graphs: "
         "no per-step launch cost); each is timed and the faster one is the peer of 'x compiled'",
     )
+    ap.add_argument(
+        "--compile-variants",
+        default="all",
+        help="comma-separated variants (fmt@scheme) whose torch.compile peer is compiled and timed, or 'all' (default); "
+        "the others get no 'x compiled'",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "emulation.md"))
+    ap.add_argument("--json", help="also write the rows and every compiled peer's measurement (JSON) here")
     ap.add_argument("--sweep", action="store_true", help="also time tilings (BLOCK_P, num_warps) of fp8 conventional")
     ap.add_argument("--sweep-only", action="store_true", help="only the tiling sweep")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated layer kinds among {', '.join(KINDS)}")
@@ -303,8 +527,15 @@ def main():
     ap.add_argument("--multi-sweep", action="store_true", help="also time tilings of the all-variant launch")
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats (default: all three)")
     args = ap.parse_args()
+    args.failed = False  # set by compiled_peers when a peer recompiles while it is timed
     if args.no_compile:
         args.compile_modes = ""
+    if args.reps < MIN_REPS:
+        sys.exit(f"--reps must be at least {MIN_REPS} (each time is a median with its spread), got {args.reps}")
+    names = [f"{fmt}@{scheme}" for fmt in args.formats.split(",") for scheme in SCHEMES]
+    compile_variants = set(names) if args.compile_variants == "all" else set(args.compile_variants.split(","))
+    if not compile_variants <= set(names):
+        sys.exit(f"--compile-variants takes 'all' or a comma-separated subset of {', '.join(names)}, got {args.compile_variants!r}")
     modes = [m for m in args.compile_modes.split(",") if m]
     if any(m not in COMPILE_MODES for m in modes):
         sys.exit(f"--compile-modes takes a comma-separated subset of {', '.join(COMPILE_MODES)}, got {args.compile_modes!r}")
@@ -318,9 +549,9 @@ def main():
         sweep(args, dev, kinds)
         if args.sweep_only:
             return
-    rows, multi_rows = [], []
+    rows, multi_rows, variant_json = [], [], []
     for kind in kinds:
-        inputs = INPUTS[kind](args.batch, args.steps, dev)
+        inputs = layer_inputs(kind, args.batch, args.steps, dev)
         elems = math.prod(inputs.state_shape)
         step_fn = STEP_FNS[kind]
         kind_rows = []
@@ -328,40 +559,77 @@ def main():
             for scheme in SCHEMES:
                 name = f"{fmt}@{scheme}"
                 variant = parse_variant(name)
-                t_kernel = cuda_time(lambda i=inputs, v=variant: drain(emulate_triton_steps(i, [v])), args.reps)
-                kernel_rate = elems * args.steps / t_kernel / 1e9
+                work = elems * args.steps  # state element-steps of one kernel launch
+
+                def kernel_rate_of(x, work=work):
+                    return work / x / 1e9
+
+                t_kernel = cuda_times(lambda i=inputs, v=variant: drain(emulate_triton_steps(i, [v])), args.reps)
+                kernel_rate = kernel_rate_of(t_kernel.median)
                 # the whole measurement as analyze runs it: validation, kernel, window statistics
                 t_sim = cuda_time(
                     lambda i=inputs, v=variant: simulate(i, [v], backend="triton", record_every=min(16, args.steps)), args.reps
                 )
                 eager = peer_loop(kind, inputs, variant, args.peer_steps, step_fn)
-                t_eager = cuda_time(eager, 1) / args.peer_steps
+                t_eager = cuda_time(eager, args.reps) / args.peer_steps
                 eager_rate = elems / t_eager / 1e9
-                rates = {}
-                if args.compile_modes and (kind, name) in COMPILE_VARIANTS:
-                    rates = compiled_peers(kind, inputs, variant, args, step_fn, eager())
-                ok = [r for r in rates.values() if r is not None]
-                compiled_rate = max(ok) if ok else None  # the faster mode is the peer
+                results = {}
+                if modes and name in compile_variants:
+                    eager_m = eager()
+                    del eager  # its per-step argument lists: nothing of the eager loop stays alive beside the peers
+                    results = compiled_peers(kind, inputs, variant, args, step_fn, eager_m)
+                variant_json.append(
+                    {
+                        "layer": kind,
+                        "variant": name,
+                        "kernel G/s (runs)": [kernel_rate_of(x) for x in t_kernel],
+                        "eager G/s": eager_rate,
+                        "compiled peers": {m: None if r is None else r.summary(elems) for m, r in results.items()},
+                    }
+                )
+                timings = {m: None if r is None else r.timing for m, r in results.items()}
+                ok = {m: t for m, t in timings.items() if t is not None}
+                faster = min(ok, key=lambda m: ok[m].median) if ok else None  # the faster mode is the peer
+                peer = ok.get(faster)
+
+                def peer_rate_of(x, elems=elems):
+                    return elems / x / 1e9
+
                 fp_ops, int_ops = OPS_PER_ELEMENT_STEP[(kind, fmt)]
                 floor_rate = 1 / max(fp_ops / FP32_INSTR_PER_S, int_ops / INT_INSTR_PER_S) / 1e9
                 kind_rows.append(
                     {
                         "layer": LAYER_NAMES[kind],
                         "variant": name,
-                        "kernel ms": t_kernel * 1e3,
+                        "kernel ms": t_kernel.median * 1e3,
                         "kernel G/s": kernel_rate,
+                        "kernel G/s (slowest-fastest)": spread(kernel_rate_of, t_kernel),
                         "simulate G/s": elems * args.steps / t_sim / 1e9,
                         "eager G/s": eager_rate,
                         "x eager": kernel_rate / eager_rate,
-                        **{f"compiled G/s ({mode})": rates.get(mode) for mode in args.compile_modes.split(",") if mode},
-                        "compiled G/s (faster)": compiled_rate,
-                        "x compiled": None if compiled_rate is None else kernel_rate / compiled_rate,
+                        **{
+                            f"compiled G/s ({mode})": None if timings.get(mode) is None else peer_rate_of(timings[mode].median)
+                            for mode in modes
+                        },
+                        "compiled G/s (faster)": None if peer is None else peer_rate_of(peer.median),
+                        "compiled (slowest-fastest)": None if peer is None else spread(peer_rate_of, peer),
+                        "x compiled": None if peer is None else kernel_rate / peer_rate_of(peer.median),
+                        "x compiled (range)": None
+                        if peer is None
+                        else f"{kernel_rate_of(t_kernel.slowest) / peer_rate_of(peer.fastest):.1f}-"
+                        f"{kernel_rate_of(t_kernel.fastest) / peer_rate_of(peer.slowest):.1f}",
                         "floor G/s (est.)": floor_rate,
                         "% of floor": 100 * kernel_rate / floor_rate,
                     }
                 )
-                print(f"{kind} {name}: kernel {kernel_rate:.0f} G/s, eager {eager_rate:.1f} G/s", flush=True)
+                print(
+                    f"{kind} {name}: kernel {kernel_rate:.0f} G/s ({spread(kernel_rate_of, t_kernel)}), eager "
+                    f"{eager_rate:.1f} G/s, compiled "
+                    f"{'-' if peer is None else f'{peer_rate_of(peer.median):.1f} G/s ({faster})'}",
+                    flush=True,
+                )
                 write_table(rows + kind_rows, multi_rows, args, quiet=True)  # a run cut short keeps its rows
+                write_json(rows + kind_rows, multi_rows, variant_json, args)
         rows += kind_rows
         multi_rows.append(multi_row(kind, inputs, kind_rows, args))
         if args.multi_sweep:
@@ -370,6 +638,28 @@ def main():
         if dev == "cuda":
             torch.cuda.empty_cache()
     write_table(rows, multi_rows, args)
+    write_json(rows, multi_rows, variant_json, args)
+    if args.failed:
+        sys.exit("FAILED: a compiled peer recompiled while it was timed (above)")
+
+
+def write_json(rows, multi_rows, variants, args) -> None:
+    """--json: the tables' rows, and per variant the kernel's rate in each timed run and every compiled peer mode's
+    measurement (`PeerResult.summary`)."""
+    if not args.json:
+        return
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU check)"
+    doc = {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "command": "python benchmarks/bench_emulation.py " + " ".join(sys.argv[1:]),
+        "failed": args.failed,
+        "rows": rows,
+        "all in one launch": multi_rows,
+        "variants": variants,
+    }
+    pathlib.Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def default_variants(args):
@@ -383,13 +673,16 @@ def multi_row(kind, inputs, kind_rows, args):
     plan = plan_launches(variants, inputs.rows, inputs.state_dim)
     nv = len(variants)
     elems = math.prod(inputs.state_shape)
-    t_one = cuda_time(lambda: drain(emulate_triton_steps(inputs, variants)), args.reps)
+    t_all = cuda_times(lambda: drain(emulate_triton_steps(inputs, variants)), args.reps)
+    t_one = t_all.median
     t_sim = cuda_time(lambda: simulate(inputs, variants, backend="triton", record_every=min(16, args.steps)), args.reps)
     t_six = sum(r["kernel ms"] for r in kind_rows) / 1e3
     rate = nv * elems * args.steps / t_one / 1e9
     # the eager loops one after the other: nv states advanced in the sum of their per-step times
     eager = nv * elems / sum(elems / (r["eager G/s"] * 1e9) for r in kind_rows) / 1e9
-    compiled = [r["compiled G/s (faster)"] for r in kind_rows if r["compiled G/s (faster)"] is not None]
+    # the compiled loops one after the other, when every variant's peer was compiled
+    compiled = [r["compiled G/s (faster)"] for r in kind_rows]
+    compiled = None if None in compiled else nv * elems / sum(elems / (c * 1e9) for c in compiled) / 1e9
     row = {
         "layer": LAYER_NAMES[kind],
         "launches (BLOCK_P, warps)": " + ".join(f"{len(idx)} variants {tiling}" for idx, tiling in plan),
@@ -397,11 +690,12 @@ def multi_row(kind, inputs, kind_rows, args):
         "separate launches ms": t_six * 1e3,
         "speed-up": t_six / t_one,
         "G/s per variant": rate,
+        "G/s per variant (slowest-fastest)": spread(lambda x: nv * elems * args.steps / x / 1e9, t_all),
         "simulate G/s per variant": nv * elems * args.steps / t_sim / 1e9,
         "eager G/s (loops in turn)": eager,
         "x eager": rate / eager,
-        "compiled G/s (fp8 conv, one variant)": compiled[0] if compiled else None,
-        "x compiled (shared reference: not the bar)": rate / compiled[0] if compiled else None,
+        "compiled G/s (loops in turn)": compiled,
+        "x compiled (shared reference: not the bar)": None if compiled is None else rate / compiled,
     }
     print(f"{kind} all {nv} in one launch: {rate:.0f} G/s per variant, {t_six / t_one:.2f}x separate launches", flush=True)
     return row
@@ -438,7 +732,7 @@ def sweep(args, dev, kinds):
     """Time fp8_e4m3 conventional at several tilings (printed, not written)."""
     variant = parse_variant("fp8_e4m3@conventional")
     for kind in kinds:
-        inputs = INPUTS[kind](args.batch, min(args.steps, 1024), dev)
+        inputs = layer_inputs(kind, args.batch, min(args.steps, 1024), dev)
         elems = math.prod(inputs.state_shape) * inputs.steps
         for block_p, warps in SWEEP:
             if block_p > inputs.rows:
@@ -486,9 +780,16 @@ def write_table(rows, multi_rows, args, quiet=False):
         f"advances the FP32 reference and that variant, the work of the peers' step function) with the peers running "
         f"the same variant. Compiled peer: the naive step function under torch.compile in each mode of "
         f"--compile-modes ({args.compile_modes or 'none'}; default: the functional loop, states in and new states "
-        f"out; reduce-overhead: CUDA graphs replayed with the states updated in place at static addresses), timed "
-        f"as the median of {PEER_REPS} runs after its compile and warm-up runs; \"x compiled\" divides by the faster "
-        f"mode.\n\n"
+        f"out; reduce-overhead: CUDA graphs replayed with the states updated in place at static addresses), compiled "
+        f"for the variants of --compile-variants ({args.compile_variants}), each its own peer; \"x compiled\" "
+        f"divides by the faster mode (by median). Each mode is compiled and timed in isolation (dynamo reset, "
+        f"garbage collected and the allocator's cache emptied before and after it); dynamo may not compile again "
+        f"while a peer is timed (a recompile fails the run); the log gives each mode's host time per step, graph "
+        f"count, graph breaks and the GPU's clocks (`compiled_peers`).\n\n"
+        f"Every time (kernel, simulate, eager, compiled) is the median of {args.reps} runs after a warm-up (and, for "
+        f"the compiled peer, its compile) run; \"slowest-fastest\" gives the rates of the slowest and the fastest "
+        f"run, and \"x compiled (range)\" the kernel's slowest over the peer's fastest and the kernel's fastest over "
+        f"the peer's slowest.\n\n"
         f"Command: `python benchmarks/bench_emulation.py {' '.join(sys.argv[1:])}`\n\n"
     )
     multi_head = (
@@ -498,8 +799,8 @@ def write_table(rows, multi_rows, args, quiet=False):
         "the FP32 reference once, beside one emulated state per variant; each variant's work (its update, "
         "output, write and metrics) is its own. G/s per variant = NV x state elements x steps / time. "
         "\"separate launches ms\" is the sum of the per-variant kernel times above; the eager peer is the "
-        "per-step loops run one after the other; the compiled peer is the fp8_e4m3 conventional loop under torch.compile (the only one "
-        "compiled, its faster mode). The per-variant rate of the shared launch amortises the FP32 reference over the "
+        "per-step loops run one after the other, and so is the compiled peer (each variant's compiled loop in its faster "
+        "mode; none when a variant's peer was not compiled). The per-variant rate of the shared launch amortises the FP32 reference over the "
         "variants while every peer loop advances its own, so these ratios are not the issue's bar (the table above "
         "is).\n\n"
     )

@@ -48,7 +48,8 @@ def compile_and_count(kind: str, nv: int, block_p: int, num_warps: int) -> str:
         fn = _delta_rule_emulate_kernel
         ptrs = dict.fromkeys(["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
         ptrs.update(v_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
-        const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=kind == "kda", HAS_S0=False, NV=nv)
+        const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=kind == "kda", HAS_S0=False, NV=nv, FAST_ROUND=True,
+                     FP_FUSION=True, PREFETCH=False, ROW_BLOCKS_FIRST=False)  # the grid order changes no register
     const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}

@@ -74,16 +74,28 @@ def compile_sass(slots, block_p: int) -> list[tuple[int, str]]:
 
 
 def write_branches(ins: list[tuple[int, str]], head: int, end: int) -> set[int]:
-    """Indices of the branches on a write mask: each byte loaded by LDG.E.U8 is compared by the next ISETP that
-    reads its register, and the next branch on that predicate skips the slot's write."""
+    """Indices of the branches on a write mask: a byte loaded by LDG.E.U8 (in the loop, or a step ahead and carried
+    into it through PRMT / MOV copies, as the KDA kernel's PREFETCH does) is tested by the first ISETP or LOP3 in
+    the loop after its load that reads it (or a copy) and sets a predicate; the next branch on that predicate skips
+    the slot's write."""
+    copies: dict[str, str] = {}  # register -> the byte register it copies (PRMT dst, src, 0x7610 / MOV dst, src)
+    for _, t in ins:
+        m = re.match(r"(?:PRMT (R\d+), (R\d+), 0x7610|MOV (R\d+), (R\d+)\b)", t)
+        if m:
+            dst, src = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            copies.setdefault(dst, src)
     out = set()
-    for j in range(head, end):
-        if not ins[j][1].startswith("LDG.E.U8"):
+    for j, (_, t) in enumerate(ins):
+        if "LDG.E.U8" not in t:
             continue
-        reg = ins[j][1].split()[1].rstrip(",")
-        k = next(k for k in range(j + 1, end) if "ISETP" in ins[k][1] and re.search(rf"\b{reg}\b", ins[k][1]))
-        pred = re.search(r"ISETP\S* (P\d),", ins[k][1]).group(1)
-        out.add(next(n for n in range(k + 1, end) if (m := BRANCH.match(ins[n][1])) and m.group(1).lstrip("@!") == pred))
+        regs = {t.split("LDG.E.U8")[1].split(",")[0].strip()}
+        regs |= {dst for dst, src in copies.items() if src in regs}
+        for k in list(range(max(j + 1, head), end)) + (list(range(head, j)) if head <= j < end else []):
+            m = re.match(r"(?:ISETP\S*|LOP3\.LUT) (P\d), (?:PT|RZ), (R\d+)\b", ins[k][1])
+            if m and m.group(2) in regs:
+                pred = m.group(1)
+                out.add(next(n for n in range(k + 1, end) if (b := BRANCH.match(ins[n][1])) and b.group(1).lstrip("@!") == pred))
+                break
     return out
 
 

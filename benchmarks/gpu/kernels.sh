@@ -38,11 +38,11 @@ export -f pytest_parts
 export OUT
 stage pytest 85 bash -c pytest_parts
 grep -hE "passed|failed|error" "$OUT"/logs/pytest_*.log >"$OUT/pytest.txt" 2>/dev/null
-stage bench_kda 80 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 2 \
-    --kinds kda --out "$OUT/emulation_kda.md"
-stage bench_mamba2 45 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 2 \
+stage bench_kda 80 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 3 \
+    --kinds kda --compile-variants fp8_e4m3@conventional --out "$OUT/emulation_kda.md"
+stage bench_mamba2 45 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 3 \
     --kinds mamba2 --no-compile --multi-sweep --out "$OUT/emulation_mamba2.md"
-stage bench_gdn 25 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 2 \
+stage bench_gdn 25 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 3 \
     --kinds gdn --no-compile --out "$OUT/emulation_gdn.md"
 
 gpu_end

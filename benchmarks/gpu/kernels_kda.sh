@@ -54,8 +54,8 @@ if [[ ${MODE:-final} == sweep ]]; then
     stage peers 40 python3 benchmarks/gpu/kda_paths.py --stage peers --steps 4096 --batch 16 --peer-steps 64 \
         --modes default,reduce-overhead --out "$OUT/kda_peers.json"
 else
-    stage bench 65 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 2 \
-        --kinds kda --compile-modes default,reduce-overhead --out "$OUT/emulation_kda.md"
+    stage bench 65 python3 benchmarks/bench_emulation.py --steps 4096 --batch 16 --peer-steps 64 --reps 3 \
+        --kinds kda --compile-modes default,reduce-overhead --compile-variants fp8_e4m3@conventional --out "$OUT/emulation_kda.md"
     stage paths 22 python3 benchmarks/gpu/kda_paths.py --stage paths --final --steps 4096 --batch 16 --reps 2 \
         --out "$OUT/kda_paths.json"
 fi

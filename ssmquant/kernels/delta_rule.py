@@ -102,16 +102,45 @@ def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FM
 
 @triton.jit
 def _slot_write(
-    s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, BN: tl.constexpr, BR: tl.constexpr,
+    s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, flag, BN: tl.constexpr, BR: tl.constexpr,
     SPEC: tl.constexpr, FAST_ROUND: tl.constexpr
 ):
-    """`common.slot_write`, with FP8 / INT8 RNE slots rounded by `_fake_quant_8bit_rne` when FAST_ROUND."""
+    """`common.slot_write`, with FP8 / INT8 RNE slots rounded by `_fake_quant_8bit_rne` when FAST_ROUND; those
+    take their write-mask byte `flag` from the caller (`_step_inputs`: loaded a step ahead under PREFETCH)."""
     if FAST_ROUND and (SPEC % 8 == 3 or SPEC % 8 == 4) and (SPEC // 8) % 2 == 0:  # FP8 / INT8, RNE
-        if tl.load(write_ptr + k * BT + bt) != 0:
+        if flag != 0:
             s = _fake_quant_8bit_rne(s, static_scale, BN, BR, SPEC % 8, SPEC // 128, (SPEC // 16) % 2 == 1)
     else:
         s = slot_write(s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, BN, BR, SPEC)
     return s
+
+
+@triton.jit
+def _step_inputs(q_ptr, k_ptr, v_ptr, alpha_ptr, beta_ptr, write_ptr, bt, BT, HV, HK, h, hk, DV, DK, rows, cols,
+                 row_ok, col_ok, VEC_DECAY: tl.constexpr, NV: tl.constexpr):
+    """The inputs of step bt = b * T + t: k, q [BLOCK_N], v [BLOCK_P], the decay ([BLOCK_N, 1] per key channel
+    (KDA) or one scalar (GDN)), beta, and each slot's write-mask byte (0 for slots past NV)."""
+    kvec = tl.load(k_ptr + (bt * HK + hk) * DK + cols, mask=col_ok, other=0.0).to(tl.float32)
+    qvec = tl.load(q_ptr + (bt * HK + hk) * DK + cols, mask=col_ok, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + (bt * HV + h) * DV + rows, mask=row_ok, other=0.0).to(tl.float32)
+    if VEC_DECAY:
+        alpha = tl.load(alpha_ptr + (bt * HV + h) * DK + cols, mask=col_ok, other=1.0)[:, None]  # [BLOCK_N, 1]
+    else:
+        alpha = tl.load(alpha_ptr + bt * HV + h)
+    beta = tl.load(beta_ptr + bt * HV + h)
+    w0 = tl.load(write_ptr + bt)
+    w1, w2, w3, w4, w5 = tl.zeros_like(w0), tl.zeros_like(w0), tl.zeros_like(w0), tl.zeros_like(w0), tl.zeros_like(w0)
+    if NV > 1:
+        w1 = tl.load(write_ptr + BT + bt)
+    if NV > 2:
+        w2 = tl.load(write_ptr + 2 * BT + bt)
+    if NV > 3:
+        w3 = tl.load(write_ptr + 3 * BT + bt)
+    if NV > 4:
+        w4 = tl.load(write_ptr + 4 * BT + bt)
+    if NV > 5:
+        w5 = tl.load(write_ptr + 5 * BT + bt)
+    return kvec, qvec, v, alpha, beta, w0, w1, w2, w3, w4, w5
 
 
 @triton.jit
@@ -189,6 +218,8 @@ def _delta_rule_emulate_kernel(
     HAS_S0: tl.constexpr,
     FAST_ROUND: tl.constexpr,
     FP_FUSION: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    ROW_BLOCKS_FIRST: tl.constexpr,
     NV: tl.constexpr,
     SPEC0: tl.constexpr,
     SPEC1: tl.constexpr,
@@ -197,9 +228,14 @@ def _delta_rule_emulate_kernel(
     SPEC4: tl.constexpr,
     SPEC5: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)
-    pid_p = tl.program_id(1)
-    npb = tl.num_programs(1)
+    if ROW_BLOCKS_FIRST:  # grid (NPB, B * Hv): a head's row blocks are launched together, sharing its inputs in L2
+        pid_p = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        npb = tl.num_programs(0)
+    else:  # grid (B * Hv, NPB)
+        pid_bh = tl.program_id(0)
+        pid_p = tl.program_id(1)
+        npb = tl.num_programs(1)
     b = pid_bh // HV
     h = pid_bh % HV
     hk = h // V_PER_K
@@ -220,7 +256,7 @@ def _delta_rule_emulate_kernel(
     # stochastic rounding counts elements over the whole batch, so that a launch on a batch slice draws
     # the same bits as the torch reference does for those sequences
     sr_index = state_offs + (batch_offset * HV).to(tl.int64) * DV * DK
-    BT = B * T
+    BT = B * T  # one slot's write mask [B, T]
     rows_stride = B * HV * DV  # one slot's static scales [B, Hv, Dv]
     c0 = slot_static_scale(scale_ptr, 0, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC0)
     c1 = slot_static_scale(scale_ptr, 1, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC1)
@@ -230,37 +266,47 @@ def _delta_rule_emulate_kernel(
     c5 = slot_static_scale(scale_ptr, 5, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC5)
     metrics_stride = npb.to(tl.int64) * (T // record_every) * B * HV * 4  # one slot's metrics [R, B, Hv, NPB, 4]
 
+    # PREFETCH: step 0's inputs here; each step then loads the next one's (the last step its own again, unused)
+    # before its arithmetic
+    if PREFETCH:
+        nk, nq, nvec, na, nb, nw0, nw1, nw2, nw3, nw4, nw5 = _step_inputs(
+            q_ptr, k_ptr, v_ptr, alpha_ptr, beta_ptr, write_ptr, b64 * T, BT, HV, HK, h, hk, DV, DK, rows,
+            cols, row_ok, col_ok, VEC_DECAY, NV
+        )
     for t in range(T):
         bt = b64 * T + t
-        kvec = tl.load(k_ptr + (bt * HK + hk) * DK + cols, mask=col_ok, other=0.0).to(tl.float32)
-        qvec = tl.load(q_ptr + (bt * HK + hk) * DK + cols, mask=col_ok, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + (bt * HV + h) * DV + rows, mask=row_ok, other=0.0).to(tl.float32)
-        if VEC_DECAY:
-            alpha = tl.load(alpha_ptr + (bt * HV + h) * DK + cols, mask=col_ok, other=1.0)[:, None]  # [BLOCK_N, 1]
+        if PREFETCH:
+            kvec, qvec, v, alpha, beta, w0, w1, w2, w3, w4, w5 = nk, nq, nvec, na, nb, nw0, nw1, nw2, nw3, nw4, nw5
+            nk, nq, nvec, na, nb, nw0, nw1, nw2, nw3, nw4, nw5 = _step_inputs(
+                q_ptr, k_ptr, v_ptr, alpha_ptr, beta_ptr, write_ptr, b64 * T + tl.minimum(t + 1, T - 1), BT, HV,
+                HK, h, hk, DV, DK, rows, cols, row_ok, col_ok, VEC_DECAY, NV
+            )
         else:
-            alpha = tl.load(alpha_ptr + bt * HV + h)
-        beta = tl.load(beta_ptr + bt * HV + h)
+            kvec, qvec, v, alpha, beta, w0, w1, w2, w3, w4, w5 = _step_inputs(
+                q_ptr, k_ptr, v_ptr, alpha_ptr, beta_ptr, write_ptr, bt, BT, HV, HK, h, hk, DV, DK, rows,
+                cols, row_ok, col_ok, VEC_DECAY, NV
+            )
         s_ref = alpha * s_ref
         u = beta * (v - tl.sum(s_ref * kvec[:, None], axis=0))
         s_ref = _rank1(s_ref, kvec, u, FP_FUSION)
         y_ref = tl.sum(s_ref * qvec[:, None], axis=0)
         v0, y0 = _slot_update(v0, alpha, kvec, qvec, v, beta, SPEC0, FP_FUSION)
-        v0 = _slot_write(v0, 0, t, bt, BT, write_ptr, seed_ptr, c0, sr_index, BLOCK_N, BLOCK_P, SPEC0, FAST_ROUND)
+        v0 = _slot_write(v0, 0, t, bt, BT, write_ptr, seed_ptr, c0, sr_index, w0, BLOCK_N, BLOCK_P, SPEC0, FAST_ROUND)
         if NV > 1:
             v1, y1 = _slot_update(v1, alpha, kvec, qvec, v, beta, SPEC1, FP_FUSION)
-            v1 = _slot_write(v1, 1, t, bt, BT, write_ptr, seed_ptr, c1, sr_index, BLOCK_N, BLOCK_P, SPEC1, FAST_ROUND)
+            v1 = _slot_write(v1, 1, t, bt, BT, write_ptr, seed_ptr, c1, sr_index, w1, BLOCK_N, BLOCK_P, SPEC1, FAST_ROUND)
         if NV > 2:
             v2, y2 = _slot_update(v2, alpha, kvec, qvec, v, beta, SPEC2, FP_FUSION)
-            v2 = _slot_write(v2, 2, t, bt, BT, write_ptr, seed_ptr, c2, sr_index, BLOCK_N, BLOCK_P, SPEC2, FAST_ROUND)
+            v2 = _slot_write(v2, 2, t, bt, BT, write_ptr, seed_ptr, c2, sr_index, w2, BLOCK_N, BLOCK_P, SPEC2, FAST_ROUND)
         if NV > 3:
             v3, y3 = _slot_update(v3, alpha, kvec, qvec, v, beta, SPEC3, FP_FUSION)
-            v3 = _slot_write(v3, 3, t, bt, BT, write_ptr, seed_ptr, c3, sr_index, BLOCK_N, BLOCK_P, SPEC3, FAST_ROUND)
+            v3 = _slot_write(v3, 3, t, bt, BT, write_ptr, seed_ptr, c3, sr_index, w3, BLOCK_N, BLOCK_P, SPEC3, FAST_ROUND)
         if NV > 4:
             v4, y4 = _slot_update(v4, alpha, kvec, qvec, v, beta, SPEC4, FP_FUSION)
-            v4 = _slot_write(v4, 4, t, bt, BT, write_ptr, seed_ptr, c4, sr_index, BLOCK_N, BLOCK_P, SPEC4, FAST_ROUND)
+            v4 = _slot_write(v4, 4, t, bt, BT, write_ptr, seed_ptr, c4, sr_index, w4, BLOCK_N, BLOCK_P, SPEC4, FAST_ROUND)
         if NV > 5:
             v5, y5 = _slot_update(v5, alpha, kvec, qvec, v, beta, SPEC5, FP_FUSION)
-            v5 = _slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, BLOCK_N, BLOCK_P, SPEC5, FAST_ROUND)
+            v5 = _slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, w5, BLOCK_N, BLOCK_P, SPEC5, FAST_ROUND)
         if (t + 1) % record_every == 0:
             rec = ((t + 1) // record_every - 1).to(tl.int64)
             base = (((rec * B + b) * HV + h) * npb + pid_p) * 4
@@ -277,6 +323,16 @@ def _delta_rule_emulate_kernel(
                 _store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
             if NV > 5:
                 _store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+
+
+# Launches whose grid puts a head's row blocks first by default: (kind, BLOCK_P, num_warps) measured faster that
+# way, bit-identical. H200, GPU run s1 (2026-12-01, benchmarks/gpu/kda_tiles.py: GLM-5.3-Flash KDA, batch 16,
+# 4096 steps, median of 5 with the slowest-fastest runs), BLOCK_P 16, one warp (the planned one-variant tiling):
+# fp8_e4m3 conventional 959.1 G/s (951.7-980.5) against 942.2 (938.9-944.2) in the other order, int8 conventional
+# 1004.7 (1004-1031) against 978.5 (976.4-980.1); the other order never exceeded 944.1 (fp8) / 983.8 (int8) in runs
+# 4, 5 and s1. Not measured alone at other tilings (4 x 1, the six-variant launch's, only with prefetch) nor for
+# GDN, so those keep the previous order. Prefetch stays off: slower at 16 x 1 (699.1 / 712.9 G/s).
+ROW_BLOCKS_FIRST_DEFAULT = {("kda", 16, 1)}
 
 
 def delta_rule_launch(
@@ -297,6 +353,8 @@ def delta_rule_launch(
     batch_offset: int = 0,
     fast_round: bool = True,
     fp_fusion: bool = True,
+    prefetch: bool = False,
+    row_blocks_first: bool | None = None,
 ) -> torch.Tensor:
     """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, R, B, Hv, NPB, 4].
 
@@ -309,6 +367,14 @@ def delta_rule_launch(
     every product rounded before its sum (enable_fp_fusion=False), as torch computes.
     The two switches exist for the tests that prove fast_round changes no metric bit and for benchmarks that
     time the previous path (both off) in the same run as the default.
+    prefetch: each step loads the next step's inputs (k, q, v, decay, beta, the write-mask bytes) before its own
+    arithmetic, so their global-memory latency overlaps a step's work instead of stalling its start; the same
+    values in the same arithmetic, so the metrics are bit-identical either way (tests/kernels/test_delta_rule_paths.py).
+    row_blocks_first: grid (NPB, B * Hv) instead of (B * Hv, NPB): the NPB programs of one head, which read the same
+    inputs every step, are launched next to each other (in one wave) instead of B * Hv programs apart (in different
+    waves, each of which then reads all inputs from HBM again); the order of work only, bit-identical as well.
+    None (the default): on where it was measured faster (`ROW_BLOCKS_FIRST_DEFAULT`: KDA at BLOCK_P 16, one warp)
+    and CUDA's grid allows it (B * Hv <= 65535), off elsewhere.
     """
     bsz, steps, hv, dv = v.shape
     hk, dk = k.shape[2], k.shape[3]
@@ -320,7 +386,13 @@ def delta_rule_launch(
     metrics = torch.full((nv, n_rec, bsz, hv, npb, 4), float("nan"), device=v.device, dtype=torch.float32)
     dummy = torch.empty(1, device=v.device, dtype=torch.float32)
     padded = tuple(specs) + (0,) * (6 - nv)
-    _delta_rule_emulate_kernel[(bsz * hv, npb)](
+    if row_blocks_first is None:
+        kind = "kda" if alpha.dim() == 4 else "gdn"
+        row_blocks_first = (kind, block_p, num_warps) in ROW_BLOCKS_FIRST_DEFAULT and bsz * hv <= 65535
+    if row_blocks_first and bsz * hv > 65535:  # CUDA's limit on the grid's second dimension
+        raise ValueError(f"row_blocks_first takes at most 65535 (batch x heads) programs, got {bsz * hv}")
+    grid = (npb, bsz * hv) if row_blocks_first else (bsz * hv, npb)
+    _delta_rule_emulate_kernel[grid](
         q,
         k,
         v,
@@ -346,6 +418,8 @@ def delta_rule_launch(
         HAS_S0=s0 is not None,
         FAST_ROUND=fast_round,
         FP_FUSION=fp_fusion,
+        PREFETCH=prefetch and steps > 0,  # no step 0 to load ahead of the loop otherwise
+        ROW_BLOCKS_FIRST=row_blocks_first,
         NV=nv,
         SPEC0=padded[0],
         SPEC1=padded[1],

@@ -22,10 +22,11 @@ from ssmquant.kernels.common import slot_spec
 from ssmquant.kernels.delta_rule import _fake_quant_8bit_rne, delta_rule_launch
 from ssmquant.kernels.rounding import FMT_FP8, FMT_INT8, FORMAT_CODES, fake_quant_tile
 from ssmquant.replay import parse_variants, simulate
-from ssmquant.replay.reference import kda_decays
+from ssmquant.replay.inputs import KDAInputs
+from ssmquant.replay.reference import gdn_decays, kda_decays
 from ssmquant.replay.simulate import triton_interpreting
 
-from ..replay.helpers import kda_inputs
+from ..replay.helpers import gdn_inputs, kda_inputs
 from .test_emulation_kernels import assert_metrics_close
 from .test_kda_kernel import REF_RTOL, SLACK
 
@@ -192,10 +193,11 @@ def _flat_kernel(s_ptr, scale_ptr, fast_ptr, ref_ptr, BN: tl.constexpr, BR: tl.c
     tl.store(ref_ptr + offs, fake_quant_tile(s, scale, offs, 0, BN, BR, FMT, 1, STATIC, False))
 
 
-def _launch(inp, names, fast_round, fp_fusion):
-    """All `names` in one launch of the kernel on one tile of rows per head: metrics [NV, T, B, H, 4]."""
+def _launch(inp, names, fast_round, fp_fusion, block_p=None, **options):
+    """All `names` in one launch of the kernel (default: one tile of rows per head; options: delta_rule_launch's
+    prefetch / row_blocks_first): metrics [NV, T, B, H, 4]."""
     variants = parse_variants(names)
-    block_p, warps = triton.next_power_of_2(inp.rows), 1
+    block_p, warps = block_p or triton.next_power_of_2(inp.rows), 1
     specs = tuple(
         slot_spec(
             FORMAT_CODES[v.format.encoding],
@@ -208,9 +210,9 @@ def _launch(inp, names, fast_round, fp_fusion):
     )
     write = torch.stack([v.scheme.write_mask(inp.batch, inp.steps).to(inp.device, torch.int8) for v in variants])
     seeds = torch.tensor([v.seed for v in variants], dtype=torch.int64, device=inp.device)
-    alpha = kda_decays(inp).contiguous()
+    alpha = (kda_decays(inp) if isinstance(inp, KDAInputs) else gdn_decays(inp)).contiguous()
     tensors = (inp.q, inp.k, inp.v, alpha, inp.beta.float(), None, write, seeds, None, 1)
-    options = dict(specs=specs, block_p=block_p, num_warps=warps, fast_round=fast_round, fp_fusion=fp_fusion)
+    options = dict(specs=specs, block_p=block_p, num_warps=warps, fast_round=fast_round, fp_fusion=fp_fusion, **options)
     return delta_rule_launch(*tensors, **options).sum(4)
 
 
@@ -221,6 +223,43 @@ NAMES = ["fp8_e4m3", "int8@replay4", "fp8_e4m3:head@replay4", "int8:sr", "nvfp4"
 def test_kernel_fast_round_changes_no_metric_bit(fp_fusion):
     inp = kda_inputs(batch=1, steps=9, key_heads=1, value_heads=2, dk=32, dv=8, device=DEVICE)
     assert torch.equal(_launch(inp, NAMES, True, fp_fusion), _launch(inp, NAMES, False, fp_fusion))
+
+
+@pytest.mark.parametrize(
+    "kind, prefetch, row_blocks_first",
+    [("kda", True, False), ("kda", False, True), ("kda", True, True), ("gdn", True, True)],
+)
+def test_kernel_prefetch_and_grid_order_change_no_metric_bit(kind, prefetch, row_blocks_first):
+    """Loading each step's inputs a step ahead and launching a head's row blocks together change when loads are
+    issued and which program runs when, not what is computed: the same metrics bit for bit as neither, with 2 row
+    blocks per head (so the two grid orders differ) and a batch of 2 (the prefetch crosses no sequence's end)."""
+    make = kda_inputs if kind == "kda" else gdn_inputs
+    inp = make(batch=2, steps=5, key_heads=1, value_heads=1, dk=16, dv=8, device=DEVICE)
+    names = ["fp8_e4m3", "int8@replay4", "nvfp4"]  # the fast 8-bit write (its byte prefetched) and the generic one
+    base = _launch(inp, names, True, True, block_p=4, prefetch=False, row_blocks_first=False)
+    got = _launch(inp, names, True, True, block_p=4, prefetch=prefetch, row_blocks_first=row_blocks_first)
+    assert not base.isnan().any()
+    assert torch.equal(got, base)
+
+
+def test_row_blocks_first_default_only_where_measured(monkeypatch):
+    """The default grid order follows ROW_BLOCKS_FIRST_DEFAULT (KDA at 16 rows x 1 warp): recorded from the launch."""
+    from ssmquant.kernels import delta_rule
+
+    grids = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return lambda *a, **kw: None
+
+    monkeypatch.setattr(delta_rule, "_delta_rule_emulate_kernel", Spy())
+    kda = kda_inputs(batch=3, steps=3, key_heads=1, value_heads=1, dk=16, dv=32, device=DEVICE)
+    gdn = gdn_inputs(batch=3, steps=3, key_heads=1, value_heads=1, dk=16, dv=32, device=DEVICE)
+    _launch(kda, ["fp8_e4m3"], True, True, block_p=16)  # (kda, 16, 1): row blocks first, grid (NPB 2, B * Hv 3)
+    _launch(kda, ["fp8_e4m3"], True, True, block_p=8)  # not measured: grid (B * Hv 3, NPB 4)
+    _launch(gdn, ["fp8_e4m3"], True, True, block_p=16)  # GDN not measured: grid (B * Hv 3, NPB 2)
+    assert grids == [(2, 3), (3, 4), (3, 2)]
 
 
 @pytest.mark.parametrize("fp_fusion", [True, False])
