@@ -294,6 +294,97 @@ def test_a_forked_plot_that_fails_names_its_plot(tiny_run, tmp_path, monkeypatch
     assert "no heatmap today" in capfd.readouterr().err  # the child's traceback
 
 
+def test_the_plotting_process_draws_the_pngs_the_process_itself_draws(tiny_run, tmp_path, monkeypatch):
+    """A plotting process forked at the start (`start_plot_server`) receives the tables through a pipe and
+    renders the same bytes; it is reaped when done, and a server that gets no job ends when closed."""
+    import types
+
+    import pandas as pd
+
+    from ssmquant.report import files
+
+    out, _ = tiny_run
+    traces, heads, summary, report = files.load_analysis(out)
+    result = types.SimpleNamespace(traces=traces, heads=heads, summary=summary,
+                                   memory=pd.read_csv(out / "memory.csv"), report=lambda: dict(report))  # fmt: skip
+    monkeypatch.setattr(files, "PLOT_FORK_MIN_CPUS", 1)
+    assert files.start_plot_server()
+    server = files._server
+    a = files.write_analysis(result, tmp_path / "a")
+    assert files._server is None and server.pid == 0  # handed over, waited for
+    written = json.loads((a / "report.json").read_text())
+    assert written["files"][-4:] == [*files.PLOT_FILES, "report.json"]
+    b = tmp_path / "b"
+    b.mkdir()
+    files._plots().render_all(traces, heads, summary, dict(report), b)
+    for name in files.PLOT_FILES:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert files.start_plot_server()
+    pid = files._server.pid
+    files.stop_plot_server()
+    assert files._server is None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+
+
+def test_a_plot_that_fails_in_the_plotting_process_names_its_plot(tiny_run, tmp_path, monkeypatch, capfd):
+    import types
+
+    from ssmquant.report import files
+
+    out, _ = tiny_run
+    traces, heads, summary, report = files.load_analysis(out)
+    result = types.SimpleNamespace(traces=traces, heads=heads, summary=summary, memory=summary,
+                                   report=lambda: dict(report))  # fmt: skip
+    plots = files._plots()
+    render_one = plots.render_one
+    bad = {"heatmap.png"}
+
+    def broken(name, *args):
+        if name in bad:
+            raise ValueError(f"no {name} today")
+        return render_one(name, *args)
+
+    monkeypatch.setattr(files, "PLOT_FORK_MIN_CPUS", 1)
+    monkeypatch.setattr(plots, "render_one", broken)  # before the fork: the server inherits it
+    assert files.start_plot_server()
+    with pytest.raises(RuntimeError, match=r"the process plotting heatmap.png \(status 1\) failed"):
+        files.write_analysis(result, tmp_path / "a")
+    assert not (tmp_path / "a").exists() and files._server is None
+    assert "no heatmap.png today" in capfd.readouterr().err  # the child's traceback
+    bad.clear()
+    bad.add("heads.png")  # the last plot, drawn by the server itself
+    assert files.start_plot_server()
+    with pytest.raises(RuntimeError, match=r"^ValueError: no heads.png today$"):
+        files.write_analysis(result, tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
+def test_analyze_forks_the_plotting_process_before_torch(tiny_run, tmp_path):
+    """In a fresh `ssmquant analyze` process with spare cores the plotting process is forked before torch is
+    imported, and the outputs are those of the in-process run (tiny_run)."""
+    out, _ = tiny_run
+    args = ["analyze", "--model", "tiny-nemotron", "--layers", "0,2", "--formats", "fp8_e4m3,int8", "--rounding",
+            "rne,sr", "--schemes", "conventional,replay16", "--steps", 40, "--batch", 1, "--device", "cpu",
+            "--record-every", 1, "--out", tmp_path / "run", "-q"]  # fmt: skip
+    code = (
+        "import sys; from ssmquant.report import files, plot_server; files.PLOT_FORK_MIN_CPUS = 1; "
+        "start = plot_server.PlotServer.start.__func__; "
+        "plot_server.PlotServer.start = classmethod(lambda cls: print('torch' in sys.modules) or start(cls)); "
+        f"from ssmquant.cli import entry; sys.argv = ['ssmquant', *{[str(a) for a in args]!r}]; entry()"
+    )
+    res = run_cli([], prefix=["-c", code])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
+    for name in [*files_of(out)]:
+        assert (tmp_path / "run" / name).read_bytes() == (out / name).read_bytes(), name
+
+
+def files_of(out) -> list[str]:
+    """An analysis directory's output files but report.json (which records times)."""
+    return sorted(p.name for p in out.iterdir() if p.name != "report.json")
+
+
 def test_first_layer_time_is_reported(tiny_run):
     _, res = tiny_run
     assert "the first layer took" in res.stderr and "more" in res.stderr
