@@ -4,6 +4,7 @@
     python benchmarks/bench_analyze.py gpu --runs cold,warm # a fresh Triton cache, then the same cache again
     python benchmarks/bench_analyze.py cpu                  # the same at 512 steps, batch 1 (2 CPU cores)
     python benchmarks/bench_analyze.py cpu --steps 32 --batch 1 --results -   # a quick check, no results file
+    python benchmarks/bench_analyze.py gpu --runs cold,warm,base,warm,base  # against the previous code path
 
 Each run is a fresh `python -X importtime -m ssmquant analyze ... -q` process (interpreter, imports, input
 synthesis, kernel compilation or cache loads, all 23 layers x 6 variants, tables, JSON and plots). Stages:
@@ -17,6 +18,12 @@ synthesis, kernel compilation or cache loads, all 23 layers x 6 variants, tables
   tables_s also holds what analyze() does besides, such as the memory check that creates the CUDA context);
 - write, plots: report.json's `write_tables_s` (parquet, CSV) and `plots_s` (the three PNGs);
 - Triton cache: entries added to the run's TRITON_CACHE_DIR (0 on a warm run: nothing was recompiled).
+
+A ``base`` run is a warm run of the previous code path (`benchmarks/analyze_baseline.py`: this tree with the
+changes of branch nanostart undone), so that before and after alternate on one machine. Every run's output
+files but report.json (which records times) must be byte-identical to the first run's: the script says so
+and exits 1 otherwise. With the plotting process, the imports column also counts that process' imports (its
+`-X importtime` lines share the stderr).
 
 All runs of one invocation share one TRITON_CACHE_DIR (a fresh temporary one unless --cache-dir), so
 `--runs cold,warm` measures the compile run and then the warm-cache run of the issue. The table is printed,
@@ -42,7 +49,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "analyze.md"
 SIZES = {"gpu": {"steps": 4096, "batch": 8, "device": "cuda"}, "cpu": {"steps": 512, "batch": 1, "device": "cpu"}}
 TARGET = {"gpu": "< 10 s warm on one H200 (issue 15)", "cpu": "< 2 min on 2 CPU cores"}
-RUN_KINDS = ("cold", "warm")
+RUN_KINDS = ("cold", "warm", "base")
 COLUMNS = [
     ("run", "run"),
     ("wall_s", "wall clock"),
@@ -84,6 +91,13 @@ def cache_entries(cache: pathlib.Path) -> set[str]:
     return {p.name for p in cache.iterdir()} if cache.is_dir() else set()
 
 
+def output_digests(out: pathlib.Path) -> dict[str, str]:
+    """sha256 of each output file but report.json (it records the run's times)."""
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir()) if p.name != "report.json"}
+
+
 def one_run(label: str, cmd: list[str], env: dict, cache: pathlib.Path, out: pathlib.Path) -> dict:
     before = cache_entries(cache)
     t0 = time.perf_counter()
@@ -115,6 +129,7 @@ def one_run(label: str, cmd: list[str], env: dict, cache: pathlib.Path, out: pat
         "triton_cache_new": len(cache_entries(cache) - before),
         "peak_gpu_memory_GiB": st.get("peak_gpu_memory_GiB"),
         "stages": st,
+        "outputs": output_digests(out),
     }
     shutil.rmtree(out, ignore_errors=True)
     return row
@@ -134,8 +149,9 @@ def table(rows: list[dict]) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("kind", choices=sorted(SIZES))
-    ap.add_argument("--runs", default="cold,warm", help="comma-separated run labels, each cold or warm: a cold run "
-                    "empties the Triton cache first, a warm one keeps what the runs before it compiled")  # fmt: skip
+    ap.add_argument("--runs", default="cold,warm", help="comma-separated run labels, each cold, warm or base: a cold "
+                    "run empties the Triton cache first, a warm one keeps what the runs before it compiled, a base "
+                    "one is a warm run of the previous code path (benchmarks/analyze_baseline.py)")  # fmt: skip
     ap.add_argument("--cache-dir", type=pathlib.Path, help="TRITON_CACHE_DIR of the runs [default: a fresh temp dir]")
     ap.add_argument("--steps", type=int, help="override the kind's steps (a quick check)")
     ap.add_argument("--batch", type=int, help="override the kind's batch")
@@ -161,6 +177,7 @@ def main():
     if args.layers:
         cli_args[-3:-3] = ["--layers", args.layers]
     cmd = [sys.executable, "-X", "importtime", "-m", "ssmquant", *cli_args]
+    base_cmd = [sys.executable, "-X", "importtime", str(ROOT / "benchmarks" / "analyze_baseline.py"), *cli_args]
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(cache))
     rows = []
     try:
@@ -168,7 +185,7 @@ def main():
             if label == "cold":
                 shutil.rmtree(cache, ignore_errors=True)
             print(f"[bench_analyze] {label} run ...", flush=True)
-            rows.append(one_run(label, cmd, env, cache, out))
+            rows.append(one_run(label, base_cmd if label == "base" else cmd, env, cache, out))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -181,6 +198,13 @@ def main():
         + table(rows)
     )
     print("\n" + section)
+    differ = [f"{r['run']} #{i}: {', '.join(k for k in sorted(set(r['outputs']) | set(rows[0]['outputs'])) if r['outputs'].get(k) != rows[0]['outputs'].get(k))}"
+              for i, r in enumerate(rows) if r["outputs"] != rows[0]["outputs"]]  # fmt: skip
+    print(f"output files ({len(rows[0]['outputs'])}, report.json aside) of all {len(rows)} runs byte-identical: "
+          + ("yes" if not differ else "NO, differing from run #0: " + "; ".join(differ)))
+    for kind in sorted({r["run"] for r in rows}):
+        walls = [r["wall_s"] for r in rows if r["run"] == kind]
+        print(f"{kind}: wall clock {', '.join(f'{w:.2f}' for w in walls)} s (mean {sum(walls) / len(walls):.2f} s)")
     if args.json:
         args.json.write_text(json.dumps({"command": shown, "hardware": hardware(args.kind), "date": date,
                                          "sizes": sizes, "runs": rows}, indent=2) + "\n")  # fmt: skip
@@ -193,6 +217,8 @@ def main():
         else:
             text = text.rstrip("\n") + "\n\n" + section
         results.write_text(text.rstrip("\n") + "\n")
+    if differ:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
