@@ -64,8 +64,10 @@ def entry() -> None:
 def _start_cuda(device: str) -> None:
     """Create the CUDA context in a background thread while the command imports the rest (pandas, Triton,
     the analysis modules): torch's ops release the GIL, so the driver's start-up overlaps the imports. torch
-    itself is imported here, in the calling thread, so that no module is imported by two threads at once.
-    Errors are left to the command's own device checks, which name the problem."""
+    itself is imported here, in the calling thread, before the thread starts. Where a GPU is visible, the
+    thread then warms Triton up (``_warm_up_triton``; should its import of Triton meet the command's, Python's
+    per-module import locks make one wait for the other). Errors are left to the command's own device checks,
+    which name the problem."""
     if device == "cpu":
         return
     import threading
@@ -77,10 +79,23 @@ def _start_cuda(device: str) -> None:
             if torch.cuda.is_available():
                 dev = torch.device(device) if device.startswith("cuda:") else torch.device("cuda", 0)
                 torch.zeros(1, device=dev)
+                _warm_up_triton()
         except Exception:  # noqa: BLE001, S110 - reported by the command itself
             pass
 
     threading.Thread(target=start, name="ssmquant-cuda-start", daemon=True).start()
+
+
+def _warm_up_triton() -> None:
+    """Compute what Triton's first kernel call in a process computes whatever the kernel: the hash of Triton's
+    own installation that keys its cache (``triton.runtime.cache.triton_key``, Triton >= 3.3: a SHA-256 of its
+    compiler sources and of libtriton.so, about 500 MB; 0.28 s on the 2-core CPU machine), cached for the
+    process by ``functools.lru_cache``. Called from ``_start_cuda``'s thread: hashing and reading release the
+    GIL, so it overlaps the command's imports and the first layer's inputs. Should the first launch come
+    first, it computes the same value itself; nothing depends on this having run."""
+    from triton.runtime.cache import triton_key
+
+    triton_key()
 
 
 def _silence() -> None:
