@@ -17,13 +17,11 @@ def revert() -> list[str]:
     """Undo this branch's changes in the imported modules; returns what was undone."""
     from ssmquant import cli
     from ssmquant.replay import naive, reference, simulate
-    from ssmquant.report import files
 
     never = lambda inputs: False  # noqa: E731
-    files.start_plot_server = lambda: False  # the plotting stack imported in a thread of this process
     simulate.is_validated = naive.is_validated = reference.is_validated = never  # every consumer validates again
     cli._warm_up_triton = lambda: None  # Triton's installation hash computed by the first launch
-    return ["plotting process", "validated inputs not validated again", "Triton warm-up"]
+    return ["validated inputs not validated again", "Triton warm-up"]
 
 
 if __name__ == "__main__":

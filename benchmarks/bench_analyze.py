@@ -22,8 +22,7 @@ synthesis, kernel compilation or cache loads, all 23 layers x 6 variants, tables
 A ``base`` run is a warm run of the previous code path (`benchmarks/analyze_baseline.py`: this tree with the
 changes of branch nanostart undone), so that before and after alternate on one machine. Every run's output
 files but report.json (which records times) must be byte-identical to the first run's: the script says so
-and exits 1 otherwise. With the plotting process, the imports column also counts that process' imports (its
-`-X importtime` lines share the stderr).
+and exits 1 otherwise.
 
 All runs of one invocation share one TRITON_CACHE_DIR (a fresh temporary one unless --cache-dir), so
 `--runs cold,warm` measures the compile run and then the warm-cache run of the issue. The table is printed,

@@ -351,14 +351,9 @@ def analyze_cmd(
     quiet,
 ):
     """Per-layer error of each state format over the decode horizon: tables, JSON, plots."""
-    from .report.files import check_out_dir, prefetch_plotting, start_plot_server, stop_plot_server, write_analysis
-
-    if not no_plots and start_plot_server():
-        # forked before torch is imported: the plotting stack loads in a process of its own (report.plot_server);
-        # ended with the command whatever happens (a bad option below, an error in the analysis)
-        click.get_current_context().call_on_close(stop_plot_server)
     _start_cuda(device)
     from .analysis import AnalyzeConfig, analyze, default_model
+    from .report.files import check_out_dir, prefetch_plotting, write_analysis
     from .report.tables import memory_text, summary_table
 
     if quiet:

@@ -26,42 +26,20 @@ PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
 # pass), renders its plot into the output directory and exits; this process writes the tables, then renders
 # the last plot. The PNGs are the bytes an in-process render writes (tests/test_cli.py). 0 turns it off.
 # (A plotting process per plot started with the run, importing the stack itself, made the plots stage 5.5 s
-# on the H200 where a background import took 1.7 s; forked children took 1.0 s.)
+# on the H200 where a background import took 1.7 s; forked children took 1.0 s. One plotting process forked
+# before torch, importing the stack while the GPU worked and sent the tables through a pipe at the end, made it
+# 3.8 / 5.8 s against 0.9 / 1.1 s for forked children, alternating on one H200: benchmarks/results/analyze.md.)
 PLOT_FORK_MIN_CPUS = 4
 
 _prefetch: threading.Thread | None = None
-_server = None  # the PlotServer of this run (start_plot_server), handed to write_analysis
-
-
-def start_plot_server() -> bool:
-    """Where plots render in forked children (``_can_fork``): fork the plotting process now
-    (``plot_server.PlotServer``), which imports the plotting stack on a core of its own while the analysis
-    runs and renders the plots that ``write_analysis`` sends it. Call it before torch is imported (the
-    command line's first step): the fork is then small, and no CUDA or thread state is copied. Returns
-    whether a server runs; ``stop_plot_server`` ends one that got no job."""
-    global _server
-    if _server is None and _can_fork():
-        from .plot_server import PlotServer
-
-        _server = PlotServer.start()
-    return _server is not None
-
-
-def stop_plot_server() -> None:
-    """End this run's plotting process if ``write_analysis`` did not take it (an error, --no-plots)."""
-    global _server
-    if _server is not None:
-        _server.close()
-        _server = None
 
 
 def prefetch_plotting() -> None:
     """Get the plots ready while the analysis runs: a background thread imports the plotting stack (matplotlib,
     seaborn and the scipy it imports: about 1-2 s) and loads the fonts. ``write_analysis`` and ``replot`` wait
-    for it before plotting; an error in it surfaces there, in the main thread. Nothing to do when a plotting
-    process runs (``start_plot_server``)."""
+    for it before plotting; an error in it surfaces there, in the main thread."""
     global _prefetch
-    if _prefetch is None and _server is None and "ssmquant.report.plots" not in sys.modules:
+    if _prefetch is None and "ssmquant.report.plots" not in sys.modules:
         _prefetch = threading.Thread(target=_warm_plots, name="ssmquant-plot-prefetch", daemon=True)
         _prefetch.start()
 
@@ -247,20 +225,14 @@ def write_atomically(out_dir, force: bool, fill) -> pathlib.Path:
 
 
 def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) -> pathlib.Path:
-    """Write an AnalysisResult to out_dir (atomically); returns the directory. The plots render in the plotting
-    process when one runs (``start_plot_server``), else in forked children where there are spare cores, else
-    here; the same bytes each way."""
+    """Write an AnalysisResult to out_dir (atomically); returns the directory."""
 
     def fill(tmp: pathlib.Path):
-        global _server
         t0 = time.perf_counter()
         report = result.report()
-        # the plotting process, or forked children, render while this process writes the tables
+        # forked children render while this process writes the tables
         waiting = None
-        if plots and _server is not None:
-            server, _server = _server, None
-            waiting = server.render(result.traces, result.heads, result.summary, report, tmp)
-        elif plots and _can_fork():
+        if plots and _can_fork():
             waiting = _fork_plots(result.traces, result.heads, result.summary, report, tmp)
         try:
             files = [
