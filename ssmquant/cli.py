@@ -66,10 +66,10 @@ def _start_cuda(device: str) -> None:
     the analysis modules): torch's ops release the GIL, so the driver's start-up overlaps the imports. torch
     itself is imported here, in the calling thread, before the thread starts. Where a GPU is visible, that
     thread first starts another that warms Triton up (``_warm_up_triton``; should its import of Triton meet the
-    command's, Python's per-module import locks make one wait for the other). It starts before the context
-    rather than after it: in the H200 profile of run s1 (nano_profile.py, its imports done ahead) the hash
-    started after the context was still running at the first launch, which hashed for 0.34 s itself. Errors
-    are left to the command's own device checks, which name the problem."""
+    command's, Python's per-module import locks make one wait for the other). It runs alongside the context's
+    creation, not after it, so that it is done sooner: the first launch needs it within about a second (in the
+    H200 profile of run s1, made before this warm-up, the first launch spent 0.34 s on the hash). Errors are
+    left to the command's own device checks, which name the problem."""
     if device == "cpu":
         return
     import threading
