@@ -21,7 +21,7 @@
 # Writes $OUT/analyze_nano.{json,md} (the stage table and medians), $OUT/timeline_events.json (and
 # timeline_events_base.json with PROFILE_BASE=1), $OUT/importtime_torch.log and $OUT/analyze_nano.log (all output).
 # CPU check of the script itself (tiny sizes; the Triton interpreter is too slow for Nano's shapes):
-#   OUT=/tmp/o KIND=cpu BUDGET=900 BENCH_ARGS="--steps 16 --batch 1 --layers 0" \
+#   PATH=/work/main/.venv/bin:$PATH OUT=/tmp/o KIND=cpu BUDGET=900 RUNS=cold,warm,base,pyc BENCH_ARGS="--steps 16 --batch 1 --layers 0" \
 #     PROFILE_ARGS="--device cpu --steps 8 --batch 1 --layers 0,2" bash benchmarks/gpu/analyze_nano.sh
 set -euo pipefail
 : "${OUT:?set OUT to the results directory}"
@@ -35,7 +35,15 @@ run() {
   local rc=0
   echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader 2>/dev/null || echo 'no GPU'), $(nproc) CPUs, budget ${budget} s"
   # versions without importing torch (seconds on that machine)
-  python3 -c "from importlib.metadata import version as v; print(*(f'{p} {v(p)}' for p in ('torch', 'triton', 'matplotlib', 'pandas')))" || true
+  python3 - <<'EOF' || true
+from importlib.metadata import PackageNotFoundError, version
+def v(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+print(*(f"{p} {v(p)}" for p in ("torch", "triton", "matplotlib", "seaborn", "pandas")))
+EOF
   echo "== analyze: cold, warm runs of this tree and of the previous code path (base) alternating, pyc runs"
   # shellcheck disable=SC2086
   timeout "${BENCH_TIMEOUT:-$((budget - 5))}" python3 benchmarks/bench_analyze.py "${KIND:-gpu}" \
@@ -44,12 +52,16 @@ run() {
   echo "== start-up: the machine's Python and bytecode, import torch (-X importtime, top 25 cumulative) [$SECONDS s]"
   timeout 10 python3 - <<'EOF' || true
 import importlib.util, os, pathlib, sys
-root = pathlib.Path(importlib.util.find_spec("torch").origin).parent  # found, not imported
-py = sum(1 for _ in root.rglob("*.py"))
-pyc = sum(1 for _ in root.rglob("__pycache__/*.pyc"))
 print(f"python {sys.version.split()[0]} at {sys.executable}; sys.flags.dont_write_bytecode={sys.flags.dont_write_bytecode} "
       f"(PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE')!r}), pycache_prefix={sys.pycache_prefix!r}")
-print(f"torch package {root}: {py} .py files, {pyc} cached .pyc; writable: {os.access(root, os.W_OK)}")
+spec = importlib.util.find_spec("torch")  # found, not imported
+if spec is None:
+    print("torch: not installed")
+else:
+    root = pathlib.Path(spec.origin).parent
+    py = sum(1 for _ in root.rglob("*.py"))
+    pyc = sum(1 for _ in root.rglob("__pycache__/*.pyc"))
+    print(f"torch package {root}: {py} .py files, {pyc} cached .pyc; writable: {os.access(root, os.W_OK)}")
 EOF
   timeout 10 python3 -X importtime -c "import torch" 2> "$OUT/importtime_torch.log" || true
   grep '^import time:' "$OUT/importtime_torch.log" | sort -t'|' -k2 -n -r | head -25 || true
