@@ -4,6 +4,8 @@
     python benchmarks/bench_analyze.py gpu --runs cold,warm # a fresh Triton cache, then the same cache again
     python benchmarks/bench_analyze.py cpu                  # the same at 512 steps, batch 1 (2 CPU cores)
     python benchmarks/bench_analyze.py cpu --steps 32 --batch 1 --results -   # a quick check, no results file
+    python benchmarks/bench_analyze.py gpu --runs cold,warm,base,warm,base  # against the previous code path
+    python benchmarks/bench_analyze.py gpu --runs cold,warm,base,warm,base,warm,pyc,pyc --deadline 95
 
 Each run is a fresh `python -X importtime -m ssmquant analyze ... -q` process (interpreter, imports, input
 synthesis, kernel compilation or cache loads, all 23 layers x 6 variants, tables, JSON and plots). Stages:
@@ -11,6 +13,7 @@ synthesis, kernel compilation or cache loads, all 23 layers x 6 variants, tables
 - start-up + exit: the wall clock less analyze() and the writing of DIR (interpreter, the command's imports,
   click, CUDA and process teardown); split into start-up (up to analyze()) and exit (from report.json's
   modification time, the last file written, to the process' end);
+- import torch: the cumulative time of `import torch` in the run's `-X importtime` log (most of start-up);
 - imports (all): the sum of the process's top-level imports from `-X importtime`, wherever they ran (some
   run inside analyze(), e.g. Triton on the first launch, so this column overlaps the others);
 - inputs, emulation, tables: report.json's stages of analyze() (`capture_wait_s`, `emulate_s`, `tables_s`;
@@ -18,9 +21,20 @@ synthesis, kernel compilation or cache loads, all 23 layers x 6 variants, tables
 - write, plots: report.json's `write_tables_s` (parquet, CSV) and `plots_s` (the three PNGs);
 - Triton cache: entries added to the run's TRITON_CACHE_DIR (0 on a warm run: nothing was recompiled).
 
+A ``base`` run is a warm run of the previous code path (`benchmarks/analyze_baseline.py`: this tree with the
+changes of branch nanostart undone), so that before and after alternate on one machine. A ``pyc`` run is a warm
+run of this tree with a warm Python bytecode cache: the H200 machine's Python compiles every module it imports
+from source each time (its torch has no cached .pyc and writes none), which a usual installation (pip compiles
+the .pyc files when it installs) does not; ``pyc`` runs and the ``cold`` run (which fills it) get
+PYTHONPYCACHEPREFIX=<work dir>/pycache and no PYTHONDONTWRITEBYTECODE, every other run the environment as given. Every run's output
+files but report.json (which records times) must be byte-identical to the first run's: the script says so
+and exits 1 otherwise.
+
 All runs of one invocation share one TRITON_CACHE_DIR (a fresh temporary one unless --cache-dir), so
-`--runs cold,warm` measures the compile run and then the warm-cache run of the issue. The table is printed,
-written as JSON (--json) and replaces this machine kind's section of the results file (--results; '-' for none).
+`--runs cold,warm` measures the compile run and then the warm-cache run of the issue. The table is printed with
+the median (min-max) wall clock of each run kind, written as JSON (--json) and replaces this machine kind's
+section of the results file (--results; '-' for none). --deadline stops starting runs that would end past it
+(judged by the longest run so far), so that a device call keeps to its time; the skipped runs are named.
 """
 
 from __future__ import annotations
@@ -42,13 +56,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "analyze.md"
 SIZES = {"gpu": {"steps": 4096, "batch": 8, "device": "cuda"}, "cpu": {"steps": 512, "batch": 1, "device": "cpu"}}
 TARGET = {"gpu": "< 10 s warm on one H200 (issue 15)", "cpu": "< 2 min on 2 CPU cores"}
-RUN_KINDS = ("cold", "warm")
+RUN_KINDS = ("cold", "warm", "base", "pyc")
 COLUMNS = [
     ("run", "run"),
     ("wall_s", "wall clock"),
     ("startup_exit_s", "start-up + exit"),
     ("startup_s", "start-up"),
     ("exit_s", "exit"),
+    ("torch_import_s", "import torch"),
     ("imports_s", "imports (all)"),
     ("analyze_s", "inside analyze()"),
     ("inputs_s", "inputs"),
@@ -61,11 +76,20 @@ COLUMNS = [
 
 
 def hardware(kind: str) -> str:
-    import torch
+    """The machine and torch's version, without importing torch (seconds of a device call's time)."""
+    from importlib.metadata import version
 
+    torch_version = version("torch")
     if kind == "gpu":
-        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    return f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), torch {torch.__version__}"
+        try:
+            name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                  text=True, timeout=20, check=True).stdout.splitlines()[0].strip()  # fmt: skip
+        except (OSError, subprocess.SubprocessError, IndexError):
+            import torch
+
+            name = torch.cuda.get_device_name(0)
+        return f"{name}, torch {torch_version}"
+    return f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), torch {torch_version}"
 
 
 def import_seconds(importtime_log: str) -> float:
@@ -79,9 +103,38 @@ def import_seconds(importtime_log: str) -> float:
     return total / 1e6
 
 
+def module_import_seconds(importtime_log: str, module: str) -> float | None:
+    """The cumulative import time of ``module`` in a `python -X importtime` log (its first import), or None."""
+    m = re.search(rf"^import time:\s+\d+ \|\s+(\d+) \| *{re.escape(module)}$", importtime_log, re.M)
+    return int(m.group(1)) / 1e6 if m else None
+
+
+def median(values: list[float]) -> float:
+    v = sorted(values)
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
+
+
+def kind_summary(rows: list[dict]) -> list[str]:
+    """One line per run kind: the wall clock of each run, and their median (min-max)."""
+    lines = []
+    for kind in RUN_KINDS:
+        walls = [r["wall_s"] for r in rows if r["run"] == kind]
+        if walls:
+            lines.append(f"{kind}: wall clock median {median(walls):.2f} s (min-max {min(walls):.2f}-{max(walls):.2f} s, "
+                         f"{len(walls)} run{'s' if len(walls) > 1 else ''}: {', '.join(f'{w:.2f}' for w in walls)})")  # fmt: skip
+    return lines
+
+
 def cache_entries(cache: pathlib.Path) -> set[str]:
     """Triton's cache: one directory per compiled kernel (and per built launcher / driver helper)."""
     return {p.name for p in cache.iterdir()} if cache.is_dir() else set()
+
+
+def output_digests(out: pathlib.Path) -> dict[str, str]:
+    """sha256 of each output file but report.json (it records the run's times)."""
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir()) if p.name != "report.json"}
 
 
 def one_run(label: str, cmd: list[str], env: dict, cache: pathlib.Path, out: pathlib.Path) -> dict:
@@ -105,6 +158,7 @@ def one_run(label: str, cmd: list[str], env: dict, cache: pathlib.Path, out: pat
         "startup_exit_s": wall - report["elapsed_s"] - write,
         "startup_s": wall - report["elapsed_s"] - write - exit_s,
         "exit_s": exit_s,
+        "torch_import_s": module_import_seconds(proc.stderr, "torch"),
         "imports_s": import_seconds(proc.stderr),
         "analyze_s": report["elapsed_s"],
         "inputs_s": st.get("capture_wait_s"),
@@ -115,6 +169,7 @@ def one_run(label: str, cmd: list[str], env: dict, cache: pathlib.Path, out: pat
         "triton_cache_new": len(cache_entries(cache) - before),
         "peak_gpu_memory_GiB": st.get("peak_gpu_memory_GiB"),
         "stages": st,
+        "outputs": output_digests(out),
     }
     shutil.rmtree(out, ignore_errors=True)
     return row
@@ -134,12 +189,16 @@ def table(rows: list[dict]) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("kind", choices=sorted(SIZES))
-    ap.add_argument("--runs", default="cold,warm", help="comma-separated run labels, each cold or warm: a cold run "
-                    "empties the Triton cache first, a warm one keeps what the runs before it compiled")  # fmt: skip
+    ap.add_argument("--runs", default="cold,warm", help="comma-separated run labels, each cold, warm, base or pyc: a "
+                    "cold run empties the Triton cache first, a warm one keeps what the runs before it compiled, a "
+                    "base one is a warm run of the previous code path (benchmarks/analyze_baseline.py), a pyc one a "
+                    "warm run with Python's bytecode cache (filled by the cold run)")  # fmt: skip
     ap.add_argument("--cache-dir", type=pathlib.Path, help="TRITON_CACHE_DIR of the runs [default: a fresh temp dir]")
     ap.add_argument("--steps", type=int, help="override the kind's steps (a quick check)")
     ap.add_argument("--batch", type=int, help="override the kind's batch")
     ap.add_argument("--layers", help="only these SSM layers, comma-separated (a quick check)")
+    ap.add_argument("--deadline", type=float, help="seconds from the start: no run is started that would end "
+                    "later, by the longest run so far [default: none]")  # fmt: skip
     ap.add_argument("--json", type=pathlib.Path, help="also write the rows as JSON here")
     ap.add_argument("--results", default=str(RESULTS), help="results file to update ('-': none)")
     args = ap.parse_args()
@@ -161,29 +220,53 @@ def main():
     if args.layers:
         cli_args[-3:-3] = ["--layers", args.layers]
     cmd = [sys.executable, "-X", "importtime", "-m", "ssmquant", *cli_args]
+    base_cmd = [sys.executable, "-X", "importtime", str(ROOT / "benchmarks" / "analyze_baseline.py"), *cli_args]
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(cache))
-    rows = []
+    pyc_env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    pyc_env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+    rows, skipped, t_start = [], [], time.perf_counter()
     try:
-        for label in labels:
+        for i, label in enumerate(labels):
+            # the longest warm run so far (the cold one while there is none) is what the next one may take
+            walls = [r["wall_s"] for r in rows if r["run"] != "cold"] or [r["wall_s"] for r in rows]
+            longest = max(walls, default=0.0)
+            if args.deadline is not None and time.perf_counter() - t_start + longest > args.deadline:
+                skipped = labels[i:]
+                print(f"[bench_analyze] deadline {args.deadline:.0f} s: not started: {', '.join(skipped)}", flush=True)
+                break
             if label == "cold":
                 shutil.rmtree(cache, ignore_errors=True)
             print(f"[bench_analyze] {label} run ...", flush=True)
-            rows.append(one_run(label, cmd, env, cache, out))
+            run_env = pyc_env if label in ("cold", "pyc") else env
+            rows.append(one_run(label, base_cmd if label == "base" else cmd, run_env, cache, out))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if not rows:
+        raise SystemExit("no run fitted in --deadline")
+    labels = labels[: len(rows)]
     shown = "ssmquant " + " ".join(cli_args).replace(str(out), "DIR")
     date = datetime.date.today().isoformat()
+    hw = hardware(args.kind)
+    differ = [f"{r['run']} #{i}: {', '.join(k for k in sorted(set(r['outputs']) | set(rows[0]['outputs'])) if r['outputs'].get(k) != rows[0]['outputs'].get(k))}"
+              for i, r in enumerate(rows) if r["outputs"] != rows[0]["outputs"]]  # fmt: skip
+    identical = (f"output files ({len(rows[0]['outputs'])}, report.json aside) of all {len(rows)} runs byte-identical: "
+                 + ("yes" if not differ else "NO, differing from run #0: " + "; ".join(differ)))  # fmt: skip
     section = (
-        f"## {args.kind.upper()}\n\n`{shown}`\n\n{hardware(args.kind)}, {date}; target {TARGET[args.kind]}. "
+        f"## {args.kind.upper()}\n\n`{shown}`\n\n{hw}, {date}; target {TARGET[args.kind]}. "
         f"`python benchmarks/bench_analyze.py {args.kind} --runs {','.join(labels)}`: each run a fresh process; "
-        "cold: an empty Triton cache (kernels compiled in the run), warm: the cache the runs before it filled.\n\n"
+        "cold: an empty Triton cache (kernels compiled in the run), warm: the cache the runs before it filled, "
+        "base: a warm run of the previous code path, pyc: a warm run with a warm Python bytecode cache.\n\n"
         + table(rows)
+        + "\n"
+        + "".join(f"- {line}\n" for line in kind_summary(rows))
+        + (f"- not started (--deadline {args.deadline:.0f} s): {', '.join(skipped)}\n" if skipped else "")
+        + f"- {identical}\n"
     )
     print("\n" + section)
     if args.json:
-        args.json.write_text(json.dumps({"command": shown, "hardware": hardware(args.kind), "date": date,
-                                         "sizes": sizes, "runs": rows}, indent=2) + "\n")  # fmt: skip
+        args.json.write_text(json.dumps({"command": shown, "hardware": hw, "date": date, "sizes": sizes,
+                                         "runs": rows, "not_started": skipped}, indent=2) + "\n")  # fmt: skip
     if args.results != "-":
         results = pathlib.Path(args.results)
         text = results.read_text() if results.exists() else "# `ssmquant analyze` wall-clock time\n\n"
@@ -193,6 +276,8 @@ def main():
         else:
             text = text.rstrip("\n") + "\n\n" + section
         results.write_text(text.rstrip("\n") + "\n")
+    if differ:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

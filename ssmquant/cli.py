@@ -64,23 +64,46 @@ def entry() -> None:
 def _start_cuda(device: str) -> None:
     """Create the CUDA context in a background thread while the command imports the rest (pandas, Triton,
     the analysis modules): torch's ops release the GIL, so the driver's start-up overlaps the imports. torch
-    itself is imported here, in the calling thread, so that no module is imported by two threads at once.
-    Errors are left to the command's own device checks, which name the problem."""
+    itself is imported here, in the calling thread, before the thread starts. Where a GPU is visible, that
+    thread first starts another that warms Triton up (``_warm_up_triton``; should its import of Triton meet the
+    command's, Python's per-module import locks make one wait for the other). It runs alongside the context's
+    creation, not after it, so that it is done sooner: the first launch needs it within about a second (in the
+    H200 profile of run s1, made before this warm-up, the first launch spent 0.34 s on the hash). Errors are
+    left to the command's own device checks, which name the problem."""
     if device == "cpu":
         return
     import threading
 
     import torch
 
+    def warm_triton():
+        try:
+            _warm_up_triton()
+        except Exception:  # noqa: BLE001, S110 - the first launch computes it, or fails with its own message
+            pass
+
     def start():
         try:
             if torch.cuda.is_available():
+                threading.Thread(target=warm_triton, name="ssmquant-triton-key", daemon=True).start()
                 dev = torch.device(device) if device.startswith("cuda:") else torch.device("cuda", 0)
                 torch.zeros(1, device=dev)
         except Exception:  # noqa: BLE001, S110 - reported by the command itself
             pass
 
     threading.Thread(target=start, name="ssmquant-cuda-start", daemon=True).start()
+
+
+def _warm_up_triton() -> None:
+    """Compute what Triton's first kernel call in a process computes whatever the kernel: the hash of Triton's
+    own installation that keys its cache (``triton.runtime.cache.triton_key``, Triton >= 3.3: a SHA-256 of its
+    compiler sources and of libtriton.so, about 500 MB; 0.28 s on the 2-core CPU machine), cached for the
+    process by ``functools.lru_cache``. Called from a thread of ``_start_cuda``: hashing and reading release the
+    GIL, so it overlaps the command's imports, the CUDA context's creation and the first layer's inputs.
+    Should the first launch come first, it computes the same value itself; nothing depends on this having run."""
+    from triton.runtime.cache import triton_key
+
+    triton_key()
 
 
 def _silence() -> None:

@@ -294,6 +294,20 @@ def test_a_forked_plot_that_fails_names_its_plot(tiny_run, tmp_path, monkeypatch
     assert "no heatmap today" in capfd.readouterr().err  # the child's traceback
 
 
+def test_triton_warm_up_fills_the_cache_of_the_installation_hash():
+    """What the CUDA start-up thread computes ahead is what Triton's first kernel call would: its cached
+    installation hash (so the first launch finds it)."""
+    pytest.importorskip("triton")
+    from triton.runtime.cache import triton_key
+
+    from ssmquant import cli as cli_mod
+
+    key = triton_key()
+    triton_key.cache_clear()
+    cli_mod._warm_up_triton()
+    assert triton_key.cache_info().currsize == 1 and triton_key() == key
+
+
 def test_first_layer_time_is_reported(tiny_run):
     _, res = tiny_run
     assert "the first layer took" in res.stderr and "more" in res.stderr

@@ -79,6 +79,42 @@ def _raise(message: str):
     raise InputError(message)
 
 
+def _tensors(inputs) -> tuple:
+    """(field name, tensor, in-place version counter) of each tensor field of an inputs container."""
+    return tuple(
+        (f.name, t, t._version)
+        for f in dataclasses.fields(inputs)
+        if isinstance(t := getattr(inputs, f.name), torch.Tensor)
+    )
+
+
+def _remember_valid(inputs) -> None:
+    """Record that ``validate()`` passed on exactly these tensors (kept, with their version counters)."""
+    inputs._valid_as = _tensors(inputs)
+
+
+def _carry_valid(src, dst):
+    """``dst``, made from ``src`` by ``to()``: it keeps src's record, which still holds where ``to`` returned
+    the same tensors (already on the device), and not where it copied them."""
+    if getattr(src, "_valid_as", None) is not None:
+        dst._valid_as = src._valid_as
+    return dst
+
+
+def is_validated(inputs) -> bool:
+    """Whether ``inputs.validate()`` has passed on the very tensors the container holds now, none of them
+    replaced or changed in place since (the same objects, the same ``Tensor._version``). Lets a consumer skip a
+    second validation of inputs validated where they were made: on a GPU its read-back waits for all the
+    work queued on the stream."""
+    seen = getattr(inputs, "_valid_as", None)
+    if seen is None:
+        return False
+    now = _tensors(inputs)
+    return len(now) == len(seen) and all(
+        a[0] == b[0] and a[1] is b[1] and a[2] == b[2] for a, b in zip(now, seen, strict=True)
+    )
+
+
 @dataclass
 class Mamba2Inputs:
     """Decode inputs of one Mamba-2 layer.
@@ -164,6 +200,7 @@ class Mamba2Inputs:
                     lambda: _raise("dt must be > 0 (it is softplus(dt_raw + dt_bias) after the clamp)"))  # fmt: skip
         checks.rule(lambda: (self.A >= 0).any(), lambda: _raise("A must be < 0 (A = -exp(A_log)); pass A, not A_log"))
         checks.run()
+        _remember_valid(self)
         return self
 
     @property
@@ -184,7 +221,7 @@ class Mamba2Inputs:
         def mv(t):
             return None if t is None else t.to(device)
 
-        return dataclasses.replace(
+        return _carry_valid(self, dataclasses.replace(
             self,
             x=mv(self.x),
             dt=mv(self.dt),
@@ -193,7 +230,7 @@ class Mamba2Inputs:
             A=mv(self.A),
             D=mv(self.D),
             initial_state=mv(self.initial_state),
-        )
+        ))
 
 
 @dataclass
@@ -271,6 +308,7 @@ class _DeltaRuleInputs:
         checks.rule(lambda: ((self.beta < 0) | (self.beta > 1)).any(),
                     lambda: _raise("beta must lie in [0, 1] (it is sigmoid(b))"))  # fmt: skip
         checks.run()
+        _remember_valid(self)
         return self
 
     def _check_gate(self, checks: _Checks, b: int, t: int, hv: int, dk: int, dev: torch.device) -> None:
@@ -291,7 +329,7 @@ class _DeltaRuleInputs:
         def mv(t):
             return None if t is None else t.to(device)
 
-        return dataclasses.replace(
+        return _carry_valid(self, dataclasses.replace(
             self,
             q=mv(self.q),
             k=mv(self.k),
@@ -299,7 +337,7 @@ class _DeltaRuleInputs:
             g=mv(self.g),
             beta=mv(self.beta),
             initial_state=mv(self.initial_state),
-        )
+        ))
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .inputs import LayerInputs
+from .inputs import LayerInputs, is_validated
 from .naive import emulate
 from .trace import Trace, WindowAccumulator, stats_to_numpy
 from .variants import Variant, VariantError, check_variants_fit, parse_variants
@@ -128,9 +128,13 @@ def start_simulation(
 ) -> PendingTrace:
     """``simulate`` without waiting for the device: validates, queues the kernels and the window statistics
     on CUDA inputs' current stream and returns a PendingTrace (on the CPU the work is done on return).
-    Arguments as ``simulate``; invalid arguments raise here."""
+    Arguments as ``simulate``; invalid arguments raise here. Inputs that passed ``validate()`` unchanged since
+    (``is_validated``: synthetic inputs are validated where they are drawn, on a stream of their own) are not
+    validated again: on a GPU its read-back would wait for the previous layer's kernels queued on this
+    stream, which the host would otherwise overlap with queueing this layer."""
     variants = with_engine(parse_variants(variants), engine)
-    inputs.validate()
+    if not is_validated(inputs):
+        inputs.validate()
     check_variants_fit(variants, inputs.state_shape)
     check_engines(variants, inputs, form)
     chosen = resolve_backend(backend, inputs)

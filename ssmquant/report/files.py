@@ -26,7 +26,9 @@ PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
 # pass), renders its plot into the output directory and exits; this process writes the tables, then renders
 # the last plot. The PNGs are the bytes an in-process render writes (tests/test_cli.py). 0 turns it off.
 # (A plotting process per plot started with the run, importing the stack itself, made the plots stage 5.5 s
-# on the H200 where a background import took 1.7 s; forked children took 1.0 s.)
+# on the H200 where a background import took 1.7 s; forked children took 1.0 s. One plotting process forked
+# before torch, importing the stack while the GPU worked and sent the tables through a pipe at the end, made it
+# 3.8 / 5.8 s against 0.9 / 1.1 s for forked children, alternating on one H200: benchmarks/results/analyze.md.)
 PLOT_FORK_MIN_CPUS = 4
 
 _prefetch: threading.Thread | None = None

@@ -185,6 +185,31 @@ def test_validation_reads_the_values_back_once_and_reports_the_first_problem_in_
     assert reads == [torch.Size([8]), torch.Size([7])]  # six / five tensors and their sign rules, one read each
 
 
+def test_inputs_validated_unchanged_are_not_validated_again_and_a_change_is_caught(monkeypatch):
+    """simulate skips validate() for inputs that passed it and are unchanged (same tensors, same in-place version
+    counters, also through to() onto their own device); a replaced or in-place changed tensor is checked again."""
+    from ssmquant.replay.inputs import Mamba2Inputs, is_validated
+
+    calls = []
+    validate = Mamba2Inputs.validate
+    monkeypatch.setattr(Mamba2Inputs, "validate", lambda self: calls.append(1) or validate(self))
+    inp = mamba2_inputs(steps=5)
+    assert not is_validated(inp)
+    inp.validate()
+    assert is_validated(inp) and is_validated(inp.to("cpu")) and len(calls) == 1
+    simulate(inp.to("cpu"), "int8")
+    assert len(calls) == 1
+    inp.x[0, 1, 0, 0] = float("nan")  # in place: the version counter moves
+    assert not is_validated(inp)
+    with pytest.raises(InputError, match=r"x contains NaN/Inf \(first at batch 0, step 1\)"):
+        simulate(inp, "int8")
+    inp = mamba2_inputs(steps=5).validate()
+    inp.D = inp.D.clone()
+    assert not is_validated(inp)
+    g = gdn_inputs(steps=5).validate()
+    assert is_validated(g) and is_validated(g.to("cpu")) and not is_validated(g.slice_steps(0, 3))
+
+
 def test_triton_backend_on_cpu_tensors_outside_the_interpreter_is_refused(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(BackendError, match="needs CUDA tensors"):
