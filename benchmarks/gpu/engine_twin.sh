@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue #11: the `flashinfer` profile's Triton twin (ssmquant/kernels/mamba2_engine.py) on the GPU, inside $BUDGET
+# (default 120) s of wall time:
+#
+#   BUNDLE=.stage-engines/bundle OUT=/tmp/out bash benchmarks/gpu/engine_twin.sh     (from the repository root)
+#
+# 1. compare: the twin and the torch profile (engines/emulation.py) on the synthetic Nemotron-3-Nano layer
+#    (batch 8 x 1024 steps x 64 heads x 64 x 128, 8 groups; x, B, C in bf16), every step: fingerprints of the
+#    metric state, the checkpoint codes and the decode scales (must be identical), outputs and metrics
+#    (identical fraction, largest relative difference) -> $OUT/compare.json (`python -m ssmquant.engines.twin`);
+# 2. timing: the twin against the ideal fused kernel (emulate_triton end to end, CUDA events, median of 3 after a
+#    warm-up), and FlashInfer's real checkpointing_ssu over the same steps (bundle on PYTHONPATH,
+#    FLASHINFER_DISABLE_JIT=1: its ahead-of-time modules) -> $OUT/timing.json;
+# 3. calibrate: `ssmquant calibrate --engine flashinfer` on the shipped tiny-nemotron with --backend triton and
+#    --backend torch, then the two recipes compared (choices equal, errors within the twin's tolerances) ->
+#    $OUT/recipes.json. The recipes themselves go into the logs.
+# Sizes: BATCH, STEPS, HEADS (compare / timing), VARIANTS, TIMING_VARIANTS, REPS, CAL_HORIZON, CAL_BATCH, CAL_LAYERS.
+# Each stage has its own time limit (COMPARE_S, TIMING_S, CAL_S; cut to what the budget leaves); compare.json /
+# timing.json are rewritten after every variant, so a stage stopped by its limit still returns what it measured.
+# Exits non-zero when a stage fails. CPU test of every stage (Triton interpreter, minutes):
+#   OUT=/tmp/t DEVICE=cpu TRITON_INTERPRET=1 BUDGET=900 BATCH=1 STEPS=6 HEADS=8 VARIANTS=int8@replay4 \
+#   TIMING_VARIANTS=int8@replay4 REPS=1 CAL_HORIZON=8 CAL_BATCH=1 CAL_LAYERS=0 COMPARE_S=300 TIMING_S=300 CAL_S=300 \
+#   bash benchmarks/gpu/engine_twin.sh
+set -uo pipefail
+# shellcheck source=benchmarks/gpu/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+BUNDLE=${BUNDLE:-$PWD/.stage-engines/bundle}
+DEVICE=${DEVICE:-cuda}
+BATCH=${BATCH:-8}
+STEPS=${STEPS:-1024}
+HEADS=${HEADS:-64}
+VARIANTS=${VARIANTS:-int8@replay16,fp8_e4m3@replay16,fp8_e4m3:sr@replay16,int8:sr@replay16,fp16:sr@conventional}
+TIMING_VARIANTS=${TIMING_VARIANTS:-int8@replay16,fp8_e4m3@replay16}
+CAL_HORIZON=${CAL_HORIZON:-256}
+CAL_BATCH=${CAL_BATCH:-4}
+CAL_LAYERS=${CAL_LAYERS:-}
+REPS=${REPS:-3}
+# stage limits (s); a CPU test under TRITON_INTERPRET=1 raises them
+COMPARE_S=${COMPARE_S:-50}
+TIMING_S=${TIMING_S:-30}
+CAL_S=${CAL_S:-22}
+STAGE_MIN_S=${STAGE_MIN_S:-6}
+outer_path=${PYTHONPATH:-}
+gpu_begin 120
+export PYTHONPATH="$PWD${outer_path:+:$outer_path}" # keep the caller's site (the transformers wheel)
+export FLASHINFER_DISABLE_JIT=${FLASHINFER_DISABLE_JIT:-1}
+gpu_versions
+sizes=(--device "$DEVICE" --batch "$BATCH" --steps "$STEPS" --heads "$HEADS")
+
+stage compare "$COMPARE_S" python3 -m ssmquant.engines.twin compare --out "$OUT/compare.json" "${sizes[@]}" --variants "$VARIANTS"
+stage timing "$TIMING_S" env PYTHONPATH="$PYTHONPATH:$BUNDLE" python3 -m ssmquant.engines.twin timing --out "$OUT/timing.json" \
+    "${sizes[@]}" --timing-variants "$TIMING_VARIANTS" --reps "$REPS"
+
+cal=(calibrate --model tiny-nemotron --budget 0.001 --horizon "$CAL_HORIZON" --batch "$CAL_BATCH" --candidates
+    int8,fp8_e4m3,fp16 --schemes replay16,conventional --calibration none --engine-fallbacks none --engine flashinfer
+    --device "$DEVICE" --force -q)
+[ -n "$CAL_LAYERS" ] && cal+=(--layers "$CAL_LAYERS")
+stage calibrate_triton "$CAL_S" python3 -m ssmquant "${cal[@]}" --backend triton --out "$OUT/logs/recipe_triton"
+stage calibrate_torch "$CAL_S" python3 -m ssmquant "${cal[@]}" --backend torch --out "$OUT/logs/recipe_torch"
+stage recipes 8 python3 -m ssmquant.engines.twin recipes "$OUT/logs/recipe_triton" "$OUT/logs/recipe_torch" \
+    --out "$OUT/recipes.json"
+gpu_end
