@@ -14,7 +14,7 @@
 # 3. calibrate: `ssmquant calibrate --engine flashinfer` on the shipped tiny-nemotron with --backend triton and
 #    --backend torch, then the two recipes compared (choices equal, errors within the twin's tolerances) ->
 #    $OUT/recipes.json. The recipes themselves go into the logs.
-# Sizes: BATCH, STEPS, HEADS (compare / timing), VARIANTS, TIMING_VARIANTS, REPS, CAL_HORIZON, CAL_BATCH, CAL_LAYERS.
+# Sizes: BATCH, STEPS, HEADS (compare / timing), VARIANTS, JOBS (compare processes), TIMING_VARIANTS, REPS, CAL_HORIZON, CAL_BATCH, CAL_LAYERS.
 # Each stage has its own time limit (COMPARE_S, TIMING_S, CAL_S; cut to what the budget leaves); compare.json /
 # timing.json are rewritten after every variant, so a stage stopped by its limit still returns what it measured.
 # Exits non-zero when a stage fails. CPU test of every stage (Triton interpreter, minutes):
@@ -35,10 +35,11 @@ CAL_HORIZON=${CAL_HORIZON:-256}
 CAL_BATCH=${CAL_BATCH:-4}
 CAL_LAYERS=${CAL_LAYERS:-}
 REPS=${REPS:-3}
+JOBS=${JOBS:-5}
 # stage limits (s); a CPU test under TRITON_INTERPRET=1 raises them
-COMPARE_S=${COMPARE_S:-50}
-TIMING_S=${TIMING_S:-30}
-CAL_S=${CAL_S:-22}
+COMPARE_S=${COMPARE_S:-45}
+TIMING_S=${TIMING_S:-28}
+CAL_S=${CAL_S:-30}
 STAGE_MIN_S=${STAGE_MIN_S:-6}
 outer_path=${PYTHONPATH:-}
 gpu_begin 120
@@ -47,7 +48,9 @@ export FLASHINFER_DISABLE_JIT=${FLASHINFER_DISABLE_JIT:-1}
 gpu_versions
 sizes=(--device "$DEVICE" --batch "$BATCH" --steps "$STEPS" --heads "$HEADS")
 
-stage compare "$COMPARE_S" python3 -m ssmquant.engines.twin compare --out "$OUT/compare.json" "${sizes[@]}" --variants "$VARIANTS"
+# one process per variant (each compiles its kernel on its own core; the GPU work is small)
+stage compare "$COMPARE_S" python3 -m ssmquant.engines.twin compare --out "$OUT/compare.json" "${sizes[@]}" \
+    --variants "$VARIANTS" --jobs "$JOBS"
 stage timing "$TIMING_S" env PYTHONPATH="$PYTHONPATH:$BUNDLE" python3 -m ssmquant.engines.twin timing --out "$OUT/timing.json" \
     "${sizes[@]}" --timing-variants "$TIMING_VARIANTS" --reps "$REPS"
 
@@ -55,8 +58,23 @@ cal=(calibrate --model tiny-nemotron --budget 0.001 --horizon "$CAL_HORIZON" --b
     int8,fp8_e4m3,fp16 --schemes replay16,conventional --calibration none --engine-fallbacks none --engine flashinfer
     --device "$DEVICE" --force -q)
 [ -n "$CAL_LAYERS" ] && cal+=(--layers "$CAL_LAYERS")
-stage calibrate_triton "$CAL_S" python3 -m ssmquant "${cal[@]}" --backend triton --out "$OUT/logs/recipe_triton"
-stage calibrate_torch "$CAL_S" python3 -m ssmquant "${cal[@]}" --backend torch --out "$OUT/logs/recipe_torch"
+# both backends at once, each under its own limit (the torch one is host-bound, the Triton one compiles)
+# shellcheck disable=SC2329 # run by `stage ... bash -c` (export -f)
+calibrate_both() {
+    local rc=0 pids=()
+    for b in triton torch; do
+        # shellcheck disable=SC2086 # CAL_ARGS is a word list
+        timeout --kill-after=3 "$CAL_S" python3 -m ssmquant $CAL_ARGS --backend "$b" --out "$OUT/logs/recipe_$b" \
+            >"$OUT/logs/calibrate_$b.log" 2>&1 &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    for b in triton torch; do echo "-- calibrate --backend $b"; tail -n 12 "$OUT/logs/calibrate_$b.log"; done
+    return "$rc"
+}
+export -f calibrate_both
+export OUT CAL_S CAL_ARGS="${cal[*]}"
+stage calibrate "$((CAL_S + 5))" bash -c calibrate_both
 stage recipes 8 python3 -m ssmquant.engines.twin recipes "$OUT/logs/recipe_triton" "$OUT/logs/recipe_torch" \
     --out "$OUT/recipes.json"
 gpu_end

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -278,6 +279,55 @@ def compare_recipes(triton_dir: Path, torch_dir: Path, rtol_state: float = 1e-5,
     return out
 
 
+def _compare_in_processes(argv: list[str], args, specs: list[str]) -> tuple[list[dict], list[str]]:
+    """`compare` of each variant in its own process (this module with --jobs 1), at most args.jobs at a time;
+    their rows in the order given and the variants that failed. A SIGTERM (the caller's time limit) stops them."""
+    import os
+    import signal
+    import subprocess
+
+    base, skip = [], False
+    for a in argv:  # this command line without --variants / --jobs / --out (and their values)
+        if skip:
+            skip = False
+        elif a in ("--variants", "--jobs", "--out"):
+            skip = True
+        elif not a.startswith(("--variants=", "--jobs=", "--out=")):
+            base.append(a)
+    parts = [args.out.with_name(f"{args.out.stem}.{i}.json") for i in range(len(specs))]
+    procs: list[subprocess.Popen] = []
+
+    def stop(signum, frame):
+        for p in procs:
+            p.kill()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    pending = list(zip(specs, parts))
+    running: list[tuple[str, Path, subprocess.Popen]] = []
+    failed = []
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            spec, part = pending.pop(0)
+            cmd = [sys.executable, "-m", "ssmquant.engines.twin", *base, "--variants", spec, "--jobs", "1", "--out", str(part)]
+            p = subprocess.Popen(cmd, env=os.environ.copy())
+            procs.append(p)
+            running.append((spec, part, p))
+        time.sleep(0.2)
+        for item in [r for r in running if r[2].poll() is not None]:
+            running.remove(item)
+            if item[2].returncode != 0:
+                failed.append(item[0])
+    rows = []
+    for spec, part in zip(specs, parts):
+        if part.is_file():
+            rows += json.loads(part.read_text())["rows"]
+            part.unlink()
+        elif spec not in failed:
+            failed.append(spec)
+    return rows, failed
+
+
 # --- driver ------------------------------------------------------------------------------------------------
 
 
@@ -328,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timing-variants", default="int8@replay16,fp8_e4m3@replay16,int16@conventional")
     ap.add_argument("--real", default="int8,fp8_e4m3", help="timing: checkpointing_ssu state dtypes ('' for none)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=1, help="compare: variants in parallel processes (Triton compiles "
+                    "on one CPU core each; the GPU work is small)")  # fmt: skip
     args = ap.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -342,11 +394,18 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device(args.device)
     results: dict = {"environment": _environment(dev), "args": {k: str(v) for k, v in vars(args).items()}, "rows": []}
     save = lambda: args.out.write_text(json.dumps(results, indent=1))  # noqa: E731
+    specs = args.variants.split(",")
+    if args.part == "compare" and args.jobs > 1 and len(specs) > 1:
+        results["rows"], failed = _compare_in_processes(argv if argv is not None else sys.argv[1:], args, specs)
+        save()
+        if failed:
+            print(f"[twin] failed or states NOT bit-identical to the torch profile: {', '.join(failed)}", flush=True)
+        return 1 if failed else 0
     inp = _layer(args.batch, args.steps, args.heads, dev)
     shape = f"batch {inp.batch} x {inp.steps} steps x {inp.num_heads} heads x {inp.rows} x {inp.state_dim}"
     failed = []
     if args.part == "compare":
-        for spec in args.variants.split(","):
+        for spec in specs:
             v = parse_variant(spec + "~flashinfer")
             check_engines([v], inp, "state")
             t0 = time.perf_counter()
@@ -357,14 +416,14 @@ def main(argv: list[str] | None = None) -> int:
             _sync(dev)
             t2 = time.perf_counter()
             row = compare_probes(twin, prof, v)
-            row.update(twin_s=t1 - t0, torch_s=t2 - t1, bit_identical_states=bit_identical(row))
+            row.update(twin_with_compile_s=t1 - t0, torch_s=t2 - t1, bit_identical_states=bit_identical(row))
             results["rows"].append(row)
             save()
             states = " ".join(f"{n} {row[f'{n}_identical']:.6f}" for n in FINGERPRINTS if f"{n}_identical" in row)
             print(f"[twin] {v.name} ({shape}): {states}; outputs identical {row['output_identical']:.5f} "
                   f"(max rel {row['output_max_rel_diff']:.2e}); out_rel_err curve max rel diff "
                   f"{row['out_rel_err_max_rel_diff']:.2e}, state {row['state_rel_err_max_rel_diff']:.2e}; "
-                  f"twin {t1 - t0:.1f} s, torch {t2 - t1:.1f} s", flush=True)  # fmt: skip
+                  f"twin {t1 - t0:.2f} s, torch {t2 - t1:.2f} s", flush=True)  # fmt: skip
             if not row["bit_identical_states"]:
                 failed.append(v.name)
     else:
@@ -372,8 +431,8 @@ def main(argv: list[str] | None = None) -> int:
             row = time_twin(inp, spec, args.reps)
             results["rows"].append(row)
             save()
-            print(f"[twin] timing {spec} ({shape}): twin {row['twin_gsteps']:.2f} G state-element-steps/s, ideal "
-                  f"{row['ideal_gsteps']:.2f}, twin / ideal time {row['twin_over_ideal']:.2f}", flush=True)  # fmt: skip
+            print(f"[twin] timing {spec} ({shape}): twin {row['twin_gsteps']:.3g} G state-element-steps/s, ideal "
+                  f"{row['ideal_gsteps']:.3g}, twin / ideal time {row['twin_over_ideal']:.2f}", flush=True)  # fmt: skip
         real = [s for s in args.real.split(",") if s]
         if real:
             from .env import engine_status
@@ -387,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = time_real_checkpointing(inp, state, args.reps)
                 results["rows"].append(row)
                 save()
-                print(f"[twin] timing {row['kernel']} ({shape}, {row['method']}): {row['gsteps']:.2f} "
+                print(f"[twin] timing {row['kernel']} ({shape}, {row['method']}): {row['gsteps']:.3g} "
                       f"G state-element-steps/s", flush=True)  # fmt: skip
     save()
     if failed:
