@@ -246,7 +246,8 @@ def compare_recipes(triton_dir: Path, torch_dir: Path, rtol_state: float = 1e-5,
     glob = [(c.get("global") or {}).get("setting", {}) for c in cfg]
     glob = [g.get("name") if g else None for g in glob]
     refused = [sorted(c["engine_profile"]["refused"]) for c in cfg]
-    out: dict = {"backends": backends, "choices": choices[0], "global": glob[0], "mismatches": []}
+    elapsed = [c["producer"].get("elapsed_s") for c in cfg]
+    out: dict = {"backends": backends, "elapsed_s": elapsed, "choices": choices[0], "global": glob[0], "mismatches": []}
     if choices[0] != choices[1]:
         out["mismatches"].append(f"per-layer choices differ: triton {choices[0]} torch {choices[1]}")
     if glob[0] != glob[1]:
