@@ -243,8 +243,7 @@ def compare_recipes(triton_dir: Path, torch_dir: Path, rtol_state: float = 1e-5,
     cfg = [json.loads((d / CONFIG_NAME).read_text()) for d in (triton_dir, torch_dir)]
     backends = [c["producer"]["environment"].get("backend") for c in cfg]
     choices = [{int(r["layer"]): r["setting"]["name"] for r in c["layers"]} for c in cfg]
-    glob = [(c.get("global") or {}).get("setting", {}) for c in cfg]
-    glob = [g.get("name") if g else None for g in glob]
+    glob = [((c.get("global") or {}).get("setting") or {}).get("name") for c in cfg]  # None: no global setting
     refused = [sorted(c["engine_profile"]["refused"]) for c in cfg]
     elapsed = [c["producer"].get("elapsed_s") for c in cfg]
     out: dict = {"backends": backends, "elapsed_s": elapsed, "choices": choices[0], "global": glob[0], "mismatches": []}
@@ -259,8 +258,12 @@ def compare_recipes(triton_dir: Path, torch_dir: Path, rtol_state: float = 1e-5,
         out["mismatches"].append("candidates.csv lists other settings or runnability")
     worst: dict = {}
     rows = [("candidates", cands[0], cands[1])]
-    ver = [pd.DataFrame(c["verification"]["per_layer"]).set_index("layer").sort_index() for c in cfg]
-    rows.append(("verification", ver[0], ver[1]))
+    verified = [bool(c.get("verification")) for c in cfg]
+    if verified[0] != verified[1]:
+        out["mismatches"].append(f"held-out verification ran in one backend only (triton, torch: {verified})")
+    elif verified[0]:  # (--no-verify: none)
+        ver = [pd.DataFrame(c["verification"]["per_layer"]).set_index("layer").sort_index() for c in cfg]
+        rows.append(("verification", ver[0], ver[1]))
     for table, a, b in rows:
         for col, kind in _ERROR_COLUMNS.items():
             if col not in a.columns:

@@ -170,3 +170,30 @@ def test_triton_backend_8bit_checkpoint_recipe_equals_torch(tmp_path):
     res, cmp = _both_backends(tmp_path, **kw)
     assert cmp["ok"], cmp["mismatches"]
     assert res["torch"].evaluations["runnable"].all() and len(res["torch"].evaluations) == 4
+
+
+def test_recipe_comparison_names_what_differs(tmp_path):
+    """`compare_recipes` (what the GPU script checks the two backends with) finds a changed choice and an error
+    moved beyond its tolerance, and passes identical recipes."""
+    import json
+
+    import pandas as pd
+
+    from ssmquant.engines.twin import compare_recipes
+
+    res = tiny_calibration(candidates=["fp16"], schemes=["conventional", "replay"], buffer_lens=[4], layers=[0],
+                           engine="flashinfer", **{**LOOSE, "calibration": ["none"]})  # fmt: skip
+    a, b = write_recipe(res, tmp_path / "a"), write_recipe(res, tmp_path / "b")
+    assert compare_recipes(a, b)["ok"]
+    csv = b / "candidates.csv"
+    frame = pd.read_csv(csv)
+    frame.loc[frame["runnable"], "state_rel_err"] *= 1 + 1e-4  # beyond the state tolerance (1e-5), within out's
+    frame.to_csv(csv, index=False)
+    cfg = json.loads((b / CONFIG_NAME).read_text())
+    cfg["layers"][0]["setting"]["name"] = "fp16@replay4" if cfg["layers"][0]["setting"]["name"] != "fp16@replay4" else "x"
+    (b / CONFIG_NAME).write_text(json.dumps(cfg))
+    got = compare_recipes(a, b)
+    assert not got["ok"]
+    assert any(m.startswith("per-layer choices differ") for m in got["mismatches"]), got["mismatches"]
+    assert any(m.startswith("candidates.state_rel_err:") for m in got["mismatches"]), got["mismatches"]
+    assert not any("out_rel_err" in m for m in got["mismatches"])
