@@ -18,8 +18,8 @@
 # Each stage has its own time limit (COMPARE_S, TIMING_S, CAL_S; cut to what the budget leaves); compare.json /
 # timing.json are rewritten after every variant, so a stage stopped by its limit still returns what it measured.
 # Exits non-zero when a stage fails. CPU test of every stage (Triton interpreter, minutes):
-#   OUT=/tmp/t DEVICE=cpu TRITON_INTERPRET=1 BUDGET=900 BATCH=1 STEPS=6 HEADS=8 VARIANTS=int8@replay4 \
-#   TIMING_VARIANTS=int8@replay4 REPS=1 CAL_HORIZON=8 CAL_BATCH=1 CAL_LAYERS=0 COMPARE_S=300 TIMING_S=300 CAL_S=300 \
+#   OUT=/tmp/t DEVICE=cpu TRITON_INTERPRET=1 BUDGET=1500 BATCH=1 STEPS=6 HEADS=8 VARIANTS=int8@replay4 \
+#   TIMING_VARIANTS=int8@replay4 REPS=1 CAL_HORIZON=8 CAL_BATCH=1 CAL_LAYERS=0 COMPARE_S=400 TIMING_S=300 CAL_S=600 \
 #   bash benchmarks/gpu/engine_twin.sh
 set -uo pipefail
 # shellcheck source=benchmarks/gpu/lib.sh
