@@ -29,6 +29,14 @@ def _bf16(v):
 
 
 @triton.jit
+def _signed(mag, negative):
+    """mag with its sign bit set where `negative`: -0.0 stays -0.0. Triton 3.6 compiles a float's unary minus as
+    0 - x (`semantic.minus`; 3.9 emits fneg), which turns -(+0.0) into +0.0, so the kernel negates no float."""
+    bits = mag.to(tl.int32, bitcast=True) | (negative.to(tl.int32) << 31)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _pow2(e):
     return ((e + 127) << 23).to(tl.float32, bitcast=True)
 
@@ -71,7 +79,7 @@ def _rcp(v, rcp_ptr):
     y = ym * _pow2(tl.minimum(-e, 127))  # exact; 2^-127 is 0 here (flushed, as are results below 2^-126)
     y = tl.where(y < 1.1754943508222875e-38, 0.0, y)
     y = tl.where(e == -127, float("inf"), y)  # zero / subnormal v (flushed to zero)
-    return tl.where(bits < 0, -y, y)
+    return _signed(y, bits < 0)
 
 
 @triton.jit
@@ -124,7 +132,7 @@ def _sr_e4m3(v, chunk):
     mag = tl.where(e == 0, frac.to(tl.float32) * 0.001953125, (8 + frac).to(tl.float32) * _pow2(e.to(tl.int32) - 10))
     mag = tl.where(sat, 448.0, mag)
     mag = tl.where(ex == 0, 0.0, mag)
-    return tl.where(sign == 1, -mag, mag)
+    return _signed(mag, sign == 1)
 
 
 @triton.jit
@@ -137,7 +145,7 @@ def _sr_fp16(v, word):
     out = ((a >> 13) << 13).to(tl.int32).to(tl.float32, bitcast=True)
     out = tl.where(ex > 142, float("inf"), out)
     out = tl.where(ex < 113, 0.0, out)
-    return tl.where(sign == 1, -out, out)
+    return _signed(out, sign == 1)
 
 
 @triton.jit
@@ -318,6 +326,11 @@ def _mamba2_engine_kernel(
             tl.store(yout_ptr + ((t * B + b64) * H + h) * P + rows, y, mask=row_ok)
 
 
+# The twin's compiler options: no multiply-add contraction (every product rounded, as torch computes), and libdevice
+# without flush-to-zero (with it tl.floor compiles to cvt.rmi.ftz, which takes a negative subnormal to -0.0, not -1).
+COMPILE_OPTIONS = {"enable_fp_fusion": False, "enable_reflect_ftz": False}
+
+
 def mamba2_engine_launch(
     x, dt, a, bm, cm, d, s0, write, tables, *, fmt_code: int, replay: bool, sr: bool, seed: int, buf_code: int,
     block_p: int, num_warps: int, batch_offset: int = 0, a_engine: torch.Tensor | None = None,
@@ -364,7 +377,7 @@ def mamba2_engine_launch(
         bsz, steps, heads, p, n, heads // groups, groups, engine_seed(seed, 0), batch_offset, seed, 1,
         L=length, BLOCK_P=block_p, BLOCK_N=block_n, FMT=fmt_code, REPLAY=replay, SR=sr, BUF=buf_code,
         HAS_S0=s0 is not None, SSU=a_engine is not None, PROBE=probe is not None, num_warps=num_warps,
-        enable_fp_fusion=False,
+        **COMPILE_OPTIONS,
     )  # fmt: skip
     return metrics
 
