@@ -1,7 +1,10 @@
 """The Triton twin of an engine profile checked against the profile's torch reference, step by step, and timed.
 
-    python -m ssmquant.engines.twin --out DIR [--device cuda] [--batch 8] [--steps 1024] [--heads 64]
-                                    [--variants int8@replay16,...] [--timing] [--real]
+    python -m ssmquant.engines.twin compare --out compare.json [--device cuda] [--batch 8] [--steps 1024] [--heads 64]
+                                    [--variants int8@replay16,...] [--jobs 5]
+    python -m ssmquant.engines.twin timing --out timing.json [--steps 256] [--timing-variants ...] [--real int8,fp8_e4m3]
+                                    [--reps 3] [--jobs 3]
+    python -m ssmquant.engines.twin recipes TRITON_DIR TORCH_DIR --out recipes.json
 
 Both backends of the `flashinfer` profile (`engines.emulation.Mamba2EngineStep`, torch; `kernels.mamba2_engine`,
 Triton) run the same inputs. At every step each side reports, per (batch, head): the metrics (squared errors and
@@ -10,8 +13,10 @@ variant's state carries (`fingerprint`): the state the metrics see, the checkpoi
 its per-row decode scales (8-bit). States are elementwise arithmetic plus an order-free amax, so the twin must
 equal the torch profile bit for bit there; outputs and metrics sum over the state's last dimension in each
 backend's own order, so they are compared as the fraction of bit-identical values and the largest relative
-difference. `--timing` times the twin against the `ideal` fused kernel (and, with `--real` and FlashInfer
-importable, the real `checkpointing_ssu` over the same number of steps).
+difference. `timing` times the twin as analyses run it (no probe) against the `ideal` fused kernel (and, with
+`--real` and FlashInfer importable, the real `checkpointing_ssu` over the same number of steps), after a warm-up:
+the first calls (compiles, timed apart) run first in one process per variant (`warm`, --jobs at once), so the
+timed calls find the kernels compiled.
 """
 
 from __future__ import annotations
@@ -133,10 +138,21 @@ def _median(v: list[float]) -> float:
     return sorted(v)[len(v) // 2]
 
 
-def _median_seconds(fn, dev: torch.device, reps: int = 3) -> list[float]:
-    """Seconds of fn() per repetition, sorted (after one warm-up call): CUDA events on a GPU, perf_counter else."""
+def _seconds(fn, dev: torch.device) -> float:
+    """Seconds of one fn() (synchronised), perf_counter: what a caller waits, host work and compiles included."""
+    _sync(dev)
+    t0 = time.perf_counter()
     fn()
     _sync(dev)
+    return time.perf_counter() - t0
+
+
+def _median_seconds(fn, dev: torch.device, reps: int = 3, warm: bool = True) -> list[float]:
+    """Seconds of fn() per repetition, sorted (after one warm-up call unless warm=False): CUDA events on a GPU,
+    perf_counter else."""
+    if warm:
+        fn()
+        _sync(dev)
     out = []
     for _ in range(reps):
         if dev.type == "cuda":
@@ -147,16 +163,39 @@ def _median_seconds(fn, dev: torch.device, reps: int = 3) -> list[float]:
             b.synchronize()
             out.append(a.elapsed_time(b) / 1e3)
         else:
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
+            out.append(_seconds(fn, dev))
     return sorted(out)
+
+
+def _timed_backends(spec: str):
+    """(label, [variant]) of the twin (`spec` under the flashinfer profile) and of the ideal arithmetic."""
+    from ..replay import parse_variant
+
+    return [("twin", [parse_variant(spec + "~flashinfer")]), ("ideal", [parse_variant(spec)])]
+
+
+def warm_twin(inputs: Mamba2Inputs, spec: str) -> dict:
+    """The first two calls of the twin and of the ideal kernel on `spec`, as analyses launch them (`emulate_triton`,
+    no probe), in this process: the first compiles (or loads Triton's on-disk cache), the second runs only.
+    compile_s = first - second. Run in processes of their own before `time_twin`, so that its warm-up finds
+    the compiled kernels in the cache."""
+    from ..kernels import emulate_triton
+
+    dev = inputs.device
+    row: dict = {"variant": spec}
+    for label, v in _timed_backends(spec):
+        first = _seconds(lambda v=v: emulate_triton(inputs, v), dev)
+        second = _seconds(lambda v=v: emulate_triton(inputs, v), dev)
+        row.update({f"{label}_first_call_s": first, f"{label}_second_call_s": second, f"{label}_compile_s": first - second})
+    return row
 
 
 def time_twin(inputs: Mamba2Inputs, spec: str, reps: int = 3) -> dict:
     """The fused emulation of `spec` under the flashinfer profile (the twin) and the ideal arithmetic, end to end
-    (`emulate_triton`: coefficient tables, launch, metrics), and the profile's coefficient tables alone.
-    Returns seconds (median of reps, after a warm-up) and G state-element-steps per second."""
+    as analyses run them (`emulate_triton`: coefficient tables, launch without the probe, metrics), and the
+    profile's coefficient tables alone. Returns the seconds of the first call here (a compile, or a load from
+    Triton's cache after `warm_twin`), the sorted seconds of `reps` calls after it, and G state-element-steps
+    per second (median)."""
     from ..engines.profiles import flashinfer_tables
     from ..kernels import emulate_triton
     from ..replay import parse_variant
@@ -165,9 +204,10 @@ def time_twin(inputs: Mamba2Inputs, spec: str, reps: int = 3) -> dict:
     dev = inputs.device
     elements = inputs.batch * inputs.num_heads * inputs.rows * inputs.state_dim * inputs.steps
     row: dict = {"variant": spec, "batch": inputs.batch, "steps": inputs.steps, "heads": inputs.num_heads}
-    for label, engine in (("twin", "flashinfer"), ("ideal", "ideal")):
-        v = [parse_variant(spec + ("~" + engine if engine != "ideal" else ""))]
-        secs = _median_seconds(lambda v=v: emulate_triton(inputs, v), dev, reps)
+    for label, v in _timed_backends(spec):
+        fn = lambda v=v: emulate_triton(inputs, v)  # noqa: E731
+        row[f"{label}_first_call_here_s"] = _seconds(fn, dev)
+        secs = _median_seconds(fn, dev, reps, warm=False)
         row[f"{label}_s"] = secs
         row[f"{label}_gsteps"] = elements / _median(secs) / 1e9
     v = parse_variant(spec)
@@ -206,9 +246,9 @@ def time_real_checkpointing(inputs: Mamba2Inputs, state: str, reps: int = 3) -> 
 
     cycles = max(1, steps // 16)
     method = "cuda graph"
+    first = None
     try:
-        cycle()
-        torch.cuda.synchronize(dev)
+        first = _seconds(cycle, dev)  # loads the ahead-of-time module
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             cycle()
@@ -220,7 +260,7 @@ def time_real_checkpointing(inputs: Mamba2Inputs, state: str, reps: int = 3) -> 
     secs = _median_seconds(run, dev, reps)
     elements = bsz * heads * p * n * cycles * 16
     return {"kernel": f"checkpointing_ssu {state} L=16", "batch": bsz, "steps": cycles * 16, "method": method,
-            "s": secs, "gsteps": elements / _median(secs) / 1e9}  # fmt: skip
+            "first_cycle_s": first, "s": secs, "gsteps": elements / _median(secs) / 1e9}  # fmt: skip
 
 
 # --- calibrate under the profile: the Triton backend against the torch backend --------------------------------
@@ -283,22 +323,30 @@ def compare_recipes(triton_dir: Path, torch_dir: Path, rtol_state: float = 1e-5,
     return out
 
 
-def _compare_in_processes(argv: list[str], args, specs: list[str]) -> tuple[list[dict], list[str]]:
-    """`compare` of each variant in its own process (this module with --jobs 1), at most args.jobs at a time;
-    their rows in the order given and the variants that failed. A SIGTERM (the caller's time limit) stops them."""
+_LIST_FLAGS = {"compare": "--variants", "warm": "--timing-variants"}
+
+
+def _in_processes(part: str, argv: list[str], args, specs: list[str]) -> tuple[list[dict], list[str]]:
+    """`part` (compare or warm) of each variant in its own process (this module with --jobs 1), at most args.jobs
+    at a time; their rows in the order given and the variants that failed. A SIGTERM (the caller's time limit)
+    stops them."""
     import os
     import signal
     import subprocess
 
-    base, skip = [], False
-    for a in argv:  # this command line without --variants / --jobs / --out (and their values)
+    flags = ("--variants", "--timing-variants", "--jobs", "--out")
+    base, skip, named = [], False, False
+    for a in argv:  # this command line without its part, the variant lists, --jobs, --out (and their values)
         if skip:
             skip = False
-        elif a in ("--variants", "--jobs", "--out"):
+        elif a in flags:
             skip = True
-        elif not a.startswith(("--variants=", "--jobs=", "--out=")):
+        elif a == args.part and not named:
+            named = True
+        elif not a.startswith(tuple(f + "=" for f in flags)):
             base.append(a)
-    parts = [args.out.with_name(f"{args.out.stem}.{i}.json") for i in range(len(specs))]
+    part_name = part
+    parts = [args.out.with_name(f"{args.out.stem}.{part}{i}.json") for i in range(len(specs))]
     procs: list[subprocess.Popen] = []
 
     def stop(signum, frame):
@@ -313,7 +361,8 @@ def _compare_in_processes(argv: list[str], args, specs: list[str]) -> tuple[list
     while pending or running:
         while pending and len(running) < args.jobs:
             spec, part = pending.pop(0)
-            cmd = [sys.executable, "-m", "ssmquant.engines.twin", *base, "--variants", spec, "--jobs", "1", "--out", str(part)]
+            cmd = [sys.executable, "-m", "ssmquant.engines.twin", part_name, *base, _LIST_FLAGS[part_name], spec, "--jobs", "1",
+                   "--out", str(part)]  # fmt: skip
             p = subprocess.Popen(cmd, env=os.environ.copy())
             procs.append(p)
             running.append((spec, part, p))
@@ -370,8 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     from ..replay.simulate import check_engines
 
     ap = argparse.ArgumentParser(prog="python -m ssmquant.engines.twin", description=__doc__.split("\n\n")[0])
-    ap.add_argument("part", choices=("compare", "timing", "recipes"), help="compare: twin vs torch profile, step by "
-                    "step; timing: twin vs ideal (and the real kernel); recipes: two calibrate recipes (TRITON TORCH)")  # fmt: skip
+    ap.add_argument("part", choices=("compare", "timing", "warm", "recipes"), help="compare: twin vs torch profile, "
+                    "step by step; timing: twin vs ideal (and the real kernel), after `warm` (the first calls: compiles) "
+                    "in --jobs processes; recipes: two calibrate recipes (TRITON TORCH)")  # fmt: skip
     ap.add_argument("dirs", nargs="*", type=Path, help="recipes: the Triton-backend and the torch-backend recipe")
     ap.add_argument("--out", type=Path, required=True, help="JSON file of the results (rewritten after every item)")
     ap.add_argument("--device", default="cuda")
@@ -379,11 +429,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=64, help="the layer's first heads (whole groups of 8)")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="compare: flashinfer-profile variants")
-    ap.add_argument("--timing-variants", default="int8@replay16,fp8_e4m3@replay16,int16@conventional")
+    ap.add_argument("--timing-variants", default="int8@replay16,fp8_e4m3@replay16,int16@conventional",
+                    help="timing / warm: variants timed under the flashinfer profile and the ideal arithmetic")  # fmt: skip
     ap.add_argument("--real", default="int8,fp8_e4m3", help="timing: checkpointing_ssu state dtypes ('' for none)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--jobs", type=int, default=1, help="compare: variants in parallel processes (Triton compiles "
-                    "on one CPU core each; the GPU work is small)")  # fmt: skip
+    ap.add_argument("--jobs", type=int, default=1, help="compare, and timing's warm-up: variants in parallel "
+                    "processes (Triton compiles on one CPU core each; the GPU work is small)")  # fmt: skip
     args = ap.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -399,8 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"environment": _environment(dev), "args": {k: str(v) for k, v in vars(args).items()}, "rows": []}
     save = lambda: args.out.write_text(json.dumps(results, indent=1))  # noqa: E731
     specs = args.variants.split(",")
+    argv = argv if argv is not None else sys.argv[1:]
     if args.part == "compare" and args.jobs > 1 and len(specs) > 1:
-        results["rows"], failed = _compare_in_processes(argv if argv is not None else sys.argv[1:], args, specs)
+        results["rows"], failed = _in_processes("compare", argv, args, specs)
         save()
         if failed:
             print(f"[twin] failed or states NOT bit-identical to the torch profile: {', '.join(failed)}", flush=True)
@@ -430,19 +482,38 @@ def main(argv: list[str] | None = None) -> int:
                   f"twin {t1 - t0:.2f} s, torch {t2 - t1:.2f} s", flush=True)  # fmt: skip
             if not row["bit_identical_states"]:
                 failed.append(v.name)
-    else:
+    elif args.part == "warm":
         for spec in args.timing_variants.split(","):
+            results["rows"].append(warm_twin(inp, spec))
+            save()
+    else:
+        timed = args.timing_variants.split(",")
+        if args.jobs > 1:  # compile every kernel at once, one process each; the timing below loads them from the cache
+            t0 = time.perf_counter()
+            results["warm"], warm_failed = _in_processes("warm", argv, args, timed)
+            results["warm_wall_s"] = time.perf_counter() - t0
+            save()
+            for w in results["warm"]:
+                print(f"[twin] first calls of {w['variant']} in a process of its own ({len(timed)} compiling at once): twin "
+                      f"{w['twin_first_call_s']:.2f} s (compile {w['twin_compile_s']:.2f} s), ideal "
+                      f"{w['ideal_first_call_s']:.2f} s (compile {w['ideal_compile_s']:.2f} s)", flush=True)  # fmt: skip
+            if warm_failed:
+                print(f"[twin] warm-up failed for {', '.join(warm_failed)} (the timing compiles them itself)", flush=True)
+        for spec in timed:
             row = time_twin(inp, spec, args.reps)
             results["rows"].append(row)
             save()
-            print(f"[twin] timing {spec} ({shape}): twin {row['twin_gsteps']:.3g} G state-element-steps/s, ideal "
-                  f"{row['ideal_gsteps']:.3g}, twin / ideal time {row['twin_over_ideal']:.2f}", flush=True)  # fmt: skip
+            print(f"[twin] timing {spec} ({shape}): twin {_median(row['twin_s']) * 1e3:.1f} ms "
+                  f"({row['twin_gsteps']:.3g} G state-element-steps/s), ideal {_median(row['ideal_s']) * 1e3:.1f} ms "
+                  f"({row['ideal_gsteps']:.3g}), twin / ideal time {row['twin_over_ideal']:.2f}; first call here: twin "
+                  f"{row['twin_first_call_here_s']:.2f} s, ideal {row['ideal_first_call_here_s']:.2f} s", flush=True)  # fmt: skip
         real = [s for s in args.real.split(",") if s]
         if real:
             from .env import engine_status
 
             st = engine_status("flashinfer")
-            ok, reason = st.ok and dev.type == "cuda", st.reason if not st.ok else f"needs a CUDA device, not {dev}"
+            ok = st.ok and dev.type == "cuda"
+            reason = None if ok else st.reason if not st.ok else f"needs a CUDA device, not {dev}"
             results["flashinfer"] = {"ok": ok, "version": st.version, "reason": reason}
             if not ok:
                 print(f"[twin] real checkpointing_ssu not timed: {reason}", flush=True)
@@ -450,8 +521,8 @@ def main(argv: list[str] | None = None) -> int:
                 row = time_real_checkpointing(inp, state, args.reps)
                 results["rows"].append(row)
                 save()
-                print(f"[twin] timing {row['kernel']} ({shape}, {row['method']}): {row['gsteps']:.3g} "
-                      f"G state-element-steps/s", flush=True)  # fmt: skip
+                print(f"[twin] timing {row['kernel']} ({shape}, {row['method']}): {_median(row['s']) * 1e3:.1f} ms "
+                      f"({row['gsteps']:.3g} G state-element-steps/s)", flush=True)  # fmt: skip
     save()
     if failed:
         print(f"[twin] states NOT bit-identical to the torch profile: {', '.join(failed)}", flush=True)

@@ -223,7 +223,9 @@ def _mamba2_engine_kernel(
                     y = tl.sum(codes * cvec[:, None], axis=0) * (fac * dec) + cbn * xb
                 else:
                     y = tl.sum(_bf16(codes) * cvec[:, None], axis=0) * fac + cbn * xb
-                for j in tl.static_range(L):
+                # the ring loops are not unrolled (range, not static_range): unrolled, the sm_90a compile of a replay
+                # variant took ~10 s and ~19k PTX lines (Triton 3.6, benchmarks/twin_ptx.py), rolled ~2 s and ~5k
+                for j in range(L):
                     st = tl.minimum(start + j, T - 1)
                     xj = tl.load(x_ptr + ((b64 * T + st) * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32)
                     w = tl.load(cbo_ptr + (bt * H + h) * L + j)
@@ -240,7 +242,7 @@ def _mamba2_engine_kernel(
                 else:
                     acc0 = codes * tdec
                     emax = _exponent(acc0)
-                for j in tl.static_range(L):
+                for j in range(L):
                     st = tl.minimum(rstart + j, T - 1)
                     stt = b64 * T + st
                     xj = round_buffer(tl.load(x_ptr + (stt * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32), BUF)
@@ -259,7 +261,7 @@ def _mamba2_engine_kernel(
                     accq = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float64)
                 else:
                     accq = _trunc_f64(acc0.to(tl.float64) * inv_q)
-                for j in tl.static_range(L):
+                for j in range(L):
                     st = tl.minimum(rstart + j, T - 1)
                     stt = b64 * T + st
                     xj = round_buffer(tl.load(x_ptr + (stt * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32), BUF)
