@@ -488,17 +488,17 @@ def main(argv: list[str] | None = None) -> int:
             save()
     else:
         timed = args.timing_variants.split(",")
-        if args.jobs > 1:  # compile every kernel at once, one process each; the timing below loads them from the cache
-            t0 = time.perf_counter()
-            results["warm"], warm_failed = _in_processes("warm", argv, args, timed)
-            results["warm_wall_s"] = time.perf_counter() - t0
-            save()
-            for w in results["warm"]:
-                print(f"[twin] first calls of {w['variant']} in a process of its own ({len(timed)} compiling at once): twin "
-                      f"{w['twin_first_call_s']:.2f} s (compile {w['twin_compile_s']:.2f} s), ideal "
-                      f"{w['ideal_first_call_s']:.2f} s (compile {w['ideal_compile_s']:.2f} s)", flush=True)  # fmt: skip
-            if warm_failed:
-                print(f"[twin] warm-up failed for {', '.join(warm_failed)} (the timing compiles them itself)", flush=True)
+        # the first calls (compiles) in one process per variant, --jobs at once; the timing loads them from the cache
+        t0 = time.perf_counter()
+        results["warm"], warm_failed = _in_processes("warm", argv, args, timed)
+        results["warm_wall_s"], results["warm_jobs"] = time.perf_counter() - t0, min(args.jobs, len(timed))
+        save()
+        for w in results["warm"]:
+            print(f"[twin] first calls of {w['variant']} in a process of its own ({results['warm_jobs']} compiling at once): twin "
+                  f"{w['twin_first_call_s']:.2f} s (compile {w['twin_compile_s']:.2f} s), ideal "
+                  f"{w['ideal_first_call_s']:.2f} s (compile {w['ideal_compile_s']:.2f} s)", flush=True)  # fmt: skip
+        if warm_failed:
+            print(f"[twin] warm-up failed for {', '.join(warm_failed)} (the timing compiles them itself)", flush=True)
         for spec in timed:
             row = time_twin(inp, spec, args.reps)
             results["rows"].append(row)
