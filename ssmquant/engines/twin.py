@@ -326,6 +326,23 @@ def compare_recipes(triton_dir: Path, torch_dir: Path, rtol_state: float = 1e-5,
 _LIST_FLAGS = {"compare": "--variants", "warm": "--timing-variants"}
 
 
+def child_argv(part: str, argv: list[str], parent: str, spec: str, out: Path) -> list[str]:
+    """The command line (after `-m ssmquant.engines.twin`) of one variant's `part` (compare or warm) in a process
+    of its own: the parent's (`parent` part) without its part, variant lists, --jobs and --out, plus these."""
+    flags = ("--variants", "--timing-variants", "--jobs", "--out")
+    base, skip, named = [], False, False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        elif a == parent and not named:
+            named = True
+        elif not a.startswith(tuple(f + "=" for f in flags)):
+            base.append(a)
+    return [part, *base, _LIST_FLAGS[part], spec, "--jobs", "1", "--out", str(out)]
+
+
 def _in_processes(part: str, argv: list[str], args, specs: list[str]) -> tuple[list[dict], list[str]]:
     """`part` (compare or warm) of each variant in its own process (this module with --jobs 1), at most args.jobs
     at a time; their rows in the order given and the variants that failed. A SIGTERM (the caller's time limit)
@@ -334,18 +351,6 @@ def _in_processes(part: str, argv: list[str], args, specs: list[str]) -> tuple[l
     import signal
     import subprocess
 
-    flags = ("--variants", "--timing-variants", "--jobs", "--out")
-    base, skip, named = [], False, False
-    for a in argv:  # this command line without its part, the variant lists, --jobs, --out (and their values)
-        if skip:
-            skip = False
-        elif a in flags:
-            skip = True
-        elif a == args.part and not named:
-            named = True
-        elif not a.startswith(tuple(f + "=" for f in flags)):
-            base.append(a)
-    part_name = part
     parts = [args.out.with_name(f"{args.out.stem}.{part}{i}.json") for i in range(len(specs))]
     procs: list[subprocess.Popen] = []
 
@@ -360,22 +365,21 @@ def _in_processes(part: str, argv: list[str], args, specs: list[str]) -> tuple[l
     failed = []
     while pending or running:
         while pending and len(running) < args.jobs:
-            spec, part = pending.pop(0)
-            cmd = [sys.executable, "-m", "ssmquant.engines.twin", part_name, *base, _LIST_FLAGS[part_name], spec, "--jobs", "1",
-                   "--out", str(part)]  # fmt: skip
+            spec, out = pending.pop(0)
+            cmd = [sys.executable, "-m", "ssmquant.engines.twin", *child_argv(part, argv, args.part, spec, out)]
             p = subprocess.Popen(cmd, env=os.environ.copy())
             procs.append(p)
-            running.append((spec, part, p))
+            running.append((spec, out, p))
         time.sleep(0.2)
         for item in [r for r in running if r[2].poll() is not None]:
             running.remove(item)
             if item[2].returncode != 0:
                 failed.append(item[0])
     rows = []
-    for spec, part in zip(specs, parts):
-        if part.is_file():
-            rows += json.loads(part.read_text())["rows"]
-            part.unlink()
+    for spec, path in zip(specs, parts):
+        if path.is_file():
+            rows += json.loads(path.read_text())["rows"]
+            path.unlink()
         elif spec not in failed:
             failed.append(spec)
     return rows, failed

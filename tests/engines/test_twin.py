@@ -179,3 +179,20 @@ def test_the_compiled_twin_negates_no_float_contracts_nothing_flushes_nothing(sp
                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert run.stdout.strip(), run.stderr[-2000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == {spec: {"negations": 0, "fma": 0, "ftz": 0}}, run.stderr[-500:]
+
+
+def test_a_variants_process_gets_the_parents_command_line_for_its_part():
+    from pathlib import Path
+
+    from ssmquant.engines.twin import child_argv
+
+    argv = ["timing", "--out", "t.json", "--device", "cuda", "--steps", "256", "--timing-variants=int8@replay16,fp16",
+            "--jobs", "3", "--reps", "3", "--real", "int8"]  # fmt: skip
+    assert child_argv("warm", argv, "timing", "int8@replay16", Path("t.warm0.json")) == [
+        "warm", "--device", "cuda", "--steps", "256", "--reps", "3", "--real", "int8", "--timing-variants",
+        "int8@replay16", "--jobs", "1", "--out", "t.warm0.json",
+    ]  # fmt: skip
+    argv = ["--device", "cpu", "compare", "--variants", "a,b", "--jobs", "5", "--out", "c.json"]
+    assert child_argv("compare", argv, "compare", "b", Path("c.compare1.json")) == [
+        "compare", "--device", "cpu", "--variants", "b", "--jobs", "1", "--out", "c.compare1.json",
+    ]  # fmt: skip
