@@ -11,7 +11,7 @@ interpreter. Compiling it ahead of time with the installed Triton and the launch
 - ftz: flush-to-zero instructions (libdevice with enable_reflect_ftz: `tl.floor` became `cvt.rmi.ftz`).
 
 Each variant is compiled as the analyses launch it (no probe) at the synthetic Nemotron-3-Nano head shape
-(64 x 128, the launch plan's row block and warps); replay variants with the FP64 flush compile for ~10 s.
+(64 x 128, the launch plan's row block and warps); a replay variant compiles in 1-3 s.
 
     python benchmarks/twin_ptx.py [--variants fp16:sr@conventional,fp8_e4m3:sr@replay16] [--json]
 """

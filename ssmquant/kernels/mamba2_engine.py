@@ -224,7 +224,7 @@ def _mamba2_engine_kernel(
                 else:
                     y = tl.sum(_bf16(codes) * cvec[:, None], axis=0) * fac + cbn * xb
                 # the ring loops are not unrolled (range, not static_range): unrolled, the sm_90a compile of a replay
-                # variant took ~10 s and ~19k PTX lines (Triton 3.6, benchmarks/twin_ptx.py), rolled ~2 s and ~5k
+                # variant took 9-12 s and 19-25k PTX lines (Triton 3.6, benchmarks/twin_ptx.py), rolled 1-3 s and 5-10k
                 for j in range(L):
                     st = tl.minimum(start + j, T - 1)
                     xj = tl.load(x_ptr + ((b64 * T + st) * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32)
