@@ -29,6 +29,14 @@ def _bf16(v):
 
 
 @triton.jit
+def _signed(mag, negative):
+    """mag with its sign bit set where `negative`: -0.0 stays -0.0. Triton 3.6 compiles a float's unary minus as
+    0 - x (`semantic.minus`; 3.9 emits fneg), which turns -(+0.0) into +0.0, so the kernel negates no float."""
+    bits = mag.to(tl.int32, bitcast=True) | (negative.to(tl.int32) << 31)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _pow2(e):
     return ((e + 127) << 23).to(tl.float32, bitcast=True)
 
@@ -71,7 +79,7 @@ def _rcp(v, rcp_ptr):
     y = ym * _pow2(tl.minimum(-e, 127))  # exact; 2^-127 is 0 here (flushed, as are results below 2^-126)
     y = tl.where(y < 1.1754943508222875e-38, 0.0, y)
     y = tl.where(e == -127, float("inf"), y)  # zero / subnormal v (flushed to zero)
-    return tl.where(bits < 0, -y, y)
+    return _signed(y, bits < 0)
 
 
 @triton.jit
@@ -124,7 +132,7 @@ def _sr_e4m3(v, chunk):
     mag = tl.where(e == 0, frac.to(tl.float32) * 0.001953125, (8 + frac).to(tl.float32) * _pow2(e.to(tl.int32) - 10))
     mag = tl.where(sat, 448.0, mag)
     mag = tl.where(ex == 0, 0.0, mag)
-    return tl.where(sign == 1, -mag, mag)
+    return _signed(mag, sign == 1)
 
 
 @triton.jit
@@ -137,16 +145,23 @@ def _sr_fp16(v, word):
     out = ((a >> 13) << 13).to(tl.int32).to(tl.float32, bitcast=True)
     out = tl.where(ex > 142, float("inf"), out)
     out = tl.where(ex < 113, 0.0, out)
-    return tl.where(sign == 1, -out, out)
+    return _signed(out, sign == 1)
+
+
+@triton.jit
+def _fingerprint(v, weight, ok, TILE: tl.constexpr):
+    """Sum of v's FP32 bit patterns times their weights over the tile, int64 (exact, any order)."""
+    bits = v.to(tl.int32, bitcast=True).to(tl.int64) * weight
+    return tl.sum(tl.reshape(tl.where(ok, bits, 0), [TILE]), axis=0)
 
 
 @triton.jit
 def _mamba2_engine_kernel(
     x_ptr, dt_ptr, a_ptr, bm_ptr, cm_ptr, d_ptr, s0_ptr, write_ptr, metrics_ptr,
-    fac_ptr, cbn_ptr, cbo_ptr, coef_ptr, tdec_ptr, start_ptr, fcall_ptr, ae_ptr, rcp_ptr,
+    fac_ptr, cbn_ptr, cbo_ptr, coef_ptr, tdec_ptr, start_ptr, fcall_ptr, ae_ptr, rcp_ptr, probe_ptr, yout_ptr,
     B, T, H, P, N, HEADS_PER_GROUP, G, seed_hi, batch_offset, store_seed, record_every,
     L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FMT: tl.constexpr, REPLAY: tl.constexpr,
-    SR: tl.constexpr, BUF: tl.constexpr, HAS_S0: tl.constexpr, SSU: tl.constexpr,
+    SR: tl.constexpr, BUF: tl.constexpr, HAS_S0: tl.constexpr, SSU: tl.constexpr, PROBE: tl.constexpr,
 ):  # fmt: skip
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -208,7 +223,9 @@ def _mamba2_engine_kernel(
                     y = tl.sum(codes * cvec[:, None], axis=0) * (fac * dec) + cbn * xb
                 else:
                     y = tl.sum(_bf16(codes) * cvec[:, None], axis=0) * fac + cbn * xb
-                for j in tl.static_range(L):
+                # the ring loops are not unrolled (range, not static_range): unrolled, the sm_90a compile of a replay
+                # variant took 9-12 s and 19-25k PTX lines (Triton 3.6, benchmarks/twin_ptx.py), rolled 1-3 s and 5-10k
+                for j in range(L):
                     st = tl.minimum(start + j, T - 1)
                     xj = tl.load(x_ptr + ((b64 * T + st) * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32)
                     w = tl.load(cbo_ptr + (bt * H + h) * L + j)
@@ -225,7 +242,7 @@ def _mamba2_engine_kernel(
                 else:
                     acc0 = codes * tdec
                     emax = _exponent(acc0)
-                for j in tl.static_range(L):
+                for j in range(L):
                     st = tl.minimum(rstart + j, T - 1)
                     stt = b64 * T + st
                     xj = round_buffer(tl.load(x_ptr + (stt * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32), BUF)
@@ -244,7 +261,7 @@ def _mamba2_engine_kernel(
                     accq = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float64)
                 else:
                     accq = _trunc_f64(acc0.to(tl.float64) * inv_q)
-                for j in tl.static_range(L):
+                for j in range(L):
                     st = tl.minimum(rstart + j, T - 1)
                     stt = b64 * T + st
                     xj = round_buffer(tl.load(x_ptr + (stt * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32), BUF)
@@ -301,11 +318,25 @@ def _mamba2_engine_kernel(
                     key = stream_key(store_seed, t)
                     s_var = fake_quant_tile(s_var, ones, sr_index, key, BLOCK_N, BLOCK_P, FMT, 1, False, SR)
         store_metrics(metrics_ptr, t, record_every, B, b, H, h, npb, pid_p, s_var, s_ref, y, y_ref, BLOCK_N * BLOCK_P)
+        if PROBE:  # what the torch profile's state carries, as exact integer sums (`engines.twin.fingerprint`)
+            weight = (rows[None, :] * N + cols[:, None] + 1).to(tl.int64)
+            pbase = probe_ptr + (((t * B + b64) * H + h) * npb + pid_p) * 3
+            tl.store(pbase + 0, _fingerprint(s_var, weight, tile_ok, BLOCK_N * BLOCK_P))
+            tl.store(pbase + 1, _fingerprint(codes, weight, tile_ok, BLOCK_N * BLOCK_P))
+            dec_bits = dec.to(tl.int32, bitcast=True).to(tl.int64) * (rows + 1).to(tl.int64)
+            tl.store(pbase + 2, tl.sum(tl.where(row_ok, dec_bits, 0), axis=0))
+            tl.store(yout_ptr + ((t * B + b64) * H + h) * P + rows, y, mask=row_ok)
+
+
+# The twin's compiler options: no multiply-add contraction (every product rounded, as torch computes), and libdevice
+# without flush-to-zero (with it tl.floor compiles to cvt.rmi.ftz, which takes a negative subnormal to -0.0, not -1).
+COMPILE_OPTIONS = {"enable_fp_fusion": False, "enable_reflect_ftz": False}
 
 
 def mamba2_engine_launch(
     x, dt, a, bm, cm, d, s0, write, tables, *, fmt_code: int, replay: bool, sr: bool, seed: int, buf_code: int,
     block_p: int, num_warps: int, batch_offset: int = 0, a_engine: torch.Tensor | None = None,
+    probe: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Launch on contiguous inputs; returns per-step metrics [T, B, H, NPB, 4] (fp32).
 
@@ -313,6 +344,9 @@ def mamba2_engine_launch(
     trtllm conventional arithmetic with these decays [B, T, H] (`triton_ssu.ssu_decays`), None otherwise. seed: the variant's
     seed (the engine's rand_seed of call c is `philox.engine_seed(seed, c)`; ssmquant's stream for the
     rest). Per-row scales need the whole state row in one program: block_p covers the rows given.
+    probe: (fingerprints int64 [T, B, H, NPB, 3], outputs fp32 [T, B, H, P]) filled at every step with the
+    row block's `engines.twin.fingerprint` of the metric state, the checkpoint codes and the decode scales,
+    and the variant's output (a separately compiled kernel; None: neither is computed).
     """
     from ..engines.philox import engine_seed
 
@@ -341,9 +375,11 @@ def mamba2_engine_launch(
     _mamba2_engine_kernel[(bsz * heads, npb)](
         x, dt, a, bm, cm, d, s0 if s0 is not None else dummy, write, metrics,
         fac, cbn, cbo, coef, tdec, start, fcall, dummy if a_engine is None else a_engine, rcp_tab,
+        dummy if probe is None else probe[0], dummy if probe is None else probe[1],
         bsz, steps, heads, p, n, heads // groups, groups, engine_seed(seed, 0), batch_offset, seed, 1,
         L=length, BLOCK_P=block_p, BLOCK_N=block_n, FMT=fmt_code, REPLAY=replay, SR=sr, BUF=buf_code,
-        HAS_S0=s0 is not None, SSU=a_engine is not None, num_warps=num_warps, enable_fp_fusion=False,
+        HAS_S0=s0 is not None, SSU=a_engine is not None, PROBE=probe is not None, num_warps=num_warps,
+        **COMPILE_OPTIONS,
     )  # fmt: skip
     return metrics
 
@@ -353,12 +389,9 @@ def mamba2_engine_launch(
 _ELEMENTS_PER_THREAD = 32
 
 
-def engine_steps(inputs, variant, index: int, shared: dict, s0, metric_budget: int):
-    """Yield (index, b0, metrics [T, b, H, 4]) of one engine-profile variant, batch slice by batch slice.
-
-    shared: the contiguous inputs `emulate_triton_steps` prepared (x, dt, a, bm, cm, d); metric_budget:
-    bytes of one launch's per-step metric buffer.
-    """
+def _launch_plan(inputs, variant):
+    """(write mask int8 [B, T], FlashInferTables or None, decays a_engine [B, T, H] or None, launch keywords)
+    of one engine-profile variant on Mamba-2 inputs: what every batch slice's launch shares."""
     from ..engines.profiles import arithmetic, flashinfer_tables
     from ..formats import Rounding
     from ..replay.schemes import SchemeKind
@@ -378,19 +411,54 @@ def engine_steps(inputs, variant, index: int, shared: dict, s0, metric_budget: i
     block_p = min(triton.next_power_of_2(rows), max(1, 32 * _ELEMENTS_PER_THREAD // block_n))
     num_warps = max(1, min(4, block_p * block_n // (32 * _ELEMENTS_PER_THREAD)))
     buf = {"fp32": 0, "bf16": 1, "fp16": 2}[scheme.buffer_dtype] if scheme.rounds_buffer else 0
-    write8 = write.to(torch.int8).contiguous()
-    per_sequence = {"x", "dt", "a", "bm", "cm"}
+    kw = dict(
+        fmt_code=FORMAT_CODES[fmt.encoding], replay=replay, sr=fmt.rounding is Rounding.SR, seed=variant.seed,
+        buf_code=buf, block_p=block_p, num_warps=num_warps,
+    )  # fmt: skip
+    return write.to(torch.int8).contiguous(), tables, a_engine, kw
+
+
+def engine_steps(inputs, variant, index: int, shared: dict, s0, metric_budget: int):
+    """Yield (index, b0, metrics [T, b, H, 4]) of one engine-profile variant, batch slice by batch slice.
+
+    shared: the contiguous inputs `emulate_triton_steps` prepared (x, dt, a, bm, cm, d); metric_budget:
+    bytes of one launch's per-step metric buffer.
+    """
     from . import _batch_slices
 
-    per_seq_bytes = inputs.steps * inputs.num_heads * triton.cdiv(rows, block_p) * 4 * 4
+    write8, tables, a_engine, kw = _launch_plan(inputs, variant)
+    per_sequence = {"x", "dt", "a", "bm", "cm"}
+    per_seq_bytes = inputs.steps * inputs.num_heads * triton.cdiv(inputs.rows, kw["block_p"]) * 4 * 4
     for b0, b1 in _batch_slices(inputs.batch, per_seq_bytes, metric_budget):
         args = [t[b0:b1] if name in per_sequence else t for name, t in shared.items()]
         tab = None
         if tables is not None:
             tab = type(tables)(*(getattr(tables, f)[b0:b1] for f in tables.__dataclass_fields__))
         m = mamba2_engine_launch(
-            *args, None if s0 is None else s0[b0:b1], write8[b0:b1], tab, fmt_code=FORMAT_CODES[fmt.encoding],
-            replay=replay, sr=fmt.rounding is Rounding.SR, seed=variant.seed, buf_code=buf, block_p=block_p,
-            num_warps=num_warps, batch_offset=b0, a_engine=None if a_engine is None else a_engine[b0:b1],
+            *args, None if s0 is None else s0[b0:b1], write8[b0:b1], tab, batch_offset=b0,
+            a_engine=None if a_engine is None else a_engine[b0:b1], **kw,
         )  # fmt: skip
         yield index, b0, m.sum(3)
+
+
+def engine_probe(inputs, variant):
+    """One engine-profile variant over the whole batch with the probe on (`mamba2_engine_launch`).
+
+    Returns (metrics [T, B, H, 4] fp32, fingerprints int64 [T, B, H, 3] of the metric state, the checkpoint
+    codes and the decode scales (`engines.twin.fingerprint`), outputs fp32 [T, B, H, P]), on the inputs'
+    device. For checking the twin against the torch profile (`ssmquant.engines.twin`); not for analyses.
+    """
+    from ..replay.reference import mamba2_decays
+
+    write8, tables, a_engine, kw = _launch_plan(inputs, variant)
+    bsz, steps, heads, rows = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows
+    npb = triton.cdiv(rows, kw["block_p"])
+    fps = torch.zeros(steps, bsz, heads, npb, 3, dtype=torch.int64, device=inputs.device)
+    ys = torch.full((steps, bsz, heads, rows), float("nan"), device=inputs.device)
+    s0 = None if inputs.initial_state is None else inputs.initial_state.float().contiguous()
+    m = mamba2_engine_launch(
+        inputs.x.contiguous(), inputs.dt.float().contiguous(), mamba2_decays(inputs).contiguous(),
+        inputs.B.contiguous(), inputs.C.contiguous(), inputs.D.float().contiguous(), s0, write8, tables,
+        a_engine=a_engine, probe=(fps, ys), **kw,
+    )  # fmt: skip
+    return m.sum(3), fps.sum(3), ys

@@ -60,13 +60,13 @@ def tiny_source(
     return LayerSource("test", f"tiny-{kind}", list(layers), kind, (HEADS, rows, state), describe, iterate)
 
 
-def tiny_calibration(kind="mamba2", *, batch=2, steps=24, rows=ROWS, state=STATE, **cfg_kwargs):
+def tiny_calibration(kind="mamba2", *, batch=2, steps=24, rows=ROWS, state=STATE, backend="torch", **cfg_kwargs):
     """Run `calibrate` on tiny sources (calibration seed 0, held-out seed 1); returns the CalibrationResult.
     rows / state: the layers' state rows and reduction dim (Mamba-2 64 / 128: what FlashInfer's 8-bit kernel
-    takes)."""
+    takes); backend: "torch", or "triton" (the kernels; on a CPU under TRITON_INTERPRET=1)."""
     from ssmquant.calibrate import CalibrateConfig, calibrate
 
-    cfg = CalibrateConfig(model=f"tiny-{kind}", horizon=steps, batch=batch, device="cpu", backend="torch", **cfg_kwargs)
+    cfg = CalibrateConfig(model=f"tiny-{kind}", horizon=steps, batch=batch, device="cpu", backend=backend, **cfg_kwargs)
     return calibrate(
         cfg,
         source=tiny_source(kind, batch=batch, steps=steps, seed=0, rows=rows, state=state),

@@ -2,12 +2,15 @@
 
 import math
 
+import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 from ssmquant.calibrate import CONFIG_NAME, load_recipe, write_recipe
 from ssmquant.calibrate.summary import summary_text
 from ssmquant.cli import main
+from ssmquant.replay.simulate import triton_interpreting
 
 from .helpers import tiny_calibration
 
@@ -118,3 +121,79 @@ def test_cli_bad_engine_is_one_line_listing_the_profiles(tmp_path):
     err = [line for line in res.output.splitlines() if line.strip()]
     assert err == ["Error: --engine: unknown engine 'sglang'; accepted: ideal, flashinfer, vllm, trtllm"]
     assert not (tmp_path / "r").exists()
+
+
+# --- the Triton backend: the profile's twin (kernels/mamba2_engine.py) must choose what the torch profile chooses
+
+interpreted = pytest.mark.skipif(
+    not torch.cuda.is_available() and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1"
+)
+
+
+def _both_backends(tmp_path, **kw):
+    """The same flashinfer-profile calibration on the torch and the Triton backend, both recipes written."""
+    from ssmquant.engines.twin import compare_recipes
+
+    res = {b: tiny_calibration(**kw, engine="flashinfer", backend=b) for b in ("torch", "triton")}
+    paths = {b: write_recipe(r, tmp_path / b) for b, r in res.items()}
+    return res, compare_recipes(paths["triton"], paths["torch"])
+
+
+@interpreted
+@pytest.mark.slow
+def test_triton_backend_chooses_the_torch_backends_recipe(tmp_path):
+    """fp16 replay (the 16-bit MMA replay), fp16 SR conventional (FlashInfer's Philox stream) and a setting the
+    engine refuses at this shape (int8 replay: head_dim 8): same choices, same refusals, the same errors to the
+    twin's tolerances (state 1e-5, outputs 1e-3 relative: `engines.twin.compare_recipes`)."""
+    kw = dict(candidates=["int8", "fp16"], schemes=["replay", "conventional"], buffer_lens=[4], rounding=["rne", "sr"],
+              layers=[0], steps=16, **{**LOOSE, "budget": 0.004, "calibration": ["none"], "verify": True})  # fmt: skip
+    res, cmp = _both_backends(tmp_path, **kw)
+    assert cmp["backends"] == ["triton", "torch"]
+    assert cmp["ok"], cmp["mismatches"]
+    ev = {b: r.evaluations.set_index(["layer", "setting"]) for b, r in res.items()}
+    ran = ev["torch"][ev["torch"]["runnable"]]
+    assert {"fp16@replay4", "fp16:sr@conventional", "fp16:sr@replay4"} <= set(ran.index.get_level_values(1))
+    assert not ev["triton"].loc[(0, "int8@replay4"), "runnable"]
+    assert {s.name for s in res["triton"].decisions.values()} == {s.name for s in res["torch"].decisions.values()}
+    for col in ("out_rel_err", "state_rel_err"):
+        a, b = ev["triton"].loc[ran.index, col].to_numpy(), ran[col].to_numpy()
+        np.testing.assert_allclose(a, b, rtol=1e-3 if col.startswith("out") else 1e-5)
+
+
+@interpreted
+@pytest.mark.slow
+def test_triton_backend_8bit_checkpoint_recipe_equals_torch(tmp_path):
+    """int8 / fp8_e4m3 replay at FlashInfer's 8-bit shape (head_dim 64, d_state 128), one small layer: the
+    tensor-core replay model, MUFU.RCP scales and the SR Philox words of the twin give the torch profile's recipe."""
+    kw = dict(candidates=["int8", "fp8_e4m3"], schemes=["replay"], buffer_lens=[4], rounding=["rne", "sr"], layers=[0],
+              batch=1, steps=10, **{**LOOSE, "calibration": ["none"]}, **FI_8BIT)  # fmt: skip
+    res, cmp = _both_backends(tmp_path, **kw)
+    assert cmp["ok"], cmp["mismatches"]
+    assert res["torch"].evaluations["runnable"].all() and len(res["torch"].evaluations) == 4
+
+
+def test_recipe_comparison_names_what_differs(tmp_path):
+    """`compare_recipes` (what the GPU script checks the two backends with) finds a changed choice and an error
+    moved beyond its tolerance, and passes identical recipes."""
+    import json
+
+    import pandas as pd
+
+    from ssmquant.engines.twin import compare_recipes
+
+    res = tiny_calibration(candidates=["fp16"], schemes=["conventional", "replay"], buffer_lens=[4], layers=[0],
+                           engine="flashinfer", **{**LOOSE, "calibration": ["none"]})  # fmt: skip
+    a, b = write_recipe(res, tmp_path / "a"), write_recipe(res, tmp_path / "b")
+    assert compare_recipes(a, b)["ok"]
+    csv = b / "candidates.csv"
+    frame = pd.read_csv(csv)
+    frame.loc[frame["runnable"], "state_rel_err"] *= 1 + 1e-4  # beyond the state tolerance (1e-5), within out's
+    frame.to_csv(csv, index=False)
+    cfg = json.loads((b / CONFIG_NAME).read_text())
+    cfg["layers"][0]["setting"]["name"] = "fp16@replay4" if cfg["layers"][0]["setting"]["name"] != "fp16@replay4" else "x"
+    (b / CONFIG_NAME).write_text(json.dumps(cfg))
+    got = compare_recipes(a, b)
+    assert not got["ok"]
+    assert any(m.startswith("per-layer choices differ") for m in got["mismatches"]), got["mismatches"]
+    assert any(m.startswith("candidates.state_rel_err:") for m in got["mismatches"]), got["mismatches"]
+    assert not any("out_rel_err" in m for m in got["mismatches"])
