@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `ssmquant calibrate` at full size through the normal checkpoint path (issue #15), one H200, < 150 s:
+# `ssmquant calibrate` at full size through the normal checkpoint path (issue #15), one H200, < 300 s
+# (build 55 s + calibrate 240 s limits; 85 s stopped the 2026-12-01 run after 12 of 24 layers):
 # build nemotron-h-8b (8.1 B parameters, random weights, sharded bf16 safetensors in /tmp) with
 # `python -m ssmquant.models.build`, then `ssmquant calibrate --model DIR` (24 Mamba-2 layers, horizon 1024 x
 # batch 4, held-out 4; default candidates, schemes and static-scale methods, buffer length 16 only).
@@ -37,7 +38,7 @@ if [ -n "${CPU_CHECK:-}" ]; then
   DEV=cpu; HORIZON=32; BATCH=1; LIMIT_BUILD=120; LIMIT_CAL=240
   BUILD_ARGS=(--layers 4 --dtype float32 --overrides '{"vocab_size": 512, "hidden_size": 64, "intermediate_size": 96, "mamba_num_heads": 4, "mamba_head_dim": 8, "ssm_state_size": 16, "n_groups": 2}')
 else
-  DEV=cuda; HORIZON=${HORIZON:-1024}; BATCH=${BATCH:-4}; LIMIT_BUILD=55; LIMIT_CAL=85
+  DEV=cuda; HORIZON=${HORIZON:-1024}; BATCH=${BATCH:-4}; LIMIT_BUILD=55; LIMIT_CAL=${LIMIT_CAL:-240}
   BUILD_ARGS=()
 fi
 rm -rf "$CKPT"
