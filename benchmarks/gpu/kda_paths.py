@@ -74,6 +74,19 @@ FINAL = [
 ]
 
 
+def bench_layer(script: str, device: str, batch: int, steps: int, value_heads: int):
+    """The KDA layer a GPU script measures: GLM-5.3-Flash's shapes on CUDA; on the CPU (a check of the script in the
+    Triton interpreter, not a timing) a small layer of one key head, `value_heads` value heads, 32 x 32."""
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"{script} needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 to check the script)")
+    if device == "cpu":
+        sys.path.insert(0, str(ROOT / "tests" / "replay"))
+        from helpers import kda_inputs
+
+        return kda_inputs(batch=batch, steps=steps, key_heads=1, value_heads=value_heads, dk=32, dv=32)
+    return glm53_flash_inputs(batch, steps, device)
+
+
 def launch_args(inputs, names, tiling):
     """The positional tensors, specs and tiling of one launch (as `emulate_triton_steps` prepares them)."""
     variants = [parse_variant(n) for n in names]
@@ -172,15 +185,7 @@ def main():
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     args.failed = False
-    if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("kda_paths.py needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 to check the script)")
-    if args.device == "cpu":  # a check of the script: a small KDA layer (one head pair, 32 x 32) in the interpreter
-        sys.path.insert(0, str(ROOT / "tests" / "replay"))
-        from helpers import kda_inputs
-
-        inputs = kda_inputs(batch=args.batch, steps=args.steps, key_heads=1, value_heads=2, dk=32, dv=32)
-    else:
-        inputs = glm53_flash_inputs(args.batch, args.steps, args.device)
+    inputs = bench_layer("kda_paths.py", args.device, args.batch, args.steps, value_heads=2)
     info = {
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (interpreter check)",
         "torch": torch.__version__,

@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 
 import triton  # noqa: E402
-from bench_emulation import MIN_REPS, cuda_times, glm53_flash_inputs, spread  # noqa: E402
-from kda_paths import launch_args  # noqa: E402
+from bench_emulation import MIN_REPS, cuda_times, spread  # noqa: E402
+from kda_paths import bench_layer, launch_args  # noqa: E402
 
 from ssmquant.kernels import plan_launches  # noqa: E402
 from ssmquant.kernels.delta_rule import ROW_BLOCKS_FIRST_DEFAULT, delta_rule_launch  # noqa: E402
@@ -161,15 +161,7 @@ def main():
     args.configs = CONFIGS if args.configs is None else parse_configs(args.configs)
     if args.reps < MIN_REPS:
         sys.exit(f"--reps must be at least {MIN_REPS}, got {args.reps}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("kda_tiles.py needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 to check the script)")
-    if args.device == "cpu":  # a check of the script: a small KDA layer (one head, 32 x 32) in the interpreter
-        sys.path.insert(0, str(ROOT / "tests" / "replay"))
-        from helpers import kda_inputs
-
-        inputs = kda_inputs(batch=args.batch, steps=args.steps, key_heads=1, value_heads=1, dk=32, dv=32)
-    else:
-        inputs = glm53_flash_inputs(args.batch, args.steps, args.device)
+    inputs = bench_layer("kda_tiles.py", args.device, args.batch, args.steps, value_heads=1)
     info = {
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (interpreter check, not a timing)",
         "torch": torch.__version__,
