@@ -51,7 +51,7 @@ import traceback
 
 import numpy as np
 import torch
-from eval_speed import AGREE, _agree, _exact, _load
+from eval_speed import AGREE, _agree, _exact, _load, run_environment
 from transformers.cache_utils import DynamicLayer
 
 from ssmquant.evaluate import decode as decode_mod
@@ -494,19 +494,7 @@ def main(argv=None) -> int:
     tracer = Tracer(dev)
     undo = tracer.wrap()
     results, res, skipped = {}, {}, []
-    env = {
-        "model": args.model,
-        "how": how,
-        "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
-        "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "python": sys.version.split()[0],
-        "steps": args.steps,
-        "batch": args.batch,
-        "variants": args.variants.split(","),
-        "slow_factor": SLOW,
-        "cudnn_attention": args.cudnn_attention,
-    }
+    env = {**run_environment(args, how, dev), "slow_factor": SLOW, "cudnn_attention": args.cudnn_attention}
 
     def dump(extra=None) -> dict:
         out = {**env, "runs": res, "skipped": skipped, **(extra or {})}

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from eval_speed import _load, _positions
+from eval_speed import _load, _positions, run_environment
 
 from ssmquant.evaluate import evaluate
 
@@ -69,21 +69,7 @@ def run(args) -> int:
     loaded, how = _load(args.model, args.device)
     built_s = time.time() - t_proc
     print(f"{name}: {args.model} {how} in {built_s:.1f} s", flush=True)
-    cuda = loaded.device.type == "cuda"
-    res = {
-        "process": name,
-        "model": args.model,
-        "how": how,
-        "device": torch.cuda.get_device_name(loaded.device) if cuda else "cpu",
-        "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "python": sys.version.split()[0],
-        "steps": args.steps,
-        "batch": args.batch,
-        "variants": args.variants.split(","),
-        "build_s": round(built_s, 2),
-        "runs": [],
-    }
+    res = {"process": name, **run_environment(args, how, loaded.device), "build_s": round(built_s, 2), "runs": []}
     failed = False
     for i in range(args.runs):
         last = i == args.runs - 1 and i > 0  # the backend spy never in the first run of the process

@@ -87,6 +87,23 @@ def _load(spec: str, device: str):
     return build_random_model(spec, devices=device), "built in memory (random weights)"
 
 
+def run_environment(args, how: str, device: torch.device) -> dict:
+    """What a timed eval ran on: model and how it was made, device, torch / cuDNN / Python versions, steps, batch,
+    variants (args: the scripts' --steps, --batch, --variants)."""
+    cuda = device.type == "cuda"
+    return {
+        "model": args.model,
+        "how": how,
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "python": sys.version.split()[0],
+        "steps": args.steps,
+        "batch": args.batch,
+        "variants": args.variants.split(","),
+    }
+
+
 def _positions(r, steps: int) -> np.ndarray:
     p = r.positions[r.positions.position <= steps].sort_values(["variant", "position"])
     return p[METRICS].to_numpy()
