@@ -54,8 +54,9 @@ if [ "$FINAL" = 1 ]; then
   final=(python3 benchmarks/gpu/eval_final.py run "$MODEL" --steps "$STEPS" --batch "$BATCH" --device "$DEVICE"
     --variants "$VARIANTS")
   STAGE_TAIL=40
-  # the first process gets all but ~28 s (the second: start-up, build, one run), the second all but the comparison's
-  stage final_cold "$(($(budget_left) - 28))" "${final[@]:0:4}" "$work/cold.json" "${final[@]:4}" --runs 2
+  # the first process gets all but FINAL_WARM_S (28) s (the second: start-up, build, one run; more for a larger
+  # model), the second all but the comparison's
+  stage final_cold "$(($(budget_left) - ${FINAL_WARM_S:-28}))" "${final[@]:0:4}" "$work/cold.json" "${final[@]:4}" --runs 2
   stage final_warm "$(($(budget_left) - 4))" "${final[@]:0:4}" "$work/warm.json" "${final[@]:4}" --runs 1
   STAGE_MIN_S=1 stage final_compare 10 python3 benchmarks/gpu/eval_final.py compare "$work/cold.json" \
     "$work/warm.json" "$OUT/eval_final.json"

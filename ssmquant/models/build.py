@@ -30,8 +30,23 @@ from .presets import GDNShape, Mamba2Shape, Preset, get_preset
 # Qwen3.5-35B-A3B) give 63.5 B parameters for Qwen3.5-122B-A10B's 48 layers x hidden 3072 x 256 experts;
 # expert and shared-expert widths of 1024 give 121.6 B, the published 122 B total (model card; transformers
 # docs/source/en/model_doc/qwen3_5_moe.md, 5.24: 256 experts, 8 routed + 1 shared per token).
+# Likewise Nemotron-3-Nano-30B-A3B: NemotronHConfig's defaults (8 experts of 7688, 2 per token, dense MLP 21504,
+# 8 KV heads) give 10.3 B parameters; the published config.json (nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16, and
+# verbatim copies of it in public repositories) has 128 routed experts of 1856 (6 per token, scaled by 2.5), one
+# shared expert of 3712, intermediate_size 1856, 2 KV heads and 262144 positions: 31.6 B parameters, the published
+# 30B total (a 2026-12-01 GPU build with the defaults had 10.32 B).
 PUBLISHED_EXTRA_FIELDS: dict[str, dict] = {
     "qwen3.5-122b-a10b": {"moe_intermediate_size": 1024, "shared_expert_intermediate_size": 1024},
+    "nemotron-3-nano": {
+        "intermediate_size": 1856,
+        "moe_intermediate_size": 1856,
+        "moe_shared_expert_intermediate_size": 3712,
+        "n_routed_experts": 128,
+        "num_experts_per_tok": 6,
+        "routed_scaling_factor": 2.5,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 262144,
+    },
 }
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # GPU memory kept free on every device beyond the weights when a model is built in memory: the prefill

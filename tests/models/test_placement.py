@@ -105,6 +105,13 @@ def test_120b_preset_has_its_published_size_and_is_refused_before_allocation():
         build_random_model("qwen3.5-122b-a10b", devices="cpu", free=lambda d: 100 * GIB, progress=lambda s: None)
 
 
+def test_nano_preset_has_its_published_size():
+    # 31.6 B total of Nemotron-3-Nano-30B-A3B: 128 experts of 1856 and a shared one of 3712 (PUBLISHED_EXTRA_FIELDS);
+    # transformers' NemotronHConfig defaults alone gave 10.3 B
+    n = estimate_parameters("nemotron-3-nano")
+    assert 31.5e9 < n < 31.7e9
+
+
 def test_parse_devices_names_bad_entries():
     assert parse_devices("cpu") == ["cpu"]
     with pytest.raises(BuildError, match="listed twice"):
