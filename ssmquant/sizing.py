@@ -428,9 +428,53 @@ def format_seconds(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
+# A time-left estimate made from the first unit of work (a layer, the first decode steps) is revised once, from
+# the next unit alone, when the two rates differ by more than this factor: the first unit carries the kernel
+# compiles of a cold cache (a 2026-12-01 H200 run of `calibrate` on nemotron-h-8b: first layer 31 s, "about 12.0
+# min more"; the other 23 layers took 2.5 min).
+REVISE_FACTOR = 1.5
+
+
+class LayerEstimate:
+    """Time-left lines for a loop over ``total`` layers run ``parallel`` at a time.
+
+    ``done(seconds)`` after each layer with that layer's own time: after the first it prints "the first layer
+    took ...: about ... more" (then ``suffix``); after the second, when its time and the first's differ by more
+    than ``REVISE_FACTOR`` (compiles, first-call costs), a revised estimate from the second alone. Nothing is
+    printed when ``notify`` is None or there is one layer.
+    """
+
+    def __init__(self, total: int, parallel: int, notify, suffix: str = ""):
+        self.total, self.parallel, self.notify, self.suffix = total, max(1, parallel), notify, suffix
+        self.times: list[float] = []
+
+    def done(self, seconds: float) -> None:
+        self.times.append(seconds)
+        n = len(self.times)
+        if self.notify is None or self.total <= 1 or n > 2:
+            return
+        left = self.total - n
+        if n == 1:
+            more = seconds * left / self.parallel
+            self.notify(
+                f"the first layer took {format_seconds(seconds)}: about {format_seconds(more)} more for the other "
+                f"{left} layers" + self.suffix
+            )
+            return
+        first = self.times[0]
+        if left > 0 and max(first, seconds) > REVISE_FACTOR * max(min(first, seconds), 1e-9):
+            self.notify(
+                f"revised: the second layer took {format_seconds(seconds)} (the first {format_seconds(first)}, "
+                f"kernel compiles included): about {format_seconds(seconds * left / self.parallel)} more for the "
+                f"other {left} layers" + self.suffix
+            )
+
+
 __all__ = [
     "CPU_DEFAULTS",
     "GPU_DEFAULTS",
+    "LayerEstimate",
+    "REVISE_FACTOR",
     "MemoryEstimate",
     "SizingError",
     "analyze_memory",

@@ -29,7 +29,7 @@ from ..replay import Trace, cycle_window, parse_scheme
 from ..replay.schemes import SchemeError
 from ..replay.simulate import start_simulation
 from ..replay.variants import Variant, VariantError
-from ..sizing import format_seconds
+from ..sizing import LayerEstimate, format_seconds
 from .devices import assign_layers, run_on_devices
 from .fit import DIVERGED, MIN_FORECAST_R2, fit_power_law, forecast_columns
 from .sources import LayerSource, SourceError, open_source, plan_layers, resolve_run_devices
@@ -345,11 +345,11 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
         frame.insert(0, "layer", layer)
         return frame, head_table(layer, trace), summarize_layer(layer, source.layer_kind, trace, variants), sim_s
 
+    estimate = LayerEstimate(len(layers), len(emu_devices) * lanes, notify)
+
     def finished(layer, _result, seconds):
         done.append(layer)
-        if notify is not None and len(done) == 1 and len(layers) > 1:
-            more = seconds * (len(layers) - 1) / (len(emu_devices) * lanes)
-            notify(f"the first layer took {format_seconds(seconds)}: about {format_seconds(more)} more")
+        estimate.done(seconds)
         if progress:
             progress(len(done), len(layers), layer)
 

@@ -36,7 +36,7 @@ from ..models.text import TextError
 from ..provenance import DEFAULT_PACKAGES, environment
 from ..replay import BACKENDS
 from ..replay.inputs import InputError
-from ..sizing import format_seconds
+from ..sizing import LayerEstimate, format_seconds
 from .choose import (
     MAX_VARIANTS_PER_CALL,
     BudgetError,
@@ -303,15 +303,13 @@ def calibrate(
     done = []
 
     def finished(stage, total_after):
+        suffix = ", then the verification" if total_after else ""
+        estimate = LayerEstimate(len(layers), len(emu_devices), notify if stage == "calibrate" else None, suffix)
+
         def on_result(layer, _result, seconds):
             done.append(layer)
             n = len(done)
-            if stage == "calibrate" and notify is not None and n == 1 and len(layers) > 1:
-                more = seconds * (len(layers) - 1) / len(emu_devices)
-                notify(
-                    f"the first layer took {format_seconds(seconds)}: about {format_seconds(more)} more for the other "
-                    f"{len(layers) - 1} layers" + (", then the verification" if total_after else "")
-                )
+            estimate.done(seconds)
             if progress:
                 progress(stage, n, len(layers), layer)
 

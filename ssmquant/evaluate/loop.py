@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sizing import format_seconds
+from ..sizing import REVISE_FACTOR, format_seconds
 from .decode import TeacherForced
 from .metrics import compare_step, reference_step
 from .states import EvalError, SSMLayer, StateWriter, prepare_states
@@ -97,6 +97,10 @@ class Clock:
         self.start_done = 0
         self.last_report = 0.0
         self.estimated = False
+        # (decode steps done, time, rate) at the first estimate: revised once at a later check when the rate
+        # since then differs by more than sizing.REVISE_FACTOR (the first steps carry a cold cache's compiles)
+        self.first_estimate: tuple[int, float, float] | None = None
+        self.revised = False
         # (decode steps done, host time) at every check: the loop has just read a device flag there, so the
         # device is idle and the host time is the device's; ``window_rates`` turns them into steps/s per window
         self.marks: list[tuple[int, float]] = []
@@ -120,8 +124,27 @@ class Clock:
         if not self.estimated and measured >= 2 and self.total > 8:
             self._line(pass_no, passes, t, steps, estimate=True)
             self.estimated = True
+        elif check and not self.revised and self.first_estimate is not None and self.done < self.total:
+            self.revised = True
+            self._revise()
         elif check and time.perf_counter() - self.last_report >= REPORT_EVERY_S:
             self._line(pass_no, passes, t, steps, estimate=False)
+
+    def _revise(self) -> None:
+        """A second estimate from the steps since the first one alone, printed when the rates differ."""
+        done0, t0, rate0 = self.first_estimate
+        now = self._now()
+        if self.done - done0 < 2:
+            return
+        rate = (self.done - done0) / max(now - t0, 1e-9)
+        if max(rate, rate0) <= REVISE_FACTOR * min(rate, rate0):
+            return
+        self.last_report = time.perf_counter()
+        self.notify(
+            f"revised estimate: about {format_seconds((self.total - self.done) / rate)} for the "
+            f"{self.total - self.done} decode steps left ({rate:.3g} steps/s over the last {self.done - done0} "
+            f"steps; the first steps ran at {rate0:.3g}: kernel compiles, graph recording)"
+        )
 
     def window_rates(self) -> list[float]:
         """Decode steps/s in each window between consecutive checks (``CHECK_EVERY`` steps, the last window of
@@ -140,6 +163,7 @@ class Clock:
         self.last_report = time.perf_counter()
         where = f"pass {pass_no + 1}/{passes}, " if passes > 1 else ""
         if estimate:
+            self.first_estimate = (self.done, now, rate)
             self.notify(
                 f"estimate: about {format_seconds(left)} for the {self.total - self.done} decode steps left "
                 f"({rate:.3g} steps/s, {1e3 / rate:.3g} ms per step, measured on the first steps)"
