@@ -10,6 +10,7 @@ finiteness are checked; everything downstream trusts a validated container.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -89,8 +90,10 @@ def _tensors(inputs) -> tuple:
 
 
 def _remember_valid(inputs) -> None:
-    """Record that ``validate()`` passed on exactly these tensors (kept, with their version counters)."""
-    inputs._valid_as = _tensors(inputs)
+    """Record that ``validate()`` passed on exactly these tensors, with their version counters. The record
+    holds weak references: it must not keep a tensor alive after the container dropped it (a field replaced,
+    or a host copy that ``to()`` moved to the GPU), which would hold memory the run believes freed."""
+    inputs._valid_as = tuple((name, weakref.ref(t), version) for name, t, version in _tensors(inputs))
 
 
 def _carry_valid(src, dst):
@@ -111,7 +114,7 @@ def is_validated(inputs) -> bool:
         return False
     now = _tensors(inputs)
     return len(now) == len(seen) and all(
-        a[0] == b[0] and a[1] is b[1] and a[2] == b[2] for a, b in zip(now, seen, strict=True)
+        a[0] == b[0] and a[1] is b[1]() and a[2] == b[2] for a, b in zip(now, seen, strict=True)
     )
 
 

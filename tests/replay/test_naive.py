@@ -210,6 +210,27 @@ def test_inputs_validated_unchanged_are_not_validated_again_and_a_change_is_caug
     assert is_validated(g) and is_validated(g.to("cpu")) and not is_validated(g.slice_steps(0, 3))
 
 
+def test_the_validation_record_keeps_no_tensor_alive():
+    """The record of a passed validate() must not hold a tensor the container dropped (a replaced field, or the
+    host copy that to() moved elsewhere): it would keep memory alive that the run believes freed."""
+    import gc
+    import weakref
+
+    from ssmquant.replay.inputs import is_validated
+
+    inp = mamba2_inputs(steps=5).validate()
+    old_x = weakref.ref(inp.x)
+    inp.x = inp.x.clone()
+    gc.collect()
+    assert old_x() is None and not is_validated(inp)
+    host = mamba2_inputs(steps=5).validate()
+    host_dt = weakref.ref(host.dt)
+    copy = host.to("meta")  # another device: every tensor copied (as to("cuda") does), the record carried along
+    del host
+    gc.collect()
+    assert host_dt() is None and not is_validated(copy)
+
+
 def test_triton_backend_on_cpu_tensors_outside_the_interpreter_is_refused(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(BackendError, match="needs CUDA tensors"):
