@@ -1,9 +1,10 @@
-"""`ssmquant` with the start-up and pipeline changes of branch nanostart undone, for before/after runs in one call.
+"""`ssmquant` with the latest start-up change undone, for before/after runs in one call.
 
     python benchmarks/analyze_baseline.py analyze --model nemotron-3-nano --synthetic ... --out DIR -q
 
 Runs the command line exactly as `python -m ssmquant` does (``cli.entry``) after ``revert()``, which puts back
-the behaviour of main at 32340f4 for each change, one line each. bench_analyze.py's ``base`` runs use it, so
+the behaviour of main at c18ac03: Triton's warm-up thread started after torch's import, not before it. (Until
+2026-12-01 the base undid branch nanostart's changes instead: main at 32340f4.) bench_analyze.py's ``base`` runs use it, so
 that the previous code path and this one alternate on one machine (start-up alone varied by 1.4 s between
 runs of the same code there) and their output files can be compared byte for byte.
 """
@@ -14,14 +15,11 @@ import sys
 
 
 def revert() -> list[str]:
-    """Undo this branch's changes in the imported modules; returns what was undone."""
+    """Undo the change in the imported modules; returns what was undone."""
     from ssmquant import cli
-    from ssmquant.replay import naive, reference, simulate
 
-    never = lambda inputs: False  # noqa: E731
-    simulate.is_validated = naive.is_validated = reference.is_validated = never  # every consumer validates again
-    cli._warm_up_triton = lambda: None  # Triton's installation hash computed by the first launch
-    return ["validated inputs not validated again", "Triton warm-up"]
+    cli._likely_nvidia_gpu = lambda: False  # Triton's warm-up started after torch's import, as at c18ac03
+    return ["Triton warm-up started before torch's import"]
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ synthesis, kernel compilation or cache loads, all 23 layers x 6 variants, tables
 - write, plots: report.json's `write_tables_s` (parquet, CSV) and `plots_s` (the three PNGs);
 - Triton cache: entries added to the run's TRITON_CACHE_DIR (0 on a warm run: nothing was recompiled).
 
-A ``base`` run is a warm run of the previous code path (`benchmarks/analyze_baseline.py`: this tree with the
-changes of branch nanostart undone), so that before and after alternate on one machine. A ``pyc`` run is a warm
+A ``base`` run is a warm run of the previous code path (`benchmarks/analyze_baseline.py`: this tree with its
+latest start-up change undone; until 2026-12-01 branch nanostart's changes), so that before and after alternate
+on one machine. A ``pyc`` run is a warm
 run of this tree with a warm Python bytecode cache: the H200 machine's Python compiles every module it imports
 from source each time (its torch has no cached .pyc and writes none), which a usual installation (pip compiles
 the .pyc files when it installs) does not; ``pyc`` runs and the ``cold`` run (which fills it) get

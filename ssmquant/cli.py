@@ -64,17 +64,18 @@ def entry() -> None:
 def _start_cuda(device: str) -> None:
     """Create the CUDA context in a background thread while the command imports the rest (pandas, Triton,
     the analysis modules): torch's ops release the GIL, so the driver's start-up overlaps the imports. torch
-    itself is imported here, in the calling thread, before the thread starts. Where a GPU is visible, that
-    thread first starts another that warms Triton up (``_warm_up_triton``; should its import of Triton meet the
-    command's, Python's per-module import locks make one wait for the other). It runs alongside the context's
-    creation, not after it, so that it is done sooner: the first launch needs it within about a second (in the
-    H200 profile of run s1, made before this warm-up, the first launch spent 0.34 s on the hash). Errors are
-    left to the command's own device checks, which name the problem."""
+    itself is imported here, in the calling thread, before that thread starts.
+
+    Triton's warm-up (``_warm_up_triton``) runs in a thread of its own, started before torch's import where an
+    NVIDIA GPU is likely (``_likely_nvidia_gpu``: no torch needed to tell), else once torch sees a GPU. Its
+    import of ``triton.runtime.cache`` does not import torch, nor does torch's import import Triton, so the two
+    imports cannot wait on each other; should the command's own import of Triton meet it, Python's per-module
+    import locks make one wait for the other. Started after torch's import, it raced the first launch: in the
+    H200 profile of run t3 (2026-12-01) the first launch still spent 0.66 s on the host, most of it reading and
+    hashing libtriton.so. Errors are left to the command's own device checks, which name the problem."""
     if device == "cpu":
         return
     import threading
-
-    import torch
 
     def warm_triton():
         try:
@@ -82,16 +83,38 @@ def _start_cuda(device: str) -> None:
         except Exception:  # noqa: BLE001, S110 - the first launch computes it, or fails with its own message
             pass
 
+    early = _likely_nvidia_gpu()
+    if early:
+        # before torch's import, which takes 1.3-5.8 s on the H200 machines and holds the GIL while the hash does
+        # not: the hash (0.6-0.9 s) is done by the first launch instead of racing it
+        threading.Thread(target=warm_triton, name="ssmquant-triton-key", daemon=True).start()
+
+    import torch
+
     def start():
         try:
             if torch.cuda.is_available():
-                threading.Thread(target=warm_triton, name="ssmquant-triton-key", daemon=True).start()
+                if not early:
+                    threading.Thread(target=warm_triton, name="ssmquant-triton-key", daemon=True).start()
                 dev = torch.device(device) if device.startswith("cuda:") else torch.device("cuda", 0)
                 torch.zeros(1, device=dev)
         except Exception:  # noqa: BLE001, S110 - reported by the command itself
             pass
 
     threading.Thread(target=start, name="ssmquant-cuda-start", daemon=True).start()
+
+
+def _likely_nvidia_gpu() -> bool:
+    """Whether an NVIDIA GPU is likely usable, judged without importing torch: the driver's control device
+    exists, CUDA_VISIBLE_DEVICES does not hide every GPU, and Triton is installed. Used to start Triton's warm-up
+    before torch's import; a wrong guess costs a background hash on an idle core, never a result."""
+    import importlib.util
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return os.path.exists("/dev/nvidiactl") and importlib.util.find_spec("triton") is not None
 
 
 def _warm_up_triton() -> None:

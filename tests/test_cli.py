@@ -6,6 +6,7 @@ environment variables read at import) runs `python -m ssmquant.cli` in a subproc
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -306,6 +307,39 @@ def test_triton_warm_up_fills_the_cache_of_the_installation_hash():
     triton_key.cache_clear()
     cli_mod._warm_up_triton()
     assert triton_key.cache_info().currsize == 1 and triton_key() == key
+
+
+def test_triton_warm_up_starts_before_torch_where_a_gpu_is_likely(monkeypatch):
+    """With an NVIDIA device node present (judged without torch) the warm-up thread starts at once, before
+    torch's import; without one it waits for torch to see a GPU (none here: not started); never for cpu."""
+    import threading
+
+    from ssmquant import cli as cli_mod
+
+    calls = []
+    done = threading.Event()
+    monkeypatch.setattr(cli_mod, "_warm_up_triton", lambda: calls.append(1) or done.set())
+    monkeypatch.setattr(cli_mod, "_likely_nvidia_gpu", lambda: True)
+    cli_mod._start_cuda("cpu")
+    assert not done.wait(0.2) and calls == []
+    cli_mod._start_cuda("cuda")
+    assert done.wait(10) and calls == [1]
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(cli_mod, "_likely_nvidia_gpu", lambda: False)
+        done.clear()
+        cli_mod._start_cuda("cuda")
+        assert not done.wait(0.5) and calls == [1]
+
+
+def test_likely_nvidia_gpu_honours_hidden_devices(monkeypatch):
+    from ssmquant import cli as cli_mod
+
+    for hidden in ("", "-1"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        assert cli_mod._likely_nvidia_gpu() is False
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr("os.path.exists", lambda p: p == "/dev/nvidiactl")
+    assert cli_mod._likely_nvidia_gpu() is (importlib.util.find_spec("triton") is not None)
 
 
 def test_first_layer_time_is_reported(tiny_run):

@@ -13,7 +13,7 @@
 #    default compiled again with the inductor caches off; each with its host time per step, one profiled run
 #    (device busy time per step, top kernels), GPU clocks, and inductor's autotuning log -> $OUT/kda_peer.json
 #    (the repeat that tells whether this peer runs at run 5's 123.1 or run s1's 69.5 G/s)
-# 2. bench (limit 82 s): benchmarks/bench_emulation.py --kinds kda, 4096 steps: the kernel's default path per
+# 2. bench (limit BENCH_S, default 82 s): benchmarks/bench_emulation.py --kinds kda, 4096 steps: the kernel's default path per
 #    variant and all six in one launch, the eager peer, and for EVERY variant the torch.compile peer in modes
 #    default and reduce-overhead, each compiled and timed in isolation (a recompile while timed fails the run),
 #    every time the median of 5 runs with its spread -> $OUT/emulation_kda.md, $OUT/emulation_kda.json
@@ -49,7 +49,7 @@ machine_state
 stage peer $((32 * x)) python3 benchmarks/gpu/kda_peer.py "${shape[@]}" --variant fp8_e4m3@conventional \
     --out "$OUT/kda_peer.json"
 machine_state
-stage bench $((82 * x)) python3 benchmarks/bench_emulation.py "${shape[@]}" --kinds kda \
+stage bench $((${BENCH_S:-82} * x)) python3 benchmarks/bench_emulation.py "${shape[@]}" --kinds kda \
     --compile-modes default,reduce-overhead --compile-variants all --out "$OUT/emulation_kda.md" \
     --json "$OUT/emulation_kda.json"
 machine_state
