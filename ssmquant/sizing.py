@@ -331,11 +331,36 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.0f} MiB"
 
 
+def largest_fitting_steps(need_at, room: int, steps: int) -> int:
+    """The largest s in [1, steps - 1] with ``need_at(s) <= room`` (bytes), 0 when none; ``need_at`` must not
+    decrease with s. Bisection: about log2(steps) evaluations."""
+    lo, hi = 0, steps - 1  # need_at(lo) fits (lo = 0: nothing yet), need_at(hi + 1) does not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if need_at(mid) <= room:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def check_memory(
-    est: MemoryEstimate, *, batch: int, steps: int, lower: str = "--steps or --batch", free=free_bytes
+    est: MemoryEstimate,
+    *,
+    batch: int,
+    steps: int,
+    lower: str = "--steps or --batch",
+    free=free_bytes,
+    at_steps=None,
 ) -> None:
     """Raise SizingError when a pool's estimate exceeds its free memory (``free(device)``), naming the
-    estimate, its largest parts, what is free and the largest number of steps that fits at this batch."""
+    estimate, its largest parts, what is free and the largest number of steps that fits at this batch.
+
+    ``at_steps(s)``: the same run's estimate at s steps. With it, the largest fitting --steps is searched for
+    (exact for parts that grow with the steps alone, such as one sequence's buffers, or the metric buffer of a
+    launch); without it, it is extrapolated from the parts that scale with batch x steps (``per_token``). On
+    an H200 the extrapolation counted an analysis' step-only parts as fixed and told a run of 10,000,000 steps
+    to "lower the batch first", where a smaller --steps fits at that batch."""
     import torch
 
     for pool in est.pools:
@@ -346,9 +371,12 @@ def check_memory(
             continue
         parts = sorted((p for p in est.parts if p[1] == pool), key=lambda p: -p[2])[:3]
         what = ", ".join(f"{label} {_gib(b)}" for label, _, b in parts)
-        fixed = need - est.per_token.get(pool, 0) * batch * steps
-        per_step = est.per_token.get(pool, 0) * batch
-        fit = int((room - fixed) // per_step) if per_step and room > fixed else 0
+        if at_steps is not None:
+            fit = largest_fitting_steps(lambda s, pool=pool: at_steps(s).total(pool), room, steps)
+        else:
+            fixed = need - est.per_token.get(pool, 0) * batch * steps
+            per_step = est.per_token.get(pool, 0) * batch
+            fit = int((room - fixed) // per_step) if per_step and room > fixed else 0
         where = f"GPU {dev}" if dev.type == "cuda" else "host"
         hint = f"at most ~{fit} steps fit at batch {batch}" if fit >= 1 else "lower the batch first"
         raise SizingError(
@@ -479,6 +507,7 @@ __all__ = [
     "SizingError",
     "analyze_memory",
     "check_memory",
+    "largest_fitting_steps",
     "default_sizes",
     "describe_defaults",
     "eval_memory",

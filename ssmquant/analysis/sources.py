@@ -404,11 +404,15 @@ def plan_layers(
     """
     dims = source.dims
     at_once = len(variants) if variants_at_once is None else variants_at_once
-    est = analyze_memory(
-        dims, batch=batch, steps=steps, variants=at_once, recorded=recorded, device=device, backend=backend,
-        prefill=source.prefill, capture_device=device, workers=workers, lanes=lanes, ahead=ahead,
-    )  # fmt: skip
-    check_memory(est, batch=batch, steps=steps)
+    def estimate(n_steps: int):
+        """The run's memory at n_steps (the recorded windows scale with it): check_memory searches it."""
+        return analyze_memory(
+            dims, batch=batch, steps=n_steps, variants=at_once, recorded=max(1, recorded * n_steps // steps),
+            device=device, backend=backend, prefill=source.prefill, capture_device=device, workers=workers,
+            lanes=lanes, ahead=ahead,
+        )  # fmt: skip
+
+    check_memory(estimate(steps), batch=batch, steps=steps, at_steps=estimate)
     if not measure_time or backend != "torch" or not layers:
         return None
     return probe_step_seconds(dims, variants, batch, steps, record_every=max(1, steps // recorded), device=device)
