@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import stat
@@ -106,6 +107,18 @@ def test_analyze_refuses_a_run_that_will_not_fit_with_the_estimate(tmp_path, mon
     line = assert_user_error(cli(args))
     assert "needs about" in line and "TiB" in line and "(estimate;" in line and "is free" in line
     assert "lower --steps or --batch" in line and "steps fit at batch 8" in line
+    assert_nothing_written(out)
+
+
+def test_calibrate_refuses_a_run_that_will_not_fit_naming_its_own_option(tmp_path):
+    """calibrate's steps are --horizon: the refusal names that option (not analyze's --steps) and a horizon
+    that fits."""
+    out = tmp_path / "recipe"
+    args = ["calibrate", "--model", "nemotron-3-nano", "--synthetic", "--horizon", 100_000_000, "--batch", 8,
+            "--budget", 0.1, "--out", out]  # fmt: skip
+    line = assert_user_error(cli(args))
+    assert "needs about" in line and "lower --horizon or --batch" in line and "--steps" not in line
+    assert re.search(r"at most ~\d+ steps fit at batch \d+", line)
     assert_nothing_written(out)
 
 
