@@ -352,6 +352,7 @@ def check_memory(
     lower: str = "--steps or --batch",
     free=free_bytes,
     at_steps=None,
+    batch_note: str = "",
 ) -> None:
     """Raise SizingError when a pool's estimate exceeds its free memory (``free(device)``), naming the
     estimate, its largest parts, what is free and the largest number of steps that fits at this batch.
@@ -360,7 +361,8 @@ def check_memory(
     (exact for parts that grow with the steps alone, such as one sequence's buffers, or the metric buffer of a
     launch); without it, it is extrapolated from the parts that scale with batch x steps (``per_token``). On
     an H200 the extrapolation counted an analysis' step-only parts as fixed and told a run of 10,000,000 steps
-    to "lower the batch first", where a smaller --steps fits at that batch."""
+    to "lower the batch first", where a smaller --steps fits at that batch. ``batch_note``: follows the batch
+    in the hint, where it is not the one the user gave (calibrate's calibration and held-out sequences)."""
     import torch
 
     for pool in est.pools:
@@ -378,7 +380,7 @@ def check_memory(
             per_step = est.per_token.get(pool, 0) * batch
             fit = int((room - fixed) // per_step) if per_step and room > fixed else 0
         where = f"GPU {dev}" if dev.type == "cuda" else "host"
-        hint = f"at most ~{fit} steps fit at batch {batch}" if fit >= 1 else "lower the batch first"
+        hint = f"at most ~{fit} steps fit at batch {batch}{batch_note}" if fit >= 1 else "lower the batch first"
         raise SizingError(
             f"this run needs about {_gib(need)} of {where} memory (estimate; largest parts: {what}) but only "
             f"{_gib(room)} is free; lower {lower} ({hint})"

@@ -118,7 +118,8 @@ def test_calibrate_refuses_a_run_that_will_not_fit_naming_its_own_option(tmp_pat
             "--budget", 0.1, "--out", out]  # fmt: skip
     line = assert_user_error(cli(args))
     assert "needs about" in line and "lower --horizon or --batch" in line and "--steps" not in line
-    assert re.search(r"at most ~\d+ steps fit at batch \d+", line)
+    # --batch 8 plus 8 held-out sequences (synthetic data draws both): the batch of the estimate is named as such
+    assert re.search(r"at most ~\d+ steps fit at batch 16, the calibration and held-out sequences together\)$", line)
     assert_nothing_written(out)
 
 

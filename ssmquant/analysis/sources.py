@@ -392,6 +392,7 @@ def plan_layers(
     lanes: int = 1,
     ahead: bool = False,
     steps_option: str = "--steps",
+    batch_note: str = "",
 ) -> float | None:
     """Check, before any layer runs, that emulating ``layers`` one at a time fits in memory.
 
@@ -399,7 +400,8 @@ def plan_layers(
     variants one emulation call holds (default all of ``variants``); ``workers``: emulation devices working
     at once (each holds one more layer's inputs queued in host memory); ``lanes``: layers each device emulates
     at once (``analysis.devices.run_on_devices``); ``ahead``: the inputs are made ahead (``LayerSource.iter_layers``);
-    ``steps_option``: the command's option for the steps, named in the refusal (calibrate's is --horizon).
+    ``steps_option``: the command's option for the steps, named in the refusal (calibrate's is --horizon);
+    ``batch_note``: what the batch is, where it is not the user's --batch (``sizing.check_memory``).
     When ``measure_time`` and the torch
     backend runs, returns the seconds per decode step of one layer for ``variants`` measured on this
     machine (``sizing.probe_step_seconds``); else None.
@@ -414,7 +416,8 @@ def plan_layers(
             lanes=lanes, ahead=ahead,
         )  # fmt: skip
 
-    check_memory(estimate(steps), batch=batch, steps=steps, at_steps=estimate, lower=f"{steps_option} or --batch")
+    check_memory(estimate(steps), batch=batch, steps=steps, at_steps=estimate, lower=f"{steps_option} or --batch",
+                 batch_note=batch_note)  # fmt: skip
     if not measure_time or backend != "torch" or not layers:
         return None
     return probe_step_seconds(dims, variants, batch, steps, record_every=max(1, steps // recorded), device=device)

@@ -490,7 +490,8 @@ def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, devices, 
     held = hb + (cfg.batch if cfg.synthetic else 0) if cfg.verify else 0
     batch = max(cfg.batch, held)
     sizes = dict(steps=cfg.horizon, batch=batch, backend=backend, recorded=1, workers=len(devices),
-                 variants_at_once=min(len(settings), MAX_VARIANTS_PER_CALL), steps_option="--horizon")  # fmt: skip
+                 variants_at_once=min(len(settings), MAX_VARIANTS_PER_CALL), steps_option="--horizon",
+                 batch_note="" if batch == cfg.batch else ", the calibration and held-out sequences together")  # fmt: skip
     per_step = plan_layers(
         source, layers, dynamic, device=devices[0], measure_time=notify is not None and bool(dynamic), **sizes
     )
