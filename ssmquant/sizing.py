@@ -465,6 +465,12 @@ def format_seconds(s: float) -> str:
 REVISE_FACTOR = 1.5
 
 
+def needs_revision(first: float, later: float) -> bool:
+    """Whether two times (or rates) of one unit of work differ by more than ``REVISE_FACTOR``: the rule both
+    ``LayerEstimate`` and eval's ``Clock`` revise their first estimate by."""
+    return max(first, later) > REVISE_FACTOR * max(min(first, later), 1e-9)
+
+
 class LayerEstimate:
     """Time-left lines for a loop over ``total`` layers run ``parallel`` at a time.
 
@@ -476,25 +482,26 @@ class LayerEstimate:
 
     def __init__(self, total: int, parallel: int, notify, suffix: str = ""):
         self.total, self.parallel, self.notify, self.suffix = total, max(1, parallel), notify, suffix
-        self.times: list[float] = []
+        self.done_layers = 0
+        self.first: float | None = None  # the first layer's time
 
     def done(self, seconds: float) -> None:
-        self.times.append(seconds)
-        n = len(self.times)
+        self.done_layers += 1
+        n = self.done_layers
         if self.notify is None or self.total <= 1 or n > 2:
             return
         left = self.total - n
         if n == 1:
+            self.first = seconds
             more = seconds * left / self.parallel
             self.notify(
                 f"the first layer took {format_seconds(seconds)}: about {format_seconds(more)} more for the other "
                 f"{left} layers" + self.suffix
             )
             return
-        first = self.times[0]
-        if left > 0 and max(first, seconds) > REVISE_FACTOR * max(min(first, seconds), 1e-9):
+        if left > 0 and needs_revision(self.first, seconds):
             self.notify(
-                f"revised: the second layer took {format_seconds(seconds)} (the first {format_seconds(first)}, "
+                f"revised: the second layer took {format_seconds(seconds)} (the first {format_seconds(self.first)}, "
                 f"kernel compiles included): about {format_seconds(seconds * left / self.parallel)} more for the "
                 f"other {left} layers" + self.suffix
             )
@@ -510,6 +517,7 @@ __all__ = [
     "analyze_memory",
     "check_memory",
     "largest_fitting_steps",
+    "needs_revision",
     "default_sizes",
     "describe_defaults",
     "eval_memory",

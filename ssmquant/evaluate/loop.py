@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sizing import REVISE_FACTOR, format_seconds
+from ..sizing import format_seconds, needs_revision
 from .decode import TeacherForced
 from .metrics import compare_step, reference_step
 from .states import EvalError, SSMLayer, StateWriter, prepare_states
@@ -98,7 +98,7 @@ class Clock:
         self.last_report = 0.0
         self.estimated = False
         # (decode steps done, time, rate) at the first estimate: revised once at a later check when the rate
-        # since then differs by more than sizing.REVISE_FACTOR (the first steps carry a cold cache's compiles)
+        # since then differs by sizing.needs_revision's rule (the first steps carry a cold cache's compiles)
         self.first_estimate: tuple[int, float, float] | None = None
         self.revised = False
         # (decode steps done, host time) at every check: the loop has just read a device flag there, so the
@@ -137,7 +137,7 @@ class Clock:
         if self.done - done0 < 2:
             return
         rate = (self.done - done0) / max(now - t0, 1e-9)
-        if max(rate, rate0) <= REVISE_FACTOR * min(rate, rate0):
+        if not needs_revision(rate0, rate):
             return
         self.last_report = time.perf_counter()
         self.notify(
