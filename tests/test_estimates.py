@@ -31,15 +31,22 @@ def test_layer_estimate_keeps_quiet_when_the_layers_agree_and_counts_parallel_de
     assert len(lines) == 1
 
 
-def test_eval_clock_revises_an_estimate_made_on_slow_first_steps(monkeypatch):
+def _clock_lines(monkeypatch, total: int, step_seconds) -> list[str]:
+    """The lines eval's Clock prints over ``total`` decode steps taking ``step_seconds(t)`` each, with a check
+    every 16 steps (the loop's windows)."""
     now = [0.0]
     monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])
     lines: list[str] = []
-    clock = loop.Clock(256, torch.device("cpu"), lines.append)
+    clock = loop.Clock(total, torch.device("cpu"), lines.append)
+    for t in range(total):
+        now[0] += step_seconds(t)
+        clock.step(0, 1, t, total, check=(t + 1) % 16 == 0)
+    return lines
+
+
+def test_eval_clock_revises_an_estimate_made_on_slow_first_steps(monkeypatch):
     # step 0 starts the clock; steps 1-2 take 4 s each (compiles); then 0.1 s per step
-    for t in range(256):
-        now[0] += 4.0 if t in (1, 2) else 0.1
-        clock.step(0, 1, t, 256, check=(t + 1) % 16 == 0)
+    lines = _clock_lines(monkeypatch, 256, lambda t: 4.0 if t in (1, 2) else 0.1)
     first, revised = lines[0], lines[1]
     assert first.startswith("estimate: about 16.9 min for the 253 decode steps left (0.25 steps/s")
     assert revised.startswith("revised estimate: about 24 s for the 240 decode steps left (10 steps/s over the last 13")
@@ -47,12 +54,6 @@ def test_eval_clock_revises_an_estimate_made_on_slow_first_steps(monkeypatch):
 
 
 def test_eval_clock_does_not_revise_a_steady_rate(monkeypatch):
-    now = [0.0]
-    monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])
-    lines: list[str] = []
-    clock = loop.Clock(64, torch.device("cpu"), lines.append)
-    for t in range(64):
-        now[0] += 0.1
-        clock.step(0, 1, t, 64, check=(t + 1) % 16 == 0)
+    lines = _clock_lines(monkeypatch, 64, lambda t: 0.1)
     assert [line for line in lines if line.startswith("revised")] == []
     assert lines[0].startswith("estimate: about 6 s for the 61 decode steps left")
