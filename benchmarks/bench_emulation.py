@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 import triton  # noqa: E402
 
-from ssmquant.kernels import emulate_triton_steps, plan_launches  # noqa: E402
+from ssmquant.kernels import emulate_triton_steps, fused_kernels, plan_launches  # noqa: E402
 from ssmquant.replay import GDNInputs, KDAInputs, Mamba2Inputs, parse_variant, simulate  # noqa: E402
 from ssmquant.replay.naive import (  # noqa: E402
     StateStore,
@@ -96,6 +96,11 @@ OPS_PER_ELEMENT_STEP = {
     ("kda", "fp8_e4m3"): (24.5, 0),
     ("kda", "int8"): (22.5, 0),
     ("kda", "nvfp4"): (37.0, 0),
+    # KDA in the CUDA kernel (ssmquant/kernels/kda_cuda.py, which runs these two on a GPU): the same count for its
+    # time loop on a write step, slow-path division calls skipped (benchmarks/kernel_sass_kda_cuda.py: NVRTC 13.0,
+    # sm_90, conventional, fp32 q/k, bf16 v)
+    ("kda", "fp8_e4m3", "cuda"): (19.4, 0),
+    ("kda", "int8", "cuda"): (19.4, 0),
 }
 # H200 SXM: 132 SMs x 128 FP32 lanes x ~1.98 GHz = 33.4 T FP32 instructions/s; integer ops ~half rate.
 FP32_INSTR_PER_S = 132 * 128 * 1.98e9
@@ -582,6 +587,7 @@ def main():
                     {
                         "layer": kind,
                         "variant": name,
+                        "kernel": fused_kernels(inputs, [variant])[0],
                         "kernel G/s (runs)": [kernel_rate_of(x) for x in t_kernel],
                         "eager G/s": eager_rate,
                         "compiled peers": {m: None if r is None else r.summary(elems) for m, r in results.items()},
@@ -595,12 +601,14 @@ def main():
                 def peer_rate_of(x, elems=elems):
                     return elems / x / 1e9
 
-                fp_ops, int_ops = OPS_PER_ELEMENT_STEP[(kind, fmt)]
+                kernel = fused_kernels(inputs, [variant])[0]  # which fused kernel ran it
+                fp_ops, int_ops = OPS_PER_ELEMENT_STEP.get((kind, fmt, kernel), OPS_PER_ELEMENT_STEP[(kind, fmt)])
                 floor_rate = 1 / max(fp_ops / FP32_INSTR_PER_S, int_ops / INT_INSTR_PER_S) / 1e9
                 kind_rows.append(
                     {
                         "layer": LAYER_NAMES[kind],
                         "variant": name,
+                        "kernel": kernel,
                         "kernel ms": t_kernel.median * 1e3,
                         "kernel G/s": kernel_rate,
                         "kernel G/s (slowest-fastest)": spread(kernel_rate_of, t_kernel),
@@ -670,7 +678,9 @@ def default_variants(args):
 def multi_row(kind, inputs, kind_rows, args):
     """The variants of `kind_rows` in one launch, against their separate launches and peers."""
     variants = default_variants(args)
-    plan = plan_launches(variants, inputs.rows, inputs.state_dim)
+    kernels = fused_kernels(inputs, variants)
+    on_cuda = [v for v, k in zip(variants, kernels) if k == "cuda"]
+    plan = plan_launches([v for v, k in zip(variants, kernels) if k != "cuda"], inputs.rows, inputs.state_dim)
     nv = len(variants)
     elems = math.prod(inputs.state_shape)
     t_all = cuda_times(lambda: drain(emulate_triton_steps(inputs, variants)), args.reps)
@@ -685,7 +695,10 @@ def multi_row(kind, inputs, kind_rows, args):
     compiled = None if None in compiled else nv * elems / sum(elems / (c * 1e9) for c in compiled) / 1e9
     row = {
         "layer": LAYER_NAMES[kind],
-        "launches (BLOCK_P, warps)": " + ".join(f"{len(idx)} variants {tiling}" for idx, tiling in plan),
+        "launches (BLOCK_P, warps)": " + ".join(
+            [f"{len(on_cuda)} CUDA launches of one variant"] * bool(on_cuda)
+            + [f"{len(idx)} variants {tiling}" for idx, tiling in plan]
+        ),
         "one launch ms": t_one * 1e3,
         "separate launches ms": t_six * 1e3,
         "speed-up": t_six / t_one,

@@ -3,7 +3,9 @@
 `emulate_triton` is the backend that `ssmquant.replay.simulate(..., backend="triton")` dispatches to;
 it trusts inputs already validated by `simulate`. `mamba2.py` and `delta_rule.py` (GDN and KDA) carry up
 to MAX_SLOTS variants per launch beside one FP32 reference; `plan_launches` groups the variants and picks
-the tile from a register budget; `mamba2_engine.py` emulates engine profiles. Shared rounding helpers
+the tile from a register budget; `mamba2_engine.py` emulates engine profiles. On a CUDA GPU, the KDA
+variants that `kda_cuda.py` covers (8-bit RNE with per-row dynamic scales, Dk = 128) run in its CUDA kernel
+instead, one variant per launch (`fused_kernels` says which kernel runs each variant). Shared rounding helpers
 live in `rounding.py`; each kernel's torch reference is `ssmquant.replay.naive` (state form) and, for
 the tile fake-quant, `ssmquant.formats.codec`.
 """
@@ -18,6 +20,7 @@ from ..replay.inputs import KDAInputs, LayerInputs, Mamba2Inputs
 from ..replay.reference import gdn_decays, kda_decays, mamba2_decays
 from ..replay.trace import METRIC_BUFFER_BYTES
 from ..replay.variants import Variant
+from . import kda_cuda
 from .common import MAX_SLOTS, slot_spec
 from .delta_rule import delta_rule_launch
 from .mamba2 import mamba2_launch
@@ -29,6 +32,7 @@ __all__ = [
     "emulate_triton",
     "emulate_triton_steps",
     "fake_quant_triton",
+    "fused_kernels",
     "plan_blocks",
     "plan_launches",
     "store_state_triton",
@@ -134,6 +138,54 @@ def _batch_slices(batch: int, per_sequence_bytes: int, budget: int) -> list[tupl
     return [(b0, min(batch, b0 + per)) for b0 in range(0, batch, per)]
 
 
+def fused_kernels(inputs: LayerInputs, variants: list[Variant]) -> list[str]:
+    """Which fused kernel runs each variant on these inputs: "cuda" (`kda_cuda.py`), "engine" (an engine profile's
+    own kernel, `mamba2_engine.py`) or "triton" (`mamba2.py` / `delta_rule.py`)."""
+    from ..engines.profiles import arithmetic
+
+    cuda = kda_cuda.available(inputs.device)
+    out = []
+    for v in variants:
+        if arithmetic(v.engine, inputs.kind) != "ideal":
+            out.append("engine")
+        elif cuda and kda_cuda.eligible(v, inputs.kind, inputs.state_dim, inputs.rows):
+            out.append("cuda")
+        else:
+            out.append("triton")
+    return out
+
+
+def _kda_cuda_steps(
+    inputs: KDAInputs, variants: list[Variant], indices: list[int], shared: dict, s0, metric_budget: int
+):
+    """`emulate_triton_steps` for the variants at ``indices``, each in its own launch of `kda_cuda`'s kernel."""
+    bsz, steps, heads, rows = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows
+    q, k = shared["q"], shared["k"]
+    if q.dtype != k.dtype:  # the kernel reads both with one load
+        q, k = q.float(), k.float()
+    blocks = rows // kda_cuda.ROWS_PER_WARP
+    for i in indices:
+        v = variants[i]
+        fmt, buf = kda_cuda.variant_config(v)
+        mask = v.scheme.write_mask(bsz, steps)
+        always = bool(mask.all())
+        write = _to_device(mask.to(torch.int8), inputs.device)
+        for b0, b1 in _batch_slices(bsz, steps * heads * blocks * 4 * 4, metric_budget):
+            m = kda_cuda.kda_cuda_launch(
+                q[b0:b1],
+                k[b0:b1],
+                shared["v"][b0:b1],
+                shared["alpha"][b0:b1],
+                shared["beta"][b0:b1],
+                None if s0 is None else s0[b0:b1],
+                write[b0:b1],
+                fmt=fmt,
+                buf=buf,
+                always=always,
+            )
+            yield i, b0, m.sum(3)  # row-block partial sums -> [T, b, H, 4]
+
+
 def emulate_triton_steps(
     inputs: LayerInputs,
     variants: list[Variant],
@@ -148,6 +200,7 @@ def emulate_triton_steps(
     contiguous and the decays computed once; the ideal variants are grouped by `plan_launches` so that
     one launch reads each step's inputs once and advances the FP32 reference once for up to MAX_SLOTS
     variants (a variant's metrics are bit-identical to those of a launch of it alone at the same tiling).
+    KDA variants that `kda_cuda` covers run in its CUDA kernel on a GPU (`fused_kernels`).
     tiling: (BLOCK_P, num_warps) to override the plan (benchmark sweeps); metric_budget: bytes of one
     launch's metric buffer.
     """
@@ -176,14 +229,18 @@ def emulate_triton_steps(
         )
         launch = delta_rule_launch
         per_sequence = set(shared)
-    from ..engines.profiles import arithmetic
-
+    kernels = fused_kernels(inputs, variants)
     for i, variant in enumerate(variants):
-        if arithmetic(variant.engine, inputs.kind) != "ideal":  # an engine profile: its own kernel (mamba2_engine.py)
+        if kernels[i] == "engine":  # an engine profile: its own kernel (mamba2_engine.py)
             from .mamba2_engine import engine_steps
 
             yield from engine_steps(inputs, variant, i, shared, s0, metric_budget)
-    for idx, (block_p, num_warps) in plan_launches(variants, rows, sdim, tiling, inputs.kind):
+    on_cuda = [i for i, name in enumerate(kernels) if name == "cuda"]
+    if on_cuda:
+        yield from _kda_cuda_steps(inputs, variants, on_cuda, shared, s0, metric_budget)
+    rest = [i for i, name in enumerate(kernels) if name != "cuda"]
+    for sub, (block_p, num_warps) in plan_launches([variants[i] for i in rest], rows, sdim, tiling, inputs.kind):
+        idx = [rest[j] for j in sub]
         group = [variants[i] for i in idx]
         specs = tuple(
             slot_spec(

@@ -152,6 +152,10 @@ def start_simulation(
     }
     if chosen == "triton" and form != "state":
         raise BackendError("the Triton kernels implement the state form; use backend='torch' for form='literal'")
+    if chosen == "triton":
+        from ..kernels import fused_kernels
+
+        meta["kernels"] = dict(zip((v.name for v in variants), fused_kernels(inputs, variants)))
     accs = [
         WindowAccumulator(inputs.steps, record_every, inputs.batch, inputs.num_heads, inputs.device) for _ in variants
     ]

@@ -28,6 +28,13 @@ SLACK = 0.10
 REF_RTOL = 1e-4
 
 
+@pytest.fixture(autouse=True)
+def triton_kernel_only(monkeypatch):
+    """These tests are the Triton kernel's: on a GPU its 8-bit variants would otherwise run in the CUDA kernel
+    (tested in test_kda_cuda.py)."""
+    monkeypatch.setenv("SSMQUANT_KDA_CUDA", "0")
+
+
 def small_or_full():
     if GPU:
         return kda_inputs(batch=2, steps=96, key_heads=64, value_heads=64, dk=128, dv=128, device=DEVICE)
