@@ -807,8 +807,9 @@ def write_table(rows, multi_rows, args, quiet=False):
     )
     multi_head = (
         "\n## All variants in one launch\n\n"
-        "The variants above (six by default) given to `emulate_triton_steps` together: `plan_launches` puts "
-        "them in one launch (tiling in the second column), which reads each step's inputs once and advances "
+        "The variants above (six by default) given to `emulate_triton_steps` together: the KDA variants that the "
+        "CUDA kernel covers run in a launch each, and `plan_launches` puts the others in one launch (second column), "
+        "which reads each step's inputs once and advances "
         "the FP32 reference once, beside one emulated state per variant; each variant's work (its update, "
         "output, write and metrics) is its own. G/s per variant = NV x state elements x steps / time. "
         "\"separate launches ms\" is the sum of the per-variant kernel times above; the eager peer is the "
