@@ -12,6 +12,8 @@ the tile fake-quant, `ssmquant.formats.codec`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -132,6 +134,24 @@ def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
     return t.pin_memory().to(dev, non_blocking=True)
 
 
+# Host-side tensors a launch needs that depend only on the variants and the shape: built, pinned and copied once
+# per process instead of once per launch. On the H200 machine these few CPU ops on [B, T] tensors (the mask,
+# its all(), pinning, the copy) took 2-25 ms per launch, varying from call to call, while the GPU waited (2026-12-01,
+# benchmarks/results/emulation_kda.md); every layer of a model asks for the same ones. The cached tensors are read,
+# never written.
+@functools.lru_cache(maxsize=32)
+def _write_mask_on(scheme, bsz: int, steps: int, device: torch.device) -> tuple[torch.Tensor, bool]:
+    """The scheme's write mask [B, T] as int8 on ``device``, and whether every step writes."""
+    mask = scheme.write_mask(bsz, steps)
+    return _to_device(mask.to(torch.int8), device), bool(mask.all())
+
+
+@functools.lru_cache(maxsize=32)
+def _seeds_on(seeds: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The variants' seeds [NV] int64 on ``device``."""
+    return _to_device(torch.tensor(seeds, dtype=torch.int64), device)
+
+
 def _batch_slices(batch: int, per_sequence_bytes: int, budget: int) -> list[tuple[int, int]]:
     """[(b0, b1)] slices of the batch whose metric buffers fit the budget (at least one sequence each)."""
     per = max(1, budget // max(1, per_sequence_bytes))
@@ -167,9 +187,7 @@ def _kda_cuda_steps(
     for i in indices:
         v = variants[i]
         fmt, buf = kda_cuda.variant_config(v)
-        mask = v.scheme.write_mask(bsz, steps)
-        always = bool(mask.all())
-        write = _to_device(mask.to(torch.int8), inputs.device)
+        write, always = _write_mask_on(v.scheme, bsz, steps, inputs.device)
         for b0, b1 in _batch_slices(bsz, steps * heads * blocks * 4 * 4, metric_budget):
             m = kda_cuda.kda_cuda_launch(
                 q[b0:b1],
@@ -252,8 +270,8 @@ def emulate_triton_steps(
             )
             for v in group
         )
-        write = _to_device(torch.stack([v.scheme.write_mask(bsz, steps).to(torch.int8) for v in group]), dev)
-        seeds = _to_device(torch.tensor([v.seed for v in group], dtype=torch.int64), dev)
+        write = torch.stack([_write_mask_on(v.scheme, bsz, steps, dev)[0] for v in group])
+        seeds = _seeds_on(tuple(v.seed for v in group), dev)
         static = _static_rows(group, bsz, heads, rows, dev)
         blocks = triton.cdiv(rows, block_p)
         for b0, b1 in _batch_slices(bsz, len(group) * steps * heads * blocks * 4 * 4, metric_budget):
