@@ -72,6 +72,13 @@ __device__ __forceinline__ float ld_f16(const unsigned short* p) {
     return r;
 }
 
+// the variant's k at key channels i..i+3: the buffered copy in shared memory, or k itself without a buffer dtype
+#if BUF != 0
+#define BUFFERED_K(name) float name[4]; ld4(kb + i, name)
+#else
+#define BUFFERED_K(name) const float* name = k_
+#endif
+
 #if BUF == 1
 #define ROUND_BUF(x) bf16_rne(x)
 #elif BUF == 2
@@ -79,6 +86,15 @@ __device__ __forceinline__ float ld_f16(const unsigned short* p) {
 #else
 #define ROUND_BUF(x) (x)
 #endif
+
+// four consecutive floats (16-byte aligned) into registers
+__device__ __forceinline__ void ld4(const float* p, float (&out)[4]) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    out[0] = x.x;
+    out[1] = x.y;
+    out[2] = x.z;
+    out[3] = x.w;
+}
 
 // two values to FP8 E4M3 (RNE, saturating at 448) and back to FP32
 __device__ __forceinline__ void e4m3_round2(float a, float b, float& ra, float& rb) {
@@ -146,8 +162,10 @@ extern "C" __global__ void __launch_bounds__(32) kda_emulate_8bit(
         const float* sp = s0 + (((long long)b * HV + h) * DV + row) * DK + half * HALF;
 #pragma unroll
         for (int i = 0; i < HALF; i += 4) {
-            const float4 x = *reinterpret_cast<const float4*>(sp + i);
-            R[i] = x.x; R[i + 1] = x.y; R[i + 2] = x.z; R[i + 3] = x.w;
+            float x[4];
+            ld4(sp + i, x);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) R[i + j] = x[j];
         }
     }
 #else
@@ -213,16 +231,10 @@ extern "C" __global__ void __launch_bounds__(32) kda_emulate_8bit(
         float dr[4] = {0.f, 0.f, 0.f, 0.f}, ds[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < HALF; i += 4) {
-            const float4 a4 = *reinterpret_cast<const float4*>(aa + i);
-            const float4 k4 = *reinterpret_cast<const float4*>(kk + i);
-            const float a_[4] = {a4.x, a4.y, a4.z, a4.w};
-            const float k_[4] = {k4.x, k4.y, k4.z, k4.w};
-#if BUF != 0
-            const float4 b4 = *reinterpret_cast<const float4*>(kb + i);
-            const float kb_[4] = {b4.x, b4.y, b4.z, b4.w};
-#else
-            const float* kb_ = k_;
-#endif
+            float a_[4], k_[4];
+            ld4(aa + i, a_);
+            ld4(kk + i, k_);
+            BUFFERED_K(kb_);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 R[i + j] = __fmul_rn(a_[j], R[i + j]);
@@ -243,16 +255,10 @@ extern "C" __global__ void __launch_bounds__(32) kda_emulate_8bit(
         float am[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < HALF; i += 4) {
-            const float4 k4 = *reinterpret_cast<const float4*>(kk + i);
-            const float4 q4 = *reinterpret_cast<const float4*>(qq + i);
-            const float k_[4] = {k4.x, k4.y, k4.z, k4.w};
-            const float q_[4] = {q4.x, q4.y, q4.z, q4.w};
-#if BUF != 0
-            const float4 b4 = *reinterpret_cast<const float4*>(kb + i);
-            const float kb_[4] = {b4.x, b4.y, b4.z, b4.w};
-#else
-            const float* kb_ = k_;
-#endif
+            float k_[4], q_[4];
+            ld4(kk + i, k_);
+            ld4(qq + i, q_);
+            BUFFERED_K(kb_);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 R[i + j] = __fmaf_rn(k_[j], u_r, R[i + j]);
