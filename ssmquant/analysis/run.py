@@ -336,10 +336,13 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
             raise AnalyzeError(f"layer {layer}: {err}") from err
         return pending, time.perf_counter() - t_sim
 
+    kernels: dict[str, str] = {}  # variant -> the fused kernel that ran it ("cuda", "triton", "engine"), GPU backends
+
     def reduce(layer, started):
         pending, sim_s = started
         t_wait = time.perf_counter()
         trace = pending.result()
+        kernels.update(trace.meta.get("kernels", {}))
         sim_s += time.perf_counter() - t_wait  # the wait for the device: emulation, as before
         frame = trace.to_frame()
         frame.insert(0, "layer", layer)
@@ -389,7 +392,7 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
         heads=pd.concat(heads, ignore_index=True),
         summary=pd.DataFrame(summary),
         memory=memory_table(source, variants, len(source.layers)),
-        environment=environment(device, backend=chosen_backend),
+        environment=environment(device, backend=chosen_backend, **({"fused_kernels": kernels} if kernels else {})),
         elapsed_s=time.time() - t0,
         stages=stages,
     )

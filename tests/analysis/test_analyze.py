@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from click.testing import CliRunner
 
 from ssmquant.analysis import AnalyzeConfig, AnalyzeError, SourceError, analyze, fit_power_law
@@ -153,9 +154,20 @@ def test_library_call_on_a_kda_preset():
         )
     )
     assert r.source["layer_kind"] == "kda" and r.source["state_shape"] == [32, 128, 128]
+    assert "fused_kernels" not in r.environment  # the torch backend: no fused kernel ran
     s = r.summary.set_index("variant")
     assert (s.kind == "kda").all()
     assert 0 < s.loc["int8@replay4", "out_rel_err"] < s.loc["int8@conventional", "out_rel_err"]
+
+
+def test_fused_kernels_are_recorded():
+    """Which fused kernel ran each variant is part of the record (the CUDA kernel only on a GPU, for the 8-bit
+    per-row variants of KDA heads of 128 key channels; tiny-kda's are smaller, so Triton everywhere)."""
+    r = analyze(
+        AnalyzeConfig(model="tiny-kda", steps=4, batch=1, formats=["int8"], schemes=["conventional"], backend="triton")
+    )
+    assert r.environment["backend"] == "triton"
+    assert r.environment["fused_kernels"] == {"int8@conventional": "triton"}
 
 
 @pytest.mark.parametrize(

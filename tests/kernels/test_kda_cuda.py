@@ -60,6 +60,17 @@ def test_cpu_inputs_run_in_triton(monkeypatch):
     assert not kda_cuda.available(torch.device("cuda"))
 
 
+def test_write_masks_are_cached_per_scheme_and_shape():
+    """The launch path reuses one device mask per (scheme, batch, steps, device): equal to the scheme's own mask."""
+    from ssmquant.kernels import _write_mask_on
+
+    scheme = parse_variant("int8@spec8x2:p0.5").scheme
+    mask, always = _write_mask_on(scheme, 3, 40, torch.device("cpu"))
+    assert torch.equal(mask, scheme.write_mask(3, 40).to(torch.int8)) and not always
+    assert _write_mask_on(scheme, 3, 40, torch.device("cpu"))[0] is mask
+    assert _write_mask_on(parse_variant("int8").scheme, 3, 40, torch.device("cpu"))[1]  # conventional: every step
+
+
 # --- the source, compiled without a GPU ------------------------------------------------------------------------------
 
 
