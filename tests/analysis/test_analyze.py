@@ -5,7 +5,6 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from click.testing import CliRunner
 
 from ssmquant.analysis import AnalyzeConfig, AnalyzeError, SourceError, analyze, fit_power_law
