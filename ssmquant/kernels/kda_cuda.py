@@ -9,7 +9,8 @@ interpreter's float8 casts are wrong). Here each sum is four FMA chains, the ste
 reduce-scatter over the warp issued at the top of the next step (their shuffles overlap that step's arithmetic),
 the write of a conventional variant has no branch, and FP8 E4M3 rounds by the hardware conversion
 (cvt.rn.satfinite.e4m3x2.f32, then back through f16x2: exact, and equal to torch's float8_e4m3fn cast over every
-finite FP32 value |x| <= 448, tests/kernels/test_kda_cuda.py). 19.4 instructions per element-step (benchmarks/kernel_sass_kda_cuda.py).
+finite FP32 value |x| <= 448, tests/kernels/test_kda_cuda.py). 19.4 instructions per element-step
+(benchmarks/kernel_sass_kda_cuda.py).
 
 The kernel computes what `delta_rule.py` computes for these variants (its docstring: the reference
 `replay.naive.kda_advance` op for op, the rank-1 update and the dots as FMAs, the write's products rounded on
