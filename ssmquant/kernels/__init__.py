@@ -136,7 +136,7 @@ def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
 
 # Host-side tensors a launch needs that depend only on the variants and the shape: built, pinned and copied once
 # per process instead of once per launch. On the H200 machine these few CPU ops on [B, T] tensors (the mask,
-# its all(), pinning, the copy) took 2-25 ms per launch, varying from call to call, while the GPU waited (2026-12-01,
+# its all(), pinning, the copy) took 1.3-26.9 ms per launch, varying from call to call, while the GPU waited (2026-12-01,
 # benchmarks/results/emulation_kda.md); every layer of a model asks for the same ones. The cached tensors are read,
 # never written.
 @functools.lru_cache(maxsize=32)
