@@ -429,6 +429,9 @@ def kda_cuda_launch(
     # NaN-filled: a metric the kernel fails to write stays NaN and fails every check downstream
     metrics = torch.full((steps, bsz, hv, npb, 4), float("nan"), device=v.device, dtype=torch.float32)
     fn = _compiled("kda_emulate_8bit", fmt, buf, always, s0 is not None, q.dtype, v.dtype)
+    # the decays and the initial state are read 16 bytes at a time: a contiguous view that starts off a 16-byte
+    # boundary (a slice of a flat buffer) is copied to a fresh, aligned one
+    alpha, s0 = (t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in (alpha, s0))
     dummy = alpha  # any CUDA pointer: not read without HAS_S0
     fn(
         grid=(npb, bsz * hv, 1),
