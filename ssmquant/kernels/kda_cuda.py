@@ -97,6 +97,24 @@ __device__ __forceinline__ void ld4(const float* p, float (&out)[4]) {
     out[3] = x.w;
 }
 
+// one step's k and q (4 channels of QK_T) and decays (4 fp32) of this lane, into registers
+__device__ __forceinline__ void load_step(const QK_T* kp, const QK_T* qp, const float* ap, float (&pk)[4], float (&pq)[4],
+                                          float (&pa)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        pk[j] = LOAD_QK(kp + j);
+        pq[j] = LOAD_QK(qp + j);
+    }
+    ld4(ap, pa);
+}
+
+// dd[c] += (s - r)^2 for two elements, into chain c and c + 1
+__device__ __forceinline__ void add_sq_diffs(float (&dd)[4], int c, float s0, float r0, float s1, float r1) {
+    const float d0 = __fsub_rn(s0, r0), d1 = __fsub_rn(s1, r1);
+    dd[c] = __fmaf_rn(d0, d0, dd[c]);
+    dd[c + 1] = __fmaf_rn(d1, d1, dd[c + 1]);
+}
+
 // two values to FP8 E4M3 (RNE, saturating at 448) and back to FP32
 __device__ __forceinline__ void e4m3_round2(float a, float b, float& ra, float& rb) {
     unsigned short p;
@@ -186,12 +204,7 @@ extern "C" __global__ void __launch_bounds__(32) kda_emulate_8bit(
     float* mp = metrics + (((long long)b * HV + h) * npb + pid_p) * 4;
     const long long metric_step = (long long)B * HV * npb * 4;
     float pk[4], pq[4], pa[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) { pk[j] = LOAD_QK(kp + j); pq[j] = LOAD_QK(qp + j); }
-    {
-        const float4 a4 = *reinterpret_cast<const float4*>(ap);
-        pa[0] = a4.x; pa[1] = a4.y; pa[2] = a4.z; pa[3] = a4.w;
-    }
+    load_step(kp, qp, ap, pk, pq, pa);
     float pm0 = 0.f, pm1 = 0.f, pm2 = 0.f, pm3 = 0.f;  // the previous step's metric partial sums
     float* pmp = mp;
     for (int t = 0; t < T; ++t) {
@@ -215,10 +228,7 @@ extern "C" __global__ void __launch_bounds__(32) kda_emulate_8bit(
             kp += qk_step;
             qp += qk_step;
             ap += a_step;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) { pk[j] = LOAD_QK(kp + j); pq[j] = LOAD_QK(qp + j); }
-            const float4 a4 = *reinterpret_cast<const float4*>(ap);
-            pa[0] = a4.x; pa[1] = a4.y; pa[2] = a4.z; pa[3] = a4.w;
+            load_step(kp, qp, ap, pk, pq, pa);
         }
         __syncwarp();
         store_metrics(pmp, pm0, pm1, pm2, pm3, lane, t > 0);
@@ -299,19 +309,13 @@ extern "C" __global__ void __launch_bounds__(32) kda_emulate_8bit(
 #endif
                 S[i] = __fmul_rn(r0, dec);
                 S[i + 1] = __fmul_rn(r1, dec);
-                const float d0 = __fsub_rn(S[i], R[i]), d1 = __fsub_rn(S[i + 1], R[i + 1]);
-                dd[(i >> 1 & 1) * 2] = __fmaf_rn(d0, d0, dd[(i >> 1 & 1) * 2]);
-                dd[(i >> 1 & 1) * 2 + 1] = __fmaf_rn(d1, d1, dd[(i >> 1 & 1) * 2 + 1]);
+                add_sq_diffs(dd, (i >> 1 & 1) * 2, S[i], R[i], S[i + 1], R[i + 1]);
             }
         }
 #if !ALWAYS
         else {
 #pragma unroll
-            for (int i = 0; i < HALF; i += 2) {
-                const float d0 = __fsub_rn(S[i], R[i]), d1 = __fsub_rn(S[i + 1], R[i + 1]);
-                dd[(i >> 1 & 1) * 2] = __fmaf_rn(d0, d0, dd[(i >> 1 & 1) * 2]);
-                dd[(i >> 1 & 1) * 2 + 1] = __fmaf_rn(d1, d1, dd[(i >> 1 & 1) * 2 + 1]);
-            }
+            for (int i = 0; i < HALF; i += 2) add_sq_diffs(dd, (i >> 1 & 1) * 2, S[i], R[i], S[i + 1], R[i + 1]);
         }
 #endif
         // this step's partial sums, reduced over the warp at the top of the next step (their shuffles then overlap
