@@ -578,6 +578,7 @@ def main():
                 eager = peer_loop(kind, inputs, variant, args.peer_steps, step_fn)
                 t_eager = cuda_time(eager, args.reps) / args.peer_steps
                 eager_rate = elems / t_eager / 1e9
+                kernel = fused_kernels(inputs, [variant])[0]  # which fused kernel ran it
                 results = {}
                 if modes and name in compile_variants:
                     eager_m = eager()
@@ -587,7 +588,7 @@ def main():
                     {
                         "layer": kind,
                         "variant": name,
-                        "kernel": fused_kernels(inputs, [variant])[0],
+                        "kernel": kernel,
                         "kernel G/s (runs)": [kernel_rate_of(x) for x in t_kernel],
                         "eager G/s": eager_rate,
                         "compiled peers": {m: None if r is None else r.summary(elems) for m, r in results.items()},
@@ -601,7 +602,6 @@ def main():
                 def peer_rate_of(x, elems=elems):
                     return elems / x / 1e9
 
-                kernel = fused_kernels(inputs, [variant])[0]  # which fused kernel ran it
                 fp_ops, int_ops = OPS_PER_ELEMENT_STEP.get((kind, fmt, kernel), OPS_PER_ELEMENT_STEP[(kind, fmt)])
                 floor_rate = 1 / max(fp_ops / FP32_INSTR_PER_S, int_ops / INT_INSTR_PER_S) / 1e9
                 kind_rows.append(
