@@ -12,8 +12,6 @@ lane's work, not a timing.
 from __future__ import annotations
 
 import collections
-import ctypes
-import importlib.util
 import pathlib
 import re
 import subprocess
@@ -28,29 +26,15 @@ import triton  # noqa: E402
 
 from ssmquant.kernels import kda_cuda  # noqa: E402
 
-
-def nvrtc():
-    for root in importlib.util.find_spec("nvidia").submodule_search_locations:
-        libs = sorted(pathlib.Path(root).glob("cu*/lib/libnvrtc.so.*"))
-        builtins = sorted(pathlib.Path(root).glob("cu*/lib/libnvrtc-builtins.so.*"))
-        if libs and builtins:
-            ctypes.CDLL(str(builtins[0]), mode=ctypes.RTLD_GLOBAL)
-            return ctypes.CDLL(str(libs[0]))
-    sys.exit("needs the nvidia-cuda-nvrtc wheel (pip install -e .[dev])")
+sys.path.insert(0, str(ROOT / "tests" / "kernels"))
+from nvrtc_offline import nvrtc_compile, nvrtc_library  # noqa: E402
 
 
 def cubin(source: str) -> bytes:
-    lib = nvrtc()
-    prog = ctypes.c_void_p()
-    lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kda.cu", 0, None, None)
-    opts = [b"--gpu-architecture=sm_90", *(o.encode() for o in kda_cuda.NVRTC_OPTIONS)]
-    if lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)) != 0:
-        sys.exit("NVRTC failed")
-    size = ctypes.c_size_t()
-    lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-    out = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetCUBIN(prog, out)
-    return out.raw
+    rc, log, out = nvrtc_compile(source, list(kda_cuda.NVRTC_OPTIONS))
+    if rc != 0:
+        sys.exit(f"NVRTC failed:\n{log}")
+    return out
 
 
 def loop_counts(fmt: int) -> collections.Counter:
@@ -76,6 +60,8 @@ def loop_counts(fmt: int) -> collections.Counter:
 
 
 def main():
+    if nvrtc_library() is None:
+        sys.exit("needs the nvidia-cuda-nvrtc wheel (pip install -e .[dev])")
     for fmt, name in ((3, "fp8_e4m3"), (4, "int8")):
         ops = loop_counts(fmt)
         total = sum(ops.values()) - 3 * ops["CALL"]

@@ -4,10 +4,7 @@ finite FP32 value and its metrics against the naive reference with the Triton ke
 (test_kda_kernel.py: SLACK, REF_RTOL).
 """
 
-import ctypes
-import importlib.util
 import math
-import pathlib
 import re
 
 import pytest
@@ -17,6 +14,7 @@ from ssmquant.kernels import emulate_triton, fused_kernels, kda_cuda
 from ssmquant.replay import parse_variant, parse_variants, simulate
 
 from ..replay.helpers import gdn_inputs, kda_inputs
+from .nvrtc_offline import nvrtc_compile, nvrtc_library
 from .test_emulation_kernels import assert_metrics_close
 from .test_kda_kernel import REF_RTOL, SLACK
 
@@ -75,37 +73,9 @@ def test_write_masks_are_cached_per_scheme_and_shape():
 # --- the source, compiled without a GPU ------------------------------------------------------------------------------
 
 
-def _nvrtc():
-    """libnvrtc of the nvidia-cuda-nvrtc wheel (a dev dependency), with its builtins loaded first, or None."""
-    spec = importlib.util.find_spec("nvidia")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for root in spec.submodule_search_locations:
-        libs = sorted(pathlib.Path(root).glob("cu*/lib/libnvrtc.so.*"))
-        builtins = sorted(pathlib.Path(root).glob("cu*/lib/libnvrtc-builtins.so.*"))
-        if libs and builtins:
-            ctypes.CDLL(str(builtins[0]), mode=ctypes.RTLD_GLOBAL)  # libnvrtc opens it by name
-            return ctypes.CDLL(str(libs[0]))
-    return None
-
-
-def nvrtc_log(source: str, arch: str = "sm_90") -> tuple[int, str]:
-    """(NVRTC's result code, its log with ptxas's resource usage) of compiling ``source`` for ``arch``."""
-    lib = _nvrtc()
-    prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kda.cu", 0, None, None) == 0
-    opts = [f"--gpu-architecture={arch}", *kda_cuda.NVRTC_OPTIONS, "--ptxas-options=-v"]
-    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
-    size = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetProgramLog(prog, log)
-    lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    return rc, log.value.decode()
-
-
-needs_nvrtc = pytest.mark.skipif(_nvrtc() is None, reason="needs the nvidia-cuda-nvrtc wheel (pip install -e .[dev])")
+needs_nvrtc = pytest.mark.skipif(
+    nvrtc_library() is None, reason="needs the nvidia-cuda-nvrtc wheel (pip install -e .[dev])"
+)
 
 
 @needs_nvrtc
@@ -123,7 +93,8 @@ needs_nvrtc = pytest.mark.skipif(_nvrtc() is None, reason="needs the nvidia-cuda
 def test_source_compiles_for_sm90(fmt, buf, always, has_s0, qk):
     """Every configuration compiles for sm_90; the conventional ones (buffer-free, the speed bar's) without a spill:
     a spill there would cost the kernel its speed (benchmarks/results/emulation_kda.md)."""
-    rc, log = nvrtc_log(kda_cuda.kernel_source(fmt, buf, always, has_s0, qk, torch.bfloat16))
+    source = kda_cuda.kernel_source(fmt, buf, always, has_s0, qk, torch.bfloat16)
+    rc, log, _ = nvrtc_compile(source, [*kda_cuda.NVRTC_OPTIONS, "--ptxas-options=-v"])
     assert rc == 0, log
     usage = re.search(
         r"Compiling entry function 'kda_emulate_8bit'.*?(\d+) bytes spill stores.*?Used (\d+) registers", log, re.S
