@@ -45,6 +45,16 @@ def with_kernel(cuda: bool, fn):
             os.environ["SSMQUANT_KDA_CUDA"] = old
 
 
+def launch_alone(inp: KDAInputs, always: bool = True, launch=kda_cuda.kda_cuda_launch):
+    """A no-argument callable that runs fp8_e4m3 conventional on ``inp`` in the CUDA kernel, the launch only: the
+    decays, beta and an all-ones write mask are made here once (`emulate_triton_steps` makes its own on every call).
+    always=False reads the mask every step, as a replay variant's launch does."""
+    alpha = kda_decays(inp).contiguous()
+    beta = inp.beta.float()
+    write = torch.ones(inp.batch, inp.steps, dtype=torch.int8, device=inp.device)
+    return lambda: launch(inp.q, inp.k, inp.v, alpha, beta, None, write, fmt=3, buf=0, always=always)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=4096)
@@ -70,15 +80,8 @@ def main():
     print(json.dumps(res["pooled max rel diff [dS, S, dy, y] (batch 2, 512 steps)"]), flush=True)
     # the CUDA launch alone (decays, write mask and metric buffer made once) against the path `simulate` takes
     # (`emulate_triton_steps`: decays, mask and buffer on every call, then the row-block sums), fp8 conventional
-    alpha = kda_decays(base).contiguous()
-    write = torch.ones(args.batch, args.steps, dtype=torch.int8, device="cuda")
     for always in (True, False):
-        tm = cuda_times(
-            lambda a=always, d=alpha: kda_cuda.kda_cuda_launch(
-                base.q, base.k, base.v, d, base.beta.float(), None, write, fmt=3, buf=0, always=a
-            ),
-            args.reps,
-        )
+        tm = cuda_times(launch_alone(base, always), args.reps)
         row = {
             "launch alone, fp8_e4m3 conventional": {
                 "always": always,
@@ -88,7 +91,6 @@ def main():
         }
         res["rows"].append(row)
         print(json.dumps(row), flush=True)
-    del alpha
     for label, inp in layers.items():
         for name in NAMES:
             v = parse_variant(name)
