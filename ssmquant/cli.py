@@ -419,7 +419,7 @@ def analyze_cmd(
             prefetch_plotting()
 
     try:
-        check_out_dir(out_dir, force)
+        check_out_dir(out_dir, force, "analyze")
         result = analyze(cfg, progress=progress, notify=None if quiet else bar.info)
         bar.close()
         path = write_analysis(result, out_dir, force=force, plots=not no_plots)
@@ -542,7 +542,7 @@ def eval_cmd(
     sizes = _sizes("eval", device, {"steps": steps, "batch": batch}, quiet)
     bar = _Bar(quiet, "step", "eval (reference + variants) x steps")
     try:
-        check_out_dir(out_dir, force)
+        check_out_dir(out_dir, force, "eval")
         if variants is not None:
             chosen = parse_eval_variants(_csv(variants, "--variants"), seed=seed, buffer_len=buffer_len)
         else:
@@ -766,7 +766,7 @@ def calibrate_cmd(
         (drawn[-1].info if drawn else _info)(line)
 
     try:
-        check_out_dir(out_dir, force)
+        check_out_dir(out_dir, force, "calibrate")
         result = calibrate(cfg, progress=progress, notify=None if quiet else notify)
         for b in bars.values():
             b.close()

@@ -574,8 +574,12 @@ def test_export_default_dir_needs_force_like_an_explicit_out(tmp_path, recipe):
     explicit = tmp_path / "mine"
     assert cli(["export", rec, "--target", "vllm", "--out", explicit]).exit_code == 0
     assert_user_error(cli(["export", rec, "--target", "vllm", "--out", explicit]), "not empty", "--force")
+    # --force replaces ssmquant's own files only: a hand-written file in the output is never deleted
+    line = assert_user_error(cli(["export", rec, "--target", "vllm", "--force"]), "did not write", "my_notes.md")
+    assert (rec / "export-vllm" / "my_notes.md").exists()
+    (rec / "export-vllm" / "my_notes.md").unlink()
     forced = cli(["export", rec, "--target", "vllm", "--force"])
-    assert forced.exit_code == 0 and not (rec / "export-vllm" / "my_notes.md").exists()
+    assert forced.exit_code == 0, forced.output
 
 
 def _edited(recipe: pathlib.Path, tmp_path: pathlib.Path, edit) -> pathlib.Path:

@@ -283,7 +283,7 @@ def write_recipe(result, out_dir, *, force: bool = False) -> pathlib.Path:
         result.evaluations.to_csv(tmp / CANDIDATES_NAME, index=False)
         (tmp / CONFIG_NAME).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
 
-    return write_atomically(out_dir, force, fill)
+    return write_atomically(out_dir, force, fill, "calibrate")
 
 
 # -- validation and loading --------------------------------------------------------------------------

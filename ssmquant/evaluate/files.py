@@ -30,7 +30,7 @@ def write_eval(result, out_dir, force: bool = False, *, plots: bool = True) -> p
         report["files"] = files + [REPORT_NAME]
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str) + "\n")
 
-    return write_atomically(out_dir, force, fill)
+    return write_atomically(out_dir, force, fill, "eval")
 
 
 def load_eval(out_dir) -> tuple[pd.DataFrame, pd.DataFrame, dict]:

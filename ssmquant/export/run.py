@@ -131,7 +131,7 @@ def export(
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
 
     try:
-        result.out_dir = write_atomically(out, force, fill)
+        result.out_dir = write_atomically(out, force, fill, "export")
     except OutputError as err:
         raise ExportError(str(err)) from None
     return result

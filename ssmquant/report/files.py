@@ -20,6 +20,8 @@ import warnings
 
 import pandas as pd
 
+from .. import __version__
+
 PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
 # With at least this many cores (and os.fork, on Linux), the plots render at once: the process forks one child
 # per plot but the last, which inherits the imported plotting stack and the tables (nothing to import or
@@ -150,15 +152,84 @@ def read_table(directory: pathlib.Path, stem: str) -> pd.DataFrame:
     raise OutputError(f"{directory} has no {stem}.parquet or {stem}.csv; is it an `ssmquant analyze` output?")
 
 
-def check_out_dir(out_dir, force: bool) -> pathlib.Path:
-    """Refuse, before any work, a DIR that cannot be written: a non-empty existing directory (unless
-    force), a path that is a file, or one whose nearest existing parent is not a writable directory
-    (the run creates DIR beside its temporary sibling there, and renames it into place)."""
+# What each command writes, for recognising a previous output of it: `write_atomically` leaves OUTPUT_MARKER in
+# every output directory, naming the command and every file it wrote; an output written before the marker existed
+# is recognised by its report file, which lists its files. `--force` replaces a directory only when it is such an
+# output of the same command and holds nothing else.
+OUTPUT_MARKER = ".ssmquant-output.json"
+REPORT_FILES = {"analyze": "report.json", "eval": "eval.json", "calibrate": "ssm_quant_config.json",
+                "export": "export_report.json"}  # fmt: skip
+
+
+def _listed_files(directory: pathlib.Path, command: str) -> set[str] | None:
+    """The files a previous `ssmquant COMMAND` output in ``directory`` consists of, or None when it is not one."""
+    marker = directory / OUTPUT_MARKER
+    try:
+        if marker.is_file():
+            doc = json.loads(marker.read_text())
+            if doc.get("command") != command:
+                return None
+            return {*doc["files"], OUTPUT_MARKER}
+        report = directory / REPORT_FILES[command]
+        if not report.is_file():
+            return None
+        listed = json.loads(report.read_text()).get("files")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if isinstance(listed, dict):  # a recipe names its files by role
+        listed = list(listed.values())
+    if not isinstance(listed, list) or not all(isinstance(f, str) for f in listed):
+        return None
+    return {*listed, REPORT_FILES[command]}
+
+
+def _protected(out: pathlib.Path) -> str | None:
+    """Why ``out`` (resolved) must never be replaced, or None: the current directory or one above it, the home
+    directory, a filesystem root or a mount point."""
+    cwd = pathlib.Path.cwd().resolve()
+    if out == cwd:
+        return "is the current directory"
+    if out in cwd.parents:
+        return "contains the current directory"
+    if out == pathlib.Path.home().resolve():
+        return "is the home directory"
+    if out == pathlib.Path(out.anchor) or os.path.ismount(out):
+        return "is a filesystem root or mount point"
+    return None
+
+
+def check_out_dir(out_dir, force: bool, command: str = "analyze") -> pathlib.Path:
+    """Refuse, before any work, a DIR that cannot be written: an empty name; the current directory, a parent of
+    it, the home directory or a filesystem root; a non-empty existing directory, unless ``force`` and it is a
+    previous output of ``command`` (one of REPORT_FILES) holding nothing else; a path that is a file; or one whose
+    nearest existing parent is not a writable directory (the run creates DIR beside its temporary sibling there,
+    and renames it into place)."""
+    if out_dir is None or not str(out_dir).strip():
+        raise OutputError("--out is empty; name the output directory")
     out = pathlib.Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise OutputError(f"--out {out} exists and is not empty; pass --force to replace it, or choose another DIR")
+    resolved = out.resolve()
+    why = _protected(resolved)
+    if why is not None:
+        raise OutputError(f"--out {out} {why}; ssmquant writes a new directory, choose one such as {out / 'ssmquant-out'}")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise OutputError(f"--out {out} exists and is not empty; pass --force to replace it, or choose another DIR")
+        listed = _listed_files(out, command)
+        if listed is None:
+            raise OutputError(
+                f"--out {out} is not a previous `ssmquant {command}` output; --force replaces only such a directory: "
+                "choose another DIR"
+            )
+        foreign = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() or p.is_symlink()
+                         if str(p.relative_to(out)) not in listed)  # fmt: skip
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise OutputError(
+                f"--out {out} holds files that `ssmquant {command}` did not write ({shown}); --force replaces only "
+                "ssmquant's own files: move them or choose another DIR"
+            )
     parent = out.absolute().parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -195,11 +266,13 @@ def follow_umask(root: pathlib.Path) -> None:
         path.chmod(full & ~mask)
 
 
-def write_atomically(out_dir, force: bool, fill) -> pathlib.Path:
+def write_atomically(out_dir, force: bool, fill, command: str = "analyze") -> pathlib.Path:
     """Create out_dir by calling fill(tmp_dir) on a temporary sibling, then renaming it into place; its
-    files and directories get the modes the user's umask gives (``follow_umask``). A file-system error
-    (permissions changed since the check, disk full) becomes an OutputError naming DIR; nothing is left."""
-    out = check_out_dir(out_dir, force).resolve()
+    files and directories get the modes the user's umask gives (``follow_umask``), and OUTPUT_MARKER names
+    ``command`` and the files, so that a later ``force`` recognises the output. The directory is checked again
+    here (``check_out_dir``). A file-system error (permissions changed since the check, disk full) becomes an
+    OutputError naming DIR; nothing is left."""
+    out = check_out_dir(out_dir, force, command).resolve()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -207,6 +280,9 @@ def write_atomically(out_dir, force: bool, fill) -> pathlib.Path:
         raise OutputError(f"--out {out} cannot be created: {err.strerror or err}") from None
     try:
         fill(tmp)
+        written = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        marker = {"command": command, "ssmquant": __version__, "files": written}
+        (tmp / OUTPUT_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
         follow_umask(tmp)
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"

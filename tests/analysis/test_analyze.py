@@ -251,8 +251,15 @@ def test_non_empty_out_is_refused_unless_force(tmp_path):
     ]
     res = CliRunner().invoke(main, base)
     assert res.exit_code != 0 and "exists and is not empty; pass --force" in res.output
+    # --force replaces only a previous output of the same command: the user's own file is never deleted
+    res = CliRunner().invoke(main, base + ["--force"])
+    assert res.exit_code != 0 and "is not a previous `ssmquant analyze` output" in res.output
+    assert (out / "keep.txt").read_text() == "x"
+    (out / "keep.txt").unlink()
+    assert CliRunner().invoke(main, base).exit_code == 0 and (out / "report.json").exists()
+    first = (out / "report.json").stat().st_mtime_ns
     assert CliRunner().invoke(main, base + ["--force"]).exit_code == 0
-    assert not (out / "keep.txt").exists() and (out / "report.json").exists()
+    assert (out / "report.json").stat().st_mtime_ns != first
 
 
 def test_interrupted_write_leaves_no_directory(tmp_path):

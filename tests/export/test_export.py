@@ -311,6 +311,10 @@ def test_bad_targets_versions_and_gpus(mamba_recipe, tmp_path):
     (other / "x").write_text("keep")
     with pytest.raises(ExportError, match="--force"):
         export(mamba_recipe, "vllm", other)
+    with pytest.raises(ExportError, match="not a previous `ssmquant export` output"):  # --force keeps the user's file
+        export(mamba_recipe, "vllm", other, force=True)
+    (other / "x").unlink()
+    assert export(mamba_recipe, "vllm", other).out_dir == other.resolve()
     assert export(mamba_recipe, "vllm", other, force=True).out_dir == other.resolve()
 
 
