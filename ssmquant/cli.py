@@ -7,7 +7,8 @@ import sys
 import click
 
 from . import __version__
-from .sizing import CPU_DEFAULTS, GPU_DEFAULTS
+from .defaults import CPU_DEFAULTS, GPU_DEFAULTS
+from .startup import finish, start_devices
 
 INTERRUPTED = 128 + 2  # the shell's status for a command ended by SIGINT
 
@@ -45,88 +46,12 @@ def formats_cmd(shape: str):
 
 
 def entry() -> None:
-    """The ``ssmquant`` console script and ``python -m ssmquant``: ``main``, and after a command that succeeded
-    an exit that skips the interpreter's teardown (unloading torch, Triton and CUDA's context: a large part
-    of a short GPU run's wall clock). Every command has written and renamed its files, joined its worker
-    threads and printed its output by then; only stdout and stderr remain to flush."""
-    import os
-
+    """The ``ssmquant`` console script and ``python -m ssmquant``: ``main``, then ``startup.finish`` (an exit that
+    skips the interpreter's teardown after a command that succeeded)."""
     try:
         main(prog_name="ssmquant")
     except SystemExit as done:
-        if done.code in (0, None):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
-        raise
-
-
-def _start_cuda(device: str) -> None:
-    """Create the CUDA context in a background thread while the command imports the rest (pandas, Triton,
-    the analysis modules): torch's ops release the GIL, so the driver's start-up overlaps the imports. torch
-    itself is imported here, in the calling thread, before that thread starts.
-
-    Triton's warm-up (``_warm_up_triton``) runs in a thread of its own, started before torch's import where an
-    NVIDIA GPU is likely (``_likely_nvidia_gpu``: no torch needed to tell), else once torch sees a GPU. Its
-    import of ``triton.runtime.cache`` does not import torch, nor does torch's import import Triton, so the two
-    imports cannot wait on each other; should the command's own import of Triton meet it, Python's per-module
-    import locks make one wait for the other. Started after torch's import, it raced the first launch: in the
-    H200 profile of run t3 (2026-12-01) the first launch still spent 0.66 s on the host, most of it reading and
-    hashing libtriton.so. Errors are left to the command's own device checks, which name the problem."""
-    if device == "cpu":
-        return
-    import threading
-
-    def warm_triton():
-        try:
-            _warm_up_triton()
-        except Exception:  # noqa: BLE001, S110 - the first launch computes it, or fails with its own message
-            pass
-
-    early = _likely_nvidia_gpu()
-    if early:
-        # before torch's import, which takes 1.3-5.8 s on the H200 machines and holds the GIL while the hash does
-        # not: the hash (0.6-0.9 s) is done by the first launch instead of racing it
-        threading.Thread(target=warm_triton, name="ssmquant-triton-key", daemon=True).start()
-
-    import torch
-
-    def start():
-        try:
-            if torch.cuda.is_available():
-                if not early:
-                    threading.Thread(target=warm_triton, name="ssmquant-triton-key", daemon=True).start()
-                dev = torch.device(device) if device.startswith("cuda:") else torch.device("cuda", 0)
-                torch.zeros(1, device=dev)
-        except Exception:  # noqa: BLE001, S110 - reported by the command itself
-            pass
-
-    threading.Thread(target=start, name="ssmquant-cuda-start", daemon=True).start()
-
-
-def _likely_nvidia_gpu() -> bool:
-    """Whether an NVIDIA GPU is likely usable, judged without importing torch: the driver's control device
-    exists, CUDA_VISIBLE_DEVICES does not hide every GPU, and Triton is installed. Used to start Triton's warm-up
-    before torch's import; a wrong guess costs a background hash on an idle core, never a result."""
-    import importlib.util
-    import os
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1"):
-        return False
-    return os.path.exists("/dev/nvidiactl") and importlib.util.find_spec("triton") is not None
-
-
-def _warm_up_triton() -> None:
-    """Compute what Triton's first kernel call in a process computes whatever the kernel: the hash of Triton's
-    own installation that keys its cache (``triton.runtime.cache.triton_key``, Triton >= 3.3: a SHA-256 of its
-    compiler sources and of libtriton.so, about 500 MB; 0.28 s on the 2-core CPU machine), cached for the
-    process by ``functools.lru_cache``. Called from a thread of ``_start_cuda``: hashing and reading release the
-    GIL, so it overlaps the command's imports, the CUDA context's creation and the first layer's inputs.
-    Should the first launch come first, it computes the same value itself; nothing depends on this having run."""
-    from triton.runtime.cache import triton_key
-
-    triton_key()
+        finish(done)
 
 
 def _silence() -> None:
@@ -163,7 +88,7 @@ def _default_help(command: str, name: str, what: str) -> str:
 def _sizes(command: str, device: str, given: dict, quiet: bool) -> dict:
     """Fill the sizes the user left out with the defaults for the device the run computes on, and say so."""
     from .analysis.sources import SourceError, resolve_device
-    from .sizing import default_sizes, describe_defaults
+    from .defaults import default_sizes, describe_defaults
 
     if all(v is not None for v in given.values()):
         return given
@@ -215,11 +140,11 @@ def _errors() -> tuple[type[Exception], ...]:
     """The exceptions that carry a user-facing message: printed as one `Error:` line, no traceback."""
     from .analysis import AnalyzeError, SourceError
     from .formats import FormatError
+    from .kinds import InputError
+    from .memory import SizingError
     from .models import CaptureError, ModelLoadError, TextError
-    from .replay.inputs import InputError
-    from .replay.simulate import BackendError
     from .report.files import OutputError
-    from .sizing import SizingError
+    from .simulate import BackendError
 
     return (
         AnalyzeError, SourceError, OutputError, FormatError, InputError, SizingError, BackendError, CaptureError,
@@ -355,7 +280,7 @@ def _devices(value: str | None) -> list[str] | str | None:
     "(ideal,vllm).",
 )
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
-@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@click.option("--force", is_flag=True, help="Replace --out when it holds a previous output of this command (nothing else).")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or tables.")
 def analyze_cmd(
@@ -382,7 +307,7 @@ def analyze_cmd(
     quiet,
 ):
     """Per-layer error of each state format over the decode horizon: tables, JSON, plots."""
-    _start_cuda(device)
+    start_devices(device)
     from .analysis import AnalyzeConfig, analyze, default_model
     from .report.files import check_out_dir, prefetch_plotting, write_analysis
     from .report.tables import memory_text, summary_table
@@ -456,6 +381,39 @@ def presets_cmd():
     click.echo(presets_table())
 
 
+@main.command("build")
+@click.argument("preset")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--device", default="auto", show_default=True, help="Where the model is materialised: auto, cpu, cuda, cuda:N.")
+@click.option("--dtype", default="bfloat16", show_default=True, help="Weights dtype on disk: bfloat16, float16, float32.")
+@click.option("--layers", "num_layers", type=int, default=None, help="Keep the first N decoder layers only.")
+@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest safetensors shard.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--overrides", default=None, help='Config fields as a JSON object, e.g. \'{"hidden_size": 64}\'.')
+def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, overrides):
+    """Write a full-size checkpoint of PRESET with random weights into OUT_DIR (no download)."""
+    import json
+
+    from .analysis.sources import SourceError, resolve_device
+    from .models import PresetError
+    from .models.build import BuildError, build_random_checkpoint, estimate_parameters
+
+    try:
+        fields = json.loads(overrides) if overrides else None
+    except json.JSONDecodeError as err:
+        raise click.BadParameter(f"must be a JSON object of config fields: {err}", param_hint="--overrides") from None
+    if fields is not None and not isinstance(fields, dict):
+        raise click.BadParameter(f"must be a JSON object of config fields, got {overrides!r}", param_hint="--overrides")
+    try:
+        dev = str(resolve_device(device))
+        n = estimate_parameters(preset, num_layers=num_layers)
+        click.echo(f"{preset}: {n / 1e9:.2f} B parameters, {n * 2 / 2**30:.1f} GiB in 16-bit; building on {dev}")
+        build_random_checkpoint(preset, out_dir, dtype=dtype, device=dev, num_layers=num_layers,
+                                max_shard_size=max_shard_size, seed=seed, overrides=fields)  # fmt: skip
+    except (BuildError, PresetError, SourceError) as err:
+        raise click.ClickException(str(err)) from None
+
+
 @main.command("eval")
 @click.option(
     "--model",
@@ -489,7 +447,7 @@ def presets_cmd():
 )
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for text selection and stochastic rounding.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
-@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@click.option("--force", is_flag=True, help="Replace --out when it holds a previous output of this command (nothing else).")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plot.")
 @click.option(
     "--fold/--no-fold",
@@ -526,7 +484,7 @@ def eval_cmd(
 ):
     """End to end: decode held-out text with each variant's stored SSM state; KL, top-1 agreement, loss change vs FP32."""
     from .analysis import default_model
-    from .evaluate import EvalError, evaluate, parse_eval_variants, summary_text, variant_grid, write_eval
+    from .evaluate import EvalConfig, EvalError, evaluate, parse_eval_variants, summary_text, variant_grid, write_eval
     from .report.files import check_out_dir
 
     if variants is not None and (formats or schemes or rounding):
@@ -553,16 +511,12 @@ def eval_cmd(
                 buffer_len,
                 seed,
             )
-        result = evaluate(
-            model,
-            chosen,
-            steps=sizes["steps"],
-            batch=sizes["batch"],
-            seed=seed,
-            device=device,
-            text_path=text,
-            fold=fold,
+        cfg = EvalConfig(
+            model, chosen, steps=sizes["steps"], batch=sizes["batch"], seed=seed, device=device, text=text, fold=fold,
             cudnn_attention=cudnn_attention,
+        )  # fmt: skip
+        result = evaluate(
+            cfg,
             progress=bar.update,
             notify=None if quiet else bar.info,
         )
@@ -677,7 +631,7 @@ class _BudgetNotMet(click.ClickException):
 )
 @click.option("--no-verify", is_flag=True, help="Skip the held-out verification.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Recipe directory.")
-@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@click.option("--force", is_flag=True, help="Replace --out when it holds a previous output of this command (nothing else).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or table.")
 def calibrate_cmd(
     model,
@@ -821,7 +775,7 @@ def _engine_versions(pairs) -> dict[str, str]:
     "[default: the local GPU, else sm90]",
 )
 @click.option(
-    "--force", is_flag=True, help="Replace a non-empty output directory (--out or the default RECIPE_DIR/export-TARGET)."
+    "--force", is_flag=True, help="Replace the output directory (--out or the default RECIPE_DIR/export-TARGET) when it holds a previous export (nothing else)."
 )
 def export_cmd(recipe_dir, target, out_dir, num_speculative_tokens, engine_version, gpu, force):
     """Turn a recipe into the files vLLM, TensorRT-LLM or FlashInfer take, and report what they cannot take."""
@@ -842,7 +796,3 @@ def export_cmd(recipe_dir, target, out_dir, num_speculative_tokens, engine_versi
     for line in result.report_lines():
         click.echo(line)
     click.echo(f"wrote {result.out_dir}: " + ", ".join(result.files))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    entry()

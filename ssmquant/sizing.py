@@ -1,47 +1,33 @@
-"""How big a run is, before it starts: device-sized defaults, a memory estimate checked against what is
-free, and a time estimate measured on this machine.
+"""How big a run is, before it starts: a memory estimate checked against what is free, and a time estimate
+measured on this machine.
 
-- Defaults (``default_sizes``): the sizes that `analyze`, `eval` and `calibrate` take when the user names
-  none depend on where the run computes: GPU-sized on a CUDA device, CPU-sized otherwise (the GPU
-  defaults take > 15 minutes for the shipped tiny model on 2 CPU cores).
 - Memory (``analyze_memory``, ``eval_memory``, ``check_memory``): the large tensors a run allocates, from
-  the shapes alone, per pool (the compute device, and host memory for what capture keeps there). A run
-  whose estimate exceeds the free memory of a pool is refused before any of it is allocated, with the
-  estimate, its largest parts and the largest --steps that fits.
-- Time (``probe_step_seconds``): the torch backend's cost of one decode step of one layer for the run's
-  variants, measured by running a few steps on random inputs of the run's exact state shape (a second
-  at most), then scaled to the run. It is an estimate: model loading and capture are not included, and
-  a busy machine runs slower.
+  the shapes alone (the layer kind's bytes per token, ``ssmquant.kinds``), per pool (the compute device, and
+  host memory for what capture keeps there). A run whose estimate exceeds the free memory of a pool is refused
+  before any of it is allocated, with the estimate, its largest parts and the largest --steps that fits.
+- Time (``probe_step_seconds``): the cost of one decode step of one layer for the run's variants, measured by
+  running a few steps on random inputs of the run's exact state shape (a second at most), then scaled to the
+  run. It is an estimate: model loading and capture are not included, and a busy machine runs slower.
+
+The default sizes are in ``ssmquant.defaults``, the free memory in ``ssmquant.memory``.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import pathlib
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # torch (and replay, which imports it) where used, so that the CLI's --help reads the defaults quickly
-    import torch
+import torch
 
-    from .calibrate.settings import LayerDims
+from . import kinds
+from .defaults import CPU_DEFAULTS, GPU_DEFAULTS, default_sizes, describe_defaults
+from .kinds import LayerDims
+from .memory import GIB, SizingError, format_bytes, free_bytes
+from .replay.trace import METRIC_BUFFER_BYTES
+from .simulate import simulate
 
-# Defaults per command and device type. GPU: the sizes of the published studies. CPU: the README's main
-# command (about 30 s for the shipped tiny model on 2 cores).
-GPU_DEFAULTS = {
-    "analyze": {"steps": 4096, "batch": 8},
-    "eval": {"steps": 512, "batch": 4},
-    "calibrate": {"horizon": 4096, "batch": 4},
-}
-CPU_DEFAULTS = {
-    "analyze": {"steps": 512, "batch": 4},
-    "eval": {"steps": 256, "batch": 4},
-    "calibrate": {"horizon": 512, "batch": 2},
-}
 FP32 = 4
-GIB = 2**30
 # Per decode step the torch backend costs ~3.3 ns per state element per variant on 2 cores (x86, torch 2.13,
 # measured with nemotron-3-nano shapes); used only to size the probe's batch so that one run of it takes
 # about PROBE_SECONDS.
@@ -50,62 +36,32 @@ PROBE_REPEATS = 3
 _NS_PER_ELEMENT_STEP = 3.5e-9
 
 
-class SizingError(ValueError):
-    """A run will not fit in memory; the message gives the estimate and what to lower."""
-
-
-def default_sizes(command: str, device: torch.device | str) -> dict[str, int]:
-    """The default sizes of ``command`` ("analyze" | "eval" | "calibrate") for a run on ``device``."""
-    table = GPU_DEFAULTS if _is_cuda(device) else CPU_DEFAULTS
-    if command not in table:
-        raise ValueError(f"unknown command {command!r}; accepted: {', '.join(table)}")
-    return dict(table[command])
-
-
 def _is_cuda(device) -> bool:
     return str(device).startswith("cuda")
-
-
-def describe_defaults(command: str, device: torch.device | str, used: dict[str, int]) -> str:
-    """One line naming the defaults taken on ``device`` and those of the other device type."""
-    cuda = _is_cuda(device)
-    other = CPU_DEFAULTS if cuda else GPU_DEFAULTS
-    flags = lambda d: " ".join(f"--{k} {v}" for k, v in d.items())  # noqa: E731
-    where = "a CUDA GPU" if cuda else "the CPU (no GPU in use)"
-    there = "on CPU" if cuda else "on a GPU"
-    return f"defaults for {where}: {flags(used)} ({there}: {flags(other[command])}; pass them to choose)"
 
 
 # -- memory ---------------------------------------------------------------------------------------------
 
 
-def layer_dims(kind: str, heads: int, rows: int, state_dim: int, groups: int):
-    """A ``calibrate.settings.LayerDims`` (the sizes every estimate here reads): kind "mamba2": heads H,
-    rows P, state_dim N, groups G; kind "gdn": heads Hv, rows Dv, state_dim Dk, groups Hk."""
-    from .calibrate.settings import LayerDims  # lazy: calibrate imports analysis, which imports this module
-
+def layer_dims(kind: str, heads: int, rows: int, state_dim: int, groups: int) -> LayerDims:
+    """The ``kinds.LayerDims`` every estimate here reads: heads, rows and state_dim of a per-head state, and its
+    groups (Mamba-2's B/C groups, the delta rules' key heads)."""
     return LayerDims(kind, int(heads), int(rows), int(state_dim), int(groups))
 
 
-def state_elements(dims) -> int:
-    return dims.heads * dims.rows * dims.state_dim
+def state_elements(dims: LayerDims) -> int:
+    return dims.state_elements
 
 
-def input_bytes_per_token(dims, act_bytes: int = FP32) -> int:
+def input_bytes_per_token(dims: LayerDims, act_bytes: int = FP32) -> int:
     """The decode inputs of one token as a model hands them over (activations in ``act_bytes``)."""
-    h, r, n, g = dims.heads, dims.rows, dims.state_dim, dims.groups
-    if dims.kind == "mamba2":  # x [H, P], B/C [G, N] in the activation dtype; dt [H] fp32
-        return act_bytes * (h * r + 2 * g * n) + FP32 * h
-    return FP32 * 2 * g * n + act_bytes * (h * r + h) + FP32 * h  # q/k fp32, v/beta activations, g fp32
+    return kinds.get(dims.kind).input_bytes_per_token(dims, act_bytes)
 
 
-def emulation_bytes_per_token(dims, variants: int) -> int:
-    """What the torch backend holds per token (``replay.naive._Emulation.start``): fp32 copies of the
-    inputs with B / C (Mamba-2) or q / k (GDN) expanded to every head, and each variant's buffered copy."""
-    h, r, n = dims.heads, dims.rows, dims.state_dim
-    if dims.kind == "mamba2":  # a, dt, x, b, c; per variant xb, bb
-        return FP32 * (2 * h + h * r + 2 * h * n + variants * (h * r + h * n))
-    return FP32 * (3 * h + 2 * h * n + h * r + variants * h * n)  # alpha, g, beta, q, k, v; per variant kb
+def emulation_bytes_per_token(dims: LayerDims, variants: int) -> int:
+    """What the torch backend holds per token (``replay.naive.Emulation``): the kind's fp32 copies of the inputs
+    with groups expanded to every head, and each variant's buffered copy."""
+    return kinds.get(dims.kind).emulation_bytes_per_token(dims, variants)
 
 
 @dataclass
@@ -175,10 +131,6 @@ def analyze_memory(
     times, plus the inputs of the next layer generated while they run. ``ahead``: synthetic inputs made ahead
     on another stream (``analysis.sources.made_ahead``): two more layers' inputs, one waiting and one being
     drawn with its fp32 buffers (one sequence at a time, ``models.synthetic``)."""
-    import torch
-
-    from .replay.trace import METRIC_BUFFER_BYTES
-
     device = torch.device(device)
     pool = _pool(device)
     est = MemoryEstimate(device)
@@ -236,17 +188,16 @@ def prefill_bytes_per_token(dims: LayerDims, config: dict) -> int:
 
     The SSM mixers' chunked scans dominate: Mamba-2 (``mamba2_chunk_scan``) holds L, G and M of
     [chunk, H] per token, the chunk states [H, P, N] per chunk and fp32 copies of x, B, C; GDN
-    (``torch_chunk_gated_delta_rule``, chunk 64) the same pattern with [Dv, Dk] states. Add the MLP and
+    (``torch_chunk_gated_delta_rule``, chunk 64) the same pattern with [Dv, Dk] states (the kind's
+    ``prefill_scan_elements``). Add the MLP and
     residual activations. Checked against the shipped models (x 1.5 below their measured peaks, so the
     estimate is scaled up by 1.5).
     """
-    h, r, n = dims.heads, dims.rows, dims.state_dim
-    chunk = int(config.get("chunk_size") or (128 if dims.kind == "mamba2" else 64))
+    kind = kinds.get(dims.kind)
+    chunk = int(config.get("chunk_size") or kind.default_chunk)
     hidden = int(config.get("hidden_size") or 0)
     inter = int(config.get("intermediate_size") or 0)
-    ssm = 3 * chunk * h + 2 * h * r * n / chunk + 2 * h * n + 4 * h * r
-    if dims.kind == "mamba2":  # the scan's [chunk, chunk, H, N] product (models.capture.prefill_bytes_per_sequence)
-        ssm += chunk * h * n
+    ssm = kind.prefill_scan_elements(dims, chunk)
     return int(1.5 * FP32 * (ssm + 16 * hidden + 2 * inter))
 
 
@@ -265,8 +216,6 @@ def eval_memory(
     """Peak memory of ``evaluate`` beyond the weights: one cache per run (the reference and each variant)
     with every SSM layer's state and an attention KV cache growing to ``steps`` tokens, the per-position
     metrics, and one step's logits per run."""
-    import torch
-
     device = torch.device(device)
     pool = _pool(device)
     est = MemoryEstimate(device)
@@ -277,58 +226,6 @@ def eval_memory(
     est.add("per-position metrics", pool, (variants * 3 + 1) * batch * steps * 8, (variants * 3 + 1) * 8)
     est.add("logits", pool, 3 * runs * batch * vocab * FP32)
     return est
-
-
-def free_bytes(device: torch.device) -> int | None:
-    """Free memory of ``device`` in bytes: CUDA's free memory, or for the CPU the host's available memory
-    (MemAvailable, capped by a cgroup limit); None when it cannot be read."""
-    import torch
-
-    device = torch.device(device)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    return host_free_bytes()
-
-
-def host_free_bytes() -> int | None:
-    avail = None
-    try:
-        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    if avail is None:
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-    limit = _cgroup_room()
-    return avail if limit is None else min(avail, limit)
-
-
-def _cgroup_room() -> int | None:
-    """Bytes left under this process' cgroup memory limit (v2 or v1), None without a limit."""
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
-        try:
-            limit = pathlib.Path(limit_file).read_text().strip()
-            usage = int(pathlib.Path(usage_file).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if limit == "max" or int(limit) >= 2**60:
-            return None
-        return max(0, int(limit) - usage)
-    return None
-
-
-def _gib(n: float) -> str:
-    if n >= 1024 * GIB:
-        return f"{n / (1024 * GIB):.1f} TiB"
-    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.0f} MiB"
 
 
 def largest_fitting_steps(need_at, room: int, steps: int) -> int:
@@ -359,12 +256,10 @@ def check_memory(
 
     ``at_steps(s)``: the same run's estimate at s steps. With it, the largest fitting --steps is searched for
     (exact for parts that grow with the steps alone, such as one sequence's buffers, or the metric buffer of a
-    launch); without it, it is extrapolated from the parts that scale with batch x steps (``per_token``). On
-    an H200 the extrapolation counted an analysis' step-only parts as fixed and told a run of 10,000,000 steps
-    to "lower the batch first", where a smaller --steps fits at that batch. ``batch_note``: follows the batch
+    launch); without it, it is extrapolated from the parts that scale with batch x steps (``per_token``), which
+    counts an analysis' step-only parts as fixed and may say "lower the batch first" where a smaller --steps fits
+    at that batch. ``batch_note``: follows the batch
     in the hint, where it is not the one the user gave (calibrate's calibration and held-out sequences)."""
-    import torch
-
     for pool in est.pools:
         dev = est.device if pool == "device" else torch.device("cpu")
         room = free(dev)
@@ -372,7 +267,7 @@ def check_memory(
         if room is None or need <= room:
             continue
         parts = sorted((p for p in est.parts if p[1] == pool), key=lambda p: -p[2])[:3]
-        what = ", ".join(f"{label} {_gib(b)}" for label, _, b in parts)
+        what = ", ".join(f"{label} {format_bytes(b)}" for label, _, b in parts)
         if at_steps is not None:
             fit = largest_fitting_steps(lambda s, pool=pool: at_steps(s).total(pool), room, steps)
         else:
@@ -382,8 +277,8 @@ def check_memory(
         where = f"GPU {dev}" if dev.type == "cuda" else "host"
         hint = f"at most ~{fit} steps fit at batch {batch}{batch_note}" if fit >= 1 else "lower the batch first"
         raise SizingError(
-            f"this run needs about {_gib(need)} of {where} memory (estimate; largest parts: {what}) but only "
-            f"{_gib(room)} is free; lower {lower} ({hint})"
+            f"this run needs about {format_bytes(need)} of {where} memory (estimate; largest parts: {what}) but only "
+            f"{format_bytes(room)} is free; lower {lower} ({hint})"
         )
 
 
@@ -391,27 +286,8 @@ def check_memory(
 
 
 def random_inputs(dims: LayerDims, batch: int, steps: int, *, device="cpu", seed: int = 0):
-    """Random decode inputs of ``dims`` (Mamba2Inputs / GDNInputs) with realistic ranges, for timing."""
-    import torch
-
-    from .replay.inputs import GDNInputs, Mamba2Inputs
-
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    h, r, n, g = dims.heads, dims.rows, dims.state_dim, dims.groups
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(device)
-
-    if dims.kind == "mamba2":
-        dt = torch.rand(batch, steps, h, generator=gen).mul(0.1).add(1e-3).to(device)
-        a = -torch.arange(1, h + 1, dtype=torch.float32, device=device)
-        return Mamba2Inputs(rand(batch, steps, h, r), dt, rand(batch, steps, g, n), rand(batch, steps, g, n), a,
-                            torch.ones(h, device=device)).validate()  # fmt: skip
-    q = torch.nn.functional.normalize(rand(batch, steps, g, n), dim=-1) * n**-0.5
-    k = torch.nn.functional.normalize(rand(batch, steps, g, n), dim=-1)
-    gate = -torch.rand(batch, steps, h, generator=gen).to(device)
-    beta = torch.rand(batch, steps, h, generator=gen).to(device)
-    return GDNInputs(q, k, rand(batch, steps, h, r), gate, beta).validate()
+    """Random decode inputs of ``dims`` (the kind's inputs) with realistic ranges, for timing."""
+    return kinds.get(dims.kind).random_inputs(dims, batch, steps, device=device, seed=seed)
 
 
 def probe_step_seconds(
@@ -425,10 +301,6 @@ def probe_step_seconds(
     short warm-up, and scales linearly to ``batch`` (the per-step work is linear in the batch). The
     fastest of two or three runs counts: on a shared machine a run can stall for many times its length.
     """
-    import torch
-
-    from .replay import simulate
-
     longest = max((v.scheme.buffer_len for v in variants), default=1)
     n = max(1, min(steps, max(16, 2 * longest)))
     per_batch = n * (1 + len(variants)) * (dims.heads * dims.rows * dims.state_dim) * _NS_PER_ELEMENT_STEP
@@ -460,8 +332,8 @@ def format_seconds(s: float) -> str:
 
 # A time-left estimate made from the first unit of work (a layer, the first decode steps) is revised once, from
 # the next unit alone, when the two rates differ by more than this factor: the first unit carries the kernel
-# compiles of a cold cache (a 2026-12-01 H200 run of `calibrate` on nemotron-h-8b: first layer 31 s, "about 12.0
-# min more"; the other 23 layers took 2.5 min).
+# compiles of a cold cache (on a GPU, the first layer of a `calibrate` of nemotron-h-8b took about 5x the time of
+# each of the other 23).
 REVISE_FACTOR = 1.5
 
 
@@ -514,6 +386,8 @@ __all__ = [
     "REVISE_FACTOR",
     "MemoryEstimate",
     "SizingError",
+    "GIB",
+    "free_bytes",
     "analyze_memory",
     "check_memory",
     "largest_fitting_steps",

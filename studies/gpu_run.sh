@@ -15,8 +15,8 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/studies_data.tar.gz" studies/*/data benchmarks/results 2>/dev/null; true; }
 
-timeout 150 "$PY" benchmarks/bench_emulation.py --reps 3 --compile-variants fp8_e4m3@conventional 2>&1 | tail -18
-timeout 90 "$PY" benchmarks/bench_analyze.py gpu --cold-cache 2>&1 | tail -6
+timeout 150 "$PY" benchmarks/run.py emulation --reps 3 --compile-variants fp8_e4m3@conventional 2>&1 | tail -18
+timeout 90 "$PY" benchmarks/run.py analyze gpu --runs cold 2>&1 | tail -6
 pack
 for study in conv_vs_replay buffer_length granularity_calibration speculative synthetic_profiles; do
   "$PY" -m studies.run --scale gpu --device cuda --only "$study" || echo "FAILED: $study"

@@ -69,7 +69,7 @@ def write_index(data: pathlib.Path, out: pathlib.Path, answers: list[dict]) -> N
         "`data/`, `page` builds the page), `studies/common/` (statistics: bootstrap and permutation tests; "
         "tables; plots; measurement), `studies/run.py`, `studies/make_pages.py`. Raw traces are never written; "
         "`studies/data/` (the earlier raw-data folder) stays git-ignored. `studies/tiny_models/` documents how "
-        "the shipped tiny models were trained. Speed: `benchmarks/results/`.",
+        "the shipped tiny models were trained. Speed: `benchmarks/RESULTS.md`.",
         "",
     ]
     (out / "README.md").write_text("\n".join(page))

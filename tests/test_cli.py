@@ -1,7 +1,7 @@
 """The command line as a new user meets it (issue 16): user errors are one `Error:` line with exit status 1,
 no traceback and nothing written; sizes follow the device; plots, headers, permissions, exports, recipes
 and Ctrl-C behave. In-process runs use click's CliRunner; what depends on the process (imports, signals,
-environment variables read at import) runs `python -m ssmquant.cli` in a subprocess.
+environment variables read at import) runs `python -m ssmquant` in a subprocess.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ def cli(args, **kwargs):
 
 
 def run_cli(args, *, env=None, cwd=None, timeout=300, prefix=()):
-    """`python -m ssmquant.cli ARGS` in a fresh process (prefix: python arguments before -m, e.g. -c code)."""
+    """`python -m ssmquant ARGS` in a fresh process (prefix: python arguments before -m, e.g. -c code)."""
     e = dict(os.environ)
     e["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), e.get("PYTHONPATH")) if p)
     e.update(env or {})
-    cmd = [sys.executable, *prefix] if prefix else [sys.executable, "-m", "ssmquant.cli"]
+    cmd = [sys.executable, *prefix] if prefix else [sys.executable, "-m", "ssmquant"]
     return subprocess.run(
         [*cmd, *map(str, args)], capture_output=True, text=True, env=e, cwd=cwd or ROOT, timeout=timeout
     )
@@ -315,7 +315,7 @@ def test_triton_warm_up_fills_the_cache_of_the_installation_hash():
     pytest.importorskip("triton")
     from triton.runtime.cache import triton_key
 
-    from ssmquant import cli as cli_mod
+    from ssmquant import startup as cli_mod
 
     key = triton_key()
     triton_key.cache_clear()
@@ -328,25 +328,25 @@ def test_triton_warm_up_starts_before_torch_where_a_gpu_is_likely(monkeypatch):
     torch's import; without one it waits for torch to see a GPU (none here: not started); never for cpu."""
     import threading
 
-    from ssmquant import cli as cli_mod
+    from ssmquant import startup as cli_mod
 
     calls = []
     done = threading.Event()
     monkeypatch.setattr(cli_mod, "_warm_up_triton", lambda: calls.append(1) or done.set())
     monkeypatch.setattr(cli_mod, "_likely_nvidia_gpu", lambda: True)
-    cli_mod._start_cuda("cpu")
+    cli_mod.start_devices("cpu")
     assert not done.wait(0.2) and calls == []
-    cli_mod._start_cuda("cuda")
+    cli_mod.start_devices("cuda")
     assert done.wait(10) and calls == [1]
     if not torch.cuda.is_available():
         monkeypatch.setattr(cli_mod, "_likely_nvidia_gpu", lambda: False)
         done.clear()
-        cli_mod._start_cuda("cuda")
+        cli_mod.start_devices("cuda")
         assert not done.wait(0.5) and calls == [1]
 
 
 def test_likely_nvidia_gpu_honours_hidden_devices(monkeypatch):
-    from ssmquant import cli as cli_mod
+    from ssmquant import startup as cli_mod
 
     for hidden in ("", "-1"):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
@@ -669,7 +669,7 @@ def test_ctrl_c_exits_130_and_leaves_no_output(tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ssmquant.cli", "analyze", *TINY, "--steps", "4096", "--batch", "8", "--out", str(out)],
+        [sys.executable, "-m", "ssmquant", "analyze", *TINY, "--steps", "4096", "--batch", "8", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
         # as from a terminal: a shell without job control starts background jobs (a CI script run with `&` or
         # nohup) with SIGINT ignored, children inherit that, and Python then installs no KeyboardInterrupt

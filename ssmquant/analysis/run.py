@@ -27,8 +27,8 @@ from ..formats import Encoding, FormatError, parse
 from ..provenance import environment
 from ..replay import Trace, cycle_window, parse_scheme
 from ..replay.schemes import SchemeError
-from ..replay.simulate import start_simulation
 from ..replay.variants import Variant, VariantError
+from ..simulate import start_simulation
 from ..sizing import LayerEstimate, format_seconds
 from .devices import assign_layers, run_on_devices
 from .fit import DIVERGED, MIN_FORECAST_R2, fit_power_law, forecast_columns
@@ -41,8 +41,8 @@ HEAD_TABLE_POINTS = 8
 # Layers each GPU emulates at once, one CUDA stream each (analysis.devices.run_on_devices): while one
 # layer's kernels run, another's host work (its tables, the host syncs of its launches) proceeds and the next
 # layer's inputs are made, so the GPU does not wait for the host between layers.
-# 1 (off) since the H200 run of 2026-12-01: the run was not faster (16.5 s warm), and `benchmarks/gpu/lanes_check.py`
-# found heads.csv's state_rel_err different from the one-lane run. That difference was CUDA's atomic index_add_
+# 1 (off): two lanes were not faster on an H200, and `lab/gpu/lanes_check.py` found heads.csv's state_rel_err
+# different from the one-lane run. That difference was CUDA's atomic index_add_
 # in the window sums, whose order changes from run to run (two one-lane runs differed too); the sums are now
 # added in step order (replay.trace.WindowAccumulator). One lane pipelines a layer's host work behind the next
 # layer's kernels instead (run_on_devices' complete=).

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..formats import FormatError
+from ..kinds import LayerInputs
 from ..models import (
     LoadedModel,
     ModelLoadError,
@@ -32,10 +33,9 @@ from ..models import (
 )
 from ..models.loading import checkpoint_plan
 from ..models.placement import ssm_mixer_devices
-from ..models.synthetic import PROFILES
+from ..models.synthetic import PROFILES, profiles_refusal, supports_profiles
 from ..models.text import TextError, load_text, split_bounds, text_origin, text_phrase
-from ..replay.inputs import LayerInputs
-from ..replay.simulate import BACKENDS, triton_interpreting
+from ..simulate import BACKENDS, triton_interpreting
 from ..sizing import analyze_memory, check_memory, layer_dims, probe_step_seconds
 from .devices import DeviceError, parse_emulation_devices
 
@@ -284,10 +284,9 @@ def open_source(
             ) from None
         if text_path is not None:
             raise SourceError("--text applies to real or shipped models; synthetic inputs use no text")
-        if synthetic_profile != "init" and preset.layer_kind == "kda":
+        if synthetic_profile != "init" and not supports_profiles(preset.layer_kind):
             raise SourceError(
-                f"--synthetic-profile {synthetic_profile} is defined for Mamba-2 and GDN presets; {preset.name} is a "
-                "KDA preset: use --synthetic-profile init"
+                f"--synthetic-profile {synthetic_profile} {profiles_refusal(preset)}: use --synthetic-profile init"
             )
 
         def iterate(layers):
@@ -308,7 +307,6 @@ def open_source(
             else f"synthetic inputs with the preset's exact shapes, the family's initialisation distributions "
             f"changed by the '{profile.name}' stress profile ({profile.description}); no trained weights, no text",
         }
-        groups = preset.shape.n_groups if preset.layer_kind == "mamba2" else preset.shape.num_key_heads
         return LayerSource(
             "synthetic",
             preset.name,
@@ -317,7 +315,7 @@ def open_source(
             preset.state_shape,
             describe,
             iterate,
-            groups=groups,
+            groups=preset.groups,
             _device=torch.device(device),
         )
 

@@ -37,7 +37,7 @@ from .settings import (
     state_bytes,
 )
 from .stats import StateStats, collect_stats, iter_reference_states
-from .verify import slice_batch, synthetic_heldout_source, verify_layers
+from .verify import synthetic_heldout_source, verify_layers
 
 __all__ = [
     "CONFIG_NAME",
@@ -71,7 +71,6 @@ __all__ = [
     "parse_method",
     "scale_name",
     "setting_bytes",
-    "slice_batch",
     "state_bytes",
     "synthetic_heldout_source",
     "uniform_table",

@@ -1,6 +1,6 @@
 """Evaluating candidate settings on a layer and choosing the cheapest one within the error budget.
 
-Every candidate is simulated (`ssmquant.replay.simulate`) over the layer's calibration inputs; its error is
+Every candidate is simulated (`ssmquant.simulate`) over the layer's calibration inputs; its error is
 the pooled relative error (Frobenius ratio over sequences and heads) of the chosen metric over the horizon
 window (the last whole flush cycles of the run: the RMS over its steps, or its worst step for the *_max
 metrics; `settings.horizon_errors`), never a single step that might fall on one phase of a flush cycle. The choice per layer minimises bytes per sequence (settings.py) among the
@@ -22,8 +22,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..replay import simulate
-from ..replay.inputs import LayerInputs
+from ..engines.profiles import EngineError, check_variant
+from ..kinds import LayerInputs
+from ..simulate import simulate
 from .settings import (
     METRICS,
     CalibrateError,
@@ -127,8 +128,6 @@ def evaluate_layer(
 def profile_refusals(engine: str, settings: list[Setting], kind: str, state_shape) -> dict[str, str]:
     """{setting name: the engine's reason} for every setting the profile `engine` cannot emulate on a `kind`
     layer whose state is [..., rows, state_dim] (`ssmquant.engines.profiles.check_variant`'s messages)."""
-    from ..engines.profiles import EngineError, check_variant
-
     out = {}
     for s in settings:
         try:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import __version__
+from ..engines.profiles import ENGINES, arithmetic
+from ..report.files import write_atomically
 from .settings import METRICS, CalibrateError, LayerDims, Setting, other_metric, setting_bytes
 
 SCHEMA_VERSION = 1
@@ -62,8 +64,6 @@ def _num(x):
 def engine_profile_doc(result) -> dict:
     """The recipe's `engine_profile`: the profile every candidate was emulated with (`calibrate --engine`), the
     arithmetic it ran on this layer kind, and the settings it refused with the engine's reason."""
-    from ..engines.profiles import arithmetic
-
     name = result.config.engine
     ev = result.evaluations
     refused = ev[~ev["runnable"]].drop_duplicates("setting") if "runnable" in ev else ev.iloc[:0]
@@ -264,8 +264,6 @@ def build_document(result) -> dict:
 def write_recipe(result, out_dir, *, force: bool = False) -> pathlib.Path:
     """Write a CalibrationResult as a recipe directory (atomically); returns the directory."""
     from safetensors.torch import save_file
-
-    from ..report.files import write_atomically
 
     doc = build_document(result)
     validate_document(doc)
@@ -468,8 +466,6 @@ def validate_document(doc: dict) -> None:
 
 def _validate_engine_profile(prof) -> None:
     """`engine_profile` is optional (recipes before it was recorded were measured with `ideal`)."""
-    from ..engines.profiles import ENGINES
-
     if prof is None:
         return
     if not isinstance(prof, dict):

@@ -31,11 +31,14 @@ from ..analysis.sources import (
     plan_layers,
     resolve_run_devices,
 )
+from ..engines.deployments import TARGETS, deployments, describe_deployments, takeable_by_any, violations
+from ..engines.facts import EngineVersionError
+from ..engines.profiles import EngineError, check_engine
 from ..formats import FormatError
+from ..kinds import InputError
 from ..models.text import TextError
 from ..provenance import DEFAULT_PACKAGES, environment
-from ..replay import BACKENDS
-from ..replay.inputs import InputError
+from ..simulate import BACKENDS
 from ..sizing import LayerEstimate, format_seconds
 from .choose import (
     MAX_VARIANTS_PER_CALL,
@@ -98,10 +101,7 @@ class CalibrateConfig:
     engine: str = "ideal"
 
     def deployments(self):
-        """(Targets, GPU note) that takeability is checked for (`export.engines.deployments`)."""
-        from ..export.engines import deployments  # lazy: export imports calibrate
-        from ..export.facts import EngineVersionError
-
+        """(Targets, GPU note) that takeability is checked for (`engines.deployments.deployments`)."""
         try:
             return deployments(self.engine_versions, self.gpu)
         except EngineVersionError as err:
@@ -121,13 +121,25 @@ class CalibrateConfig:
             raise CalibrateError(f"--heldout-batch must be an integer >= 1, got {self.heldout_batch!r}")
         if self.backend not in BACKENDS:
             raise CalibrateError(f"unknown backend {self.backend!r}; accepted: {', '.join(BACKENDS)}")
-        from ..engines.profiles import EngineError, check_engine
-
         try:
             check_engine(self.engine)
         except EngineError as err:
             raise CalibrateError(f"--engine: {err}") from None
         self.deployments()
+
+
+@dataclass
+class LayerCalibration:
+    """What calibrating one layer gives: every candidate's evaluation (a table, one row per setting), the state
+    statistics, the layer's sizes, the chosen setting (None when none meets the budget) with its evaluation row,
+    and its static decode scales [H, rows // group] (None for dynamic scales)."""
+
+    evaluations: pd.DataFrame
+    stats: StateStats
+    dims: LayerDims
+    decision: Setting | None
+    decision_row: dict | None
+    scale: torch.Tensor | None
 
 
 @dataclass
@@ -154,7 +166,7 @@ class CalibrationResult:
     stats: dict[int, StateStats]
     uniform: pd.DataFrame
     takeable: dict[str, bool]
-    takeability: dict  # what takeable was checked for (export.engines.describe_deployments)
+    takeability: dict  # what takeable was checked for (engines.deployments.describe_deployments)
     global_setting: Setting | None
     global_status: str
     verification: dict | None
@@ -298,7 +310,8 @@ def calibrate(
         scale = scales[decision.scale_key].cpu() if decision is not None and decision.is_static else None
         del inputs, scales
         _free()
-        return df, _to_cpu(st), dims, decision, None if chosen is None else chosen.to_dict(), scale
+        row = None if chosen is None else chosen.to_dict()
+        return LayerCalibration(df, _to_cpu(st), dims, decision, row, scale)
 
     done = []
 
@@ -321,12 +334,12 @@ def calibrate(
     results, run = run_on_devices(
         source.iter_layers(layers), assignment, calibrate_layer, on_result=finished("calibrate", cfg.verify)
     )
-    evals = [results[layer][0] for layer in layers]
-    stats = {layer: results[layer][1] for layer in layers}
-    dims = results[layers[0]][2] if layers else None
-    decisions = {layer: results[layer][3] for layer in layers if results[layer][3] is not None}
-    decision_rows = {layer: results[layer][4] for layer in decisions}
-    chosen_scales = {layer: results[layer][5] for layer in decisions if results[layer][5] is not None}
+    evals = [results[layer].evaluations for layer in layers]
+    stats = {layer: results[layer].stats for layer in layers}
+    dims = results[layers[0]].dims if layers else None
+    decisions = {layer: results[layer].decision for layer in layers if results[layer].decision is not None}
+    decision_rows = {layer: results[layer].decision_row for layer in decisions}
+    chosen_scales = {layer: results[layer].scale for layer in decisions if results[layer].scale is not None}
     del results
     stages = {
         "load_s": round(t_loaded - t0, 3),
@@ -358,8 +371,6 @@ def calibrate(
         )
 
     uniform = uniform_table(evaluations, cfg.budget, cfg.metric)
-    from ..export.engines import describe_deployments, takeable_by_any  # lazy: export imports calibrate
-
     targets, gpu_note = cfg.deployments()
     # takeable: an engine can run it and the profile measured it on every layer (a refused setting has no numbers)
     runnable = evaluations.groupby("setting")["runnable"].all()
@@ -422,8 +433,8 @@ def calibrate(
         checked, vrun = run_on_devices(
             heldout_source.iter_layers(layers), assignment, verify_one, on_result=finished("verify", False)
         )
-        per_layer = [checked[layer][0] for layer in layers]
-        errors = {u.name: {int(layer): checked[layer][1][u.name] for layer in layers} for u in verify_uniform}
+        per_layer = [checked[layer].row for layer in layers]
+        errors = {u.name: {int(layer): checked[layer].uniform_errors[u.name] for layer in layers} for u in verify_uniform}
         verification = summarize_verification(
             per_layer, errors, metric=cfg.metric, budget=cfg.budget, global_setting=global_setting
         )
@@ -517,8 +528,6 @@ def engine_picks(uniform: pd.DataFrame, by_name: dict[str, Setting], layer_kind:
     """Per export target, the cheapest uniform setting it can take that meets the budget (what the export
     picks when the global setting is not takeable); verified on held-out data with the global setting.
     targets: the Targets checked (CalibrateConfig.deployments); None: every engine's newest release on sm90."""
-    from ..export.engines import TARGETS, violations
-
     ok = uniform[uniform["meets_budget"]].sort_values(["bytes", "max_error", "setting"], kind="mergesort")
     picks = []
     for t in targets if targets is not None else TARGETS:

@@ -29,7 +29,7 @@ import torch
 
 from ..formats import Encoding, StateFormat, parse, scales_from_amax
 from ..formats.codec import ieee_div
-from ..replay.inputs import LayerInputs
+from ..kinds import LayerInputs
 from .settings import CalibrateError, parse_method
 from .stats import StateStats, iter_reference_states
 

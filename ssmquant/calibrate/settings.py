@@ -29,7 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import kinds
 from ..formats import Encoding, FormatError, Rounding, ScaleMode, StateFormat, parse
+from ..kinds import LayerDims
 from ..replay.schemes import BUFFER_DTYPES, Scheme, SchemeError, SchemeKind, parse_scheme
 from ..replay.trace import cycle_window
 from ..replay.variants import Variant
@@ -272,39 +274,6 @@ class Setting:
 
 
 # -- bytes --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LayerDims:
-    """Sizes of one SSM layer that its per-sequence footprint depends on.
-
-    kind "mamba2": heads H, rows P (head_dim), state_dim N, groups G (B/C groups);
-    kind "gdn" / "kda": heads Hv, rows Dv, state_dim Dk, groups Hk (key heads).
-    """
-
-    kind: str
-    heads: int
-    rows: int
-    state_dim: int
-    groups: int
-
-    @property
-    def state_shape(self) -> tuple[int, int, int]:
-        return (self.heads, self.rows, self.state_dim)
-
-    @classmethod
-    def of(cls, inputs) -> LayerDims:
-        groups = inputs.num_groups if inputs.kind == "mamba2" else inputs.q.shape[2]
-        return cls(inputs.kind, inputs.num_heads, inputs.rows, inputs.state_dim, int(groups))
-
-    def to_dict(self) -> dict:
-        return {
-            "kind": self.kind,
-            "heads": self.heads,
-            "rows": self.rows,
-            "state_dim": self.state_dim,
-            "groups": self.groups,
-        }
-
-
 def state_bytes(fmt: StateFormat, state_shape: tuple[int, ...]) -> int:
     """Per-sequence bytes of a stored state [H, rows, state_dim], scales included (module docstring)."""
     return fmt.bytes_per_state(state_shape)
@@ -323,8 +292,7 @@ def buffer_bytes(scheme: Scheme, dims: LayerDims) -> int:
     if r == 0:
         return 0
     e = _BUFFER_BYTES[scheme.buffer_dtype]
-    vectors = dims.heads * dims.rows + dims.groups * dims.state_dim  # x and B (Mamba-2) / u and k (GDN, KDA)
-    gates = dims.heads * (dims.state_dim if dims.kind == "kda" else 1)  # FP32: per head, KDA per key channel
+    vectors, gates = kinds.get(dims.kind).ring_row(dims)  # in the buffer dtype; FP32 gates
     return r * (vectors * e + gates * 4)
 
 

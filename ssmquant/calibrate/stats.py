@@ -21,8 +21,8 @@ from fractions import Fraction
 
 import torch
 
-from ..replay.inputs import KDAInputs, LayerInputs, Mamba2Inputs
-from ..replay.reference import expand_groups, gdn_decays, gdn_delta, kda_decay, kda_decays, mamba2_decays, mamba2_step
+from .. import kinds
+from ..kinds import LayerInputs
 from .settings import CalibrateError
 
 DEFAULT_PERCENTILES = (99.0, 99.9, 99.99)
@@ -33,35 +33,11 @@ MAX_TAIL_BYTES = 2 * 2**30  # refuse a top-k buffer larger than this (lower the 
 def iter_reference_states(inputs: LayerInputs, *, every: int = 1) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield (step, state) of the FP32 reference decode, state [B, H, rows, state_dim], at steps every, 2 every, ...
 
-    Same arithmetic as `replay.reference_decode` (shared step functions), but group expansion happens per
-    step so that memory stays at the size of the inputs. The yielded tensor is the live state: copy it to
+    The kind's ``reference_states``: the arithmetic of `replay.reference_decode`, with group expansion one step
+    at a time so that memory stays at the size of the inputs. The yielded tensor is the live state: copy it to
     keep it. Inputs are validated by the caller.
     """
-    bsz, steps, heads = inputs.batch, inputs.steps, inputs.num_heads
-    dev = inputs.device
-    state = (
-        torch.zeros(bsz, heads, inputs.rows, inputs.state_dim, device=dev, dtype=torch.float32)
-        if inputs.initial_state is None
-        else inputs.initial_state.float().clone()
-    )
-    if isinstance(inputs, Mamba2Inputs):
-        a_all = mamba2_decays(inputs)  # [B, T, H]
-        for t in range(steps):
-            dtx = inputs.dt[:, t].float()[..., None] * inputs.x[:, t].float()  # [B, H, P]
-            b = expand_groups(inputs.B[:, t : t + 1].float(), heads)[:, 0]  # [B, H, N]
-            state = mamba2_step(state, a_all[:, t], dtx, b)
-            if (t + 1) % every == 0:
-                yield t + 1, state
-    else:
-        # GDN: alpha [B, T, Hv, 1] broadcasts over Dk; KDA: one decay per key channel [B, T, Hv, Dk]
-        alpha_all = kda_decays(inputs) if isinstance(inputs, KDAInputs) else gdn_decays(inputs)[..., None]
-        for t in range(steps):
-            k = expand_groups(inputs.k[:, t : t + 1].float(), heads)[:, 0]  # [B, Hv, Dk]
-            state = kda_decay(state, alpha_all[:, t])
-            u = gdn_delta(state, k, inputs.v[:, t].float(), inputs.beta[:, t].float())
-            state = state + u[:, :, :, None] * k[:, :, None, :]
-            if (t + 1) % every == 0:
-                yield t + 1, state
+    return kinds.of(inputs).reference_states(inputs, every)
 
 
 def tail_rank(p: float, n: int) -> int:

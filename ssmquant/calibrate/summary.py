@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..engines.facts import ENGINE_NAMES
+from ..engines.profiles import arithmetic
+
 
 def _f(x) -> str:
     return "n/a" if x is None else f"{x:.4g}"
@@ -11,8 +14,6 @@ def _f(x) -> str:
 
 def engines_checked_text(takeability: dict) -> str:
     """'vLLM 0.33.0, TensorRT-LLM main@2829508, FlashInfer 0.7.4 on sm90 (note)' from a recipe's record."""
-    from ..export.facts import ENGINE_NAMES
-
     names = ", ".join(f"{ENGINE_NAMES[e]} {v}" for e, v in takeability["engines"].items())
     extra = [*takeability.get("unreleased", []), *([takeability["note"]] if takeability.get("note") else [])]
     return f"{names} on {takeability['gpu']}" + (f" ({'; '.join(extra)})" if extra else "")
@@ -29,8 +30,6 @@ def _reason(refusal: str) -> str:
 
 def profile_text(result) -> str:
     """'engine profile: flashinfer (...)' and one line per setting the profile refused, with the engine's reason."""
-    from ..engines.profiles import arithmetic
-
     name = result.config.engine
     ev = result.evaluations
     refused = ev[~ev["runnable"]].drop_duplicates("setting")

@@ -10,47 +10,29 @@ settings keep the scales calibrated on the calibration data.
 
 from __future__ import annotations
 
-import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 
 from ..analysis.sources import LayerSource
-from ..replay import simulate
-from ..replay.inputs import GDNInputs, KDAInputs, LayerInputs, Mamba2Inputs
+from ..kinds import LayerInputs
+from ..models import get_preset, synthetic_inputs
+from ..simulate import simulate
 from .settings import Setting, horizon_errors, horizon_window
-
-
-def slice_batch(inputs: LayerInputs, start: int, stop: int) -> LayerInputs:
-    """The sequences [start, stop) of a layer's inputs (parameters shared)."""
-
-    def cut(t):
-        return None if t is None else t[start:stop]
-
-    if isinstance(inputs, Mamba2Inputs):
-        fields = dict(x=cut(inputs.x), dt=cut(inputs.dt), B=cut(inputs.B), C=cut(inputs.C))
-    elif isinstance(inputs, (GDNInputs, KDAInputs)):
-        fields = dict(q=cut(inputs.q), k=cut(inputs.k), v=cut(inputs.v), g=cut(inputs.g), beta=cut(inputs.beta))
-    else:  # pragma: no cover - LayerInputs is one of the three
-        raise TypeError(f"unknown inputs {type(inputs).__name__}")
-    return dataclasses.replace(
-        inputs, **fields, initial_state=cut(inputs.initial_state), meta={**inputs.meta, "sequences": [start, stop]}
-    )
 
 
 def synthetic_heldout_source(
     preset: str, *, calibration_batch: int, batch: int, steps: int, seed: int, device: torch.device
 ) -> LayerSource:
     """Held-out LayerSource of a synthetic preset: new sequences of the same layers (module docstring)."""
-    from ..models import get_preset, synthetic_inputs
-
     p = get_preset(preset)
     total = calibration_batch + batch
 
     def iterate(layers):
         for layer in layers:
             inputs = synthetic_inputs(p, layer, batch=total, steps=steps, seed=seed, device=device)
-            yield layer, slice_batch(inputs, calibration_batch, total)
+            yield layer, inputs.slice_batch(calibration_batch, total)
 
     describe = {
         "kind": "synthetic",
@@ -60,6 +42,15 @@ def synthetic_heldout_source(
         f"{total} (same layer parameters as calibration, new sequences)",
     }
     return LayerSource("synthetic", p.name, list(p.ssm_layers), p.layer_kind, p.state_shape, describe, iterate)
+
+
+@dataclass
+class LayerVerification:
+    """One layer's held-out check: ``row`` (layer, setting, every metric, meets_budget) for its decision and, per
+    uniform setting, {metric: error} (``uniform_errors``)."""
+
+    row: dict
+    uniform_errors: dict[str, dict[str, float]]
 
 
 def verify_layer(
@@ -74,12 +65,11 @@ def verify_layer(
     backend: str = "auto",
     seed: int = 0,
     engine: str = "ideal",
-) -> tuple[dict, dict[str, dict]]:
+) -> LayerVerification:
     """Simulate one layer's decision and the uniform (dynamic-scale) settings on its held-out inputs under the
     engine profile `engine` (the calibration's; every setting passed was runnable by it on calibration data).
 
-    scale: FP32 [H, rows] for a static decision, else None. Returns (the layer's row: layer, setting, the
-    METRICS and meets_budget; {uniform setting name: {metric: error}})."""
+    scale: FP32 [H, rows] for a static decision, else None."""
     by_name = {u.name: u for u in uniform}
     names = list(by_name)
     static = None if scale is None else scale.to(inputs.device)
@@ -96,7 +86,7 @@ def verify_layer(
     order = [v.name for v in variants]
     uni = {name: {k: float(v[0 if name == decision.name else order.index(name)]) for k, v in errs.items()}
            for name in names}  # fmt: skip
-    return row, uni
+    return LayerVerification(row, uni)
 
 
 def summarize_verification(
@@ -157,10 +147,10 @@ def verify_layers(
     for n, (layer, inputs) in enumerate(layer_inputs, start=1):
         if device is not None:
             inputs = inputs.to(device)
-        row, errs = verify_layer(layer, inputs, decisions[layer], scales.get(layer), uniform, metric=metric,
-                                 budget=budget, backend=backend, seed=seed)  # fmt: skip
-        per_layer.append(row)
-        for name, e in errs.items():
+        checked = verify_layer(layer, inputs, decisions[layer], scales.get(layer), uniform, metric=metric,
+                               budget=budget, backend=backend, seed=seed)  # fmt: skip
+        per_layer.append(checked.row)
+        for name, e in checked.uniform_errors.items():
             uni[name][int(layer)] = e
         if progress:
             progress(n, total, layer)

@@ -1,1 +1,1 @@
-"""Serving-engine profiles of the emulation, the real-kernel oracle harness and the engine bundle."""
+"""Serving engines: their facts (versioned, with sources), which settings a deployment runs, and the engine profiles' arithmetic (what each serving kernel computes differently from the ideal recurrence)."""

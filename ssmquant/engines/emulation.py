@@ -1,8 +1,11 @@
-"""Engine profiles in the torch reference: one step of a Mamba-2 variant, called by `replay.naive`.
+"""Engine profiles in the torch reference: one step of a Mamba-2 variant, for `replay.naive`'s loop.
+
+`engine_step(runner, i)` is what `simulate` hands the loop: the step object of variant i under its engine profile,
+or None where the profile computes the ideal arithmetic.
 
 `Mamba2SSUStep` is the vllm / trtllm profiles' conventional step (`ssmquant.engines.triton_ssu`).
 
-`Mamba2EngineStep` replaces the ideal state-form step of one variant (`naive._Mamba2Emulation`). Its
+`Mamba2EngineStep` replaces the ideal state-form step of one variant (`naive.Emulation`). Its
 arithmetic is that of `ssmquant.engines.flashinfer` (the kernels re-computed call by call), with the
 coefficients precomputed once (`profiles.flashinfer_tables`) and the replay sums taken over the ring in
 order, exactly as the Triton kernel (`ssmquant.kernels.mamba2_engine`) takes them.
@@ -13,11 +16,12 @@ from __future__ import annotations
 import torch
 
 from ..formats import Encoding, Rounding
-from ..replay.reference import mamba2_output, mamba2_step
+from ..kinds.mamba2 import mamba2_output, mamba2_step
 from ..replay.schemes import SchemeKind
 from . import philox
 from .flashinfer import bf16, encode_rows, encode_rows_fast, replay_8bit, replay_wide
-from .profiles import flashinfer_tables
+from .profiles import arithmetic, flashinfer_tables
+from .triton_ssu import ssu_decays, ssu_update
 
 _STORE_DTYPE = {Encoding.INT8: torch.int8, Encoding.FP8_E4M3: torch.float8_e4m3fn, Encoding.INT16: torch.int16}
 
@@ -25,7 +29,8 @@ _STORE_DTYPE = {Encoding.INT8: torch.int8, Encoding.FP8_E4M3: torch.float8_e4m3f
 class Mamba2EngineStep:
     """FlashInfer's decode of one variant over the runner's inputs (conventional or replay, one token per call).
 
-    runner: the naive emulation (inputs, decays, buffered inputs, write masks, the variant's StateStore);
+    runner: the naive emulation (``replay.naive.Emulation``: inputs, the kind's physics, buffered inputs, write
+    masks, the variant's StateStore);
     i: the variant's index. `step(t)` returns (the state the metrics see [B, H, P, N], y [B, H, P]).
     """
 
@@ -72,8 +77,8 @@ class Mamba2EngineStep:
 
     # -- one step --------------------------------------------------------------------------------------
     def step(self, t: int):
-        r = self.r
-        a, dt, x, xb, bb, c, d = r.a[:, t], r.dt[:, t], r.x[:, t], r.xb[self.i][:, t], r.bb[self.i][:, t], r.c[:, t], r.d
+        p, (xb_all, bb_all) = self.r.physics, self.r.buffered[self.i]
+        a, dt, x, xb, bb, c, d = p.a[:, t], p.dt[:, t], p.x[:, t], xb_all[:, t], bb_all[:, t], p.c[:, t], p.d
         write = self.mask[:, t]
         if not self.replay:
             s = mamba2_step(self.s, a, dt[..., None] * xb, bb)
@@ -100,7 +105,7 @@ class Mamba2EngineStep:
         ar = torch.arange(bsz, device=x.device)
         for j in range(self.L):  # the ring, oldest first
             step = (tab.start[:, t] + j).clamp(max=self.r.inputs.steps - 1)
-            y_nw = y_nw + tab.cb_old[:, t, :, j, None] * self.r.xb[self.i][ar, step]
+            y_nw = y_nw + tab.cb_old[:, t, :, j, None] * self.r.buffered[self.i][0][ar, step]
         y_fl = fac[..., None] * self.pending + cbn[..., None] * xb
         y = torch.where(tab.flush_call[:, t, None, None], y_fl, y_nw)
         return y + d[None, :, None] * x
@@ -112,8 +117,9 @@ class Mamba2EngineStep:
         ar = torch.arange(bsz, device=write.device)
         start = self._ring_start(t)
         steps = (start[:, None] + torch.arange(self.L, device=write.device)).clamp(max=r.inputs.steps - 1)
-        xs = r.xb[self.i][ar[:, None], steps].permute(0, 2, 1, 3)  # [B, H, L, P]
-        bs = r.bb[self.i][ar[:, None], steps].permute(0, 2, 1, 3)  # [B, H, L, N]
+        xb_all, bb_all = r.buffered[self.i]
+        xs = xb_all[ar[:, None], steps].permute(0, 2, 1, 3)  # [B, H, L, P]
+        bs = bb_all[ar[:, None], steps].permute(0, 2, 1, 3)  # [B, H, L, N]
         coef, td = tab.coef[:, t], tab.total_decay[:, t]  # [B, H, L], [B, H]
         if self.eight:
             rep = replay_8bit(self.codes, self.dec, td, xs, coef, bs)
@@ -128,7 +134,7 @@ class Mamba2EngineStep:
             self.codes = torch.where(write[:, None, None, None], stored, self.codes)
             out_state = stored
         if t + 1 < r.inputs.steps:
-            c_next = r.c[:, t + 1]
+            c_next = r.physics.c[:, t + 1]
             pend = (bf16(out_state) * c_next[:, :, None, :]).sum(-1)
             self.pending = torch.where(write[:, None, None], pend, self.pending)
         self.s = torch.where(write[:, None, None, None], stored, self.s)
@@ -150,8 +156,6 @@ class Mamba2SSUStep:
     """
 
     def __init__(self, runner, i: int):
-        from .triton_ssu import ssu_decays
-
         v = runner.variants[i]
         self.r, self.i = runner, i
         self.mask = runner.masks[i]  # [B, T]
@@ -159,14 +163,21 @@ class Mamba2SSUStep:
         self.da = ssu_decays(runner.inputs.A, runner.inputs.dt, v.engine)  # [B, T, H]
 
     def step(self, t: int):
-        from .triton_ssu import ssu_update
-
-        r = self.r
-        s = ssu_update(self.s, self.da[:, t], r.dt[:, t], r.xb[self.i][:, t], r.bb[self.i][:, t])
-        y = mamba2_output(s, r.c[:, t], r.d, r.x[:, t])
+        r, p = self.r, self.r.physics
+        xb, bb = r.buffered[self.i]
+        s = ssu_update(self.s, self.da[:, t], p.dt[:, t], xb[:, t], bb[:, t])
+        y = mamba2_output(s, p.c[:, t], p.d, p.x[:, t])
         write = self.mask[:, t]
         if bool(write.any()):
             store = r.stores[self.i]
             s = torch.where(write[:, None, None, None], store(s, store.key(t)), s)
         self.s = s
         return s, y
+
+
+def engine_step(runner, i: int):
+    """The step object of the runner's variant i under its engine profile, None for the ideal arithmetic."""
+    kind = arithmetic(runner.variants[i].engine, runner.inputs.kind)
+    if kind == "ideal":
+        return None
+    return Mamba2SSUStep(runner, i) if kind == "triton_ssu" else Mamba2EngineStep(runner, i)

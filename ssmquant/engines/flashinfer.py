@@ -53,7 +53,7 @@ import torch
 
 from ..formats import E4M3, INT8, round_to_grid
 from ..formats.codec import ieee_div
-from . import philox
+from . import mufu, philox
 
 # Engine constraints, quoted from the sources (checked by `check_checkpointing_call`).
 CKPT_8BIT_SHAPE = (64, 128)  # kernel_checkpointing_ssu_8bit.cuh: "int8 chain kernel requires DIM == 64", DSTATE 128
@@ -88,9 +88,7 @@ def ex2_rz(v: torch.Tensor) -> torch.Tensor:
 
 def ex2_approx(v: torch.Tensor) -> torch.Tensor:
     """ex2.approx.ftz.f32 (MUFU.EX2) on FP32 v, bit for bit as the H200 computes it (`mufu.ex2_sm90`)."""
-    from .mufu import ex2_sm90
-
-    return ex2_sm90(v)
+    return mufu.ex2_sm90(v)
 
 
 def fast_expf(v: torch.Tensor) -> torch.Tensor:
@@ -105,9 +103,7 @@ def rcp_rn(x: torch.Tensor) -> torch.Tensor:
 
 def rcp_approx(x: torch.Tensor) -> torch.Tensor:
     """rcp.approx.ftz.f32 (MUFU.RCP) on FP32 x, bit for bit as the H200 computes it (`mufu.rcp_sm90`)."""
-    from .mufu import rcp_sm90
-
-    return rcp_sm90(x)
+    return mufu.rcp_sm90(x)
 
 
 def _exponent(v: torch.Tensor) -> torch.Tensor:

@@ -42,9 +42,11 @@ import torch
 
 from ..formats import Encoding, Rounding, ScaleMode, StateFormat
 from ..replay.schemes import SchemeKind
+from ..replay.variants import ENGINE_PROFILES
+from .facts import FACTS
 from .flashinfer import CKPT_8BIT_SHAPE, MAX_WINDOW, bf16, fast_expf, hs_scan
 
-ENGINES = ("ideal", "flashinfer", "vllm", "trtllm")
+ENGINES = ENGINE_PROFILES  # the names a variant may give (replay.variants); each is implemented here
 IDEAL = "ideal"
 SSU_ENGINES = ("vllm", "trtllm")  # conventional Mamba-2 decode by a mamba_ssm-descended Triton kernel
 
@@ -72,14 +74,12 @@ def arithmetic(engine: str, kind: str) -> str:
 
 def _fact(fid: str) -> str:
     """An export fact's quote (the engine's own words) and citation, for refusals."""
-    from ..export.facts import FACTS
-
     f = FACTS[fid]
     return f"\"{f.quote}\" {f.cite()}" if f.quote else f"{f.says} {f.cite()}"
 
 
 def _check_ssu(engine: str, fmt: StateFormat, scheme, kind: str) -> None:
-    """The vllm / trtllm profiles' constraints (the engines' words quoted from `ssmquant.export.facts`)."""
+    """The vllm / trtllm profiles' constraints (the engines' words quoted from `facts.py`)."""
     where = f"{fmt.name}@{scheme.name}~{engine}"
     enc, sr = fmt.encoding, fmt.rounding is Rounding.SR
     if engine == "trtllm" and kind != "mamba2":

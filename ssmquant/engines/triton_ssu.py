@@ -15,8 +15,7 @@ stride 0 over head_dim) one call computes, per head:
     store = state.to(state dtype)          cvt.rn: round to nearest even (fp32 / bf16 / fp16)
 
 (the contraction and the instructions were read from the PTX both kernels compile to for sm_90 with
-Triton 3.9: `fma.rn.f32 %s, %dA, %s, %p` after `mul.f32 %p, %dB, %x`; see
-benchmarks/results/engines.md). That is the ideal recurrence except three FP32 details: the decay's
+Triton 3.9: `fma.rn.f32 %s, %dA, %s, %p` after `mul.f32 %p, %dB, %x`; lab/README.md, the engine oracles). That is the ideal recurrence except three FP32 details: the decay's
 `ex2.approx` (a few ulp from `exp`), the input term's order (dt * B, then x; the ideal takes dt * x,
 then B) and one rounding for state * dA + input (FMA). The decay is computed here by a one-line Triton
 kernel with the engine's own expression, so on the GPU it carries the engine's exact bits (and the

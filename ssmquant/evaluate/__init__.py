@@ -1,7 +1,7 @@
 """End-to-end evaluation: what a stored SSM state does to a model's predictions.
 
->>> from ssmquant.evaluate import evaluate, write_eval
->>> result = evaluate("tiny-nemotron", ["fp8_e4m3@conventional", "nvfp4@replay16"], steps=512, batch=4)
+>>> from ssmquant.evaluate import EvalConfig, evaluate, write_eval
+>>> result = evaluate(EvalConfig("tiny-nemotron", ["fp8_e4m3@conventional", "nvfp4@replay16"], steps=512, batch=4))
 >>> result.summary      # per variant: KL (nats), top-1 agreement, change in loss, overall and at the horizon
 >>> write_eval(result, "out/e2e")   # positions.parquet, summary.csv, eval.json, kl.png
 
@@ -17,6 +17,7 @@ from .run import (
     DEFAULT_HORIZON_FRACTION,
     EvalConfig,
     EvalResult,
+    EvalSettings,
     evaluate,
     parse_eval_variants,
     summary_text,
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_HORIZON_FRACTION",
     "METRICS",
     "EvalConfig",
+    "EvalSettings",
     "EvalError",
     "EvalResult",
     "SSMLayer",

@@ -133,16 +133,14 @@ def decode_attention(device: torch.device, cudnn: bool = False):
     """Inside: scaled-dot-product attention on a CUDA ``device`` without cuDNN's fused kernel, unless ``cudnn``.
 
     Recent torch CUDA builds put cuDNN's attention first on sm90 / sm100 (aten/src/ATen/native/transformers/cuda/
-    sdp_utils.cpp, ``check_prefer_cudnn_attention``; on the H200 with torch 2.11+cu130 and cuDNN 9.19
+    sdp_utils.cpp, ``check_prefer_cudnn_attention``; on an H200 with torch 2.11+cu130 and cuDNN 9.19
     ``torch._fused_sdp_choice`` picked it for every decode step), and its host side builds a cuDNN graph and
     execution plan for every new set of shapes and strides, cached per thread (aten/src/ATen/native/cudnn/MHA.cpp,
     ``MHAParams``). A teacher-forced decode has a new KV length at every step, so the first run of a process built
-    one plan per step. On that H200 (nemotron-h-8b, batch 8 folded to 32 rows, 256 steps,
-    benchmarks/gpu/eval_dips.sh, 2026-12-01) the new lengths cost a median 36 ms of host time per step and
-    294-439 ms at KV lengths 32, 33, 64, 129 and 256: 20.1 decode steps/s in the first run against 36.5 in a
-    repeat. And cuDNN's outputs were not the same bits from run to run: three repeats of the same run differed
-    (the FP32 reference's logits too; per-position KL up to 1e-5 apart), and in a probe the same cached plans on
-    the same values gave other bits in a second pass.
+    one plan per step: the new lengths cost tens of milliseconds of host time per step, and the first run of a
+    process decoded 1.8x slower than a repeat (nemotron-h-8b on an H200, benchmarks/RESULTS.md). And cuDNN's
+    outputs were not the same bits from run to run (the FP32 reference's logits too), even from the same cached
+    plans on the same values.
 
     Inside this context cuDNN is switched off and the other backends keep torch's settings and order: flash
     attention where it supports the inputs (there: every decode step, 36.5 steps/s in a run after the cuDNN ones,

@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 
 from .. import __version__
+from ..analysis.run import AnalyzeConfig, AnalyzeError, build_variants
 from ..formats import FormatError, ScaleMode, StateFormat, parse
 from ..models import ByteTokenizer, LoadedModel, ModelLoadError, TextError, load_model, ssm_layout
 from ..models.text import calibration_batch, load_text, split_bounds, text_origin, text_phrase
@@ -48,8 +49,9 @@ SMALL_MODEL_PARAMS = 100_000_000
 
 
 @dataclass
-class EvalConfig:
-    """Settings of one evaluation (the `ssmquant eval` options)."""
+class EvalSettings:
+    """The settings an evaluation ran with, resolved (eval.json's "settings": the model and device as loaded, the
+    variants by name, fold and passes as chosen)."""
 
     model: str
     variants: list[str]
@@ -76,7 +78,7 @@ class EvalResult:
     reference: the FP32-state model's own loss (mean and at the horizon) in ``loss_unit``.
     """
 
-    config: EvalConfig
+    config: EvalSettings
     source: dict
     variants: list[Variant]
     positions: pd.DataFrame
@@ -144,8 +146,6 @@ def variant_grid(
     seed: int = 0,
 ) -> list[Variant]:
     """formats x roundings x schemes as Variants, exactly as ``ssmquant analyze`` builds them."""
-    from ..analysis.run import AnalyzeConfig, AnalyzeError, build_variants
-
     cfg = AnalyzeConfig(
         formats=list(formats),
         schemes=list(schemes),
@@ -270,22 +270,32 @@ def _heldout_text(text_path, steps: int, batch: int) -> str:
     return text
 
 
+@dataclass
+class EvalConfig:
+    """Settings of one evaluation (the `ssmquant eval` options; `evaluate` says what each does).
+
+    model: a shipped model name, checkpoint directory, hub id or preset, or a loaded ``LoadedModel``; variants:
+    "fmt@scheme" strings (a list or one comma-separated string) or Variants (dynamic scales only)."""
+
+    model: str | LoadedModel = "tiny-nemotron"
+    variants: list | str = field(default_factory=lambda: ["fp8_e4m3", "int8", "nvfp4"])
+    steps: int = 256
+    batch: int = 4
+    seed: int = 0
+    device: str = "auto"
+    text: str | None = None  # text file whose held-out split is decoded (None: the shipped corpus)
+    horizon_fraction: float = DEFAULT_HORIZON_FRACTION
+    threads: int | None = None
+    fold: bool | None = None
+    fold_width: int | None = None
+    cuda_graphs: bool | None = None
+    kv_buffer: bool = False
+    cudnn_attention: bool = False
+
+
 def evaluate(
-    model: str | LoadedModel,
-    variants,
+    cfg: EvalConfig,
     *,
-    steps: int,
-    batch: int,
-    seed: int = 0,
-    device: str = "auto",
-    text_path: str | None = None,
-    horizon_fraction: float = DEFAULT_HORIZON_FRACTION,
-    threads: int | None = None,
-    fold: bool | None = None,
-    fold_width: int | None = None,
-    cuda_graphs: bool | None = None,
-    kv_buffer: bool = False,
-    cudnn_attention: bool = False,
     progress: Callable[[int, int], None] | None = None,
     notify: Callable[[str], None] | None = None,
 ) -> EvalResult:
@@ -294,7 +304,7 @@ def evaluate(
     model: a shipped model name, checkpoint directory, hub id or preset (``models.load_model``), or an
     already loaded ``LoadedModel`` (then ``device`` is ignored). variants: "fmt@scheme" strings (a list or
     one comma-separated string) or Variants (dynamic scales only). Sequences of ``steps + 1`` tokens are
-    drawn from the held-out split of the text (``text_path`` or the shipped corpus) with ``seed``; the last
+    drawn from the held-out split of the text (``text`` or the shipped corpus) with ``seed``; the last
     token is only a target. ``seed`` also seeds stochastic rounding of string variants. ``threads``: CPU
     threads for the decode loop (default: 1 for models under 100M parameters, else torch's setting).
 
@@ -313,16 +323,14 @@ def evaluate(
     same kernels on the same addresses, so the same results; NemotronH on one GPU); None (the default) wherever
     ``graphs.graph_refusal`` allows it, True: required (EvalError saying why not), False: never.
     ``kv_buffer``: the attention layers' KV caches are allocated once for all steps instead of growing by
-    concatenation every step (``decode.KVBuffer``; the same values, bit-identical logits on the CPU, and on an
-    H200 under flash attention, at 36.56 against 36.51 decode steps/s; nemotron-h-8b, batch 8, 256 steps,
-    2026-12-01). Off by default: no measurable gain at 256 steps. (With cuDNN's attention it was slower, 13.0
-    against 17.3 steps/s, and not bit-identical: a cuDNN plan per KV length and stride, see below.)
+    concatenation every step (``decode.KVBuffer``; the same values, bit-identical logits on the CPU and, under
+    flash attention, on a GPU). Off by default: no measurable gain at 256 steps on a GPU (benchmarks/RESULTS.md);
+    with cuDNN's attention it was slower and not bit-identical (a cuDNN plan per KV length and stride, see below).
     ``cudnn_attention``: on a GPU, let torch choose the decode's attention kernel (cuDNN's first on an H100 /
     H200) instead of the default, torch's choice without cuDNN (flash attention at the shapes measured;
     ``decode.decode_attention``). cuDNN builds a plan for every new KV length, which made the first run of a
-    process 1.8x slower (20.1 against 36.5 steps/s), and its results were not bit-identical from run to run; the
-    default's are (flash attention: another kernel than cuDNN's, so other last bits than before 2026-12-01). No
-    effect on the CPU.
+    process 1.8x slower, and its results were not bit-identical from run to run; the default's are. No effect on
+    the CPU.
     ``progress(done, total)`` is called after every decode step, counting sequence batches decoded (total =
     (1 + variants) x steps in one pass); ``notify(line)`` receives a time estimate measured on the first decode
     steps and, on long runs, the rate and time left every 30 s.
@@ -331,8 +339,11 @@ def evaluate(
     device, a model whose cache holds no SSM state, a run whose memory estimate exceeds the free memory...).
     """
     t0 = time.time()
-    steps = _check_int("steps", steps)
-    batch = _check_int("batch", batch)
+    model, variants, seed, device, text_path = cfg.model, cfg.variants, cfg.seed, cfg.device, cfg.text
+    horizon_fraction, threads, fold, fold_width = cfg.horizon_fraction, cfg.threads, cfg.fold, cfg.fold_width
+    cuda_graphs, kv_buffer, cudnn_attention = cfg.cuda_graphs, cfg.kv_buffer, cfg.cudnn_attention
+    steps = _check_int("steps", cfg.steps)
+    batch = _check_int("batch", cfg.batch)
     seed = _check_int("seed", seed, 0)
     if not 0.0 < float(horizon_fraction) <= 1.0:
         raise EvalError(f"horizon_fraction must lie in (0, 1], got {horizon_fraction!r}")
@@ -497,7 +508,7 @@ def evaluate(
     }
     source = _source(loaded, text_path, seed, batch, steps + 1)
     source.update(ssm_layers=[layer.index for layer in layers], state_shape=list(state_shape))
-    config = EvalConfig(
+    config = EvalSettings(
         model=loaded.source.name if isinstance(model, LoadedModel) else str(model),
         variants=names,
         steps=steps,
@@ -621,6 +632,7 @@ def summary_text(result: EvalResult, max_rows: int = 60) -> str:
 __all__ = [
     "DEFAULT_HORIZON_FRACTION",
     "EvalConfig",
+    "EvalSettings",
     "EvalError",
     "EvalResult",
     "evaluate",

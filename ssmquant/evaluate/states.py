@@ -15,7 +15,7 @@ returns, ``cache.layers[layer_idx].recurrent_states[0]`` (only 5.24 was run here
 
 Layouts: Mamba-2 ``[B, H, P, N]`` (head_dim rows, state columns: already ssmquant's
 ``[..., rows, state_dim]``); GDN and KDA ``[B, H, Dk, Dv]``, transposed here to ``[B, H, Dv, Dk]`` so that a
-row is a value channel reduced over the key dim, as DESIGN.md's formats expect.
+row is a value channel reduced over the key dim, as the formats expect (ARCHITECTURE.md, "Formats").
 
 Nothing else of the cache is touched: the conv states (the last ``conv_kernel`` inputs of each SSM
 layer) and the attention layers' KV cache stay exactly as the model wrote them.
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import kinds
 from ..formats import Rounding
 from ..formats.codec import element_index, encode
 from ..formats.random import MASK32, keyed_bits, stream_key, uniform_from_bits
@@ -68,17 +69,15 @@ def ssm_layers(net: torch.nn.Module) -> list[SSMLayer]:
     return layers
 
 
-_KEY_MAJOR = ("gdn", "kda")  # kinds whose transformers cache keeps [Dk, Dv] per head
-
-
 def to_rows(state: torch.Tensor, kind: str) -> torch.Tensor:
-    """Cached state -> ssmquant's [B, H, rows, state_dim] (a view): Mamba-2 as is, GDN/KDA [B,H,Dk,Dv] transposed."""
-    return state.transpose(-1, -2) if kind in _KEY_MAJOR else state
+    """Cached state -> ssmquant's [B, H, rows, state_dim] (a view): as is, or transposed where the kind's
+    transformers cache keeps [state_dim, rows] (GDN / KDA [B, H, Dk, Dv], ``LayerKind.cache_transposed``)."""
+    return state.transpose(-1, -2) if kinds.get(kind).cache_transposed else state
 
 
 def from_rows(state: torch.Tensor, kind: str) -> torch.Tensor:
     """Inverse of ``to_rows``: [B, H, rows, state_dim] -> the cache's layout (a view)."""
-    return state.transpose(-1, -2) if kind in _KEY_MAJOR else state
+    return state.transpose(-1, -2) if kinds.get(kind).cache_transposed else state
 
 
 def get_state(cache, layer: SSMLayer, step: int) -> torch.Tensor:
@@ -156,8 +155,8 @@ class StateWriter:
     layer on its own. On a GPU each layer is stored by one fused Triton kernel instead (``kernel``: None picks
     it for CUDA states, True / False force it; the same bits); there ``in_place`` (default) stores contiguous FP32
     states with ``store_state_triton``, False with ``fake_quant_triton``, a copy back and two finiteness checks (the
-    path of transposed GDN / KDA states; the same bits, ~3x the memory traffic: kept for benchmarks/gpu/eval_speed.py's
-    comparison with the earlier writes). No host synchronisation: ``finite`` (bool
+    path of transposed GDN / KDA states; the same bits, ~3x the memory traffic: kept for the lab's speed
+    comparison with the earlier writes, lab/gpu/eval_speed.py). No host synchronisation: ``finite`` (bool
     [steps, layers, 2], on the states' device) records whether each state was finite before and after its write,
     for the caller to check once per window
     (``first_nonfinite``) instead of once per layer and step.

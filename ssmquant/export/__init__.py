@@ -8,7 +8,7 @@ Engine facts (facts.py) carry the versions they hold for and their sources; READ
 them per engine.
 """
 
-from .engines import (
+from ..engines.deployments import (
     TARGET_NAMES,
     TARGETS,
     Runtime,
@@ -23,7 +23,7 @@ from .engines import (
     takeable_by_any,
     violations,
 )
-from .facts import FACTS, VERSIONS, EngineVersionError, Fact, Source
+from ..engines.facts import FACTS, VERSIONS, EngineVersionError, Fact, Source
 from .plan import Dropped, ExportError, ExportPlan, plan_export
 from .run import ExportResult, default_out_dir, export
 from .targets import flashinfer_kwargs, trtllm_env, trtllm_options, vllm_engine_args, vllm_flags

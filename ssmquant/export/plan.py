@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..calibrate.recipe import Recipe
 from ..calibrate.settings import Setting
-from .engines import (
+from ..engines.deployments import (
     EIGHT_BIT_ENCODINGS,
     TARGET_NAMES,
     Runtime,
@@ -29,7 +29,7 @@ from .engines import (
     runtime,
     violations,
 )
-from .facts import VLLM_PR_BUILD, EngineVersionError, resolve_gpu
+from ..engines.facts import VLLM_PR_BUILD, EngineVersionError, resolve_gpu
 
 _DTYPE_RULES = ("nvfp4", "dtype", "unreleased", "8bit_replay", "layer_kind", "shape")
 _SCHEME_RULES = ("buffer_len", "spec_buffer", "layer_kind", "8bit_replay", "scheme", "gpu", "unreleased")

@@ -7,8 +7,9 @@ import pathlib
 from dataclasses import dataclass
 
 from ..calibrate.recipe import RecipeError, load_recipe
-from .engines import TARGET_NAMES, UnknownTargetError, check_target
-from .facts import FACTS
+from ..engines.deployments import TARGET_NAMES, UnknownTargetError, check_target
+from ..engines.facts import FACTS
+from ..report.files import OutputError, write_atomically
 from .plan import ExportError, ExportPlan, plan_export
 from .profile import profile_check
 from .targets import WRITERS
@@ -65,8 +66,6 @@ def export(
     nothing the target can run within the budget (with the engine's constraints and the nearest runnable
     setting).
     """
-    from ..report.files import OutputError, write_atomically
-
     try:
         t = check_target(target)
     except UnknownTargetError as err:

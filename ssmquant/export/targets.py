@@ -11,8 +11,8 @@ import json
 import yaml
 
 from ..calibrate.recipe import SCALES_NAME, Recipe
-from .engines import DEFAULT_PHILOX_ROUNDS, EIGHT_BIT_ENCODINGS, FLOAT_ENCODINGS, TORCH_DTYPES, VLLM_DTYPES
-from .facts import FACTS
+from ..engines.deployments import DEFAULT_PHILOX_ROUNDS, EIGHT_BIT_ENCODINGS, FLOAT_ENCODINGS, TORCH_DTYPES, VLLM_DTYPES
+from ..engines.facts import FACTS
 from .plan import ExportPlan
 
 # HF config keys each engine reads for the SSM cache dtype (facts vllm.hf_dtype, trtllm.hf_key)

@@ -18,13 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from .grids import (
-    E2M1,
     E4M3,
     E4M3_MAX,
     E4M3_MIN_SUBNORMAL,
-    FP16,
-    INT8,
-    INT16,
     Rounding,
     e2m1_code,
     e2m1_value,
@@ -32,7 +28,7 @@ from .grids import (
     round_to_grid,
 )
 from .random import check_seed, random_bits, uniform_from_bits
-from .spec import NVFP4_BLOCK, Encoding, FormatError, ScaleMode, StateFormat
+from .spec import NVFP4_BLOCK, FormatError, ScaleMode, StateFormat
 
 
 @dataclass(frozen=True)
@@ -70,8 +66,11 @@ def validate_state(fmt: StateFormat, state: torch.Tensor) -> None:
     if bool(bad.any()):
         idx = tuple(int(i) for i in bad.nonzero()[0])
         raise FormatError(f"state contains NaN/Inf (first at index {idx}); a state to store must be finite")
-    if fmt.encoding is Encoding.NVFP4 and state.shape[-1] % NVFP4_BLOCK:
-        raise FormatError(f"nvfp4 needs state_dim divisible by {NVFP4_BLOCK}, got state shape {tuple(state.shape)}")
+    block = fmt.encoding.spec.block
+    if block is not None and state.shape[-1] % block:
+        raise FormatError(
+            f"{fmt.encoding.value} needs state_dim divisible by {block}, got state shape {tuple(state.shape)}"
+        )
     fmt.granularity.group_rows(state.shape[-2])
 
 
@@ -186,41 +185,36 @@ def encode(
     uniform / bits: the random draws of stochastic rounding (`uniform_from_bits(bits)`) or None.
     Pure tensor code with no host synchronisation, so that a per-step loop can be compiled.
     """
-    enc, rnd = fmt.encoding, fmt.rounding
-    if enc is Encoding.FP32:
-        return Encoded(x, None, None)
-    if enc is Encoding.BF16:
-        return Encoded(round_to_bf16(x, rnd, bits), None, None)
-    if enc is Encoding.FP16:
-        return Encoded(round_to_grid(x, FP16, rnd, uniform), None, None)
+    spec, rnd = fmt.encoding.spec, fmt.rounding
+    if spec.scale_layout == "none":  # fp32 as is, bf16 on the bit pattern, fp16 on its grid
+        if spec.pattern_bits is not None:
+            return Encoded(round_to_bf16(x, rnd, bits), None, None)
+        return Encoded(x if spec.grid is None else round_to_grid(x, spec.grid, rnd, uniform), None, None)
 
     rows = x.shape[-2]
-    if enc in (Encoding.FP8_E4M3, Encoding.INT8, Encoding.INT16):
+    if spec.scale_layout == "group":
         if static_scale is None:
             mult, dec = scales_from_amax(fmt, group_amax(fmt, x))
         else:
             dec = static_scale
             mult = ieee_div(1.0, dec)
         v = x * expand_groups(fmt, mult, rows)
-        if enc is Encoding.FP8_E4M3:
-            return Encoded(round_to_grid(v, E4M3, rnd, uniform), dec, None)
-        grid = INT8 if enc is Encoding.INT8 else INT16
-        return Encoded(round_to_grid(v, grid, rnd, uniform), dec, None)
+        return Encoded(round_to_grid(v, spec.grid, rnd, uniform), dec, None)
 
-    # nvfp4
+    # two-level (nvfp4)
     if static_scale is None:
-        s2 = ieee_div(group_amax(fmt, x), fmt.encoding.max_code)
+        s2 = ieee_div(group_amax(fmt, x), spec.max_code)
         s2 = torch.where(s2 == 0, torch.ones_like(s2), s2)
     else:
         s2 = static_scale
-    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // NVFP4_BLOCK, NVFP4_BLOCK)
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // spec.block, spec.block)
     s2_rows = expand_groups(fmt, s2, rows)  # [..., rows, 1]
-    bscale = ieee_div(blocks.abs().amax(-1), E2M1.max_value * s2_rows)  # [..., rows, nblocks]
+    bscale = ieee_div(blocks.abs().amax(-1), spec.grid.max_value * s2_rows)  # [..., rows, nblocks]
     bscale = torch.where(bscale == 0, torch.ones_like(bscale), bscale)
     bscale = round_to_grid(torch.clamp(bscale, E4M3_MIN_SUBNORMAL, E4M3_MAX), E4M3)
     d = bscale * s2_rows
     v = ieee_div(blocks, d[..., None]).reshape(x.shape)
-    return Encoded(round_to_grid(v, E2M1, rnd, uniform), s2, bscale)
+    return Encoded(round_to_grid(v, spec.grid, rnd, uniform), s2, bscale)
 
 
 def quantize(
@@ -243,27 +237,19 @@ def quantize(
         bits = random_bits(seed, stream, element_index(x.shape, x.device))
         uniform = uniform_from_bits(bits)
     e = encode(fmt, x, static_scale=static, uniform=uniform, bits=bits)
-    enc = fmt.encoding
-    if enc is Encoding.FP32:
-        return QuantizedState(fmt, e.values.clone())
-    if enc is Encoding.BF16:
-        return QuantizedState(fmt, e.values.to(torch.bfloat16))
-    if enc is Encoding.FP16:
-        return QuantizedState(fmt, e.values.to(torch.float16))
-    if enc is Encoding.FP8_E4M3:
-        return QuantizedState(fmt, e.values.to(torch.float8_e4m3fn), e.group_scale.clone())
-    if enc is Encoding.INT8:
-        return QuantizedState(fmt, e.values.to(torch.int8), e.group_scale.clone())
-    if enc is Encoding.INT16:
-        return QuantizedState(fmt, e.values.to(torch.int16), e.group_scale.clone())
+    spec = fmt.encoding.spec
+    if spec.scale_layout == "none":
+        return QuantizedState(fmt, e.values.clone() if spec.storage == torch.float32 else e.values.to(spec.storage))
+    if spec.scale_layout == "group":
+        return QuantizedState(fmt, e.values.to(spec.storage), e.group_scale.clone())
     return QuantizedState(fmt, e2m1_code(e.values), e.group_scale.clone(), e.block_scale.to(torch.float8_e4m3fn))
 
 
 def dequantize(q: QuantizedState) -> torch.Tensor:
     """Decode a QuantizedState to an FP32 tensor of the state's shape."""
-    fmt, enc = q.format, q.format.encoding
-    if not enc.scaled:
+    fmt, spec = q.format, q.format.encoding.spec
+    if spec.scale_layout == "none":
         return q.codes.float()
-    if enc in (Encoding.FP8_E4M3, Encoding.INT8, Encoding.INT16):
+    if spec.scale_layout == "group":
         return Encoded(q.codes.float(), q.scale, None).decode(fmt)
     return Encoded(e2m1_value(q.codes), q.scale, q.block_scale.float()).decode(fmt)

@@ -19,6 +19,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from .encodings import SPECS, EncodingSpec
 from .grids import Rounding
 
 
@@ -27,7 +28,7 @@ class FormatError(ValueError):
 
 
 class Encoding(enum.Enum):
-    """Element encodings of a stored state."""
+    """Element encodings of a stored state; each member's facts are its `EncodingSpec` (``encodings.py``)."""
 
     FP32 = "fp32"
     BF16 = "bf16"
@@ -38,42 +39,33 @@ class Encoding(enum.Enum):
     INT16 = "int16"
 
     @property
+    def spec(self) -> EncodingSpec:
+        return SPECS[self.value]
+
+    @property
     def bits(self) -> int:
-        return {"fp32": 32, "bf16": 16, "fp16": 16, "fp8_e4m3": 8, "int8": 8, "nvfp4": 4, "int16": 16}[self.value]
+        return self.spec.bits
 
     @property
     def scaled(self) -> bool:
         """True when elements are stored with FP32 scales (fp8_e4m3, int8, int16, nvfp4)."""
-        return self in (Encoding.FP8_E4M3, Encoding.INT8, Encoding.INT16, Encoding.NVFP4)
+        return self.spec.scaled
 
     @property
     def max_code(self) -> float:
         """Largest magnitude of the element grid that the per-group scale maps amax onto."""
-        from .grids import E2M1_MAX, E4M3_MAX, INT8_MAX, INT16_MAX
+        if self.spec.max_code is None:
+            raise FormatError(f"{self.value} has no scale")
+        return self.spec.max_code
 
-        return {
-            Encoding.FP8_E4M3: E4M3_MAX,
-            Encoding.INT8: INT8_MAX,
-            Encoding.INT16: INT16_MAX,
-            Encoding.NVFP4: E2M1_MAX * E4M3_MAX,
-        }[self]
+    @property
+    def kernel_code(self) -> int:
+        """The constexpr FMT of the fused kernels."""
+        return self.spec.kernel_code
 
 
-# Aliases accepted by `parse` for the encoding part.
-_ENCODING_ALIASES = {
-    "fp32": Encoding.FP32,
-    "float32": Encoding.FP32,
-    "bf16": Encoding.BF16,
-    "bfloat16": Encoding.BF16,
-    "fp16": Encoding.FP16,
-    "float16": Encoding.FP16,
-    "fp8_e4m3": Encoding.FP8_E4M3,
-    "fp8": Encoding.FP8_E4M3,
-    "e4m3": Encoding.FP8_E4M3,
-    "int8": Encoding.INT8,
-    "int16": Encoding.INT16,
-    "nvfp4": Encoding.NVFP4,
-}
+# Names accepted by `parse` for the encoding part.
+_ENCODING_ALIASES = {alias: Encoding(s.name) for s in SPECS.values() for alias in (s.name, *s.aliases)}
 
 
 class ScaleMode(enum.Enum):
@@ -85,7 +77,7 @@ class ScaleMode(enum.Enum):
 class Granularity:
     """How many consecutive rows share one FP32 scale.
 
-    `rows=1` is per row (one scale per (head, value channel), DESIGN.md's default); `rows=None` is
+    `rows=1` is per row (one scale per (head, value channel), the default); `rows=None` is
     per head (all rows of the head's state); `rows=g` shares one scale among g consecutive rows.
     """
 
@@ -108,7 +100,7 @@ class Granularity:
 PER_ROW = Granularity(1)
 PER_HEAD = Granularity(None)
 
-NVFP4_BLOCK = 16  # elements per E4M3 block scale along the state dim
+NVFP4_BLOCK = SPECS["nvfp4"].block  # elements per E4M3 block scale along the state dim
 
 
 @dataclass(frozen=True)
@@ -169,14 +161,10 @@ class StateFormat:
         if len(shape) < 2:
             raise FormatError(f"state shape must be [..., rows, state_dim], got {shape}")
         elements = math.prod(shape)
-        enc = self.encoding
-        if enc is Encoding.NVFP4:
-            if shape[-1] % NVFP4_BLOCK:
-                raise FormatError(f"nvfp4 needs state_dim divisible by {NVFP4_BLOCK}, got {shape[-1]}")
-            element_bytes = (elements + 1) // 2 + elements // NVFP4_BLOCK
-        else:
-            element_bytes = elements * enc.bits // 8
-        return element_bytes + 4 * self.scale_groups(shape)
+        spec = self.encoding.spec
+        if spec.block is not None and shape[-1] % spec.block:
+            raise FormatError(f"{spec.name} needs state_dim divisible by {spec.block}, got {shape[-1]}")
+        return spec.element_bytes(elements) + 4 * self.scale_groups(shape)
 
     def bits_per_element(self, shape: tuple[int, ...]) -> float:
         """Average storage bits per state element, scales included."""
@@ -189,21 +177,23 @@ class StateFormat:
     # -- numerics (delegated) ------------------------------------------------------------------------
     def quantize(self, state, *, scale=None, seed=None, stream: int = 0):
         """Encode `state` [..., rows, state_dim] -> QuantizedState (see `codec.quantize`)."""
-        from .codec import quantize
-
-        return quantize(self, state, scale=scale, seed=seed, stream=stream)
+        return _codec().quantize(self, state, scale=scale, seed=seed, stream=stream)
 
     def dequantize(self, q):
         """QuantizedState -> FP32 tensor of the original shape (see `codec.dequantize`)."""
-        from .codec import dequantize
-
-        return dequantize(q)
+        return _codec().dequantize(q)
 
     def fake_quant(self, state, *, scale=None, seed=None, stream: int = 0):
         """dequantize(quantize(state)): FP32 tensor, same shape, values on the format's grid."""
-        from .codec import dequantize, quantize
+        codec = _codec()
+        return codec.dequantize(codec.quantize(self, state, scale=scale, seed=seed, stream=stream))
 
-        return dequantize(quantize(self, state, scale=scale, seed=seed, stream=stream))
+
+def _codec():
+    """The codec module (`codec.py` builds on this module's classes, so it is imported where first used)."""
+    from . import codec  # codec imports this module: a cycle at import time otherwise
+
+    return codec
 
 
 ENCODING_NAMES = tuple(e.value for e in Encoding)

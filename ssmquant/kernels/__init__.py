@@ -1,9 +1,10 @@
-"""Triton kernels: fused multi-step decode emulation of Mamba-2, Gated DeltaNet and KDA layers.
+"""Fused kernels: multi-step decode emulation of Mamba-2, Gated DeltaNet and KDA layers, registered per layer kind.
 
-`emulate_triton` is the backend that `ssmquant.replay.simulate(..., backend="triton")` dispatches to;
-it trusts inputs already validated by `simulate`. `mamba2.py` and `delta_rule.py` (GDN and KDA) carry up
-to MAX_SLOTS variants per launch beside one FP32 reference; `plan_launches` groups the variants and picks
-the tile from a register budget; `mamba2_engine.py` emulates engine profiles. On a CUDA GPU, the KDA
+`emulate_triton_steps` is the backend that `ssmquant.simulate(..., backend="triton")` dispatches to; it trusts
+inputs already validated by `simulate`. A layer kind's fused kernel registers itself (`registry.py`: how to prepare
+its inputs and launch it); `mamba2.py` and `delta_rule.py` (GDN and KDA) carry up to MAX_SLOTS variants per launch
+beside one FP32 reference; `plan_launches` groups the variants and picks the tile from a register budget;
+`mamba2_engine.py` emulates engine profiles. On a CUDA GPU, the KDA
 variants that `kda_cuda.py` covers (8-bit RNE with per-row dynamic scales, Dk = 128) run in its CUDA kernel
 instead, one variant per launch (`fused_kernels` says which kernel runs each variant). Shared rounding helpers
 live in `rounding.py`; each kernel's torch reference is `ssmquant.replay.naive` (state form) and, for
@@ -12,42 +13,48 @@ the tile fake-quant, `ssmquant.formats.codec`.
 
 from __future__ import annotations
 
-import functools
+import importlib
+import pkgutil
 
 import torch
 import triton
 
+from ..engines.profiles import arithmetic
 from ..formats import Rounding, ScaleMode
-from ..replay.inputs import KDAInputs, LayerInputs, Mamba2Inputs
-from ..replay.reference import gdn_decays, kda_decays, mamba2_decays
+from ..kinds import LayerInputs
 from ..replay.trace import METRIC_BUFFER_BYTES
 from ..replay.variants import Variant
 from . import kda_cuda
-from .common import MAX_SLOTS, slot_spec
-from .delta_rule import delta_rule_launch
-from .mamba2 import mamba2_launch
+from .common import BUFFER_CODES, MAX_SLOTS, slot_spec
+from .host import batch_slices, seeds_on, write_mask_on
+from .mamba2_engine import engine_steps
 from .quantize import fake_quant_triton, group_rows_for_kernel, store_state_triton
+from .registry import FusedKernel, has_kernel, kernel_of, register
 from .rounding import FORMAT_CODES
 
 __all__ = [
+    "FusedKernel",
     "MAX_SLOTS",
     "emulate_triton",
     "emulate_triton_steps",
     "fake_quant_triton",
     "fused_kernels",
+    "has_kernel",
     "plan_blocks",
     "plan_launches",
+    "register",
     "store_state_triton",
 ]
 
-_BUFFER_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
+
+
 # FP32 state elements per thread, summed over every state a launch carries (the reference and NV variants).
-# Measured on an H200 (benchmarks/results/emulation.md): one warp per 16 x 128 tile with two states
-# (2 x 64 elements per thread) ran fastest for both layer kinds; twice that spilled and ran 2-30x slower.
+# Measured on an H200 (benchmarks/RESULTS.md): one warp per 16 x 128 tile with two states (2 x 64 elements per
+# thread) ran fastest for both layer kinds; twice that spilled and ran 2-30x slower.
 # A launch carrying NV variants keeps the same budget: 128 / (NV + 1) elements per state and thread,
 # rounded down to a power of two, so its tile has fewer rows per warp (six variants: a [128, 4] tile per
-# warp). benchmarks/kernel_registers.py compiles the planned tilings for sm_90a: none spills (Triton 3.9,
-# ptxas 13.4), and every tiling with twice the rows does.
+# warp). Compiled for sm_90a, none of the planned tilings spills, and every tiling with twice the rows does
+# (`python benchmarks/run.py sass`).
 _STATE_ELEMENTS_PER_THREAD = 128
 _MAX_WARPS = 16
 
@@ -85,8 +92,6 @@ def plan_launches(
     launch (benchmark sweeps and tests), which must hold every variant's scale group. kind: the layer kind
     (an engine profile whose arithmetic on it is the ideal one, `profiles.arithmetic`, launches here too).
     """
-    from ..engines.profiles import arithmetic
-
     ideal = [i for i, v in enumerate(variants) if arithmetic(v.engine, kind) == "ideal"]
     if tiling is not None:
         for i in ideal:
@@ -125,44 +130,9 @@ def _static_rows(variants: list[Variant], bsz: int, heads: int, rows: int, devic
     return out
 
 
-def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """A host tensor on ``dev``. To a GPU through pinned memory and a non-blocking copy: a copy from pageable
-    memory waits for everything queued on the stream (the previous layer's kernels); the caching host
-    allocator keeps the pinned block until the copy has run."""
-    if dev.type != "cuda":
-        return t.to(dev)
-    return t.pin_memory().to(dev, non_blocking=True)
-
-
-# Host-side tensors a launch needs that depend only on the variants and the shape: built, pinned and copied once
-# per process instead of once per launch. On the H200 machine these few CPU ops on [B, T] tensors (the mask,
-# its all(), pinning, the copy) took 1.3-26.9 ms per launch, varying from call to call, while the GPU waited (2026-12-01,
-# benchmarks/results/emulation_kda.md); every layer of a model asks for the same ones. The cached tensors are read,
-# never written.
-@functools.lru_cache(maxsize=32)
-def _write_mask_on(scheme, bsz: int, steps: int, device: torch.device) -> tuple[torch.Tensor, bool]:
-    """The scheme's write mask [B, T] as int8 on ``device``, and whether every step writes."""
-    mask = scheme.write_mask(bsz, steps)
-    return _to_device(mask.to(torch.int8), device), bool(mask.all())
-
-
-@functools.lru_cache(maxsize=32)
-def _seeds_on(seeds: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The variants' seeds [NV] int64 on ``device``."""
-    return _to_device(torch.tensor(seeds, dtype=torch.int64), device)
-
-
-def _batch_slices(batch: int, per_sequence_bytes: int, budget: int) -> list[tuple[int, int]]:
-    """[(b0, b1)] slices of the batch whose metric buffers fit the budget (at least one sequence each)."""
-    per = max(1, budget // max(1, per_sequence_bytes))
-    return [(b0, min(batch, b0 + per)) for b0 in range(0, batch, per)]
-
-
 def fused_kernels(inputs: LayerInputs, variants: list[Variant]) -> list[str]:
     """Which fused kernel runs each variant on these inputs: "cuda" (`kda_cuda.py`), "engine" (an engine profile's
-    own kernel, `mamba2_engine.py`) or "triton" (`mamba2.py` / `delta_rule.py`)."""
-    from ..engines.profiles import arithmetic
-
+    own kernel, `mamba2_engine.py`) or "triton" (the kind's registered kernel)."""
     cuda = kda_cuda.available(inputs.device)
     out = []
     for v in variants:
@@ -176,7 +146,7 @@ def fused_kernels(inputs: LayerInputs, variants: list[Variant]) -> list[str]:
 
 
 def _kda_cuda_steps(
-    inputs: KDAInputs, variants: list[Variant], indices: list[int], shared: dict, s0, metric_budget: int
+    inputs: LayerInputs, variants: list[Variant], indices: list[int], shared: dict, s0, metric_budget: int
 ):
     """`emulate_triton_steps` for the variants at ``indices``, each in its own launch of `kda_cuda`'s kernel."""
     bsz, steps, heads, rows = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows
@@ -187,8 +157,8 @@ def _kda_cuda_steps(
     for i in indices:
         v = variants[i]
         fmt, buf = kda_cuda.variant_config(v)
-        write, always = _write_mask_on(v.scheme, bsz, steps, inputs.device)
-        for b0, b1 in _batch_slices(bsz, steps * heads * blocks * 4 * 4, metric_budget):
+        write, always = write_mask_on(v.scheme, bsz, steps, inputs.device)
+        for b0, b1 in batch_slices(bsz, steps * heads * blocks * 4 * 4, metric_budget):
             m = kda_cuda.kda_cuda_launch(
                 q[b0:b1],
                 k[b0:b1],
@@ -225,33 +195,12 @@ def emulate_triton_steps(
     dev = inputs.device
     bsz, steps, heads, rows, sdim = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows, inputs.state_dim
     s0 = None if inputs.initial_state is None else inputs.initial_state.float().contiguous()
-    if isinstance(inputs, Mamba2Inputs):
-        shared = dict(
-            x=inputs.x.contiguous(),
-            dt=inputs.dt.float().contiguous(),
-            a=mamba2_decays(inputs).contiguous(),
-            bm=inputs.B.contiguous(),
-            cm=inputs.C.contiguous(),
-            d=inputs.D.float().contiguous(),
-        )
-        launch = mamba2_launch
-        per_sequence = {"x", "dt", "a", "bm", "cm"}
-    else:
-        decays = kda_decays(inputs) if isinstance(inputs, KDAInputs) else gdn_decays(inputs)
-        shared = dict(
-            q=inputs.q.contiguous(),
-            k=inputs.k.contiguous(),
-            v=inputs.v.contiguous(),
-            alpha=decays.contiguous(),  # [B, T, Hv] (GDN) or [B, T, Hv, Dk] (KDA)
-            beta=inputs.beta.float().contiguous(),
-        )
-        launch = delta_rule_launch
-        per_sequence = set(shared)
+    fused = kernel_of(inputs.kind)
+    shared = fused.operands(inputs)
+    launch, per_sequence = fused.launch, fused.per_sequence
     kernels = fused_kernels(inputs, variants)
     for i, variant in enumerate(variants):
         if kernels[i] == "engine":  # an engine profile: its own kernel (mamba2_engine.py)
-            from .mamba2_engine import engine_steps
-
             yield from engine_steps(inputs, variant, i, shared, s0, metric_budget)
     on_cuda = [i for i, name in enumerate(kernels) if name == "cuda"]
     if on_cuda:
@@ -266,15 +215,15 @@ def emulate_triton_steps(
                 block_p if v.format.granularity.rows is None else group_rows_for_kernel(v.format, rows, block_p),
                 v.format.scale_mode is ScaleMode.STATIC,
                 v.format.rounding is Rounding.SR,
-                _BUFFER_CODES[v.scheme.buffer_dtype] if v.scheme.rounds_buffer else 0,
+                BUFFER_CODES[v.scheme.buffer_dtype] if v.scheme.rounds_buffer else 0,
             )
             for v in group
         )
-        write = torch.stack([_write_mask_on(v.scheme, bsz, steps, dev)[0] for v in group])
-        seeds = _seeds_on(tuple(v.seed for v in group), dev)
+        write = torch.stack([write_mask_on(v.scheme, bsz, steps, dev)[0] for v in group])
+        seeds = seeds_on(tuple(v.seed for v in group), dev)
         static = _static_rows(group, bsz, heads, rows, dev)
         blocks = triton.cdiv(rows, block_p)
-        for b0, b1 in _batch_slices(bsz, len(group) * steps * heads * blocks * 4 * 4, metric_budget):
+        for b0, b1 in batch_slices(bsz, len(group) * steps * heads * blocks * 4 * 4, metric_budget):
             args = [t[b0:b1] if name in per_sequence else t for name, t in shared.items()]
             m = launch(
                 *args,
@@ -282,7 +231,6 @@ def emulate_triton_steps(
                 write[:, b0:b1].contiguous(),
                 seeds,
                 None if static is None else static[:, b0:b1].contiguous(),
-                1,
                 specs=specs,
                 block_p=block_p,
                 num_warps=num_warps,
@@ -305,3 +253,12 @@ def emulate_triton(inputs: LayerInputs, variants: list[Variant], *, tiling: tupl
     for i, b0, m in emulate_triton_steps(inputs, variants, tiling=tiling):
         out[i, :, b0 : b0 + m.shape[1]] = m
     return out
+
+
+def _import_all() -> None:
+    """Import every module of this package: each kind's kernel module registers its kernel on import."""
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+_import_all()

@@ -17,6 +17,8 @@ from .rounding import fake_quant_tile, round_to_bf16, round_to_grid, stream_key
 # Variants carried by one launch. Six is the default variant list of `analyze` (fp8_e4m3, int8 and nvfp4
 # under conventional and replay16 decoding); the register budget (`plan_launches`) sets the tile.
 MAX_SLOTS = 6
+# constexpr codes of a replay buffer's dtype (a scheme's buffer_dtype)
+BUFFER_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
 
 
 def slot_spec(fmt_code: int, group_rows: int, static: bool, sr: bool, buf_code: int) -> int:
@@ -78,13 +80,12 @@ def store_slot_metrics(metrics_ptr, k, slot_stride, base, s_var, s_ref, y_var, y
 
 
 @triton.jit
-def store_metrics(metrics_ptr, t, record_every, B, b, H, h, npb, pid_p, s_var, s_ref, y_var, y_ref, TILE: tl.constexpr):
-    """At a recorded step, write this program's partial sums to metrics [R, B, H, NPB, 4] (one variant):
+def store_metrics(metrics_ptr, t, B, b, H, h, npb, pid_p, s_var, s_ref, y_var, y_ref, TILE: tl.constexpr):
+    """Write step t's partial sums of this program to metrics [T, B, H, NPB, 4] (one variant):
     ||S~ - S||^2, ||S||^2 over its tile and ||y~ - y||^2, ||y||^2 over its rows (TILE = tile elements)."""
-    rec = ((t + 1) // record_every - 1).to(tl.int64)
     ds = s_var - s_ref
     dy = y_var - y_ref
-    base = metrics_ptr + (((rec * B + b) * H + h) * npb + pid_p) * 4
+    base = metrics_ptr + (((tl.cast(t, tl.int64) * B + b) * H + h) * npb + pid_p) * 4
     tl.store(base + 0, tl.sum(tl.reshape(ds * ds, [TILE]), axis=0))
     tl.store(base + 1, tl.sum(tl.reshape(s_ref * s_ref, [TILE]), axis=0))
     tl.store(base + 2, tl.sum(dy * dy, axis=0))

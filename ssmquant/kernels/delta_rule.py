@@ -11,7 +11,7 @@ registers for the whole time loop, and only per-step metrics are written. A slot
 it computes when launched alone.
 
 Reference: `ssmquant.replay.naive` (state form; `kda_advance` for KDA), followed op for op with the
-decays alpha = exp(g) precomputed by the caller (`replay.reference.gdn_decays` [B, T, Hv] /
+decays alpha = exp(g) precomputed by the caller (`kinds.gdn_decays` [B, T, Hv] /
 `kda_decays` [B, T, Hv, Dk]). The row reductions run in a different order than torch's, so u_t (which
 feeds the state) differs from the reference by FP32 noise.
 
@@ -26,10 +26,10 @@ value s * mult is an explicit mul.rn (`_mul_rn`), which no later add can absorb 
 FP8 / INT8 RNE writes take `_fake_quant_8bit_rne` (magic-number rounding, 7 instructions per element instead
 of 13), whose values equal `rounding.fake_quant_tile`'s bit for bit (tests/kernels/test_delta_rule_paths.py,
 exhaustive over every FP32 input on a GPU). SASS of the time loop, fp8_e4m3 conventional at GLM-5.3-Flash
-shapes (Triton 3.9, sm_90a, [128, 16] tile per warp): 25.3 instructions per element-step, 36.4 without
-the two (benchmarks/results/emulation_kda.md).
+shapes (sm_90a, [128, 16] tile per warp): 25.3 instructions per element-step, 36.4 without the two
+(`python benchmarks/run.py sass`; benchmarks/RESULTS.md).
 
-_kernel -> launcher (`delta_rule_launch`, no validation; `ssmquant.replay.simulate` validates).
+_kernel -> launcher (`delta_rule_launch`, no validation; `ssmquant.simulate` validates).
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from .. import kinds
 from .common import slot_round_buffer, slot_static_scale, slot_write, store_slot_metrics
+from .registry import FusedKernel, register
 from .rounding import INTERPRETING, group_reduce_max
 
 _E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
@@ -210,7 +212,6 @@ def _delta_rule_emulate_kernel(
     DV,
     DK,
     V_PER_K,
-    record_every,
     batch_offset,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -264,7 +265,7 @@ def _delta_rule_emulate_kernel(
     c3 = slot_static_scale(scale_ptr, 3, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC3)
     c4 = slot_static_scale(scale_ptr, 4, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC4)
     c5 = slot_static_scale(scale_ptr, 5, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC5)
-    metrics_stride = npb.to(tl.int64) * (T // record_every) * B * HV * 4  # one slot's metrics [R, B, Hv, NPB, 4]
+    metrics_stride = npb.to(tl.int64) * T * B * HV * 4  # one slot's metrics [T, B, Hv, NPB, 4]
 
     # PREFETCH: step 0's inputs here; each step then loads the next one's (the last step its own again, unused)
     # before its arithmetic
@@ -307,31 +308,27 @@ def _delta_rule_emulate_kernel(
         if NV > 5:
             v5, y5 = _slot_update(v5, alpha, kvec, qvec, v, beta, SPEC5, FP_FUSION)
             v5 = _slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, w5, BLOCK_N, BLOCK_P, SPEC5, FAST_ROUND)
-        if (t + 1) % record_every == 0:
-            rec = ((t + 1) // record_every - 1).to(tl.int64)
-            base = (((rec * B + b) * HV + h) * npb + pid_p) * 4
-            ss = _tile_sum_sq(s_ref, BLOCK_N * BLOCK_P, FP_FUSION)
-            yy = tl.sum(y_ref * y_ref, axis=0)
-            _store_slot_metrics(metrics_ptr, 0, metrics_stride, base, v0, s_ref, y0, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
-            if NV > 1:
-                _store_slot_metrics(metrics_ptr, 1, metrics_stride, base, v1, s_ref, y1, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
-            if NV > 2:
-                _store_slot_metrics(metrics_ptr, 2, metrics_stride, base, v2, s_ref, y2, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
-            if NV > 3:
-                _store_slot_metrics(metrics_ptr, 3, metrics_stride, base, v3, s_ref, y3, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
-            if NV > 4:
-                _store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
-            if NV > 5:
-                _store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+        rec = tl.cast(t, tl.int64)  # every step is recorded
+        base = (((rec * B + b) * HV + h) * npb + pid_p) * 4
+        ss = _tile_sum_sq(s_ref, BLOCK_N * BLOCK_P, FP_FUSION)
+        yy = tl.sum(y_ref * y_ref, axis=0)
+        _store_slot_metrics(metrics_ptr, 0, metrics_stride, base, v0, s_ref, y0, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+        if NV > 1:
+            _store_slot_metrics(metrics_ptr, 1, metrics_stride, base, v1, s_ref, y1, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+        if NV > 2:
+            _store_slot_metrics(metrics_ptr, 2, metrics_stride, base, v2, s_ref, y2, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+        if NV > 3:
+            _store_slot_metrics(metrics_ptr, 3, metrics_stride, base, v3, s_ref, y3, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+        if NV > 4:
+            _store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+        if NV > 5:
+            _store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
 
 
 # Launches whose grid puts a head's row blocks first by default: (kind, BLOCK_P, num_warps) measured faster that
-# way, bit-identical. H200, GPU run s1 (2026-12-01, benchmarks/gpu/kda_tiles.py: GLM-5.3-Flash KDA, batch 16,
-# 4096 steps, median of 5 with the slowest-fastest runs), BLOCK_P 16, one warp (the planned one-variant tiling):
-# fp8_e4m3 conventional 959.1 G/s (951.7-980.5) against 942.2 (938.9-944.2) in the other order, int8 conventional
-# 1004.7 (1004-1031) against 978.5 (976.4-980.1); the other order never exceeded 944.1 (fp8) / 983.8 (int8) in runs
-# 4, 5 and s1. Not measured alone at other tilings (4 x 1, the six-variant launch's, only with prefetch) nor for
-# GDN, so those keep the previous order. Prefetch stays off: slower at 16 x 1 (699.1 / 712.9 G/s).
+# way, bit-identical: KDA at GLM-5.3-Flash shapes with the planned one-variant tiling (BLOCK_P 16, one warp), about
+# 2-3% faster for fp8_e4m3 and int8 conventional in every run (lab/gpu/kda_tiles.py; benchmarks/RESULTS.md). Not
+# measured alone at other tilings nor for GDN, so those keep the previous order. Prefetch stays off: slower there.
 ROW_BLOCKS_FIRST_DEFAULT = {("kda", 16, 1)}
 
 
@@ -345,7 +342,6 @@ def delta_rule_launch(
     write: torch.Tensor,
     seeds: torch.Tensor,
     static_scale_rows: torch.Tensor | None,
-    record_every: int,
     *,
     specs: tuple[int, ...],
     block_p: int,
@@ -356,7 +352,7 @@ def delta_rule_launch(
     prefetch: bool = False,
     row_blocks_first: bool | None = None,
 ) -> torch.Tensor:
-    """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, R, B, Hv, NPB, 4].
+    """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, T, B, Hv, NPB, 4].
 
     alpha: [B, T, Hv] (GDN) or [B, T, Hv, Dk] (KDA, the decay per key channel); write: [NV, B, T] int8;
     seeds: [NV] int64; static_scale_rows: [NV, B, Hv, Dv] fp32 (ones for dynamic slots) or None when no
@@ -381,9 +377,8 @@ def delta_rule_launch(
     block_n = triton.next_power_of_2(dk)
     npb = triton.cdiv(dv, block_p)
     nv = len(specs)
-    n_rec = steps // record_every
     # NaN-filled: a metric the kernel fails to write stays NaN and fails every check downstream
-    metrics = torch.full((nv, n_rec, bsz, hv, npb, 4), float("nan"), device=v.device, dtype=torch.float32)
+    metrics = torch.full((nv, steps, bsz, hv, npb, 4), float("nan"), device=v.device, dtype=torch.float32)
     dummy = torch.empty(1, device=v.device, dtype=torch.float32)
     padded = tuple(specs) + (0,) * (6 - nv)
     if row_blocks_first is None:
@@ -410,8 +405,7 @@ def delta_rule_launch(
         dv,
         dk,
         hv // hk,
-        record_every,
-        batch_offset,
+            batch_offset,
         BLOCK_P=block_p,
         BLOCK_N=block_n,
         VEC_DECAY=alpha.dim() == 4,
@@ -432,3 +426,20 @@ def delta_rule_launch(
         enable_reflect_ftz=False,  # libdevice's mul_rn (the write's product) keeps subnormals, as a plain multiply
     )
     return metrics
+
+
+def delta_rule_operands(inputs) -> dict[str, torch.Tensor]:
+    """`delta_rule_launch`'s per-layer operands of GDN / KDA inputs, contiguous, with the kind's decays computed once
+    (alpha [B, T, Hv] for GDN, [B, T, Hv, Dk] for KDA)."""
+    return dict(
+        q=inputs.q.contiguous(),
+        k=inputs.k.contiguous(),
+        v=inputs.v.contiguous(),
+        alpha=kinds.of(inputs).decays(inputs).contiguous(),
+        beta=inputs.beta.float().contiguous(),
+    )
+
+
+_DELTA_RULE = FusedKernel(delta_rule_operands, frozenset({"q", "k", "v", "alpha", "beta"}), delta_rule_launch)
+register("gdn", _DELTA_RULE)
+register("kda", _DELTA_RULE)

@@ -3,7 +3,7 @@
 One program owns one (batch, head) and a block of BLOCK_P rows of the head's state S[P, N], held as a
 transposed tile [N, BLOCK_P]: rows on the fast axis, so that the reductions over the state dim (the
 output S C and the per-row amax) stay inside each thread (4.7x faster on an H200 than the row-major
-tile, whose reductions crossed threads and warps every step; benchmarks/results/emulation.md). It
+tile, whose reductions crossed threads and warps every step; benchmarks/RESULTS.md). It
 reads each step's inputs once, keeps the FP32 reference state and the emulated state of every variant
 it carries (NV slots) in registers for the whole time loop, and writes only the per-step metrics. Its
 torch reference is `ssmquant.replay.naive` (state form), which it follows op for op: a = exp(dt A) is
@@ -14,7 +14,7 @@ outputs S C and the metric sums, which no state depends on, are compiled with FM
 summation order differs from torch's anyway; the tests compare them with tolerances). The tile's state
 dim is held in k-major order (KMAJOR), which puts whole nvfp4 blocks in each lane.
 
-_kernel -> launcher (`mamba2_launch`, no validation; `ssmquant.replay.simulate` validates).
+_kernel -> launcher (`mamba2_launch`, no validation; `ssmquant.simulate` validates).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ..kinds.mamba2 import mamba2_decays
 from .common import slot_round_buffer, slot_static_scale
+from .registry import FusedKernel, register
 from .rounding import INTERPRETING, fake_quant_tile, stream_key
 
 
@@ -124,7 +126,6 @@ def _mamba2_emulate_kernel(
     N,
     HEADS_PER_GROUP,
     G,
-    record_every,
     batch_offset,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -179,7 +180,7 @@ def _mamba2_emulate_kernel(
     c3 = slot_static_scale(scale_ptr, 3, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC3)
     c4 = slot_static_scale(scale_ptr, 4, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC4)
     c5 = slot_static_scale(scale_ptr, 5, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC5)
-    metrics_stride = npb.to(tl.int64) * (T // record_every) * B * H * 4  # one slot's metrics [R, B, H, NPB, 4]
+    metrics_stride = npb.to(tl.int64) * T * B * H * 4  # one slot's metrics [T, B, H, NPB, 4]
     d = tl.load(d_ptr + h)
 
     for t in range(T):
@@ -208,22 +209,21 @@ def _mamba2_emulate_kernel(
         if NV > 5:
             v5, y5 = _slot_update(v5, a, dt, x, bvec, cvec, d, SPEC5)
             v5 = _slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, BLOCK_N, BLOCK_P, SPEC5, KMAJOR)
-        if (t + 1) % record_every == 0:
-            rec = ((t + 1) // record_every - 1).to(tl.int64)
-            base = (((rec * B + b) * H + h) * npb + pid_p) * 4
-            ss = _sum_squares(s_ref)
-            yy = tl.sum(y_ref * y_ref, axis=0)
-            _store_slot_metrics(metrics_ptr, 0, metrics_stride, base, v0, s_ref, y0, y_ref, ss, yy)
-            if NV > 1:
-                _store_slot_metrics(metrics_ptr, 1, metrics_stride, base, v1, s_ref, y1, y_ref, ss, yy)
-            if NV > 2:
-                _store_slot_metrics(metrics_ptr, 2, metrics_stride, base, v2, s_ref, y2, y_ref, ss, yy)
-            if NV > 3:
-                _store_slot_metrics(metrics_ptr, 3, metrics_stride, base, v3, s_ref, y3, y_ref, ss, yy)
-            if NV > 4:
-                _store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy)
-            if NV > 5:
-                _store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy)
+        rec = tl.cast(t, tl.int64)  # every step is recorded
+        base = (((rec * B + b) * H + h) * npb + pid_p) * 4
+        ss = _sum_squares(s_ref)
+        yy = tl.sum(y_ref * y_ref, axis=0)
+        _store_slot_metrics(metrics_ptr, 0, metrics_stride, base, v0, s_ref, y0, y_ref, ss, yy)
+        if NV > 1:
+            _store_slot_metrics(metrics_ptr, 1, metrics_stride, base, v1, s_ref, y1, y_ref, ss, yy)
+        if NV > 2:
+            _store_slot_metrics(metrics_ptr, 2, metrics_stride, base, v2, s_ref, y2, y_ref, ss, yy)
+        if NV > 3:
+            _store_slot_metrics(metrics_ptr, 3, metrics_stride, base, v3, s_ref, y3, y_ref, ss, yy)
+        if NV > 4:
+            _store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy)
+        if NV > 5:
+            _store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy)
 
 
 def mamba2_launch(
@@ -237,14 +237,13 @@ def mamba2_launch(
     write: torch.Tensor,
     seeds: torch.Tensor,
     static_scale_rows: torch.Tensor | None,
-    record_every: int,
     *,
     specs: tuple[int, ...],
     block_p: int,
     num_warps: int,
     batch_offset: int = 0,
 ) -> torch.Tensor:
-    """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, R, B, H, NPB, 4].
+    """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, T, B, H, NPB, 4].
 
     write: [NV, B, T] int8 write masks; seeds: [NV] int64; static_scale_rows: [NV, B, H, P] fp32 decode
     scale of each row (ones for dynamic slots) or None when no slot is static; specs: `common.slot_spec`
@@ -255,9 +254,8 @@ def mamba2_launch(
     block_n = triton.next_power_of_2(n)
     npb = triton.cdiv(p, block_p)
     nv = len(specs)
-    n_rec = steps // record_every
     # NaN-filled: a metric the kernel fails to write stays NaN and fails every check downstream
-    metrics = torch.full((nv, n_rec, bsz, heads, npb, 4), float("nan"), device=x.device, dtype=torch.float32)
+    metrics = torch.full((nv, steps, bsz, heads, npb, 4), float("nan"), device=x.device, dtype=torch.float32)
     dummy = torch.empty(1, device=x.device, dtype=torch.float32)
     padded = tuple(specs) + (0,) * (6 - nv)
     _mamba2_emulate_kernel[(bsz * heads, npb)](
@@ -279,8 +277,7 @@ def mamba2_launch(
         n,
         heads // groups,
         groups,
-        record_every,
-        batch_offset,
+            batch_offset,
         BLOCK_P=block_p,
         BLOCK_N=block_n,
         HAS_S0=s0 is not None,
@@ -297,3 +294,18 @@ def mamba2_launch(
         enable_reflect_ftz=False,  # libdevice's mul.rn / add.rn keep subnormals, as torch does
     )
     return metrics
+
+
+def mamba2_operands(inputs) -> dict[str, torch.Tensor]:
+    """`mamba2_launch`'s per-layer operands of Mamba-2 inputs, contiguous, with the decays computed once."""
+    return dict(
+        x=inputs.x.contiguous(),
+        dt=inputs.dt.float().contiguous(),
+        a=mamba2_decays(inputs).contiguous(),
+        bm=inputs.B.contiguous(),
+        cm=inputs.C.contiguous(),
+        d=inputs.D.float().contiguous(),
+    )
+
+
+register("mamba2", FusedKernel(mamba2_operands, frozenset({"x", "dt", "a", "bm", "cm"}), mamba2_launch))

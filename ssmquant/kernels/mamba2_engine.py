@@ -10,7 +10,7 @@ backends apply the same bits; replay sums run over the ring in order, as in the 
 rounding of 8-bit checkpoints and of conventional fp16 state draws FlashInfer's Philox words
 (`tl.randint4x` is the same stream as `philox_randint4x`) and applies its conversions.
 
-_kernel -> launcher (`mamba2_engine_launch`, no validation; `ssmquant.replay.simulate` validates).
+_kernel -> launcher (`mamba2_engine_launch`, no validation; `ssmquant.simulate` validates).
 """
 
 from __future__ import annotations
@@ -19,8 +19,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import round_buffer, store_metrics
-from .rounding import fake_quant_tile, round_element, round_to_bf16, stream_key
+from ..engines.mufu import table_on
+from ..engines.philox import engine_seed
+from ..engines.profiles import arithmetic, flashinfer_tables
+from ..engines.triton_ssu import ssu_decays
+from ..formats import Rounding
+from ..kinds.mamba2 import mamba2_decays
+from ..replay.schemes import SchemeKind
+from .common import BUFFER_CODES, round_buffer, store_metrics
+from .host import batch_slices
+from .rounding import FORMAT_CODES, fake_quant_tile, round_element, round_to_bf16, stream_key
 
 
 @triton.jit
@@ -159,7 +167,7 @@ def _fingerprint(v, weight, ok, TILE: tl.constexpr):
 def _mamba2_engine_kernel(
     x_ptr, dt_ptr, a_ptr, bm_ptr, cm_ptr, d_ptr, s0_ptr, write_ptr, metrics_ptr,
     fac_ptr, cbn_ptr, cbo_ptr, coef_ptr, tdec_ptr, start_ptr, fcall_ptr, ae_ptr, rcp_ptr, probe_ptr, yout_ptr,
-    B, T, H, P, N, HEADS_PER_GROUP, G, seed_hi, batch_offset, store_seed, record_every,
+    B, T, H, P, N, HEADS_PER_GROUP, G, seed_hi, batch_offset, store_seed,
     L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FMT: tl.constexpr, REPLAY: tl.constexpr,
     SR: tl.constexpr, BUF: tl.constexpr, HAS_S0: tl.constexpr, SSU: tl.constexpr, PROBE: tl.constexpr,
 ):  # fmt: skip
@@ -224,7 +232,7 @@ def _mamba2_engine_kernel(
                 else:
                     y = tl.sum(_bf16(codes) * cvec[:, None], axis=0) * fac + cbn * xb
                 # the ring loops are not unrolled (range, not static_range): unrolled, the sm_90a compile of a replay
-                # variant took 9-12 s and 19-25k PTX lines (Triton 3.6, benchmarks/twin_ptx.py), rolled 1-3 s and 5-10k
+                # variant took 9-12 s and 19-25k PTX lines (Triton 3.6, lab/bench/twin_ptx.py), rolled 1-3 s and 5-10k
                 for j in range(L):
                     st = tl.minimum(start + j, T - 1)
                     xj = tl.load(x_ptr + ((b64 * T + st) * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32)
@@ -317,7 +325,7 @@ def _mamba2_engine_kernel(
                 else:
                     key = stream_key(store_seed, t)
                     s_var = fake_quant_tile(s_var, ones, sr_index, key, BLOCK_N, BLOCK_P, FMT, 1, False, SR)
-        store_metrics(metrics_ptr, t, record_every, B, b, H, h, npb, pid_p, s_var, s_ref, y, y_ref, BLOCK_N * BLOCK_P)
+        store_metrics(metrics_ptr, t, B, b, H, h, npb, pid_p, s_var, s_ref, y, y_ref, BLOCK_N * BLOCK_P)
         if PROBE:  # what the torch profile's state carries, as exact integer sums (`engines.twin.fingerprint`)
             weight = (rows[None, :] * N + cols[:, None] + 1).to(tl.int64)
             pbase = probe_ptr + (((t * B + b64) * H + h) * npb + pid_p) * 3
@@ -348,8 +356,6 @@ def mamba2_engine_launch(
     row block's `engines.twin.fingerprint` of the metric state, the checkpoint codes and the decode scales,
     and the variant's output (a separately compiled kernel; None: neither is computed).
     """
-    from ..engines.philox import engine_seed
-
     bsz, steps, heads, p = x.shape
     groups, n = bm.shape[2], bm.shape[3]
     block_n = triton.next_power_of_2(n)
@@ -369,14 +375,12 @@ def mamba2_engine_launch(
         fcall = tables.flush_call.to(torch.int8).contiguous()
     rcp_tab = fcall
     if replay and fmt_code in (3, 4):  # the 8-bit checkpoint's scales go through MUFU.RCP
-        from ..engines.mufu import table_on
-
         rcp_tab = table_on("rcp_delta", x.device)
     _mamba2_engine_kernel[(bsz * heads, npb)](
         x, dt, a, bm, cm, d, s0 if s0 is not None else dummy, write, metrics,
         fac, cbn, cbo, coef, tdec, start, fcall, dummy if a_engine is None else a_engine, rcp_tab,
         dummy if probe is None else probe[0], dummy if probe is None else probe[1],
-        bsz, steps, heads, p, n, heads // groups, groups, engine_seed(seed, 0), batch_offset, seed, 1,
+        bsz, steps, heads, p, n, heads // groups, groups, engine_seed(seed, 0), batch_offset, seed,
         L=length, BLOCK_P=block_p, BLOCK_N=block_n, FMT=fmt_code, REPLAY=replay, SR=sr, BUF=buf_code,
         HAS_S0=s0 is not None, SSU=a_engine is not None, PROBE=probe is not None, num_warps=num_warps,
         **COMPILE_OPTIONS,
@@ -392,17 +396,10 @@ _ELEMENTS_PER_THREAD = 32
 def _launch_plan(inputs, variant):
     """(write mask int8 [B, T], FlashInferTables or None, decays a_engine [B, T, H] or None, launch keywords)
     of one engine-profile variant on Mamba-2 inputs: what every batch slice's launch shares."""
-    from ..engines.profiles import arithmetic, flashinfer_tables
-    from ..formats import Rounding
-    from ..replay.schemes import SchemeKind
-    from .rounding import FORMAT_CODES
-
     fmt, scheme = variant.format, variant.scheme
     replay = scheme.kind is SchemeKind.REPLAY
     a_engine = None
     if arithmetic(variant.engine, inputs.kind) == "triton_ssu":  # the engine's decay bits (engines.triton_ssu)
-        from ..engines.triton_ssu import ssu_decays
-
         a_engine = ssu_decays(inputs.A, inputs.dt, variant.engine).contiguous()
     write = scheme.write_mask(inputs.batch, inputs.steps).to(inputs.device)
     tables = flashinfer_tables(inputs, write, scheme.buffer_len) if replay else None
@@ -410,7 +407,7 @@ def _launch_plan(inputs, variant):
     block_n = triton.next_power_of_2(sdim)
     block_p = min(triton.next_power_of_2(rows), max(1, 32 * _ELEMENTS_PER_THREAD // block_n))
     num_warps = max(1, min(4, block_p * block_n // (32 * _ELEMENTS_PER_THREAD)))
-    buf = {"fp32": 0, "bf16": 1, "fp16": 2}[scheme.buffer_dtype] if scheme.rounds_buffer else 0
+    buf = BUFFER_CODES[scheme.buffer_dtype] if scheme.rounds_buffer else 0
     kw = dict(
         fmt_code=FORMAT_CODES[fmt.encoding], replay=replay, sr=fmt.rounding is Rounding.SR, seed=variant.seed,
         buf_code=buf, block_p=block_p, num_warps=num_warps,
@@ -424,12 +421,10 @@ def engine_steps(inputs, variant, index: int, shared: dict, s0, metric_budget: i
     shared: the contiguous inputs `emulate_triton_steps` prepared (x, dt, a, bm, cm, d); metric_budget:
     bytes of one launch's per-step metric buffer.
     """
-    from . import _batch_slices
-
     write8, tables, a_engine, kw = _launch_plan(inputs, variant)
     per_sequence = {"x", "dt", "a", "bm", "cm"}
     per_seq_bytes = inputs.steps * inputs.num_heads * triton.cdiv(inputs.rows, kw["block_p"]) * 4 * 4
-    for b0, b1 in _batch_slices(inputs.batch, per_seq_bytes, metric_budget):
+    for b0, b1 in batch_slices(inputs.batch, per_seq_bytes, metric_budget):
         args = [t[b0:b1] if name in per_sequence else t for name, t in shared.items()]
         tab = None
         if tables is not None:
@@ -446,10 +441,8 @@ def engine_probe(inputs, variant):
 
     Returns (metrics [T, B, H, 4] fp32, fingerprints int64 [T, B, H, 3] of the metric state, the checkpoint
     codes and the decode scales (`engines.twin.fingerprint`), outputs fp32 [T, B, H, P]), on the inputs'
-    device. For checking the twin against the torch profile (`ssmquant.engines.twin`); not for analyses.
+    device. For checking the twin against the torch profile (`lab.engines.twin`); not for analyses.
     """
-    from ..replay.reference import mamba2_decays
-
     write8, tables, a_engine, kw = _launch_plan(inputs, variant)
     bsz, steps, heads, rows = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows
     npb = triton.cdiv(rows, kw["block_p"])

@@ -3,7 +3,7 @@
 Each helper follows its torch reference in `ssmquant.formats` operation for operation, using only
 operations that are exact in FP32 or integer arithmetic (bit masks, power-of-two scaling, the 2^23
 round-to-nearest trick, correctly rounded `div_rn`), so that the GPU and Triton's CPU interpreter give
-the same bits as torch. Native float8 casts are not used: the interpreter's are wrong (DESIGN.md §5).
+the same bits as torch. Native float8 casts are not used: the interpreter's are wrong (ARCHITECTURE.md, "Testing").
 
 Format codes (constexpr FMT): see `FORMAT_CODES`.
 """
@@ -18,17 +18,13 @@ from triton.language.extra import libdevice
 
 from ..formats import Encoding
 
-# constexpr codes of the element encodings
-FMT_FP32, FMT_BF16, FMT_FP16, FMT_FP8, FMT_INT8, FMT_NVFP4, FMT_INT16 = 0, 1, 2, 3, 4, 5, 6
-FORMAT_CODES = {
-    Encoding.FP32: FMT_FP32,
-    Encoding.BF16: FMT_BF16,
-    Encoding.FP16: FMT_FP16,
-    Encoding.FP8_E4M3: FMT_FP8,
-    Encoding.INT8: FMT_INT8,
-    Encoding.NVFP4: FMT_NVFP4,
-    Encoding.INT16: FMT_INT16,
-}
+# constexpr codes of the element encodings, read from each encoding's object (`formats.encodings`); the @triton.jit
+# code below branches on these values (FMT == 3: fp8_e4m3, ...), which tests/kernels check against this table
+FORMAT_CODES = {e: e.kernel_code for e in Encoding}
+FMT_FP32, FMT_BF16, FMT_FP16, FMT_FP8, FMT_INT8, FMT_NVFP4, FMT_INT16 = (
+    FORMAT_CODES[e]
+    for e in (Encoding.FP32, Encoding.BF16, Encoding.FP16, Encoding.FP8_E4M3, Encoding.INT8, Encoding.NVFP4, Encoding.INT16)
+)
 
 # Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) has no libdevice; its arithmetic is numpy's, correctly
 # rounded and never fused.

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from .loading import LoadedModel, ModelSource, detect_architecture
+from .placement import DEFAULT_HEADROOM_GIB, balanced_plan, device_room, model_units, plan_loads
 from .presets import GDNShape, Mamba2Shape, Preset, get_preset
 
 # Published fields that a preset does not carry (it keeps the SSM shapes) but without which the model would
@@ -34,7 +36,7 @@ from .presets import GDNShape, Mamba2Shape, Preset, get_preset
 # 8 KV heads) give 10.3 B parameters; the published config.json (nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16, and
 # verbatim copies of it in public repositories) has 128 routed experts of 1856 (6 per token, scaled by 2.5), one
 # shared expert of 3712, intermediate_size 1856, 2 KV heads and 262144 positions: 31.6 B parameters, the published
-# 30B total (a 2026-12-01 GPU build with the defaults had 10.32 B).
+# 30B total (a build with the defaults had 10.32 B).
 PUBLISHED_EXTRA_FIELDS: dict[str, dict] = {
     "qwen3.5-122b-a10b": {"moe_intermediate_size": 1024, "shared_expert_intermediate_size": 1024},
     "nemotron-3-nano": {
@@ -49,9 +51,6 @@ PUBLISHED_EXTRA_FIELDS: dict[str, dict] = {
     },
 }
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-# GPU memory kept free on every device beyond the weights when a model is built in memory: the prefill
-# of capture and one layer's emulation run there (sizing.analyze_memory gives the run's own estimate)
-DEFAULT_HEADROOM_GIB = 8.0
 
 
 class BuildError(ValueError):
@@ -249,18 +248,7 @@ def _meta_model(preset: Preset, config, dtype: torch.dtype | None = None):
         return getattr(transformers, preset.architecture)._from_config(config, **({"dtype": dtype} if dtype else {}))
 
 
-def device_room(devices: list[str], headroom_bytes: int, free=None) -> dict[str, int]:
-    """Bytes each device may take for weights: its free memory (``sizing.free_bytes``) less the headroom."""
-    from ..sizing import free_bytes
 
-    free = free or free_bytes
-    out = {}
-    for d in devices:
-        f = free(torch.device(d))
-        if f is None:
-            raise BuildError(f"cannot read the free memory of {d}")
-        out[d] = int(f) - int(headroom_bytes)
-    return out
 
 
 def parse_devices(devices: str | list[str] | None) -> list[str]:
@@ -336,11 +324,8 @@ def build_random_model(
     Over several devices accelerate's ``dispatch_model`` adds the hooks that move hidden states from one
     device to the next (as ``from_pretrained(device_map="auto")`` does). Raises SizingError before any
     allocation when the weights do not fit (estimate per device, what to lower); BuildError for bad input.
-    ``free``: the free-memory reader (``sizing.free_bytes``; tests pass fakes).
+    ``free``: the free-memory reader (``memory.free_bytes``; tests pass fakes).
     """
-    from .loading import LoadedModel, ModelSource, detect_architecture
-    from .placement import balanced_plan, model_units, plan_loads
-
     preset = get_preset(preset) if isinstance(preset, str) else preset
     if dtype not in DTYPES:
         raise BuildError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
@@ -389,44 +374,6 @@ def estimate_parameters(preset: str | Preset, *, num_layers: int | None = None) 
     preset = get_preset(preset) if isinstance(preset, str) else preset
     config = _config_object(preset, preset_config(preset, num_layers=num_layers))
     return sum(p.numel() for p in _meta_model(preset, config).parameters())
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m ssmquant.models.build PRESET OUT_DIR [--device cuda] [--dtype bfloat16] [--layers N]`."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("preset")
-    ap.add_argument("out_dir")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--layers", type=int, default=None, help="keep the first N decoder layers only")
-    ap.add_argument("--max-shard-size", default="5GB")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--overrides", default=None, help='config fields as JSON, e.g. \'{"hidden_size": 64}\' (small test builds)')
-    args = ap.parse_args(argv)
-    try:
-        overrides = json.loads(args.overrides) if args.overrides else None
-    except json.JSONDecodeError as err:
-        ap.error(f"--overrides must be a JSON object of config fields: {err}")
-    if overrides is not None and not isinstance(overrides, dict):
-        ap.error(f"--overrides must be a JSON object of config fields, got {args.overrides!r}")
-    n = estimate_parameters(args.preset, num_layers=args.layers)
-    print(f"{args.preset}: {n / 1e9:.2f} B parameters, {n * 2 / 2**30:.1f} GiB in 16-bit; building on {args.device}")
-    build_random_checkpoint(
-        args.preset,
-        args.out_dir,
-        dtype=args.dtype,
-        device=args.device,
-        num_layers=args.layers,
-        max_shard_size=args.max_shard_size,
-        seed=args.seed,
-        overrides=overrides,
-    )
-
-
-if __name__ == "__main__":
-    main()
 
 
 __all__ = [

@@ -46,14 +46,16 @@ import queue
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..replay.inputs import GDNInputs, InputError, KDAInputs, Mamba2Inputs
-from .loading import KNOWN_LAYER_KINDS, LoadedModel
+from ..kinds import GDNInputs, InputError, KDAInputs, Mamba2Inputs
+from ..memory import free_bytes
+from .loading import LoadedModel
+from .mixers import CaptureError, SSMMixer, find_ssm_mixers
 from .qk_norm import kda_l2norm, l2norm
+from .text import CORPUS_PATH, calibration_batch
 from .torch_path import use_torch_path_on_cpu
 
 LayerInputs = Mamba2Inputs | GDNInputs | KDAInputs
@@ -68,80 +70,12 @@ INTERCEPTED_FUNCTIONS = {
 _CAPTURE_LOCK = threading.Lock()
 
 
-class CaptureError(RuntimeError):
-    """Capture could not run or did not see every requested layer; the message says why."""
-
-
 class _AllLayersCaptured(Exception):
     """Raised inside the forward once the last requested layer is recorded: the rest is not needed."""
 
 
 class _ConsumerClosed(Exception):
     """The consumer of ``iter_capture`` stopped reading: abort the prefill."""
-
-
-@dataclass(frozen=True)
-class SSMMixer:
-    layer: int
-    kind: str  # "mamba2" | "gdn" | "kda"
-    module: torch.nn.Module
-
-
-def find_ssm_mixers(model: torch.nn.Module) -> dict[int, SSMMixer]:
-    """The SSM mixers of a transformers model, by decoder-layer index.
-
-    Mamba-2: modules whose class name ends in ``Mamba2Mixer``; GDN: in ``GatedDeltaNet``; KDA: in
-    ``DeltaAttention`` or ``LinearAttention`` with a per-channel ``forget_gate`` (``KimiLinearDeltaAttention``,
-    ``Glm5NextTextLinearAttention``). A layer that the config types "linear_attention" but whose mixer is
-    none of these is refused, naming its class and the known kinds.
-    """
-    found: dict[int, SSMMixer] = {}
-    for _, mod in model.named_modules():
-        kind = _mixer_kind(mod)
-        if kind is None:
-            continue
-        cls = type(mod).__name__
-        layer = getattr(mod, "layer_idx", None)
-        if layer is None:
-            raise CaptureError(f"{cls} has no layer_idx; cannot tell which layer it is")
-        if layer in found:
-            raise CaptureError(f"two SSM mixers claim layer {layer} ({cls})")
-        found[int(layer)] = SSMMixer(int(layer), kind, mod)
-    _refuse_unknown_linear_layers(model, found)
-    return dict(sorted(found.items()))
-
-
-def _mixer_kind(mod: torch.nn.Module) -> str | None:
-    cls = type(mod).__name__
-    if cls.endswith("Mamba2Mixer"):
-        return "mamba2"
-    if cls.endswith("GatedDeltaNet"):
-        return "gdn"
-    if cls.endswith(("DeltaAttention", "LinearAttention")) and hasattr(mod, "forget_gate"):
-        return "kda"
-    return None
-
-
-def _refuse_unknown_linear_layers(model: torch.nn.Module, found: dict[int, SSMMixer]) -> None:
-    """Raise if the config types a layer "linear_attention" and no known mixer sits at it."""
-    cfg = getattr(model, "config", None)
-    if cfg is None:
-        return
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    types = list(getattr(text, "layer_types", None) or [])
-    missing = [i for i, t in enumerate(types) if t == "linear_attention" and i not in found]
-    if not missing:
-        return
-    at = {
-        type(m).__name__
-        for _, m in model.named_modules()
-        if getattr(m, "layer_idx", None) == missing[0] and not isinstance(m.layer_idx, bool)
-    }
-    raise CaptureError(
-        f"layer {missing[0]} is a linear-attention layer (config layer_types) but its mixer "
-        f"({', '.join(sorted(at)) or 'no module with that layer_idx'}) is of no layer kind ssmquant knows; known "
-        "kinds: " + "; ".join(f"{k}: {v}" for k, v in KNOWN_LAYER_KINDS.items())
-    )
 
 
 def _mamba2_inputs(a: dict) -> dict:
@@ -254,8 +188,7 @@ def auto_micro_batch(net: torch.nn.Module, batch: int, tokens: int, device: torc
     """Sequences per prefill pass so that the estimated prefill peak fits in half the free memory of the
     device the prefill runs on (GPU memory, or the host's available memory for the CPU). A model spread over
     several devices runs each layer's prefill on the device holding it: the least free of them counts.
-    ``free``: the free-memory reader (``sizing.free_bytes``; tests pass fakes)."""
-    from ..sizing import free_bytes
+    ``free``: the free-memory reader (``memory.free_bytes``; tests pass fakes)."""
 
     free = free or free_bytes
     per_seq = prefill_bytes_per_sequence(net, tokens)
@@ -537,8 +470,6 @@ def capture_text_batch(
     tokenizer and selected with ``text.select_sequences`` (seeded; calibration and held-out splits are
     disjoint). Pass the ids to ``iter_capture`` / ``capture_inputs`` with ``meta=`` the returned dict.
     """
-    from .text import CORPUS_PATH, calibration_batch
-
     ids = calibration_batch(
         batch, steps, tokenizer=loaded.tokenizer, text=text, text_path=text_path, seed=seed, split=split
     )

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from .mixers import KNOWN_LAYER_KINDS
+from .placement import DEFAULT_HEADROOM_GIB, balanced_plan, device_room, model_units
 from .presets import Preset, PresetError, get_preset, list_presets
 from .text import ByteTokenizer
 from .torch_path import use_torch_path_on_cpu
@@ -83,12 +85,6 @@ SUPPORTED_MODEL_TYPES: dict[str, tuple[str, str, str]] = {
     "qwen3_next": ("qwen3_next", "gdn", "Qwen3NextForCausalLM"),
     "glm5_next": ("glm5_next", "kda", "Glm5NextForConditionalGeneration"),
     "kimi_linear": ("kimi_linear", "kda", "KimiLinearForCausalLM"),
-}
-# The layer kinds ssmquant emulates, and the transformers mixers of each (named in refusals).
-KNOWN_LAYER_KINDS = {
-    "mamba2": "Mamba-2 (NemotronH)",
-    "gdn": "Gated DeltaNet (Qwen3.5, Qwen3-Next)",
-    "kda": "Kimi Delta Attention (GLM-5.3-Flash, Kimi-Linear)",
 }
 # Families whose published checkpoint is an image-text-to-text model: transformers maps them to no
 # AutoModelForCausalLM class (5.24 maps glm5_next only in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING).
@@ -397,15 +393,12 @@ def checkpoint_plan(
     """A ``device_map`` that spreads checkpoint ``spec`` over ``devices`` ("cuda:0", "cuda:1", ...) for
     ``load_model(..., device_map=)``: the model is built from its config on the meta device (shapes only)
     and cut by ``placement.balanced_plan`` into contiguous runs of decoder layers, each device's share
-    proportional to its free memory less ``headroom_gib`` (default ``build.DEFAULT_HEADROOM_GIB``, kept for
+    proportional to its free memory less ``headroom_gib`` (default ``placement.DEFAULT_HEADROOM_GIB``, kept for
     capture and emulation). Unlike ``device_map="auto"``, only ``devices`` are used and nothing spills to
     the CPU. Raises SizingError before any weight loads when the weights do not fit (the estimate per
     device, what to lower). dtype: the weights' dtype (default bf16, as ``load_model`` loads on a GPU).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    from .build import DEFAULT_HEADROOM_GIB, device_room
-    from .placement import balanced_plan, model_units
 
     source = resolve_model(spec)
     local_files_only = _local_only(source, local_files_only=None)

@@ -20,7 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sizing import GIB, SizingError
+from ..memory import GIB, SizingError, free_bytes
+from .mixers import find_ssm_mixers
+
+# GPU memory kept free on every device beyond the weights when a model is built in memory: the prefill
+# of capture and one layer's emulation run there (sizing.analyze_memory gives the run's own estimate)
+DEFAULT_HEADROOM_GIB = 8.0
 
 
 @dataclass(frozen=True)
@@ -175,8 +180,6 @@ def plan_loads(plan: dict[str, str], units: list[Unit]) -> dict[str, int]:
 
 def ssm_mixer_devices(model: torch.nn.Module) -> dict[int, torch.device]:
     """{decoder-layer index: the device holding that SSM mixer's weights} (its first parameter's device)."""
-    from .capture import find_ssm_mixers
-
     out = {}
     for layer, mixer in find_ssm_mixers(model).items():
         p = next(mixer.module.parameters(), None)
@@ -185,3 +188,16 @@ def ssm_mixer_devices(model: torch.nn.Module) -> dict[int, torch.device]:
 
 
 __all__ = ["Unit", "balanced_plan", "decoder_layers_path", "model_units", "plan_loads", "ssm_mixer_devices"]
+
+
+def device_room(devices: list[str], headroom_bytes: int, free=None) -> dict[str, int]:
+    """Bytes each device may take for weights: its free memory (``memory.free_bytes``) less the headroom."""
+
+    free = free or free_bytes
+    out = {}
+    for d in devices:
+        f = free(torch.device(d))
+        if f is None:
+            raise SizingError(f"cannot read the free memory of {d}")
+        out[d] = int(f) - int(headroom_bytes)
+    return out

@@ -59,6 +59,12 @@ class Mamba2Shape:
     dt_bias_init: str = "softplus^-1(clamp(exp(U(log time_step_min, log time_step_max)), time_step_floor))"
 
     kind = "mamba2"
+    pattern_char = "M"  # the SSM layers' character in the layer pattern (NemotronH's hybrid_override_pattern)
+
+    @property
+    def groups(self) -> int:
+        """B/C groups: how many distinct B / C vectors a step has."""
+        return self.n_groups
 
     @property
     def rows(self) -> int:
@@ -98,6 +104,12 @@ class GDNShape:
     dt_bias_init: str = "1"
 
     kind = "gdn"
+    pattern_char = "L"  # "linear_attention" layers
+
+    @property
+    def groups(self) -> int:
+        """Key heads: how many distinct k vectors a step has."""
+        return self.num_key_heads
 
     @property
     def rows(self) -> int:
@@ -139,6 +151,11 @@ class KDAShape:
     use_conv_bias: bool = False
 
     kind = "kda"
+    pattern_char = "L"  # "linear_attention" layers
+
+    @property
+    def groups(self) -> int:
+        return self.num_heads
 
     @property
     def a_log_init(self) -> str:
@@ -181,12 +198,12 @@ class Preset:
     hf_repo: str
     architecture: str
     model_type: str
-    layer_kind: str  # "mamba2" | "gdn" | "kda"
+    layer_kind: str  # a registered layer kind's name (`ssmquant.kinds`): "mamba2", "gdn", "kda"
     num_layers: int
     ssm_layers: tuple[int, ...]
     layer_pattern: str
     hidden_size: int
-    shape: Mamba2Shape | GDNShape | KDAShape
+    shape: Mamba2Shape | GDNShape | KDAShape  # or any shape with kind, pattern_char, groups, rows, state_dim, state_heads
     initializer_range: float = 0.02
     ssm_cache_dtype: str | None = None  # the checkpoint's own default state dtype, where the config sets one
     sources: tuple[str, ...] = ()
@@ -200,13 +217,10 @@ class Preset:
             raise PresetError(
                 f"{self.name}: pattern has {len(self.layer_pattern)} layers, num_layers is {self.num_layers}"
             )
-        ssm_char = "M" if self.layer_kind == "mamba2" else "L"  # GDN and KDA are "linear_attention" layers
-        derived = tuple(i for i, c in enumerate(self.layer_pattern) if c == ssm_char)
+        derived = tuple(i for i, c in enumerate(self.layer_pattern) if c == self.shape.pattern_char)
         if derived != self.ssm_layers:
             raise PresetError(f"{self.name}: ssm_layers {self.ssm_layers} disagree with the pattern {derived}")
-        if self.shape.state_heads % (
-            self.shape.n_groups if isinstance(self.shape, Mamba2Shape) else self.shape.num_key_heads
-        ):
+        if self.shape.state_heads % self.shape.groups:
             raise PresetError(f"{self.name}: heads are not a multiple of groups / key heads")
 
     # -- derived numbers -------------------------------------------------------------------------
@@ -225,7 +239,7 @@ class Preset:
     @property
     def groups(self) -> int:
         """B/C groups (Mamba-2) or key heads (GDN, KDA): how many distinct B / k vectors a step has."""
-        return self.shape.n_groups if isinstance(self.shape, Mamba2Shape) else self.shape.num_key_heads
+        return self.shape.groups
 
     def state_elements_per_layer(self) -> int:
         """Elements of one layer's SSM state for one sequence (heads * rows * state_dim)."""
@@ -403,7 +417,7 @@ _PRESETS: tuple[Preset, ...] = (
             "verbatim copies of that config.json in public repositories (mamba_num_heads 64, mamba_head_dim 64, "
             "ssm_state_size 128, n_groups 8, conv_kernel 4, chunk_size 128, time_step_min 0.001, "
             "time_step_max 0.1, time_step_floor 0.0001, hidden_size 2688, mamba_ssm_cache_dtype float32)",
-            "DESIGN.md section 6",
+            "ARCHITECTURE.md, reference shapes",
         ),
         notes=(_NEMOTRON_DEFAULTS_NOTE, "the config sets no time_step_limit (transformers default (0, inf))"),
     ),
@@ -419,7 +433,7 @@ _PRESETS: tuple[Preset, ...] = (
             "public copies of the config / Megatron launch arguments (88 layers, 40 M / 40 E / 8 *, "
             "mamba_num_heads 128, mamba_head_dim 64, ssm_state_size 128, n_groups 8, conv_kernel 4, "
             "chunk_size 128, time_step_min 0.001, hidden_size 4096)",
-            "DESIGN.md section 6",
+            "ARCHITECTURE.md, reference shapes",
         ),
         notes=(
             _NEMOTRON_DEFAULTS_NOTE,
@@ -440,7 +454,7 @@ _PRESETS: tuple[Preset, ...] = (
             _HF.format("nvidia/Nemotron-H-8B-Base-8K"),
             "public copies of that config.json (52 layers, mamba_num_heads 128, mamba_head_dim 64, "
             "ssm_state_size 128, n_groups 8, conv_kernel 4, chunk_size 128, hidden_size 4096)",
-            "DESIGN.md section 6",
+            "ARCHITECTURE.md, reference shapes",
         ),
         notes=(
             _NEMOTRON_DEFAULTS_NOTE,
@@ -461,7 +475,7 @@ _PRESETS: tuple[Preset, ...] = (
             _HF.format("Qwen/Qwen3.5-0.8B"),
             "public transcriptions of that config (24 layers, hidden 1024, linear key/value heads 16/16, "
             "key/value dims 128/128, conv kernel 4, mamba_ssm_dtype float32)",
-            "DESIGN.md section 6",
+            "ARCHITECTURE.md, reference shapes",
         ),
         notes=(_QWEN_COMMON_NOTE,),
     ),
@@ -477,7 +491,7 @@ _PRESETS: tuple[Preset, ...] = (
             _HF.format("Qwen/Qwen3.5-9B"),
             "public copies of that config (32 layers, hidden 4096, linear_num_value_heads 32, "
             "linear_num_key_heads 16, 128/128, conv 4, mamba_ssm_dtype float32)",
-            "DESIGN.md section 6",
+            "ARCHITECTURE.md, reference shapes",
         ),
         notes=(_QWEN_COMMON_NOTE,),
     ),
@@ -496,7 +510,7 @@ _PRESETS: tuple[Preset, ...] = (
         ),
         notes=(
             _QWEN_COMMON_NOTE,
-            "not in DESIGN.md section 6; linear_num_value_heads 48 is from copies of the config, not "
+            "not in ARCHITECTURE.md's reference shapes; linear_num_value_heads 48 is from copies of the config, not "
             "from the Hugging Face page itself (no copy of the file under its own name was found)",
         ),
     ),
@@ -511,7 +525,7 @@ _PRESETS: tuple[Preset, ...] = (
         sources=(
             _HF.format("Qwen/Qwen3.5-35B-A3B"),
             "public copies of that config (40 layers, hidden 2048, linear heads 16 key / 32 value, 128/128, conv 4)",
-            "DESIGN.md section 6",
+            "ARCHITECTURE.md, reference shapes",
         ),
         ssm_cache_dtype=None,
         notes=(_QWEN_COMMON_NOTE, _NO_SSM_DTYPE_NOTE),
@@ -527,7 +541,7 @@ _PRESETS: tuple[Preset, ...] = (
         sources=(
             _HF.format("Qwen/Qwen3.5-122B-A10B"),
             "public copies of that config (48 layers, hidden 3072, linear heads 16 key / 64 value, 128/128, conv 4)",
-            "DESIGN.md section 6",
+            "ARCHITECTURE.md, reference shapes",
         ),
         ssm_cache_dtype=None,
         notes=(_QWEN_COMMON_NOTE, _NO_SSM_DTYPE_NOTE),
@@ -545,7 +559,7 @@ _PRESETS: tuple[Preset, ...] = (
             "public copies of that config (60 layers, hidden 4096, linear heads 16 key / 64 value, 128/128, conv 4)",
         ),
         ssm_cache_dtype=None,
-        notes=(_QWEN_COMMON_NOTE, "not in DESIGN.md section 6", _NO_SSM_DTYPE_NOTE),
+        notes=(_QWEN_COMMON_NOTE, "not in ARCHITECTURE.md's reference shapes", _NO_SSM_DTYPE_NOTE),
     ),
     _qwen(
         "qwen3-next-80b",
@@ -561,7 +575,7 @@ _PRESETS: tuple[Preset, ...] = (
             "transformers' Qwen3NextConfig defaults, documented against this checkpoint (48 layers, hidden "
             "2048, linear heads 16 key / 32 value, 128/128, conv 4, full_attention_interval 4)",
             "public copies of the Qwen3-Coder-Next config (same architecture and parameter count)",
-            "DESIGN.md section 6",
+            "ARCHITECTURE.md, reference shapes",
         ),
         notes=(_QWEN_COMMON_NOTE, "the config sets no mamba_ssm_dtype (state dtype left to the engine)"),
     ),
@@ -581,7 +595,7 @@ _PRESETS: tuple[Preset, ...] = (
             "transformers 5.24 Glm5NextTextConfig (models/glm5_next/configuration_glm5_next.py), documented "
             "against zai-org/GLM-5.3-Flash: 45 layers, hidden 4096, linear_num_heads 64, linear_head_dim 128, "
             "linear_conv_kernel_dim 4, linear_lower_bound -5.0, KDA at every layer with i % 4 != 3",
-            "DESIGN.md section 6",
+            "ARCHITECTURE.md, reference shapes",
         ),
         notes=(
             "no public copy of the published config.json was found: the shapes are transformers' config "
@@ -606,7 +620,7 @@ _PRESETS: tuple[Preset, ...] = (
             "nvfp4 keeps it): num_hidden_layers 27, hidden_size 2304, linear_attn_config {num_heads 32, head_dim "
             "128, short_conv_kernel_size 4, kda_layers [1-3, 5-7, ..., 25, 26], full_attn_layers [4, 8, 12, 16, "
             "20, 24, 27]}, no gate_lower_bound",
-            "DESIGN.md section 6",
+            "ARCHITECTURE.md, reference shapes",
         ),
         notes=(
             "kda_layers / full_attn_layers are 1-indexed in the config; KimiLinearConfig converts them to "
@@ -616,6 +630,14 @@ _PRESETS: tuple[Preset, ...] = (
 )
 
 PRESETS: dict[str, Preset] = {p.name: p for p in _PRESETS}
+
+
+def register_preset(preset: Preset) -> Preset:
+    """Add a preset (a model of a kind defined outside the package, say) to those ``get_preset`` knows."""
+    if preset.name in PRESETS and PRESETS[preset.name] is not preset:
+        raise PresetError(f"a preset named {preset.name!r} exists already")
+    PRESETS[preset.name] = preset
+    return preset
 
 
 def list_presets() -> list[str]:

@@ -80,13 +80,14 @@ on the same device type (CPU and CUDA generators differ).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..replay.inputs import GDNInputs, KDAInputs, Mamba2Inputs
+from .. import kinds
 from .presets import GDNShape, KDAShape, Mamba2Shape, Preset, PresetError, get_preset
 from .qk_norm import kda_l2norm, l2norm
 
@@ -265,7 +266,7 @@ def _slow_heads(heads: int, profile: SyntheticProfile, gen: torch.Generator, dev
     return idx.tolist(), torch.exp(lo + (hi - lo) * torch.rand(n, generator=gen, device=device))
 
 
-def _mamba2(preset: Preset, shape: Mamba2Shape, batch, steps, gen, device, dtype, sigma, profile, pgen) -> dict:
+def _mamba2(preset: Preset, shape: Mamba2Shape, batch, steps, gen, device, dtype, sigma, profile, pgen, options) -> dict:
     h, p, n, g = shape.num_heads, shape.head_dim, shape.state_size, shape.n_groups
     a = -torch.arange(1, h + 1, device=device, dtype=torch.float32)  # -exp(log(arange(1, H+1)))
     d = torch.ones(h, device=device, dtype=torch.float32)
@@ -304,7 +305,8 @@ def _mamba2(preset: Preset, shape: Mamba2Shape, batch, steps, gen, device, dtype
     )
 
 
-def _gdn(preset: Preset, shape: GDNShape, batch, steps, gen, device, dtype, sigma, long_frac, profile, pgen) -> dict:
+def _gdn(preset: Preset, shape: GDNShape, batch, steps, gen, device, dtype, sigma, profile, pgen, options) -> dict:
+    long_frac = float(options["long_memory_fraction"])
     hv, hk, dk, dv = shape.num_value_heads, shape.num_key_heads, shape.key_head_dim, shape.value_head_dim
     # Stratified U(low, high): head h gets one draw from its own 1/Hv band of the init range.
     bands = torch.randperm(hv, generator=gen, device=device).float()
@@ -366,7 +368,7 @@ def _gdn(preset: Preset, shape: GDNShape, batch, steps, gen, device, dtype, sigm
     )
 
 
-def _kda(preset: Preset, shape: KDAShape, batch, steps, gen, device, dtype, sigma) -> dict:
+def _kda(preset: Preset, shape: KDAShape, batch, steps, gen, device, dtype, sigma, profile, pgen, options) -> dict:
     h, d = shape.num_heads, shape.head_dim
     lo, hi = math.log(shape.time_step_min), math.log(shape.time_step_max)
     dt0 = torch.exp(torch.rand(h * d, generator=gen, device=device) * (hi - lo) + lo).clamp(min=shape.time_step_floor)
@@ -409,7 +411,7 @@ def synthetic_inputs(
     dtype: torch.dtype = torch.bfloat16,
     long_memory_fraction: float = 0.25,
     profile: SyntheticProfile | str = "init",
-) -> Mamba2Inputs | GDNInputs | KDAInputs:
+) -> kinds.LayerInputs:
     """Synthetic decode inputs of SSM layer ``layer`` (a decoder-layer index) of ``preset``.
 
     Shapes (B = batch, T = steps):
@@ -447,32 +449,60 @@ def synthetic_inputs(
     }
     if not profile.is_init:
         meta["profile_settings"] = profile.to_dict()
+    draw = _DRAWS.get(preset.layer_kind)
+    if draw is None:
+        raise PresetError(f"preset {preset.name}: no synthetic draw is registered for {preset.layer_kind!r} layers")
+    if not profile.is_init and not draw.stress_profiles:
+        raise ValueError(f"synthetic profile {profile.name!r} {profiles_refusal(preset)}: use profile 'init'")
+    options = {"long_memory_fraction": float(long_memory_fraction)}
     with torch.no_grad():
-        if isinstance(preset.shape, Mamba2Shape):
-            t = _mamba2(preset, preset.shape, batch, steps, gen, device, dtype, sigma, profile, pgen)
-            meta["params"] = t.pop("params")
-            return Mamba2Inputs(**t, meta=meta).validate()
-        if isinstance(preset.shape, GDNShape):
-            long_frac = float(long_memory_fraction)
-            t = _gdn(preset, preset.shape, batch, steps, gen, device, dtype, sigma, long_frac, profile, pgen)
-            meta["params"] = t.pop("params")
-            meta["long_memory_fraction"] = float(long_memory_fraction)
-            return GDNInputs(**t, meta=meta).validate()
-        if isinstance(preset.shape, KDAShape):
-            if not profile.is_init:
-                raise ValueError(
-                    f"synthetic profile {profile.name!r} is defined for Mamba-2 and GDN presets; {preset.name} is a "
-                    "KDA preset: use profile 'init'"
-                )
-            t = _kda(preset, preset.shape, batch, steps, gen, device, dtype, sigma)
-            meta["params"] = t.pop("params")
-            meta["gate"] = (
-                f"{preset.shape.gate_lower_bound:g} * sigmoid(exp(A_log) * (f + dt_bias))"
-                if preset.shape.gate_lower_bound is not None
-                else "-exp(A_log) * softplus(f + dt_bias)"
-            )
-            return KDAInputs(**t, meta=meta).validate()
-    raise PresetError(f"preset {preset.name} has an unknown layer kind {preset.layer_kind!r}")
+        t = draw.draw(preset, preset.shape, batch, steps, gen, device, dtype, sigma, profile, pgen, options)
+        meta["params"] = t.pop("params")
+        meta.update(draw.meta(preset, options))
+        return kinds.get(preset.layer_kind).inputs_type(**t, meta=meta).validate()
+
+
+@dataclass(frozen=True)
+class SyntheticDraw:
+    """How the synthetic inputs of one layer kind are drawn from its family's initialisation law.
+
+    draw(preset, shape, batch, steps, gen, device, dtype, sigma, profile, pgen, options) -> the inputs' fields plus
+    "params" (the drawn layer parameters, recorded in meta); meta(preset, options) -> what else meta records;
+    stress_profiles: whether the labelled stress profiles (PROFILES other than "init") are defined for the kind."""
+
+    draw: Callable
+    stress_profiles: bool
+    meta: Callable = lambda preset, options: {}
+
+
+_DRAWS: dict[str, SyntheticDraw] = {}
+
+
+def supports_profiles(kind: str) -> bool:
+    """Whether the stress profiles are defined for presets of the layer kind named ``kind``."""
+    return kind in _DRAWS and _DRAWS[kind].stress_profiles
+
+
+def profiles_refusal(preset: Preset) -> str:
+    """'is defined for Mamba-2 and GDN presets; X is a KDA preset': why a stress profile does not apply."""
+    with_profiles = " and ".join(kinds.get(k).short for k, d in _DRAWS.items() if d.stress_profiles)
+    return f"is defined for {with_profiles} presets; {preset.name} is a {kinds.get(preset.layer_kind).short} preset"
+
+
+def register_draw(kind: str, draw: SyntheticDraw) -> SyntheticDraw:
+    """Make ``synthetic_inputs`` draw presets of the layer kind named ``kind`` with ``draw``."""
+    _DRAWS[kind] = draw
+    return draw
+
+
+def _kda_meta(preset, options) -> dict:
+    lb = preset.shape.gate_lower_bound
+    return {"gate": f"{lb:g} * sigmoid(exp(A_log) * (f + dt_bias))" if lb is not None else "-exp(A_log) * softplus(f + dt_bias)"}
+
+
+register_draw("mamba2", SyntheticDraw(_mamba2, stress_profiles=True))
+register_draw("gdn", SyntheticDraw(_gdn, True, lambda preset, options: {"long_memory_fraction": options["long_memory_fraction"]}))
+register_draw("kda", SyntheticDraw(_kda, stress_profiles=False, meta=_kda_meta))
 
 
 def synthetic_layers(

@@ -11,8 +11,8 @@
   tokens and h + T + 1 > L, the checkpoint is flushed (it summarises only committed tokens); it is
   also flushed when h reaches L. So flush intervals become irregular. This is FlashInfer's
   `checkpointing_ssu` with max_window = L and T + 1 tokens per call (its criterion `prev_k + seq_len >
-  MAX_WINDOW`, kernel_checkpointing_ssu.cuh, 0.7.2.post1; ring of L + T + 1 rows). Until 2026-12-01 the
-  rule was h + 2T > L, which flushes earlier for T >= 2. Acceptance is given as explicit counts per
+  MAX_WINDOW`, kernel_checkpointing_ssu.cuh, 0.7.2.post1; ring of L + T + 1 rows). Acceptance is given as
+  explicit counts per
   round, or as a per-draft acceptance probability p (each draft accepted with probability p until the
   first rejection, seeded per sequence).
 

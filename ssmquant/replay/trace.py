@@ -13,7 +13,7 @@ per (batch, head):
 
 Why windows and not samples: under replay(L) the error is lowest at a flush step and highest just after
 it; a sample taken every k steps with k sharing a factor with L sees one phase of that cycle only
-(DESIGN.md §1). A window mean or max over every step is unaliased whatever the window and the period;
+(ARCHITECTURE.md, "Windows"). A window mean or max over every step is unaliased whatever the window and the period;
 a window of whole flush cycles (`cycle_window`) also makes each window a like-for-like sample of the
 cycle.
 """
@@ -32,8 +32,8 @@ QUANTITIES = ("state", "out")
 STATS = ("mean", "max", "last")
 # The Triton backend's per-step metrics of one launch are [NV, T, b, H, row blocks, 4] fp32; the batch is cut
 # into slices so that this buffer stays under the budget whatever T x batch (Nemotron-3-Nano's six variants at
-# 4096 steps: 384 MiB per sequence, two sequences per launch; on the H200 four launches of two sequences take
-# the time of one of eight, 26.5 ms each). A constant, not a share of the free memory: the order of the float64
+# 4096 steps: 384 MiB per sequence, two sequences per launch; on an H200 four launches of two sequences take
+# the time of one of eight). A constant, not a share of the free memory: the order of the float64
 # sums over the batch (the pooled maxima) follows the slices and must not depend on the machine's state.
 METRIC_BUFFER_BYTES = 1 << 30
 # pooling name -> (per_batch, per_head)

@@ -27,10 +27,8 @@ PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
 # per plot but the last, which inherits the imported plotting stack and the tables (nothing to import or
 # pass), renders its plot into the output directory and exits; this process writes the tables, then renders
 # the last plot. The PNGs are the bytes an in-process render writes (tests/test_cli.py). 0 turns it off.
-# (A plotting process per plot started with the run, importing the stack itself, made the plots stage 5.5 s
-# on the H200 where a background import took 1.7 s; forked children took 1.0 s. One plotting process forked
-# before torch, importing the stack while the GPU worked and sent the tables through a pipe at the end, made it
-# 3.8 / 5.8 s against 0.9 / 1.1 s for forked children, alternating on one H200: benchmarks/results/analyze.md.)
+# (Forked children beat a plotting process per plot that imports the stack itself, and one plotting process fed
+# through a pipe, by several seconds on a GPU host: benchmarks/RESULTS.md, "analyze".)
 PLOT_FORK_MIN_CPUS = 4
 
 _prefetch: threading.Thread | None = None
@@ -106,9 +104,7 @@ def _fork_plots(traces, heads, summary, report: dict, out_dir):
 
 def _warm_plots() -> None:
     try:
-        from .plots import warm_up
-
-        warm_up()
+        _plots_module().warm_up()
     except Exception:  # noqa: BLE001 - re-raised by the main thread's own import or plot
         pass
 
@@ -117,7 +113,11 @@ def _plots():
     """The plots module, once a running prefetch has finished (matplotlib is not thread-safe)."""
     if _prefetch is not None:
         _prefetch.join()
-    from . import plots
+    return _plots_module()
+
+
+def _plots_module():
+    from . import plots  # matplotlib and seaborn (1-2 s) are imported only when plotting
 
     return plots
 

@@ -71,9 +71,9 @@ def first_write(scheme: str, report: dict | None = None) -> int:
     known = (report or {}).get("first_write_steps") or {}
     if scheme in known:
         return int(known[scheme])
-    from ..replay import parse_scheme
-    from ..replay.schemes import SchemeError
-
+    # torch (which the schemes' write masks need) is imported only for a report written without the steps: plotting
+    # an output needs no torch otherwise
+    from ..replay.schemes import SchemeError, parse_scheme
     try:
         sch = parse_scheme(scheme)
     except SchemeError:

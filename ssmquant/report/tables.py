@@ -6,7 +6,9 @@ import math
 
 import pandas as pd
 
+from ..analysis.fit import DIVERGED, MIN_FORECAST_R2
 from ..formats import Encoding, StateFormat, parse, standard_formats
+from ..models import get_preset, list_presets
 
 _SCALE_NOTE = {
     Encoding.FP32: "none (reference)",
@@ -66,8 +68,6 @@ def forecast_text(value: float, status: str) -> str:
 def summary_table(summary: pd.DataFrame, max_rows: int = 60) -> str:
     """The per layer x variant summary for the terminal: errors at the horizon, the growth fit with its r^2
     and its forecasts, withheld where the fit is unreliable or the error diverges (``analysis.fit``)."""
-    from ..analysis.fit import DIVERGED, MIN_FORECAST_R2
-
     cols = {
         "layer": "layer",
         "variant": "variant",
@@ -106,8 +106,6 @@ def memory_text(memory: pd.DataFrame) -> str:
 
 def presets_table() -> str:
     """`ssmquant presets`: each preset's SSM layers and state bytes per sequence per format."""
-    from ..models import get_preset, list_presets
-
     rows = []
     for name in list_presets():
         p = get_preset(name)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ssmquant.evaluate import evaluate
+from ssmquant.evaluate import EvalConfig, evaluate
 from ssmquant.models import load_model
 from ssmquant.models.text import calibration_batch, load_text, split_bounds, tokenize
 from ssmquant.provenance import environment
@@ -58,7 +58,7 @@ def run_e2e(model: str, variants: list[str], steps: int, sequences: int, log=pri
     rows, bins, reference = [], [], []
     for seed in seeds:
         t1 = time.time()
-        res = evaluate(loaded, variants, steps=steps, batch=1, seed=seed)
+        res = evaluate(EvalConfig(loaded, variants, steps=steps, batch=1, seed=seed))
         for r in res.summary.to_dict(orient="records"):
             rows.append({"model": model, "seed": seed, "sequence": 0, **r})
         pos = res.positions.assign(bin=lambda d: (d["position"] - 1) // POSITION_BIN)

@@ -1,6 +1,6 @@
 """Measurement for the studies: run variants over a model's layers and reduce each Trace to compact tables.
 
-Every decode step is measured (`ssmquant.replay.simulate` keeps window statistics, never samples), and a
+Every decode step is measured (`ssmquant.simulate` keeps window statistics, never samples), and a
 run is reduced to three tables that the pages are built from:
 
 - per sequence (`sequences`): for every (layer, variant, sequence) the sums over all steps and over the
@@ -30,9 +30,11 @@ import torch
 from ssmquant.analysis.fit import fit_power_law
 from ssmquant.analysis.run import AnalyzeConfig, build_variants, first_write_step
 from ssmquant.analysis.sources import open_source, resolve_device
+from ssmquant.kinds import Mamba2Inputs
 from ssmquant.provenance import environment
-from ssmquant.replay import Mamba2Inputs, Variant, cycle_window, parse_variant, simulate
+from ssmquant.replay import Variant, cycle_window, parse_variant
 from ssmquant.replay.trace import Trace
+from ssmquant.simulate import simulate
 
 HORIZON_FRACTION = 0.1
 MAX_WINDOWS = 32

@@ -519,7 +519,7 @@ def page(data: pathlib.Path, out: pathlib.Path) -> dict:
         "",
         "## Method",
         "",
-        "Each layer is emulated over the decode (`ssmquant.replay.simulate`, torch reference backend) with FP32 "
+        "Each layer is emulated over the decode (`ssmquant.simulate`, torch reference backend) with FP32 "
         "inputs from the other layers (captured from one FP32 prefill for the tiny models; synthetic draws for the "
         "presets), against the FP32 decode of the same inputs. " + method_note() + " The growth exponent b is the "
         "fit err(t) ~ a t^b of the window means (`ssmquant.analysis.fit`) over the **second half** of the run, "

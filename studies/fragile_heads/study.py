@@ -15,7 +15,7 @@ from scipy.stats import rankdata
 
 from ssmquant.calibrate.choose import choose_global, choose_layer, uniform_table
 from ssmquant.calibrate.settings import Setting
-from ssmquant.export.engines import takeable_by_any
+from ssmquant.engines.deployments import takeable_by_any
 from studies.common.context import Context, load, load_runs
 from studies.common.errors import Cube
 from studies.common.models import heads_text
@@ -301,7 +301,7 @@ def recipe_section(cs: pd.DataFrame, meta: pd.DataFrame, prov: dict, folder: pat
         f"errors of study 3's run ({s['batch']} sequences x {s['steps']} steps; error = output error over the horizon "
         f"window, per layer), budget {BUDGET}; objective: bytes per sequence of the "
         "stored state plus the replay ring; the global setting is the cheapest one an engine can take "
-        f"(`ssmquant.export.engines.takeable_by_any`). Each decision is then scored on {s['heldout_batch']} held-out "
+        f"(`ssmquant.engines.deployments.takeable_by_any`). Each decision is then scored on {s['heldout_batch']} held-out "
         "sequences, with a bootstrap interval over them: *over budget* when the estimate exceeds the budget, "
         "*above budget* when the whole interval does."
     )

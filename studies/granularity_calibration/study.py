@@ -9,11 +9,13 @@ import pandas as pd
 
 from ssmquant.analysis.sources import open_source, resolve_device
 from ssmquant.calibrate.scales import calibrate_scales, required_percentiles, scale_keys
-from ssmquant.calibrate.settings import LayerDims, build_settings, setting_bytes
+from ssmquant.calibrate.settings import build_settings, setting_bytes
 from ssmquant.calibrate.stats import DEFAULT_PERCENTILES, collect_stats
 from ssmquant.formats import parse as parse_format
+from ssmquant.kinds import LayerDims
 from ssmquant.provenance import DEFAULT_PACKAGES, environment
-from ssmquant.replay import cycle_window, simulate
+from ssmquant.replay import cycle_window
+from ssmquant.simulate import simulate
 from studies.common.context import Context, load, load_runs, write_provenance
 from studies.common.errors import Cube
 from studies.common.measure import MAX_WINDOWS, RunSpec, sequence_sums

@@ -6,7 +6,7 @@ rates, so one scale per row must cover fast- and slow-decaying channels at once;
 (over the Dv value channels of one key channel) would not. This script compares, on synthetic inputs of a
 preset's first KDA layer (the family's initialisation, `ssmquant.models.synthetic_inputs`):
 
-- row:    DESIGN.md's default, one scale per (head, value channel), amax over Dk (`fmt.fake_quant(S)`);
+- row:    the default, one scale per (head, value channel), amax over Dk (`fmt.fake_quant(S)`);
 - head:   one scale per head (`:head`);
 - column: one scale per (head, key channel), amax over Dv: the same format applied to S^T.
 
@@ -29,9 +29,12 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from ssmquant import formats  # noqa: E402
+from ssmquant.kinds import (  # noqa: E402
+    expand_groups,
+    kda_advance,  # noqa: E402
+    kda_decays,
+)
 from ssmquant.models import get_preset, synthetic_inputs  # noqa: E402
-from ssmquant.replay.naive import kda_advance  # noqa: E402
-from ssmquant.replay.reference import expand_groups, kda_decays  # noqa: E402
 
 WINDOW = 64
 

@@ -30,7 +30,7 @@ train_pid=$!
 tail -n 3 "$RES/kernel_tests.log" | tee -a "$LOG"
 wait "$train_pid"; echo "training exit status $?" | tee -a "$LOG"; tail -n 6 "$RES/train_stdout.log" | tee -a "$LOG"
 
-"$PY" benchmarks/bench_emulation.py --kinds kda --out "$RES/emulation_kda.md" > "$RES/bench.log" 2>&1
+"$PY" benchmarks/run.py emulation --kinds kda --raw-dir "$RES" > "$RES/bench.log" 2>&1
 tail -n 12 "$RES/bench.log" | tee -a "$LOG"
 
 for m in "ssmquant/assets/tiny-kda" "glm-5.3-flash --synthetic --layers 0"; do

@@ -925,13 +925,22 @@ def _write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=1) + "\n")
 
 
+# What a checkpoint shipped in the package holds: the training record (logs, plots, run_info.json) stays in the
+# study's results directory, not in the wheel.
+PACKAGE_FILES = {"config.json", "generation_config.json", "model.safetensors", "eval.json", "model_card.md"}
+
+
 def copy_results(out: Path, dest: Path) -> None:
-    """Copy everything but the weights into ``dest`` (the study's committed record)."""
+    """Copy everything but the weights into ``dest`` (the study's committed record), then leave in ``out`` only the
+    files a shipped checkpoint holds (PACKAGE_FILES)."""
     dest.mkdir(parents=True, exist_ok=True)
     for f in out.iterdir():
         if f.is_file() and f.suffix != ".safetensors":
             shutil.copy2(f, dest / f.name)
-    print(f"copied the logs and report to {dest}", flush=True)
+    for f in out.iterdir():
+        if f.is_file() and f.name not in PACKAGE_FILES:
+            f.unlink()
+    print(f"copied the logs and report to {dest}; {out} keeps {', '.join(sorted(PACKAGE_FILES))}", flush=True)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def test_files_columns_and_data_source(synthetic_run):
     assert report["data_source"]["kind"] == "synthetic" and report["model"] == "nemotron-3-nano"
     assert report["settings"]["steps"] == 24 and "torch" in report["environment"]
     mem = {m["format"]: m for m in report["memory"]}
-    assert mem["fp32"]["bytes_per_sequence"] == 23 * 2 * 2**20  # 23 layers x 2 MiB (DESIGN.md §6)
+    assert mem["fp32"]["bytes_per_sequence"] == 23 * 2 * 2**20  # 23 layers x 2 MiB (ARCHITECTURE.md, reference shapes)
     assert abs(mem["int8"]["capacity_vs_fp32"] - 3.8788) < 1e-3
 
 
@@ -290,6 +290,7 @@ def test_nan_in_captured_inputs_names_layer_and_step(monkeypatch):
         analyze(AnalyzeConfig(model="nemotron-3-nano", synthetic=True, layers=[2], steps=6, batch=1, formats=["int8"]))
 
 
+@pytest.mark.gpu
 def test_synthetic_needs_a_preset_and_cuda_request_without_gpu():
     with pytest.raises(SourceError, match="--synthetic needs a preset name"):
         analyze(AnalyzeConfig(model="./nowhere", synthetic=True, steps=4, batch=1))

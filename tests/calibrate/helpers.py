@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ssmquant.analysis import LayerSource
-from ssmquant.replay import GDNInputs, Mamba2Inputs
+from ssmquant.kinds import GDNInputs, Mamba2Inputs
 
 HEADS, ROWS, STATE, GROUPS = 2, 8, 32, 1
 

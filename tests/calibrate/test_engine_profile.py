@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from ssmquant.calibrate import CONFIG_NAME, load_recipe, write_recipe
 from ssmquant.calibrate.summary import summary_text
 from ssmquant.cli import main
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.simulate import triton_interpreting
 
 from .helpers import tiny_calibration
 
@@ -125,21 +125,17 @@ def test_cli_bad_engine_is_one_line_listing_the_profiles(tmp_path):
 
 # --- the Triton backend: the profile's twin (kernels/mamba2_engine.py) must choose what the torch profile chooses
 
-interpreted = pytest.mark.skipif(
-    not torch.cuda.is_available() and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1"
-)
-
-
 def _both_backends(tmp_path, **kw):
     """The same flashinfer-profile calibration on the torch and the Triton backend, both recipes written."""
-    from ssmquant.engines.twin import compare_recipes
+    from lab.engines.twin import compare_recipes
 
     res = {b: tiny_calibration(**kw, engine="flashinfer", backend=b) for b in ("torch", "triton")}
     paths = {b: write_recipe(r, tmp_path / b) for b, r in res.items()}
     return res, compare_recipes(paths["triton"], paths["torch"])
 
 
-@interpreted
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
 @pytest.mark.slow
 def test_triton_backend_chooses_the_torch_backends_recipe(tmp_path):
     """fp16 replay (the 16-bit MMA replay), fp16 SR conventional (FlashInfer's Philox stream) and a setting the
@@ -160,7 +156,8 @@ def test_triton_backend_chooses_the_torch_backends_recipe(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-3 if col.startswith("out") else 1e-5)
 
 
-@interpreted
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
 @pytest.mark.slow
 def test_triton_backend_8bit_checkpoint_recipe_equals_torch(tmp_path):
     """int8 / fp8_e4m3 replay at FlashInfer's 8-bit shape (head_dim 64, d_state 128), one small layer: the
@@ -179,7 +176,7 @@ def test_recipe_comparison_names_what_differs(tmp_path):
 
     import pandas as pd
 
-    from ssmquant.engines.twin import compare_recipes
+    from lab.engines.twin import compare_recipes
 
     res = tiny_calibration(candidates=["fp16"], schemes=["conventional", "replay"], buffer_lens=[4], layers=[0],
                            engine="flashinfer", **{**LOOSE, "calibration": ["none"]})  # fmt: skip

@@ -15,6 +15,7 @@ from ssmquant.calibrate import (
     load_recipe,
     write_recipe,
 )
+from ssmquant.report.files import OUTPUT_MARKER
 
 from .helpers import HEADS, ROWS, tiny_calibration
 
@@ -36,7 +37,9 @@ def recipe_dir(static_result, tmp_path):
 
 
 def test_round_trip(static_result, recipe_dir):
-    assert {p.name for p in recipe_dir.iterdir()} == {CONFIG_NAME, SCALES_NAME, STATS_NAME, "candidates.csv"}
+    files = {CONFIG_NAME, SCALES_NAME, STATS_NAME, "candidates.csv"}
+    assert {p.name for p in recipe_dir.iterdir()} == files | {OUTPUT_MARKER}
+    assert json.loads((recipe_dir / OUTPUT_MARKER).read_text())["files"] == sorted(files)
     recipe = load_recipe(recipe_dir)
     doc = recipe.config
     assert doc["schema_version"] == SCHEMA_VERSION and doc["producer"]["name"] == "ssmquant"

@@ -6,7 +6,7 @@ import torch
 from ssmquant.calibrate import Setting, calibrate_scales, collect_stats, decode_scale, iter_reference_states
 from ssmquant.calibrate.scales import MSE_FROM, relative_error_row
 from ssmquant.formats import Encoding, parse
-from ssmquant.replay import simulate
+from ssmquant.simulate import simulate
 
 from .helpers import HEADS, ROWS, tiny_mamba2
 

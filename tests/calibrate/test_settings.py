@@ -2,9 +2,10 @@
 
 import pytest
 
-from ssmquant.calibrate import CalibrateError, LayerDims, Setting, build_settings, parse_method, setting_bytes
+from ssmquant.calibrate import CalibrateError, Setting, build_settings, parse_method, setting_bytes
 from ssmquant.calibrate.settings import buffer_bytes, expand_schemes
 from ssmquant.formats import parse
+from ssmquant.kinds import LayerDims
 from ssmquant.replay import parse_scheme
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:transformers .* is not tested")

@@ -1,4 +1,4 @@
-"""`ssmquant.engines.aot`: argument checks that run without nvcc (the compilation itself needs the toolkit wheels)."""
+"""`lab.engines.aot`: argument checks that run without nvcc (the compilation itself needs the toolkit wheels)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from ssmquant.engines import aot
+from lab.engines import aot
 
 
 def test_captured_shapes_are_parsed_and_bad_ones_named():
@@ -16,7 +16,7 @@ def test_captured_shapes_are_parsed_and_bad_ones_named():
 
 
 def test_a_folder_that_is_not_a_bundle_is_refused_before_any_download(tmp_path):
-    with pytest.raises(aot.AotError, match="not a bundle.*python -m ssmquant.engines.bundle"):
+    with pytest.raises(aot.AotError, match="not a bundle.*python -m lab.engines.bundle"):
         aot.build(tmp_path, cuda_home=tmp_path)
 
 

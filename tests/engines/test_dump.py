@@ -1,13 +1,13 @@
-"""The FlashInfer dump driver (`ssmquant.engines.dump`) on the CPU, its kernels replaced by ssmquant's re-computations."""
+"""The FlashInfer dump driver (`lab.engines.dump`) on the CPU, its kernels replaced by ssmquant's re-computations."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ssmquant.engines import dump
+from lab.engines import dump
+from lab.engines.oracle import CkptCase, SsuCase
 from ssmquant.engines import flashinfer as fi
-from ssmquant.engines.oracle import CkptCase, SsuCase
 
 from . import fake_flashinfer
 
@@ -84,7 +84,7 @@ def test_ssu_dump_has_every_call(monkeypatch, tmp_path):
 
 def test_dump_cases_use_prebuilt_modules():
     """Every dumped configuration is one the ahead-of-time build (`aot.py`) compiles: no nvcc on the GPU machine."""
-    from ssmquant.engines import oracle
+    from lab.engines import oracle
 
     ckpt, long, ssu, _ = oracle.default_cases(8, 8)
     built = {(c.state, c.window, c.npred, c.sr) for c in ckpt + long}

@@ -11,14 +11,14 @@ Seen on an H200 (flashinfer 0.7.2.post1, fla 0.6.0, torch 2.11, CUDA 13.0), with
 thresholds for scales and fp32 states: the selective_state_update bf16 / int16 tests, the fla tests and
 the int16 tile tests passed; the checkpointing_ssu 8-bit tests (scales compared bitwise) and the
 selective_state_update fp32 test (bits compared) failed; their numbers were not captured
-(benchmarks/results/engines.md).
+(benchmarks/RESULTS.md, engine oracles).
 """
 
 import pytest
 import torch
 
-from ssmquant.engines import oracle
-from ssmquant.engines.env import engine_status
+from lab.engines import oracle
+from lab.engines.env import engine_status
 
 pytestmark = pytest.mark.gpu
 
@@ -36,7 +36,7 @@ def nano():
     return oracle.nano_layer(2, 256, "cuda")
 
 
-# H200 (benchmarks/results/engines.md): GPU run 5 (before pow2_f64) codes >= 99.999% identical, decode scales
+# H200 (benchmarks/RESULTS.md, engine oracles): before pow2_f64 codes >= 99.999% identical, decode scales
 # 97.6-97.8% bit-identical; run s1 (pow2_f64, fi_scale_diag.sh, 64 calls) codes and scales 100% at L=4 and L=16.
 @pytest.mark.parametrize("state", ["int8", "fp8_e4m3"])
 def test_checkpointing_ssu_8bit_matches_its_recomputation(nano, state):

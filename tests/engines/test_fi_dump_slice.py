@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ssmquant.engines import dump, fit
+from lab.engines import dump, fit
 from ssmquant.engines import flashinfer as fi
 
 SLICE = Path(__file__).parent / "data" / "fi_dump_slice.safetensors"

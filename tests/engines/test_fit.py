@@ -1,11 +1,11 @@
-"""The hypothesis fit (`ssmquant.engines.fit`) on a dump whose kernel is ssmquant's re-computation."""
+"""The hypothesis fit (`lab.engines.fit`) on a dump whose kernel is ssmquant's re-computation."""
 
 from __future__ import annotations
 
 import torch
 
-from ssmquant.engines import dump, fit
-from ssmquant.engines.oracle import CkptCase
+from lab.engines import dump, fit
+from lab.engines.oracle import CkptCase
 
 from . import fake_flashinfer
 

@@ -11,10 +11,10 @@ S k and S q differs, so words and outputs agree only to fp32 noise.
 import pytest
 import torch
 
-from ssmquant.engines import oracle
+from lab.engines import oracle
+from ssmquant.kinds import KDAInputs
 from ssmquant.models.synthetic import synthetic_inputs
-from ssmquant.replay.inputs import KDAInputs
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.simulate import triton_interpreting
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available() or not triton_interpreting(), reason="the CPU twin of the GPU test (TRITON_INTERPRET=1)"

@@ -5,6 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lab.engines import mufu_tabulate
 from ssmquant.engines import mufu
 from ssmquant.kernels.mamba2_engine import _rcp
 
@@ -30,8 +31,8 @@ def _fake_launch(fn, x):
 
 
 def test_tabulate_records_deltas_and_checks_scale_invariance(monkeypatch):
-    monkeypatch.setattr(mufu, "_launch", _fake_launch)
-    arrays, checks = mufu.tabulate(torch.device("cpu"), samples=4096, rcp_bits=23, ex2_bits=12)
+    monkeypatch.setattr(mufu_tabulate, "_launch", _fake_launch)
+    arrays, checks = mufu_tabulate.tabulate(torch.device("cpu"), samples=4096, rcp_bits=23, ex2_bits=12)
     rcp = torch.from_numpy(arrays["rcp_delta"])
     assert rcp.shape == (1 << 23,)
     assert torch.equal(rcp[1::2], torch.ones_like(rcp[1::2])) and not rcp[0::2].any()
@@ -46,23 +47,23 @@ def test_tabulate_records_deltas_and_checks_scale_invariance(monkeypatch):
 def test_table_lookups_reproduce_the_tabulated_function(monkeypatch, tmp_path):
     import numpy as np
 
-    monkeypatch.setattr(mufu, "_launch", _fake_launch)
-    arrays, checks = mufu.tabulate(torch.device("cpu"), samples=64, rcp_bits=23, ex2_bits=24)
+    monkeypatch.setattr(mufu_tabulate, "_launch", _fake_launch)
+    arrays, checks = mufu_tabulate.tabulate(torch.device("cpu"), samples=64, rcp_bits=23, ex2_bits=24)
     path = tmp_path / "t.npz"
     np.savez_compressed(path, **arrays, checks=np.frombuffer(b"{}", dtype=np.uint8))
-    tab = mufu.load_tables(path)
+    tab = mufu_tabulate.load_tables(path)
     g = torch.Generator().manual_seed(0)
     x = (torch.rand(4096, generator=g) * 2 + 0.01) * torch.exp2(torch.randint(-20, 20, (4096,), generator=g).float())
     x = torch.where(torch.rand(4096, generator=g) < 0.5, -x, x)
-    assert torch.equal(mufu.rcp_from_table(x, tab["rcp_delta"]), _fake_launch("rcp", x))
+    assert torch.equal(mufu_tabulate.rcp_from_table(x, tab["rcp_delta"]), _fake_launch("rcp", x))
     v = -torch.cat([torch.rand(2048, generator=g) * 30, torch.exp2(-torch.rand(2048, generator=g) * 20)])
     v = torch.cat([v, torch.tensor([0.0, -1.0, -2.0, -0.5])])
     on_grid = (v >= -1) & (v.double() * 2**24 == torch.round(v.double() * 2**24))  # exact table arguments
-    got = mufu.ex2_from_table(v, tab["ex2_delta"])
+    got = mufu_tabulate.ex2_from_table(v, tab["ex2_delta"])
     want = _fake_launch("ex2", v)
     assert torch.equal(got[on_grid | (v <= -1)], want[on_grid | (v <= -1)])
     with pytest.raises(ValueError, match="arguments <= 0"):
-        mufu.ex2_from_table(torch.tensor([0.5]), tab["ex2_delta"])
+        mufu_tabulate.ex2_from_table(torch.tensor([0.5]), tab["ex2_delta"])
 
 
 SAMPLES = __import__("pathlib").Path(__file__).parent / "data" / "mufu_sm90_samples.safetensors"
@@ -101,14 +102,15 @@ def test_shipped_model_edges():
 def test_compact_packs_two_bits_and_refuses_an_untruncated_ex2(monkeypatch, tmp_path):
     codes = torch.randint(0, 4, (4096,), generator=torch.Generator().manual_seed(1))
     assert torch.equal(mufu._unpack2(mufu._pack2(codes)), codes.to(torch.uint8))
-    monkeypatch.setattr(mufu, "_launch", _fake_launch)
-    arrays, _ = mufu.tabulate(torch.device("cpu"), samples=64, rcp_bits=23, ex2_bits=24)
+    monkeypatch.setattr(mufu_tabulate, "_launch", _fake_launch)
+    arrays, _ = mufu_tabulate.tabulate(torch.device("cpu"), samples=64, rcp_bits=23, ex2_bits=24)
     tables = {k: torch.from_numpy(v) for k, v in arrays.items()}
     # the fake's ex2 steps at x = -0.5 - 2^-24, inside a 2^-23 step: not the hardware's argument truncation
     with pytest.raises(ValueError, match="not truncated to 2\\^-23"):
-        mufu.compact(tables, tmp_path / "m.safetensors")
+        mufu_tabulate.compact(tables, tmp_path / "m.safetensors")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(
     not torch.cuda.is_available() and __import__("os").environ.get("TRITON_INTERPRET") != "1",
     reason="needs a GPU or TRITON_INTERPRET=1",

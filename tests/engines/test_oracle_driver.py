@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from ssmquant.engines import oracle
+from lab.engines import oracle
 from ssmquant.models.synthetic import synthetic_inputs
 
 from . import fake_flashinfer
@@ -69,7 +69,7 @@ def test_curve_windows_and_gap():
 def test_engine_status_is_one_line_naming_what_is_missing_and_how_to_get_it(monkeypatch):
     import sys
 
-    from ssmquant.engines import env
+    from lab.engines import env
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     st = env.engine_status("flashinfer")
@@ -81,7 +81,7 @@ def test_engine_status_is_one_line_naming_what_is_missing_and_how_to_get_it(monk
     monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", None)  # import fails
     st = env.engine_status("fla")
     assert not st.ok and "flash-linear-attention==0.6.0" in st.reason
-    assert "python -m ssmquant.engines.bundle OUTDIR" in st.reason and "\n" not in st.reason
+    assert "python -m lab.engines.bundle OUTDIR" in st.reason and "\n" not in st.reason
     with pytest.raises(ValueError, match="accepted: flashinfer, fla"):
         env.engine_status("vllm")
 
@@ -90,7 +90,7 @@ def test_main_runs_each_fla_op_on_its_synthetic_and_captured_layers(monkeypatch,
     """`--only fla` with fla present: GDN cases on the qwen3.5-9b layer and on captured GDN layers, then KDA cases on
     the glm-5.3-flash layer and on captured KDA layers (the kernels replaced by a recorder)."""
     import ssmquant.models.synthetic as synthetic
-    from ssmquant.engines.env import EngineStatus
+    from lab.engines.env import EngineStatus
 
     def ok(name):
         return EngineStatus(name, name == "fla", "" if name == "fla" else "not here", "0")

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 import torch
 
+from lab.engines.oracle import bf16_inputs
 from ssmquant.engines import flashinfer as fi
 from ssmquant.engines import philox
-from ssmquant.engines.oracle import bf16_inputs
+from ssmquant.engines.emulation import engine_step
+from ssmquant.kinds import Mamba2Inputs
 from ssmquant.models.synthetic import synthetic_inputs
-from ssmquant.replay import Mamba2Inputs, VariantError, emulate, parse_variant, simulate
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.replay import VariantError, emulate, parse_variant
+from ssmquant.simulate import simulate, triton_interpreting
 
 
 def _layer(steps, heads=2, p=64, n=128, batch=1):
@@ -65,7 +67,7 @@ def _per_call(inp, state, window, seed, sr):
 def test_flashinfer_profile_equals_the_per_call_recomputation(spec):
     inp = _layer(26)
     v = parse_variant(spec + "~flashinfer", seed=5)
-    res = emulate(inp, [v], return_outputs=True, return_states=True)
+    res = emulate(inp, [v], return_outputs=True, return_states=True, engine_steps=engine_step)
     stored, outs = _per_call(inp, v.format.encoding.value, v.scheme.buffer_len, 5, ":sr" in spec)
     assert stored, "no flush in the horizon"
     for t, s in stored.items():
@@ -142,6 +144,7 @@ def test_engine_stochastic_conversions_are_unbiased(kind):
     assert float(err.max()) < 4 * 0.5 / 64 + 2**-16, float(err.max())
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
 @pytest.mark.parametrize(
     "spec",
@@ -153,7 +156,7 @@ def test_triton_engine_kernel_matches_the_torch_profile(spec):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     inp = _layer(21, heads=2, p=12, n=48, batch=2).to(dev)
     v = [parse_variant(spec + "~flashinfer", seed=3)]
-    ref = emulate(inp, v).metrics[0].cpu().numpy()
+    ref = emulate(inp, v, engine_steps=engine_step).metrics[0].cpu().numpy()
     got = emulate_triton(inp, v)[0].cpu().numpy()
     # same codes at every write: state errors agree to FP32 summation noise (a flipped code would
     # move a head's error by ~1e-3 of itself); outputs sum their dot products in another order

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from ssmquant.engines import triton_ssu
+from ssmquant.engines.emulation import engine_step
+from ssmquant.kinds import expand_groups
 from ssmquant.models.synthetic import synthetic_inputs
-from ssmquant.replay import VariantError, emulate, parse_variant, simulate
-from ssmquant.replay.reference import expand_groups
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.replay import VariantError, emulate, parse_variant
+from ssmquant.simulate import simulate, triton_interpreting
 
 from .test_profiles import _layer as nano_slice
 
@@ -26,7 +27,7 @@ def _layer(steps):
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp16"])
 def test_profile_step_equals_the_per_call_recomputation(engine, fmt):
     inp = _layer(9)
-    res = emulate(inp, [parse_variant(f"{fmt}@conventional~{engine}")], return_states=True)
+    res = emulate(inp, [parse_variant(f"{fmt}@conventional~{engine}")], return_states=True, engine_steps=engine_step)
     da = triton_ssu.ssu_decays(inp.A, inp.dt, engine)
     b = expand_groups(inp.B.float(), inp.num_heads)
     s = torch.zeros(inp.batch, inp.num_heads, inp.rows, inp.state_dim)
@@ -37,12 +38,16 @@ def test_profile_step_equals_the_per_call_recomputation(engine, fmt):
 
 def test_profile_differs_from_ideal_only_at_fp32_rounding():
     inp = _layer(64)
-    res = emulate(inp, [parse_variant("fp32@conventional~vllm"), parse_variant("fp32@conventional")], return_states=True)
+    res = emulate(
+        inp, [parse_variant("fp32@conventional~vllm"), parse_variant("fp32@conventional")], return_states=True,
+        engine_steps=engine_step,
+    )
     a, b = res.states[0], res.states[1]
     assert not torch.equal(a, b)  # decay bits, order and FMA differ
     assert float((a - b).norm() / b.norm()) < 1e-5
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("spec", ["fp32@conventional~vllm", "bf16@conventional~trtllm", "fp16:sr@conventional~vllm"])
 def test_triton_backend_matches_torch(spec):
@@ -51,7 +56,7 @@ def test_triton_backend_matches_torch(spec):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     inp = _layer(13).to(dev)
     v = [parse_variant(spec, seed=5)]
-    ref = emulate(inp, v).metrics[0].cpu().numpy()
+    ref = emulate(inp, v, engine_steps=engine_step).metrics[0].cpu().numpy()
     got = emulate_triton(inp, v)[0].cpu().numpy()
     # identical states: the state error metric agrees to the metric's own FP32 summation order; outputs
     # (the kernel's tl.sum against torch's sum) within 1e-6 of the output norm

@@ -1,4 +1,4 @@
-"""The CUDA-vs-CPU diagnostic of FlashInfer's re-computation (`ssmquant.engines.scale_diag`), on the CPU.
+"""The CUDA-vs-CPU diagnostic of FlashInfer's re-computation (`lab.engines.scale_diag`), on the CPU.
 
 Without a GPU the "device" is the CPU again, so every device-vs-cpu comparison must be bit-identical; a
 perturbed op stands in for a device-dependent one (the bisection must name it), and a stand-in kernel that
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssmquant.engines import dump, mufu, scale_diag
+from lab.engines import dump, scale_diag
 from ssmquant.engines import flashinfer as fi
+from ssmquant.engines import mufu
 
 from . import fake_flashinfer
 
@@ -117,7 +118,7 @@ def _install(monkeypatch, kernel):
 
 def _small_layer(monkeypatch):
     """The oracle's layer cut to 8 heads (one group) and 24 steps; dump_checkpointing's HEADS / GROUPS follow."""
-    from ssmquant.engines import oracle
+    from lab.engines import oracle
 
     inp = oracle.nano_layer(2, 24, "cpu")
     small = oracle.Mamba2Inputs(
@@ -139,7 +140,7 @@ def test_oracle_part_with_a_kernel_equal_to_the_reference(monkeypatch, tmp_path,
     assert r["real_vs_cpu_mismatches_per_head"] == [0] * 8 and r["first_mismatch"] == {}
     assert not bool(t["init/state"].float().any()) and bool(t["snap4/state"].float().any())  # the oracle's zero cache
     # the saved calls are a dump: fit replays them bit for bit
-    from ssmquant.engines import fit
+    from lab.engines import fit
 
     key = f"ckpt_{state}_L4"
     cases, meta = dump.load(tmp_path / f"oracle_{key}.safetensors")

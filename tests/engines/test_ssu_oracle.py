@@ -13,7 +13,10 @@ import os
 import pytest
 import torch
 
-from ssmquant.engines import oracle_ssu, triton_ssu, vendored
+from lab.engines import oracle_ssu, vendored
+from ssmquant.engines import triton_ssu
+
+pytestmark = pytest.mark.gpu  # runs on a CUDA GPU at the real shapes when one is present (`pytest -m gpu`)
 
 
 def _ssu_or_skip():

@@ -10,11 +10,14 @@ the state's last dimension in each backend's own order: compared with stated tol
 import pytest
 import torch
 
-from ssmquant.engines.oracle import bf16_inputs
-from ssmquant.engines.twin import bit_identical, compare_probes, fingerprint, probe_profile
+from lab.engines.oracle import bf16_inputs
+from lab.engines.twin import bit_identical, compare_probes, fingerprint, probe_profile
+from ssmquant.kinds import Mamba2Inputs
 from ssmquant.models.synthetic import synthetic_inputs
-from ssmquant.replay import Mamba2Inputs, parse_variant
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.replay import parse_variant
+from ssmquant.simulate import triton_interpreting
+
+pytestmark = pytest.mark.gpu  # runs on a CUDA GPU at the real shapes when one is present (`pytest -m gpu`)
 
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
@@ -131,13 +134,13 @@ def test_twin_keeps_negative_zeros_whatever_unary_minus_compiles_to(spec, minus_
     row = compare_probes(twin, prof, v)
     assert bit_identical(row), row
     # the case is exercised: the profile stores negative zeros
-    from ssmquant.replay.naive import _Mamba2Emulation
+    from ssmquant.engines.emulation import engine_step
+    from ssmquant.replay.naive import Emulation
 
-    runner = _Mamba2Emulation(inp, [v], "state")
-    runner.start()
+    runner = Emulation(inp, [v], "state", engine_step)
     neg_zero = 0
     for t in range(inp.steps):
-        runner.ref_step(t)
+        runner.s_ref, _ = runner.physics.advance(runner.s_ref, t)
         s, _ = runner.variant_step(0, t)
         held = runner.engine[0].codes if "replay" in spec else s
         neg_zero += int(((held == 0) & torch.signbit(held)).sum())
@@ -149,7 +152,7 @@ def _twin_ptx_script():
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("twin_ptx", Path(__file__).resolve().parents[2] / "benchmarks" / "twin_ptx.py")
+    spec = importlib.util.spec_from_file_location("twin_ptx", Path(__file__).resolve().parents[2] / "lab" / "bench" / "twin_ptx.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -175,7 +178,7 @@ def test_the_compiled_twin_negates_no_float_contracts_nothing_flushes_nothing(sp
     pytest.importorskip("triton.backends.nvidia.compiler")
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(root)}
-    run = subprocess.run([sys.executable, str(root / "benchmarks" / "twin_ptx.py"), "--variants", spec, "--json"],
+    run = subprocess.run([sys.executable, str(root / "lab" / "bench" / "twin_ptx.py"), "--variants", spec, "--json"],
                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert run.stdout.strip(), run.stderr[-2000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == {spec: {"negations": 0, "fma": 0, "ftz": 0}}, run.stderr[-500:]
@@ -184,7 +187,7 @@ def test_the_compiled_twin_negates_no_float_contracts_nothing_flushes_nothing(sp
 def test_a_variants_process_gets_the_parents_command_line_for_its_part():
     from pathlib import Path
 
-    from ssmquant.engines.twin import child_argv
+    from lab.engines.twin import child_argv
 
     argv = ["timing", "--out", "t.json", "--device", "cuda", "--steps", "256", "--timing-variants=int8@replay16,fp16",
             "--jobs", "3", "--reps", "3", "--real", "int8"]  # fmt: skip

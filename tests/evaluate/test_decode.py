@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from ssmquant.evaluate import TeacherForced, evaluate
+from ssmquant.evaluate import EvalConfig, TeacherForced, evaluate
 from ssmquant.evaluate.decode import KVBuffer
 from ssmquant.models.text import calibration_batch
 
@@ -52,8 +52,8 @@ def test_kv_buffer_gives_the_same_logits(model, request):
 
 def test_evaluate_with_and_without_the_kv_buffer(nemotron):
     variants = ["int8@conventional", "nvfp4@replay4"]
-    with_buffer = evaluate(nemotron, variants, steps=10, batch=2, seed=1, fold=True, kv_buffer=True)
-    concat = evaluate(nemotron, variants, steps=10, batch=2, seed=1, fold=True)  # the default: growing cache
+    with_buffer = evaluate(EvalConfig(nemotron, variants, steps=10, batch=2, seed=1, fold=True, kv_buffer=True))
+    concat = evaluate(EvalConfig(nemotron, variants, steps=10, batch=2, seed=1, fold=True))  # the default: growing cache
     cols = ["kl", "top1_agree", "delta_loss"]
     assert (with_buffer.positions.kl > 0).sum() > 5
     np.testing.assert_array_equal(with_buffer.positions[cols].to_numpy(), concat.positions[cols].to_numpy())

@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from ssmquant.evaluate import EvalError, StateWriter, TeacherForced, evaluate, load_eval, variant_grid, write_eval
+from ssmquant.evaluate import (
+    EvalConfig,
+    EvalError,
+    StateWriter,
+    TeacherForced,
+    evaluate,
+    load_eval,
+    variant_grid,
+    write_eval,
+)
 from ssmquant.models.text import calibration_batch
 
 STEPS = 40
@@ -21,7 +30,7 @@ def _per_variant(result, name: str):
 
 
 def test_fp32_state_is_exact(nemotron):
-    r = evaluate(nemotron, ["fp32@conventional", "fp32@replay16"], steps=24, batch=2, seed=0)
+    r = evaluate(EvalConfig(nemotron, ["fp32@conventional", "fp32@replay16"], steps=24, batch=2, seed=0))
     assert list(r.positions.columns) == ["variant", "position", "kl", "top1_agree", "delta_loss"]
     assert len(r.positions) == 2 * 24 and r.positions.position.min() == 1
     assert (r.positions.kl == 0.0).all()
@@ -33,7 +42,7 @@ def test_fp32_state_is_exact(nemotron):
 
 
 def test_coarse_format_drifts_from_the_first_rounded_step(nemotron):
-    r = evaluate(nemotron, "nvfp4@conventional", steps=STEPS, batch=2, seed=0)
+    r = evaluate(EvalConfig(nemotron, "nvfp4@conventional", steps=STEPS, batch=2, seed=0))
     kl = _per_variant(r, "nvfp4@conventional").kl.to_numpy()
     assert kl[0] == 0.0  # position 1 is computed before the first store
     assert (kl[1:] > 0).all()
@@ -44,7 +53,7 @@ def test_coarse_format_drifts_from_the_first_rounded_step(nemotron):
 
 def test_replay1_cadence_equals_conventional(nemotron):
     names = ["int8@conventional", "int8@replay1", "nvfp4:sr@conventional", "nvfp4:sr@replay1"]
-    r = evaluate(nemotron, names, steps=STEPS, batch=2, seed=3)
+    r = evaluate(EvalConfig(nemotron, names, steps=STEPS, batch=2, seed=3))
     for a, b in ((0, 1), (2, 3)):
         pa, pb = _per_variant(r, names[a]), _per_variant(r, names[b])
         np.testing.assert_array_equal(pa[["kl", "top1_agree", "delta_loss"]], pb[["kl", "top1_agree", "delta_loss"]])
@@ -61,7 +70,7 @@ def test_replay16_stores_only_after_multiples_of_16(nemotron, monkeypatch):
 
     monkeypatch.setattr(StateWriter, "_store", spy)
     steps = 50
-    r = evaluate(nemotron, ["int8@replay16", "fp8_e4m3@spec16x0"], steps=steps, batch=2, seed=0)
+    r = evaluate(EvalConfig(nemotron, ["int8@replay16", "fp8_e4m3@spec16x0"], steps=steps, batch=2, seed=0))
     n_ssm = len(r.source["ssm_layers"])
     replay = [(s, n) for name, s, n, _ in calls if name == "int8"]
     assert replay == [(s, n_ssm) for s in (15, 31, 47)]  # after steps 16, 32, 48 (1-based), all layers at once
@@ -85,13 +94,13 @@ def test_teacher_forcing_matches_the_full_forward(nemotron, qwen):
             steps = torch.stack([run.step(t) for t in range(32)], 1)
         rel = float((steps - full).norm() / full.norm())
         assert rel < 1e-4, (loaded.arch.architecture, rel)
-        r = evaluate(loaded, ["fp32"], steps=32, batch=2, seed=0)
+        r = evaluate(EvalConfig(loaded, ["fp32"], steps=32, batch=2, seed=0))
         ce = torch.nn.functional.cross_entropy(full.reshape(-1, full.shape[-1]).double(), ids[:, 1:].reshape(-1))
         assert r.reference["loss_mean"] == pytest.approx(float(ce) / math.log(2), rel=1e-4)
 
 
 def test_qwen35_gdn_model(qwen):
-    r = evaluate(qwen, ["fp32@conventional", "nvfp4@conventional", "int8@replay8"], steps=32, batch=2, seed=1)
+    r = evaluate(EvalConfig(qwen, ["fp32@conventional", "nvfp4@conventional", "int8@replay8"], steps=32, batch=2, seed=1))
     assert r.source["layer_kind"] == "gdn" and r.source["architecture"] == "Qwen3_5ForCausalLM"
     s = r.summary.set_index("variant")
     assert s.loc["fp32@conventional", "kl_mean"] == 0.0
@@ -108,7 +117,7 @@ def test_kda_model_teacher_forcing_and_write_cadence(kimi):
         run = TeacherForced(kimi.model, ids)
         steps = torch.stack([run.step(t) for t in range(24)], 1)
     assert float((steps - full).norm() / full.norm()) < 1e-4
-    r = evaluate(kimi, ["fp32@conventional", "nvfp4@conventional", "int8@replay8"], steps=24, batch=2, seed=1)
+    r = evaluate(EvalConfig(kimi, ["fp32@conventional", "nvfp4@conventional", "int8@replay8"], steps=24, batch=2, seed=1))
     assert r.source["layer_kind"] == "kda" and r.source["architecture"] == "KimiLinearForCausalLM"
     s = r.summary.set_index("variant")
     assert s.loc["fp32@conventional", "kl_mean"] == 0.0 and s.loc["nvfp4@conventional", "kl_mean"] > 0
@@ -118,28 +127,28 @@ def test_kda_model_teacher_forcing_and_write_cadence(kimi):
 
 def test_bad_inputs_give_clear_errors(nemotron, tmp_path):
     with pytest.raises(EvalError, match="unknown format 'fp7'.*accepted encodings"):
-        evaluate(nemotron, ["fp7@conventional"], steps=4, batch=1)
+        evaluate(EvalConfig(nemotron, ["fp7@conventional"], steps=4, batch=1))
     with pytest.raises(EvalError, match="unknown scheme 'replya16'"):
-        evaluate(nemotron, ["int8@replya16"], steps=4, batch=1)
+        evaluate(EvalConfig(nemotron, ["int8@replya16"], steps=4, batch=1))
     with pytest.raises(EvalError, match="duplicate variants: int8@conventional"):
-        evaluate(nemotron, "int8,int8@conventional", steps=4, batch=1)
+        evaluate(EvalConfig(nemotron, "int8,int8@conventional", steps=4, batch=1))
     with pytest.raises(EvalError, match="static scales"):
-        evaluate(nemotron, ["int8:static@conventional"], steps=4, batch=1)
+        evaluate(EvalConfig(nemotron, ["int8:static@conventional"], steps=4, batch=1))
     with pytest.raises(EvalError, match=r"100000 steps need 1 held-out sequences of 100001 tokens.*held-out split"):
-        evaluate("/nonexistent/dir", ["int8"], steps=100_000, batch=1)  # refused before any model loads
+        evaluate(EvalConfig("/nonexistent/dir", ["int8"], steps=100_000, batch=1))  # refused before any model loads
     short = tmp_path / "short.txt"
     short.write_text("é" * 400)  # 800 bytes, 160 held out: room for two sequences of 65 bytes, not three
-    evaluate(nemotron, ["int8"], steps=64, batch=2, text_path=short)
+    evaluate(EvalConfig(nemotron, ["int8"], steps=64, batch=2, text=short))
     with pytest.raises(EvalError, match=r"3 held-out sequences of 65 tokens.*has only 160 bytes"):
-        evaluate(nemotron, ["int8"], steps=64, batch=3, text_path=short)
+        evaluate(EvalConfig(nemotron, ["int8"], steps=64, batch=3, text=short))
     with pytest.raises(EvalError, match="does not exist"):
-        evaluate(nemotron, ["int8"], steps=4, batch=1, text_path=tmp_path / "missing.txt")
+        evaluate(EvalConfig(nemotron, ["int8"], steps=4, batch=1, text=tmp_path / "missing.txt"))
     with pytest.raises(EvalError, match="steps must be an integer >= 1, got 0"):
-        evaluate(nemotron, ["int8"], steps=0, batch=1)
+        evaluate(EvalConfig(nemotron, ["int8"], steps=0, batch=1))
     with pytest.raises(EvalError, match="unknown device 'tpu'"):
-        evaluate("/nonexistent/dir", ["int8"], steps=4, batch=1, device="tpu")
+        evaluate(EvalConfig("/nonexistent/dir", ["int8"], steps=4, batch=1, device="tpu"))
     with pytest.raises(EvalError, match="does not exist"):
-        evaluate("/nonexistent/dir", ["int8"], steps=4, batch=1, device="cpu")
+        evaluate(EvalConfig("/nonexistent/dir", ["int8"], steps=4, batch=1, device="cpu"))
     with pytest.raises(EvalError, match="unknown rounding 'up'"):
         variant_grid(["int8"], ["conventional"], ["up"])
 
@@ -147,7 +156,7 @@ def test_bad_inputs_give_clear_errors(nemotron, tmp_path):
 def test_write_eval_files_and_json(nemotron, tmp_path):
     variants = variant_grid(["int8", "fp32"], ["conventional", "replay"], ["rne"], buffer_len=8)
     assert [v.name for v in variants] == ["int8@conventional", "int8@replay8", "fp32@conventional", "fp32@replay8"]
-    r = evaluate(nemotron, variants, steps=20, batch=2, seed=0)
+    r = evaluate(EvalConfig(nemotron, variants, steps=20, batch=2, seed=0))
     out = write_eval(r, tmp_path / "e2e")
     names = {p.name for p in out.iterdir()}
     assert {"summary.csv", "eval.json", "kl.png"} <= names
@@ -177,7 +186,7 @@ def test_bf16_weights_keep_an_fp32_state(nemotron_byte_dir):
         for t in range(3):
             run.step(t)
             assert {run.cache.get_recurrent_state(x.index).dtype for x in ssm_layers(loaded.model)} == {torch.float32}
-    r = evaluate(loaded, ["fp32", "int8@replay4"], steps=12, batch=2)
+    r = evaluate(EvalConfig(loaded, ["fp32", "int8@replay4"], steps=12, batch=2))
     assert r.environment["weights_dtype"] == "bfloat16" and r.environment["ssm_state_dtype"] == "float32"
     assert not r.notes
     s = r.summary.set_index("variant").kl_mean

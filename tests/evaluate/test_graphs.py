@@ -3,7 +3,7 @@
 The plumbing is what these tests check: the head block runs its segment on a static input buffer, followers
 pass through, graphs are keyed by the cache's state pointers (a re-indexed cache gets new ones), the warm-up
 call runs the step once, recording runs nothing, and the blocks' forwards are restored afterwards. Recording
-itself (torch.cuda.graph) needs a GPU: benchmarks/gpu/eval_speed.sh compares graphed and eager runs there.
+itself (torch.cuda.graph) needs a GPU: lab/gpu/eval_speed.sh compares graphed and eager runs there.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from ssmquant.evaluate import TeacherForced, evaluate
+from ssmquant.evaluate import EvalConfig, TeacherForced, evaluate
 from ssmquant.evaluate import run as run_module
 from ssmquant.evaluate.graphs import SegmentGraphs, graph_refusal, segments_of
 
@@ -58,6 +58,7 @@ def _decode(net, ids, steps, expand_after_step0=False):
 
 
 @pytest.mark.parametrize("expand", [False, True])
+@pytest.mark.gpu
 def test_graphed_decode_gives_the_eager_bits(nemotron, expand):
     net = nemotron.model
     ids = torch.randint(0, 256, (3, 9), generator=torch.Generator().manual_seed(2))
@@ -76,6 +77,7 @@ def test_graphed_decode_gives_the_eager_bits(nemotron, expand):
     assert graphs.broken == []
 
 
+@pytest.mark.gpu
 def test_a_new_cache_gets_its_own_graphs(nemotron):
     net = nemotron.model
     ids = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(3))
@@ -98,12 +100,13 @@ def test_a_multi_token_forward_runs_eagerly(nemotron):
 
 
 @pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.gpu
 def test_evaluate_with_graphs_gives_the_same_tables(nemotron, monkeypatch, fold):
     variants = ["fp8_e4m3@conventional", "int8@replay4"]
-    plain = evaluate(nemotron, variants, steps=10, batch=2, seed=1, fold=fold, cuda_graphs=False)
+    plain = evaluate(EvalConfig(nemotron, variants, steps=10, batch=2, seed=1, fold=fold, cuda_graphs=False))
     monkeypatch.setattr(run_module, "graph_refusal", lambda net: None)
     monkeypatch.setattr(run_module, "backend_for", lambda device: EagerReplay())
-    graphed = evaluate(nemotron, variants, steps=10, batch=2, seed=1, fold=fold)
+    graphed = evaluate(EvalConfig(nemotron, variants, steps=10, batch=2, seed=1, fold=fold))
     cols = ["kl", "top1_agree", "delta_loss"]
     assert np.array_equal(graphed.positions[cols].to_numpy(), plain.positions[cols].to_numpy())
     assert graphed.reference == plain.reference
@@ -115,4 +118,4 @@ def test_required_graphs_are_refused_with_the_reason(nemotron):
     from ssmquant.evaluate import EvalError
 
     with pytest.raises(EvalError, match="cuda_graphs was requested but the model's weights sit on"):
-        evaluate(nemotron, ["int8@conventional"], steps=4, batch=2, cuda_graphs=True)
+        evaluate(EvalConfig(nemotron, ["int8@conventional"], steps=4, batch=2, cuda_graphs=True))

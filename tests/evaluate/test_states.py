@@ -45,7 +45,7 @@ def _mamba_states(seed=0):
 
 
 def _kernel_available() -> bool:
-    from ssmquant.replay.simulate import triton_interpreting
+    from ssmquant.simulate import triton_interpreting
 
     return torch.cuda.is_available() or triton_interpreting()
 
@@ -203,7 +203,7 @@ def test_a_non_finite_state_is_named_at_the_next_check(kernel, layers):
 # A finite state row whose amax lies below max_code / FLT_MAX (fp8_e4m3: 448 / 3.4e38 = 1.3e-36; int8: 3.7e-37)
 # used to get an infinite encode multiplier (formats.codec.scales_from_amax), so its zero elements became
 # 0 x inf = NaN: a candidate for the H200's folded nemotron-h-8b run that stopped at "fp8_e4m3@conventional,
-# layer 44, decode step 110" (benchmarks/gpu/eval_profile.sh dumps whether the input of that write was finite).
+# layer 44, decode step 110" (lab/gpu/eval_profile.sh dumps whether the input of that write was finite).
 # Such a row is now stored as a zero row is, on the torch and the Triton path alike.
 @pytest.mark.parametrize("kernel,layers", [(False, LAYERS), (True, LAYERS), (True, MAMBA_LAYERS)])
 @pytest.mark.parametrize("spec", ["fp8_e4m3@conventional", "int8@conventional", "int8:sr@conventional"])
@@ -240,6 +240,7 @@ def test_a_non_finite_value_made_by_the_encode_is_told_from_a_non_finite_state(m
     )
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "spec", ["fp8_e4m3@conventional", "int8:sr@conventional", "nvfp4@conventional", "bf16:sr@conventional",
              "nvfp4:sr@replay4", "fp8_e4m3:rows2@spec4x2"],
@@ -269,10 +270,11 @@ def test_the_fused_kernel_write_gives_the_torch_bits(spec, mamba_only):
     assert torch.equal(caches[True].states[0][:3], big[0][:3]) and torch.equal(caches[True].states[0][6:], big[0][6:])
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("spec", ["fp8_e4m3@conventional", "int8:sr@replay4", "nvfp4@conventional"])
 def test_in_place_and_copy_back_kernel_writes_give_the_same_bits(spec):
     # in_place=False takes fake_quant_triton + a copy back for every state (the earlier GPU writes, which
-    # benchmarks/gpu/eval_speed.py compares with); the default stores contiguous FP32 states in place
+    # lab/gpu/eval_speed.py compares with); the default stores contiguous FP32 states in place
     if not _kernel_available():
         pytest.skip("needs a GPU or TRITON_INTERPRET=1")
     dev = "cuda" if torch.cuda.is_available() else "cpu"

@@ -8,7 +8,7 @@ nvidia-modelopt's calibrators, which the GPU machine does not have; the GPU test
 Each recipe is one setting, calibrated on layer 0 of a synthetic Nemotron-3-Nano (64 heads x head_dim 64 x
 d_state 128, 8 groups: the only shape FlashInfer's 8-bit replay kernel takes) over HORIZON steps of BATCH
 sequences, seed 0, torch backend. The settings are the FlashInfer modules the engine oracle compiles
-(`ssmquant.engines.oracle.default_cases`: max_window 16, one token per call, 8 heads per group), so the GPU
+(`lab.engines.oracle.default_cases`: max_window 16, one token per call, 8 heads per group), so the GPU
 run builds no extra module.
 
 Regenerate (about a minute on a CPU):

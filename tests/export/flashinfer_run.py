@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from ssmquant.calibrate.settings import horizon_errors
 from ssmquant.engines import flashinfer as fi
-from ssmquant.replay.reference import expand_groups, mamba2_decays, mamba2_step, reference_decode
+from ssmquant.kinds import expand_groups, mamba2_decays, mamba2_step
+from ssmquant.replay.reference import reference_decode
 from ssmquant.replay.trace import Trace, window_ends, window_statistics
 
 
@@ -182,7 +183,7 @@ def measure(fn, ns, recipe, slots: list[int]) -> dict:
     exported arguments (`kernel_trace`); plus the bf16 output floor. Runs on the device of ns["state"]."""
     from ssmquant.calibrate.settings import horizon_window
     from ssmquant.models.synthetic import synthetic_inputs
-    from ssmquant.replay import simulate
+    from ssmquant.simulate import simulate
 
     from .flashinfer_recipes import BATCH, HORIZON, LAYER, MODEL, SEED
 

@@ -7,7 +7,7 @@ unless a test is about sizes.
 import pytest
 
 from ssmquant.calibrate import Setting
-from ssmquant.calibrate.settings import LayerDims
+from ssmquant.engines.facts import DEFAULT_VERSION, VLLM_PR_BUILD, parse_gpu, resolve_gpu
 from ssmquant.export import (
     FACTS,
     TARGETS,
@@ -23,7 +23,7 @@ from ssmquant.export import (
     takeable_by_any,
     violations,
 )
-from ssmquant.export.facts import DEFAULT_VERSION, VLLM_PR_BUILD, parse_gpu, resolve_gpu
+from ssmquant.kinds import LayerDims
 
 NANO = LayerDims("mamba2", 64, 64, 128, 8)
 QWEN = LayerDims("gdn", 32, 128, 128, 16)
@@ -295,7 +295,7 @@ def test_deployments_refuse_unknown_engines_versions_and_gpus():
 def test_engine_bytes_per_layer_at_nemotron_3_nano_sizes():
     """state H*P*N*elem; scales H*P*4; ring rows * (x + B in bf16 + dt in fp32), TensorRT-LLM two fp32 per head."""
     state32 = 64 * 64 * 128 * 4
-    assert state32 == 2 * 2**20  # DESIGN.md: 2 MiB FP32 state per sequence and layer
+    assert state32 == 2 * 2**20  # ARCHITECTURE.md reference shapes: 2 MiB FP32 state per sequence and layer
     b = engine_bytes(target("trtllm"), Setting.parse("fp32@conventional"), "mamba2", NANO)
     assert b == {"state": state32, "scales": 0, "ring": 0, "slot": 0, "total": state32}
     row = 64 * 64 * 2 + 8 * 128 * 2  # x and B rows in bf16

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from ssmquant.calibrate import CONFIG_NAME, write_recipe
 from ssmquant.cli import main
+from ssmquant.engines.facts import VLLM_PR_BUILD
 from ssmquant.export import ExportError, export
-from ssmquant.export.facts import VLLM_PR_BUILD
 
 from ..calibrate.helpers import GROUPS, HEADS, tiny_calibration
 

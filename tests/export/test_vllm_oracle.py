@@ -35,10 +35,10 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 from vllm.version import __version__ as VLLM_VERSION  # noqa: E402
 
 from ssmquant.calibrate import Setting  # noqa: E402
-from ssmquant.calibrate.settings import LayerDims  # noqa: E402
+from ssmquant.engines.facts import VERSIONS  # noqa: E402
 from ssmquant.export import Target, runtime, violations  # noqa: E402
-from ssmquant.export.facts import VERSIONS  # noqa: E402
 from ssmquant.export.targets import vllm_engine_args, vllm_flags  # noqa: E402
+from ssmquant.kinds import LayerDims  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     VLLM_VERSION not in VERSIONS["vllm"], reason=f"vLLM {VLLM_VERSION} is not a version the engine facts cover"

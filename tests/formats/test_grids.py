@@ -48,7 +48,7 @@ def test_e4m3_random_values_over_many_binades():
 
 
 def test_e4m3_carry_across_power_of_two():
-    # the interpreter's native cast loses this carry (DESIGN.md §5); arithmetic rounding must not
+    # the interpreter's native cast loses this carry (ARCHITECTURE.md, "Formats"); arithmetic rounding must not
     x = torch.tensor([7.79, 15.9, 31.5, 0.0155, 447.0, 460.0, 1e6])
     assert round_to_grid(x, E4M3).tolist() == [8.0, 16.0, 32.0, 0.015625, 448.0, 448.0, 448.0]
 

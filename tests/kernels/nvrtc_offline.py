@@ -1,7 +1,7 @@
 """CUDA source compiled without a GPU: NVRTC from the nvidia-cuda-nvrtc wheel (a dev dependency), through ctypes.
 
 Used by tests/kernels/test_kda_cuda.py (the kernel compiles for sm_90 without spilling) and
-benchmarks/kernel_sass_kda_cuda.py (its machine code, to count instructions).
+benchmarks/sass.py (its machine code, to count instructions).
 """
 
 from __future__ import annotations

@@ -17,14 +17,12 @@ import triton
 import triton.language as tl
 
 from ssmquant.formats import Rounding
-from ssmquant.kernels import _BUFFER_CODES
-from ssmquant.kernels.common import slot_spec
+from ssmquant.kernels.common import BUFFER_CODES, slot_spec
 from ssmquant.kernels.delta_rule import _fake_quant_8bit_rne, delta_rule_launch
 from ssmquant.kernels.rounding import FMT_FP8, FMT_INT8, FORMAT_CODES, fake_quant_tile
-from ssmquant.replay import parse_variants, simulate
-from ssmquant.replay.inputs import KDAInputs
-from ssmquant.replay.reference import gdn_decays, kda_decays
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.kinds import KDAInputs, gdn_decays, kda_decays
+from ssmquant.replay import parse_variants
+from ssmquant.simulate import simulate, triton_interpreting
 
 from ..replay.helpers import gdn_inputs, kda_inputs
 from .test_emulation_kernels import assert_metrics_close
@@ -32,7 +30,7 @@ from .test_kda_kernel import REF_RTOL, SLACK
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
-pytestmark = pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")]
 BN, BR = 64, 8
 
 
@@ -204,14 +202,14 @@ def _launch(inp, names, fast_round, fp_fusion, block_p=None, **options):
             block_p if v.format.granularity.rows is None else v.format.granularity.rows,
             False,
             v.format.rounding is Rounding.SR,
-            _BUFFER_CODES[v.scheme.buffer_dtype] if v.scheme.rounds_buffer else 0,
+            BUFFER_CODES[v.scheme.buffer_dtype] if v.scheme.rounds_buffer else 0,
         )
         for v in variants
     )
     write = torch.stack([v.scheme.write_mask(inp.batch, inp.steps).to(inp.device, torch.int8) for v in variants])
     seeds = torch.tensor([v.seed for v in variants], dtype=torch.int64, device=inp.device)
     alpha = (kda_decays(inp) if isinstance(inp, KDAInputs) else gdn_decays(inp)).contiguous()
-    tensors = (inp.q, inp.k, inp.v, alpha, inp.beta.float(), None, write, seeds, None, 1)
+    tensors = (inp.q, inp.k, inp.v, alpha, inp.beta.float(), None, write, seeds, None)
     options = dict(specs=specs, block_p=block_p, num_warps=warps, fast_round=fast_round, fp_fusion=fp_fusion, **options)
     return delta_rule_launch(*tensors, **options).sum(4)
 

@@ -21,14 +21,14 @@ import torch
 
 from ssmquant import formats
 from ssmquant.kernels import emulate_triton, fake_quant_triton
-from ssmquant.replay import Variant, parse_variant, parse_variants, reference_decode, simulate, window_ends
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.replay import Variant, parse_variant, parse_variants, reference_decode, window_ends
+from ssmquant.simulate import simulate, triton_interpreting
 
 from ..replay.helpers import gdn_inputs, mamba2_inputs
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
-pytestmark = pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")]
 
 ENCODINGS = ["fp32", "bf16", "fp16", "fp8_e4m3", "int8", "nvfp4"]
 

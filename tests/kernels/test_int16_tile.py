@@ -5,10 +5,10 @@ import torch
 
 from ssmquant import formats
 from ssmquant.kernels import fake_quant_triton
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.simulate import triton_interpreting
 
 GPU = torch.cuda.is_available()
-pytestmark = pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")]
 
 
 @pytest.mark.parametrize("spec", ["int16", "int16:sr", "int16:head", "int16:rows4:sr"])

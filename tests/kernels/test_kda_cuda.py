@@ -11,12 +11,15 @@ import pytest
 import torch
 
 from ssmquant.kernels import emulate_triton, fused_kernels, kda_cuda
-from ssmquant.replay import parse_variant, parse_variants, simulate
+from ssmquant.replay import parse_variant, parse_variants
+from ssmquant.simulate import simulate
 
 from ..replay.helpers import gdn_inputs, kda_inputs
 from .nvrtc_offline import nvrtc_compile, nvrtc_library
 from .test_emulation_kernels import assert_metrics_close
 from .test_kda_kernel import REF_RTOL, SLACK
+
+pytestmark = pytest.mark.gpu  # runs on a CUDA GPU at the real shapes when one is present (`pytest -m gpu`)
 
 GPU = torch.cuda.is_available() and kda_cuda.available(torch.device("cuda"))
 gpu_only = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU of compute capability >= 8.9")
@@ -61,13 +64,13 @@ def test_cpu_inputs_run_in_triton(monkeypatch):
 
 def test_write_masks_are_cached_per_scheme_and_shape():
     """The launch path reuses one device mask per (scheme, batch, steps, device): equal to the scheme's own mask."""
-    from ssmquant.kernels import _write_mask_on
+    from ssmquant.kernels.host import write_mask_on
 
     scheme = parse_variant("int8@spec8x2:p0.5").scheme
-    mask, always = _write_mask_on(scheme, 3, 40, torch.device("cpu"))
+    mask, always = write_mask_on(scheme, 3, 40, torch.device("cpu"))
     assert torch.equal(mask, scheme.write_mask(3, 40).to(torch.int8)) and not always
-    assert _write_mask_on(scheme, 3, 40, torch.device("cpu"))[0] is mask
-    assert _write_mask_on(parse_variant("int8").scheme, 3, 40, torch.device("cpu"))[1]  # conventional: every step
+    assert write_mask_on(scheme, 3, 40, torch.device("cpu"))[0] is mask
+    assert write_mask_on(parse_variant("int8").scheme, 3, 40, torch.device("cpu"))[1]  # conventional: every step
 
 
 # --- the source, compiled without a GPU ------------------------------------------------------------------------------
@@ -92,7 +95,7 @@ needs_nvrtc = pytest.mark.skipif(
 )
 def test_source_compiles_for_sm90(fmt, buf, always, has_s0, qk):
     """Every configuration compiles for sm_90; the conventional ones (buffer-free, the speed bar's) without a spill:
-    a spill there would cost the kernel its speed (benchmarks/results/emulation_kda.md)."""
+    a spill there would cost the kernel its speed (benchmarks/RESULTS.md)."""
     source = kda_cuda.kernel_source(fmt, buf, always, has_s0, qk, torch.bfloat16)
     rc, log, _ = nvrtc_compile(source, [*kda_cuda.NVRTC_OPTIONS, "--ptxas-options=-v"])
     assert rc == 0, log

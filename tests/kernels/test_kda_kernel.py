@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from ssmquant.kernels import emulate_triton
-from ssmquant.replay import parse_variants, simulate
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.replay import parse_variants
+from ssmquant.simulate import simulate, triton_interpreting
 
 from ..replay.helpers import kda_inputs
 from .test_emulation_kernels import ENCODINGS, assert_metrics_close
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
-pytestmark = pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")]
 SLACK = 0.10
 # The FP32 reference itself runs the reductions S k and S q every step in another order on the GPU, and the
 # KDA decay is per key channel: at the full GLM shapes on an H200 one output norm of 24576 (a tiny one,

@@ -13,9 +13,11 @@ import torch
 from ssmquant import formats
 from ssmquant.kernels import MAX_SLOTS, emulate_triton, emulate_triton_steps, plan_launches
 from ssmquant.replay import Variant, parse_variant, parse_variants, reference_decode
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.simulate import triton_interpreting
 
 from ..replay.helpers import gdn_inputs, kda_inputs, mamba2_inputs
+
+pytestmark = pytest.mark.gpu  # runs on a CUDA GPU at the real shapes when one is present (`pytest -m gpu`)
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"

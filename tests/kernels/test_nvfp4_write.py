@@ -15,11 +15,11 @@ import torch
 from ssmquant import formats
 from ssmquant.formats.codec import encode, expand_groups, ieee_div
 from ssmquant.kernels import fake_quant_triton
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.simulate import triton_interpreting
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
-pytestmark = pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")]
 
 MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
 

@@ -12,11 +12,11 @@ import torch
 
 from ssmquant import formats
 from ssmquant.kernels import fake_quant_triton
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.simulate import triton_interpreting
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
-pytestmark = pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")]
 
 
 def e4m3_midpoints() -> torch.Tensor:

@@ -8,11 +8,11 @@ import torch
 
 from ssmquant import formats
 from ssmquant.kernels import fake_quant_triton, store_state_triton
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.simulate import triton_interpreting
 
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
-pytestmark = pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")]
 
 
 @pytest.mark.parametrize("spec", ["fp8_e4m3", "int8:sr", "nvfp4", "fp8_e4m3:rows2", "bf16:sr"])

@@ -63,21 +63,24 @@ def test_bad_build_requests_are_refused(tmp_path):
         preset_config(get_preset("nemotron-h-8b"), num_layers=60)
 
 
-def test_build_command_takes_config_overrides(tmp_path, capsys):
-    """`python -m ssmquant.models.build PRESET DIR --overrides JSON`: small test builds of a preset (the GPU
-    script's CPU check); a value that is not a JSON object is refused in one line."""
-    from ssmquant.models.build import main as build_main
+def test_build_command_takes_config_overrides(tmp_path):
+    """`ssmquant build PRESET DIR --overrides JSON`: small test builds of a preset (the GPU script's CPU check); a
+    value that is not a JSON object is refused in one line."""
+    from click.testing import CliRunner
+
+    from ssmquant.cli import main
 
     small = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 96, "mamba_num_heads": 4, "mamba_head_dim": 8,
              "ssm_state_size": 16, "n_groups": 2}  # fmt: skip
     out = tmp_path / "ckpt"
-    build_main(["nemotron-h-8b", str(out), "--device", "cpu", "--dtype", "float32", "--layers", "2",
-                "--overrides", json.dumps(small)])  # fmt: skip
+    res = CliRunner().invoke(main, ["build", "nemotron-h-8b", str(out), "--device", "cpu", "--dtype", "float32",
+                                    "--layers", "2", "--overrides", json.dumps(small)])  # fmt: skip
+    assert res.exit_code == 0, res.output
     cfg = json.loads((out / "config.json").read_text())
     assert {k: cfg[k] for k in small} == small
     assert cfg["layers_block_type"] == ["linear_attention", "mlp"]  # the first 2 layers of the pattern, "M-"
     for bad in ("{hidden_size: 64}", "[1, 2]"):
-        with pytest.raises(SystemExit) as exc:
-            build_main(["nemotron-h-8b", str(tmp_path / "x"), "--overrides", bad])
-        assert exc.value.code == 2
-    assert "--overrides must be a JSON object of config fields" in capsys.readouterr().err
+        res = CliRunner().invoke(main, ["build", "nemotron-h-8b", str(tmp_path / "x"), "--overrides", bad])
+        assert res.exit_code == 2 and "must be a JSON object of config fields" in res.output
+    res = CliRunner().invoke(main, ["build", "nemotron-h-8b", str(out), "--device", "cpu"])
+    assert res.exit_code == 1 and "is not empty" in res.output

@@ -8,6 +8,7 @@ import functools
 import pytest
 import torch
 
+from ssmquant.kinds import GDNInputs, KDAInputs, Mamba2Inputs
 from ssmquant.models import (
     CaptureError,
     capture_all,
@@ -16,7 +17,6 @@ from ssmquant.models import (
     find_ssm_mixers,
     iter_capture,
 )
-from ssmquant.replay.inputs import GDNInputs, KDAInputs, Mamba2Inputs
 from ssmquant.replay.reference import reference_decode
 
 from .conftest import VOCAB, load_cpu, relerr
@@ -221,10 +221,10 @@ def test_prefill_memory_estimate_sizes_micro_batches(monkeypatch):
     # Nemotron-H-8B's mixer (128 heads, state 128, chunk 128) at 2048 tokens: 16 chunks of 128 x 128 x 128 x 128
     assert prefill_bytes_per_sequence(net, 2048) == 2 * 16 * 128 * 128 * 128 * 128 * 4  # 16 GiB
     per_seq = prefill_bytes_per_sequence(net, 2048)
-    monkeypatch.setattr("ssmquant.sizing.free_bytes", lambda device: 10 * per_seq)
+    monkeypatch.setattr("ssmquant.models.capture.free_bytes", lambda device: 10 * per_seq)
     assert auto_micro_batch(net, 8, 2048, torch.device("cpu")) == 5  # half the free memory: 5 sequences
     assert auto_micro_batch(net, 4, 2048, torch.device("cpu")) == 4
-    monkeypatch.setattr("ssmquant.sizing.free_bytes", lambda device: per_seq)
+    monkeypatch.setattr("ssmquant.models.capture.free_bytes", lambda device: per_seq)
     assert auto_micro_batch(net, 8, 2048, torch.device("cpu")) == 1  # never fewer than one sequence
 
 

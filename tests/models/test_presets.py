@@ -1,4 +1,4 @@
-"""Presets against DESIGN.md section 6 and against transformers' own config classes."""
+"""Presets against ARCHITECTURE.md's reference shapes and against transformers' own config classes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ssmquant.models import (
 
 MiB = 2**20
 
-# DESIGN.md section 6: SSM layers, total layers, heads x rows x state_dim, groups / key heads, FP32 MiB per layer.
+# ARCHITECTURE.md reference shapes: SSM layers, total layers, heads x rows x state_dim, groups / key heads, FP32 MiB per layer.
 DESIGN_TABLE = [
     ("nemotron-3-nano", 23, 52, (64, 64, 128), 8, 2),
     ("nemotron-3-super", 40, 88, (128, 64, 128), 8, 4),
@@ -27,10 +27,10 @@ DESIGN_TABLE = [
     ("qwen3.5-35b-a3b", 30, 40, (32, 128, 128), 16, 2),
     ("qwen3.5-122b-a10b", 36, 48, (64, 128, 128), 16, 4),
     ("qwen3-next-80b", 36, 48, (32, 128, 128), 16, 2),
-    # Not in DESIGN.md: from the published configs (see presets.py sources).
+    # Not in ARCHITECTURE.md: from the published configs (see presets.py sources).
     ("qwen3.5-27b", 48, 64, (48, 128, 128), 16, 3),
     ("qwen3.5-397b-a17b", 45, 60, (64, 128, 128), 16, 4),
-    # KDA (DESIGN.md section 6 gives heads x dims; the layer counts are the configs')
+    # KDA (ARCHITECTURE.md gives heads x dims; the layer counts are the configs')
     ("glm-5.3-flash", 34, 45, (64, 128, 128), 64, 4),
     ("kimi-linear-48b-a3b", 20, 27, (32, 128, 128), 32, 2),
 ]

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from ssmquant.kinds import GDNInputs, KDAInputs, Mamba2Inputs
 from ssmquant.models import PresetError, get_preset, list_presets, synthetic_inputs, synthetic_layers
 from ssmquant.models.synthetic import PROFILES, SLOW_HALF_LIFE, get_profile
-from ssmquant.replay.inputs import GDNInputs, KDAInputs, Mamba2Inputs
 from ssmquant.replay.reference import reference_decode
 
 

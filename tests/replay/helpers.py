@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from ssmquant.replay import GDNInputs, KDAInputs, Mamba2Inputs
+from ssmquant.kinds import GDNInputs, KDAInputs, Mamba2Inputs
 
 
 def mamba2_inputs(

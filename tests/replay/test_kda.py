@@ -5,16 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from ssmquant.replay import (
-    GDNInputs,
-    InputError,
-    KDAInputs,
-    emulate,
-    parse_variant,
-    parse_variants,
-    reference_decode,
-    simulate,
-)
+from ssmquant.kinds import GDNInputs, InputError, KDAInputs
+from ssmquant.replay import emulate, parse_variant, parse_variants, reference_decode
+from ssmquant.simulate import simulate
 
 from .helpers import gdn_inputs, kda_inputs
 

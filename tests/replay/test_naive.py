@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from ssmquant import formats
-from ssmquant.replay import InputError, Variant, emulate, parse_variant, parse_variants, reference_decode, simulate
-from ssmquant.replay.simulate import BackendError
+from ssmquant.kinds import InputError
+from ssmquant.replay import Variant, emulate, parse_variant, parse_variants, reference_decode
 from ssmquant.replay.variants import VariantError
+from ssmquant.simulate import BackendError, simulate
 
 from .helpers import gdn_inputs, mamba2_inputs
 
@@ -188,7 +189,7 @@ def test_validation_reads_the_values_back_once_and_reports_the_first_problem_in_
 def test_inputs_validated_unchanged_are_not_validated_again_and_a_change_is_caught(monkeypatch):
     """simulate skips validate() for inputs that passed it and are unchanged (same tensors, same in-place version
     counters, also through to() onto their own device); a replaced or in-place changed tensor is checked again."""
-    from ssmquant.replay.inputs import Mamba2Inputs, is_validated
+    from ssmquant.kinds import Mamba2Inputs, is_validated
 
     calls = []
     validate = Mamba2Inputs.validate
@@ -216,7 +217,7 @@ def test_the_validation_record_keeps_no_tensor_alive():
     import gc
     import weakref
 
-    from ssmquant.replay.inputs import is_validated
+    from ssmquant.kinds import is_validated
 
     inp = mamba2_inputs(steps=5).validate()
     old_x = weakref.ref(inp.x)

@@ -17,8 +17,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ssmquant.kinds import GDNInputs, KDAInputs, Mamba2Inputs
 from ssmquant.models.torch_path import use_torch_path_on_cpu
-from ssmquant.replay import GDNInputs, KDAInputs, Mamba2Inputs, reference_decode
+from ssmquant.replay import reference_decode
+
+pytestmark = pytest.mark.gpu  # runs on a CUDA GPU at the real shapes when one is present (`pytest -m gpu`)
 
 transformers = pytest.importorskip("transformers")
 

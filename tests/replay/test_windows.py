@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from ssmquant.replay import cycle_window, parse_variants, simulate, window_ends
-from ssmquant.replay.simulate import triton_interpreting
+from ssmquant.replay import cycle_window, parse_variants, window_ends
+from ssmquant.simulate import simulate, triton_interpreting
 
 from .helpers import gdn_inputs, mamba2_inputs
 
@@ -110,6 +110,7 @@ def test_horizon_is_the_last_full_window():
 GPU = torch.cuda.is_available()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
 def test_triton_windows_match_torch_and_batch_slicing_is_exact(kind):

@@ -1,0 +1,119 @@
+"""Registers and spills of the emulation kernels at the tilings `plan_launches` picks, without a GPU.
+
+Compiles each Triton kernel ahead of time for an H100/H200 (sm_90a) with the installed Triton and runs its bundled
+ptxas with -v, which prints registers per thread and spill bytes. It checks the register-budget rule of
+`ssmquant.kernels.plan_blocks` (NV + 1 states x 128 / (NV + 1) elements per thread) at 1, 2 and 6 variants, and the
+tiling one size up (twice the rows), which should spill. Triton and ptxas versions change the numbers; the GPU
+machine's may differ.
+
+    python benchmarks/run.py registers [--kinds mamba2,gdn,kda] [--variants 1,2,6] [--update-results]
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+from benchmarks.common import Result, Section, markdown_table
+
+SHAPES = {"mamba2": (64, 128), "gdn": (128, 128), "kda": (128, 128)}  # rows, state dim (Nano, Qwen3.5, GLM-5.3-Flash)
+SIX = ["fp8_e4m3", "fp8_e4m3@replay16", "int8", "int8@replay16", "nvfp4", "nvfp4@replay16"]
+
+
+def ptxas_counts(text: str) -> dict:
+    """Registers, stack frame and spill bytes from `ptxas -v` output (the last function reported)."""
+    out = {}
+    for key, pattern in (("registers", r"Used (\d+) registers"), ("stack frame B", r"(\d+) bytes stack frame"),
+                         ("spill stores B", r"(\d+) bytes spill stores"),
+                         ("spill loads B", r"(\d+) bytes spill loads")):  # fmt: skip
+        found = re.findall(pattern, text)
+        out[key] = int(found[-1]) if found else None
+    return out
+
+
+def compile_and_count(kind: str, nv: int, block_p: int, num_warps: int) -> dict:
+    """ptxas -v of `kind`'s kernel carrying the first nv of the six default variants at (block_p, num_warps)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from ssmquant.kernels.common import slot_spec
+    from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel
+    from ssmquant.kernels.mamba2 import _mamba2_emulate_kernel
+    from ssmquant.kernels.rounding import FMT_FP8, FMT_INT8, FMT_NVFP4
+
+    # the six default variants: fp8_e4m3, int8, nvfp4 x conventional (fp32 buffer code 0), replay16 (bf16 ring, 1)
+    specs = [slot_spec(f, 1, False, False, buf) for f in (FMT_FP8, FMT_INT8, FMT_NVFP4) for buf in (0, 1)]
+    specs = (specs[:nv] + [0] * 6)[:6]
+    if kind == "mamba2":
+        fn = _mamba2_emulate_kernel
+        ptrs = dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
+        ptrs.update(x_ptr="*bf16", bm_ptr="*bf16", cm_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
+        const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, NV=nv, KMAJOR=True)
+    else:
+        fn = _delta_rule_emulate_kernel
+        ptrs = dict.fromkeys(["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
+        ptrs.update(v_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
+        const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=kind == "kda", HAS_S0=False, NV=nv, FAST_ROUND=True,
+                     FP_FUSION=True, PREFETCH=False, ROW_BLOCKS_FIRST=False)  # the grid order changes no register
+    const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
+    names = list(inspect.signature(fn.fn).parameters)
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()})
+    # the launchers' options: both contract multiply-adds and keep subnormals (no ftz)
+    options = {"num_warps": num_warps, "enable_fp_fusion": True, "enable_reflect_ftz": False}
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = pathlib.Path(tmp) / "k.ptx"
+        ptx.write_text(k.asm["ptx"])
+        out = subprocess.run(
+            [get_ptxas(90).path, "-v", "--gpu-name=sm_90a", str(ptx), "-o", str(pathlib.Path(tmp) / "k.cubin")],
+            capture_output=True,
+            text=True,
+        )
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr.strip())
+    return ptxas_counts(out.stdout + out.stderr)
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("--kinds", default="mamba2,gdn,kda", help="comma-separated among mamba2, gdn, kda")
+    ap.add_argument("--variants", default="1,2,6", help="numbers of variants per launch (the first of the six)")
+
+
+def run(args) -> Result:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("registers compiles machine code: run it without TRITON_INTERPRET=1")
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    from ssmquant.kernels import plan_launches
+    from ssmquant.replay import parse_variants
+
+    kind_names = [k for k in args.kinds.split(",") if k]
+    if not kind_names or set(kind_names) - set(SHAPES):
+        sys.exit(f"--kinds takes a comma-separated subset of {', '.join(SHAPES)}, got {args.kinds!r}")
+    counts = [int(n) for n in args.variants.split(",") if n]
+    if not counts or any(not 1 <= n <= 6 for n in counts):
+        sys.exit(f"--variants takes numbers 1..6, got {args.variants!r}")
+    rows = []
+    for kind in kind_names:
+        rows_dim, sdim = SHAPES[kind]
+        for nv in counts:
+            ((_, (block_p, warps)),) = plan_launches(parse_variants(SIX[:nv]), rows_dim, sdim, None, kind)
+            for bp, label in ((block_p, "planned"), (2 * block_p, "2x rows")):
+                row = {"kind": kind, "NV": nv, "BLOCK_P": bp, "warps": warps, "tiling": label,
+                       **compile_and_count(kind, nv, bp, warps)}  # fmt: skip
+                rows.append(row)
+                print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    ptxas = get_ptxas(90)
+    body = (f"ptxas {ptxas.version} (Triton's) -v for sm_90a, per thread; the planned tilings should not spill, twice "
+            "the rows should.\n\n" + markdown_table(rows))  # fmt: skip
+    quick = kind_names != list(SHAPES) or counts != [1, 2, 6]
+    return Result({"registers": Section("Registers and spills at the planned tilings (sm_90a)", body)}, {"rows": rows},
+                  measurement=not quick, hardware="No GPU: compiled offline for sm_90a")  # fmt: skip

@@ -1,0 +1,279 @@
+"""Instructions per time step of the emulation kernels, counted in their sm_90 machine code, without a GPU.
+
+- Triton kernels (`_mamba2_emulate_kernel`, `_delta_rule_emulate_kernel` for KDA): compiled ahead of time for an
+  H100/H200 (sm_90a) with the installed Triton and the launchers' options, disassembled with the cuobjdump that
+  Triton ships. One iteration of the time loop (the only backward branch) is walked along the path of a step at
+  which the conventional slots write and the replay slots do not: a branch on a write mask (its predicate set from a
+  byte loaded by LDG.E.U8, in the loop or a step ahead) falls through for a conventional slot and is taken for a
+  replay slot, and every other forward branch (the exact-division fallbacks, div.rn's slow paths) is taken.
+  Mamba-2 at Nemotron-3-Nano's head (P 64, N 128) for fp8 and nvfp4 alone (BLOCK_P 16) and the six default variants
+  in one launch (BLOCK_P 4); KDA at GLM-5.3-Flash's head (Dk = Dv = 128), one conventional variant at BLOCK_P 16, one
+  warp, for each arithmetic path of `delta_rule_launch`: the default (fast_round and fp_fusion on), the default with
+  the next step's loads ahead (prefetch) and the previous default (both off).
+- The KDA CUDA kernel (`ssmquant/kernels/kda_cuda.py`): compiled for sm_90 by NVRTC (the nvidia-cuda-nvrtc wheel,
+  a dev dependency), disassembled with Triton's nvdisasm; the time loop is the longest backward branch, counted
+  whole less the division slow-path calls (3 instructions each, not taken for normal scales). Conventional (every
+  step writes, no branch), fp32 q / k, bf16 v.
+
+Per element-step = per step / the elements of one state a thread holds (BLOCK_P x 128 / 32 lanes per warp; the
+CUDA kernel: 64). A static count of one thread's work, not a timing; the GPU machine's Triton may compile other code.
+
+    python benchmarks/run.py sass [--parts mamba2,kda,kda-cuda] [--quick] [--update-results]
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+from benchmarks.common import Result, Section, markdown_table
+
+PARTS = ("mamba2", "kda", "kda-cuda")
+INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+BRANCH = re.compile(r"^(@!?P\d)\s+BRA\s+(?:!?P\d, )?0x([0-9a-f]+)")
+TOP = 8  # opcodes named per row
+
+
+# -- reading machine code (pure Python) -----------------------------------------------------------------------------
+def parse_cuobjdump(text: str) -> list[tuple[int, str]]:
+    """(address, instruction) of each instruction line of `cuobjdump -sass` output."""
+    return [(int(m.group(1), 16), m.group(2)) for m in map(INSTR.match, text.splitlines()) if m]
+
+
+def opcode(instruction: str) -> str:
+    """The opcode of a SASS instruction without its predicate and modifiers ("@!P0 FFMA.FTZ R1, ..." -> "FFMA")."""
+    return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0].split(".")[0]
+
+
+def write_branches(ins: list[tuple[int, str]], head: int, end: int) -> set[int]:
+    """Indices of the branches on a write mask: a byte loaded by LDG.E.U8 (in the loop, or a step ahead and carried
+    into it through PRMT / MOV copies, as the KDA kernel's PREFETCH does) is tested by the first ISETP or LOP3 in
+    the loop after its load that reads it (or a copy) and sets a predicate; the next branch on that predicate skips
+    the slot's write."""
+    copies: dict[str, str] = {}  # register -> the byte register it copies (PRMT dst, src, 0x7610 / MOV dst, src)
+    for _, t in ins:
+        m = re.match(r"(?:PRMT (R\d+), (R\d+), 0x7610|MOV (R\d+), (R\d+)\b)", t)
+        if m:
+            dst, src = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            copies.setdefault(dst, src)
+    out = set()
+    for j, (_, t) in enumerate(ins):
+        if "LDG.E.U8" not in t:
+            continue
+        regs = {t.split("LDG.E.U8")[1].split(",")[0].strip()}
+        regs |= {dst for dst, src in copies.items() if src in regs}
+        for k in list(range(max(j + 1, head), end)) + (list(range(head, j)) if head <= j < end else []):
+            m = re.match(r"(?:ISETP\S*|LOP3\.LUT) (P\d), (?:PT|RZ), (R\d+)\b", ins[k][1])
+            if m and m.group(2) in regs:
+                pred = m.group(1)
+                out.add(next(n for n in range(k + 1, end) if (b := BRANCH.match(ins[n][1])) and b.group(1).lstrip("@!") == pred))
+                break
+    return out
+
+
+def step_path(ins: list[tuple[int, str]], conventional: list[bool]) -> collections.Counter:
+    """Opcodes on one time-loop iteration's path (module docstring); conventional[k]: slot k writes this step."""
+    at = {a: i for i, (a, _) in enumerate(ins)}
+    back = [i for i, (a, t) in enumerate(ins) if re.match(r"BRA 0x[0-9a-f]+$", t) and int(t[6:], 16) < a]
+    if len(back) != 1:
+        raise RuntimeError(f"expected one backward branch (the time loop), found {len(back)}")
+    end = back[0]
+    head = at[int(ins[end][1][6:], 16)]
+    writes = write_branches(ins, head, end)
+    if len(writes) != len(conventional):
+        raise RuntimeError(f"found {len(writes)} write-mask branches for {len(conventional)} slots")
+    order = sorted(writes)
+    count, i = collections.Counter(), head
+    while i < end:
+        a, t = ins[i]
+        count[opcode(t)] += 1
+        m = BRANCH.match(t)
+        if m and int(m.group(2), 16) > a:
+            # a write-mask branch skips the slot's write; any other forward branch skips a fallback or slow path
+            if i not in writes or not conventional[order.index(i)]:
+                i = at[int(m.group(2), 16)]
+                continue
+        i += 1
+    return count
+
+
+def nvdisasm_loop(text: str, function: str) -> collections.Counter:
+    """Opcodes of the longest loop (backward branch to a label) of `function` in `nvdisasm -c` output."""
+    lines = text.splitlines()
+    body = lines[next(i for i, line in enumerate(lines) if f".text.{function}" in line) :]
+    labels = {line[:-1]: i for i, line in enumerate(body) if re.match(r"\.L_x_\d+:$", line)}
+    loops = [
+        (labels[m.group(1)], i)
+        for i, line in enumerate(body)
+        if (m := re.search(r"BRA `\((\.L_x_\d+)\)", line)) and labels.get(m.group(1), i) < i
+    ]
+    if not loops:
+        raise RuntimeError(f"no loop found in {function}")
+    start, end = max(loops, key=lambda se: se[1] - se[0])
+    ops = collections.Counter()
+    for line in body[start : end + 1]:
+        if re.search(r"/\*[0-9a-f]{4}\*/", line):
+            ops[opcode(re.sub(r"^\s*/\*[0-9a-f]+\*/\s*", "", line))] += 1
+    return ops
+
+
+def count_row(count: collections.Counter, elements: int, skip: int = 0, **label) -> dict:
+    """A table row: the label columns, instructions per step (less `skip`) and per element-step, the top opcodes."""
+    total = sum(count.values()) - skip
+    top = ", ".join(f"{k} {v}" for k, v in count.most_common(TOP))
+    return {**label, "per step": total, "per element-step": round(total / elements, 2), "top opcodes": top}
+
+
+# -- compiling (Triton, NVRTC) --------------------------------------------------------------------------------------
+def _triton_bin(tool: str) -> pathlib.Path:
+    import triton
+
+    return pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / tool
+
+
+def sass_of(fn, ptrs: dict, const: dict, options: dict) -> list[tuple[int, str]]:
+    """(address, instruction) of Triton kernel `fn` compiled ahead of time for sm_90a: ptrs maps pointer arguments
+    to their types (other arguments i32), const the constexprs; options are triton.compile's (the launcher's)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(inspect.signature(fn.fn).parameters)
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}
+    constexprs = {(names.index(k),): v for k, v in const.items()}
+    k = triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32), options=options)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = pathlib.Path(tmp) / "k.cubin"
+        cubin.write_bytes(k.asm["cubin"])
+        out = subprocess.run([str(_triton_bin("cuobjdump")), "-sass", str(cubin)], capture_output=True, text=True,
+                             check=True)  # fmt: skip
+    return parse_cuobjdump(out.stdout)
+
+
+def mamba2_sass(slots: list[tuple[int, int]], block_p: int) -> list[tuple[int, str]]:
+    """The Mamba-2 kernel for slots [(format code, buffer code)] at BLOCK_P rows, one warp, as mamba2_launch builds it."""
+    from ssmquant.kernels.common import slot_spec
+    from ssmquant.kernels.mamba2 import _mamba2_emulate_kernel
+
+    specs = ([slot_spec(f, block_p, False, False, buf) for f, buf in slots] + [0] * 6)[:6]
+    ptrs = dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
+    ptrs.update(x_ptr="*bf16", bm_ptr="*bf16", cm_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
+    const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, NV=len(slots), KMAJOR=True)  # as mamba2_launch
+    const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
+    opts = {"num_warps": 1, "enable_fp_fusion": True, "enable_reflect_ftz": False}  # as mamba2_launch
+    return sass_of(_mamba2_emulate_kernel, ptrs, const, opts)
+
+
+def kda_sass(fmt: int, fast_round: bool, fp_fusion: bool, prefetch: bool) -> list[tuple[int, str]]:
+    """The KDA kernel, one conventional slot of format code fmt at BLOCK_P 16, as delta_rule_launch builds it."""
+    from ssmquant.kernels.common import slot_spec
+    from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel
+
+    ptrs = dict.fromkeys(["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
+    ptrs.update(v_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
+    specs = [slot_spec(fmt, 16, False, False, 0)] + [0] * 5
+    const = dict(BLOCK_P=16, BLOCK_N=128, VEC_DECAY=True, HAS_S0=False, FAST_ROUND=fast_round, FP_FUSION=fp_fusion,
+                 PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})  # fmt: skip
+    opts = {"num_warps": 1, "enable_fp_fusion": fp_fusion, "enable_reflect_ftz": False}
+    return sass_of(_delta_rule_emulate_kernel, ptrs, const, opts)
+
+
+def kda_cuda_nvdisasm(fmt: int) -> str:
+    """nvdisasm of the KDA CUDA kernel for format code fmt (conventional, fp32 q / k, bf16 v), NVRTC for sm_90."""
+    import torch
+
+    from ssmquant.kernels import kda_cuda
+    from tests.kernels.nvrtc_offline import nvrtc_compile
+
+    rc, log, cubin = nvrtc_compile(kda_cuda.kernel_source(fmt, 0, True, False, torch.float32, torch.bfloat16),
+                                   list(kda_cuda.NVRTC_OPTIONS))  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(f"NVRTC failed:\n{log}")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(_triton_bin("nvdisasm")), "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+
+
+# -- the benchmark --------------------------------------------------------------------------------------------------
+def add_arguments(ap) -> None:
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated among {', '.join(PARTS)}")
+    ap.add_argument("--quick", action="store_true", help="fp8_e4m3 alone, default path (a check of the script)")
+
+
+def run(args) -> Result:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("sass compiles machine code: run it without TRITON_INTERPRET=1")
+    parts = [p for p in args.parts.split(",") if p]
+    if not parts or set(parts) - set(PARTS):
+        sys.exit(f"--parts takes a comma-separated subset of {', '.join(PARTS)}, got {args.parts!r}")
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    from ssmquant.kernels.rounding import FMT_FP8, FMT_INT8, FMT_NVFP4
+
+    raw, body, notes = {}, [], []
+    if "mamba2" in parts:
+        cases = {
+            "fp8_e4m3": ([(FMT_FP8, 0)], 16),
+            "nvfp4": ([(FMT_NVFP4, 0)], 16),
+            "six default variants": ([(f, buf) for f in (FMT_FP8, FMT_INT8, FMT_NVFP4) for buf in (0, 1)], 4),
+        }
+        if args.quick:
+            cases = {"fp8_e4m3": cases["fp8_e4m3"]}
+        rows = []
+        for name, (slots, block_p) in cases.items():
+            count = step_path(mamba2_sass(slots, block_p), [buf == 0 for _, buf in slots])
+            rows.append(count_row(count, block_p * 128 // 32, launch=name, NV=len(slots), BLOCK_P=block_p))
+            print(f"mamba2 {name}: {rows[-1]['per step']} per step", flush=True)
+        raw["mamba2"] = rows
+        body.append("Mamba-2 Triton kernel (P 64, N 128, one warp; conventional slots write, replay16 slots do not; "
+                    "the six-variant launch holds 16 elements of each of its 7 states per thread):\n\n"
+                    + markdown_table(rows))  # fmt: skip
+    if "kda" in parts:
+        formats = {"fp8_e4m3": FMT_FP8, "int8": FMT_INT8, "nvfp4": FMT_NVFP4}
+        paths = {"default": (True, True, False), "default + prefetch": (True, True, True),
+                 "previous (fast_round, fp_fusion off)": (False, False, False)}  # fmt: skip
+        if args.quick:
+            formats, paths = {"fp8_e4m3": FMT_FP8}, {"default": paths["default"]}
+        rows = []
+        for name, code in formats.items():
+            for label, flags in paths.items():
+                rows.append(count_row(step_path(kda_sass(code, *flags), [True]), 16 * 128 // 32, format=name,
+                                      path=label))  # fmt: skip
+                print(f"kda {name} {label}: {rows[-1]['per element-step']} per element-step", flush=True)
+        raw["kda"] = rows
+        body.append("KDA Triton kernel (Dk = Dv = 128, BLOCK_P 16, one warp, conventional):\n\n" + markdown_table(rows))
+    if "kda-cuda" in parts:
+        from tests.kernels.nvrtc_offline import nvrtc_library
+
+        if nvrtc_library() is None:
+            notes.append("KDA CUDA kernel: not counted, the nvidia-cuda-nvrtc wheel is missing (pip install -e .[dev])")
+        else:
+            formats = {"fp8_e4m3": FMT_FP8} if args.quick else {"fp8_e4m3": FMT_FP8, "int8": FMT_INT8}
+            rows = []
+            for name, code in formats.items():
+                ops = nvdisasm_loop(kda_cuda_nvdisasm(code), "kda_emulate_8bit")
+                rows.append(count_row(ops, 64, skip=3 * ops["CALL"], format=name))
+                print(f"kda-cuda {name}: {rows[-1]['per element-step']} per element-step", flush=True)
+            raw["kda-cuda"] = rows
+            body.append("KDA CUDA kernel (NVRTC, sm_90, conventional, fp32 q / k, bf16 v; division slow-path calls "
+                        "not counted):\n\n" + markdown_table(rows))  # fmt: skip
+    from importlib.metadata import version
+
+    ptxas = get_ptxas(90)
+    tools = f"ptxas {ptxas.version} (Triton's)" + (
+        f", NVRTC {version('nvidia-cuda-nvrtc')}" if "kda-cuda" in parts and "kda-cuda" in raw else ""
+    )
+    intro = (f"Instructions on one time step's path of one thread (a write step), from the machine code; per "
+             f"element-step = per step / the elements of one state a thread holds. {tools}.\n\n")  # fmt: skip
+    text = intro + "\n".join(body) + "".join(f"\n{n}\n" for n in notes)
+    section = Section("Instructions per element-step (sm_90 machine code)", text)
+    hardware = "No GPU: compiled offline for sm_90a (Triton) / sm_90 (NVRTC)"
+    return Result({"sass": section}, raw, measurement=not args.quick, hardware=hardware)

@@ -1,0 +1,573 @@
+"""Serving-engine facts as versioned data, each with the version range it holds for and where it was read.
+
+A `Fact` is one statement about an engine (what a knob accepts, what a kernel checks, what a config
+validator rejects), the engine versions it holds for, the engine's own words where it has any (an error
+message, a type, a log line), and the sources it was read from (repository path and release or commit).
+`deployments.py` turns facts into checks on one measured setting; the export cites them in every message.
+
+Versions are the releases whose source was read, in order; a fact holds for the half-open range
+[since, until) of that list (None: open end). A *build* is a release plus open pull requests: it is
+listed after its release, it is never a default, and every output that uses it says so with the PR
+numbers. Versions that were not read are refused rather than guessed.
+
+Where a description of an engine disagreed with its released source, the source wins; ssmquant/export/README.md
+lists those points.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+ENGINES = ("vllm", "trtllm", "flashinfer")
+ENGINE_NAMES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "flashinfer": "FlashInfer"}
+
+# Releases read, oldest first (vLLM and FlashInfer: the PyPI wheels; TensorRT-LLM: its repository at one
+# commit of main, because its PyPI package is a 10 kB stub that downloads the wheel from NVIDIA's own index,
+# which cannot be reached here).
+# Re-checked 2026-11-30 against the newest releases on PyPI (`pip index versions`): vllm 0.33.0, flashinfer-python
+# 0.7.4, tensorrt-llm 1.2.1 (the stub): nothing newer than the versions below. Every FlashInfer quote below was
+# found again in the 0.7.4 wheel, except gdn_replay's, which 0.7.4 words "ReplaySSM caching requires SM100/SM103
+# or SM120" (flashinfer/gdn_decode.py; the fact's text says so). vLLM 0.25.1 exists but was not read.
+VLLM_PR_BUILD = "0.33.0+pr52962"
+TRTLLM_MAIN = "main@2829508"
+VERSIONS: dict[str, tuple[str, ...]] = {
+    "vllm": ("0.25.0", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
+             VLLM_PR_BUILD),  # fmt: skip
+    "trtllm": (TRTLLM_MAIN,),
+    "flashinfer": ("0.7.0.post1", "0.7.2.post1", "0.7.4"),
+}
+
+
+@dataclass(frozen=True)
+class Build:
+    """A release plus open pull requests: base release, the PRs (in stack order) and their state when read."""
+
+    base: str
+    prs: tuple[str, ...]
+    state: str
+
+    def label(self, engine: str) -> str:
+        return (
+            f"UNRELEASED {ENGINE_NAMES[engine]} code: {self.base} plus {', '.join(self.prs)} ({self.state}); "
+            "no release runs this"
+        )
+
+
+BUILDS: dict[str, dict[str, Build]] = {
+    "vllm": {
+        VLLM_PR_BUILD: Build(
+            "0.33.0",
+            ("vllm-project/vllm#52962",),
+            "open when read (2026-08-19); stacked on #52506 and #52928, whose config checks are in the 0.32.0 "
+            "release; its code was not read, only its description",
+        )
+    }
+}
+RELEASES = {e: tuple(v for v in vs if v not in BUILDS.get(e, {})) for e, vs in VERSIONS.items()}
+DEFAULT_VERSION = {e: RELEASES[e][-1] for e in ENGINES}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a fact was read: repository, path inside it, and the release or commit."""
+
+    repo: str
+    path: str
+    ref: str
+
+    def __str__(self) -> str:
+        return f"{self.repo}:{self.path} @ {self.ref}"
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One engine fact. since/until: covered versions, [since, until) (None: open); quote: the engine's words."""
+
+    id: str
+    engine: str
+    says: str
+    sources: tuple[Source, ...]
+    since: str | None = None
+    until: str | None = None
+    quote: str | None = None
+    read_in: tuple[str, ...] = field(default_factory=tuple)
+
+    def holds(self, version: str) -> bool:
+        order = VERSIONS[self.engine]
+        i = order.index(version)
+        lo = 0 if self.since is None else order.index(self.since)
+        hi = len(order) if self.until is None else order.index(self.until)
+        return lo <= i < hi
+
+    @property
+    def range(self) -> str:
+        order = VERSIONS[self.engine]
+        lo = order[0] if self.since is None else self.since
+        if self.until is None:
+            return f"{lo} and later read" if lo != order[-1] else lo
+        return f"{lo} to {order[order.index(self.until) - 1]}"
+
+    def cite(self) -> str:
+        """'[vLLM 0.30.0 to 0.33.0; vllm-project/vllm:vllm/config/vllm.py @ 0.33.0]'."""
+        return f"[{ENGINE_NAMES[self.engine]} {self.range}; {self.sources[0]}]"
+
+
+def _refs(versions: tuple[str, ...]) -> str:
+    if len(versions) <= 2:
+        return ", ".join(versions)
+    return f"{versions[0]} to {versions[-1]} ({len(versions)} releases read)"
+
+
+def _vllm(path: str, *versions: str) -> Source:
+    return Source("vllm-project/vllm", path, f"vllm {_refs(versions)} wheels" if len(versions) > 1 else f"vllm {versions[0]} wheel")
+
+
+def _fi(path: str, *versions: str) -> Source:
+    return Source("flashinfer-ai/flashinfer", path, f"flashinfer-python {_refs(versions or ('0.7.2.post1',))} wheel")
+
+
+def _trt(path: str, commit: str) -> Source:
+    return Source("NVIDIA/TensorRT-LLM", path, f"main {commit}")
+
+
+V_ALL = VERSIONS["vllm"][:-1]
+
+FACTS: dict[str, Fact] = {
+    f.id: f
+    for f in [
+        # -- vLLM --------------------------------------------------------------------------------------
+        Fact(
+            "vllm.state_dtype",
+            "vllm",
+            "--mamba-ssm-cache-dtype takes auto, float32, float16, bfloat16 (MambaDType); any other value fails "
+            "argument parsing",
+            (_vllm("vllm/config/cache.py", *V_ALL), _vllm("vllm/engine/arg_utils.py", "0.33.0")),
+            until=VLLM_PR_BUILD,
+            quote="argument --mamba-ssm-cache-dtype: invalid choice: {value} (choose from 'auto', 'bfloat16', "
+            "'float16', 'float32')",
+        ),
+        Fact(
+            "vllm.pr_8bit",
+            "vllm",
+            "int8 / fp8_e4m3 SSM state with one FP32 decode scale per (head, head_dim), only under FlashInfer "
+            "ReplaySSM (Mamba-2); convolution state and the replay ring keep their dtypes",
+            (Source("vllm-project/vllm", "pull/52962 (description)", "open, 2026-08-19"),),
+            since=VLLM_PR_BUILD,
+            quote="Add INT8 and FP8 E4M3 SSM-cache dtypes for FlashInfer ReplaySSM. [...] Reject quantized SSM "
+            "caches outside FlashInfer ReplaySSM.",
+        ),
+        Fact(
+            "vllm.sr_fp16",
+            "vllm",
+            "stochastic rounding (--enable-mamba-cache-stochastic-rounding) needs --mamba-ssm-cache-dtype float16",
+            (_vllm("vllm/config/vllm.py", *V_ALL),),
+            until=VLLM_PR_BUILD,
+            quote="Stochastic rounding for Mamba cache requires the SSM cache to be float16.",
+        ),
+        Fact(
+            "vllm.pr_sr",
+            "vllm",
+            "stochastic rounding on float16 state, and on fp8_e4m3 state through FlashInfer ReplaySSM (the PR "
+            "describes no stochastic rounding for int8)",
+            (Source("vllm-project/vllm", "pull/52962 (description)", "open, 2026-08-19"),),
+            since=VLLM_PR_BUILD,
+            quote="Preserve stochastic rounding for FP8 through the existing Mamba SSU seed and Philox-round "
+            "controls.",
+        ),
+        Fact(
+            "vllm.sr_triton_sm10x",
+            "vllm",
+            "stochastic rounding on the Triton Mamba backend needs a compute capability 10.x GPU "
+            "(is_device_capability_family(100)); the FlashInfer backend has no such check",
+            (_vllm("vllm/config/mamba.py", *V_ALL), _vllm("vllm/platforms/interface.py", "0.33.0")),
+            quote="Stochastic rounding for Mamba cache with triton backend requires compute capability 10.0 "
+            "(data center Blackwell). [...] or set `--mamba-backend flashinfer`.",
+        ),
+        Fact(
+            "vllm.sr_mamba_only",
+            "vllm",
+            "stochastic rounding is applied only by the Mamba selective-state-update backends; Gated DeltaNet "
+            "layers decode with kernels that take no rounding option",
+            (_vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", "0.30.0", "0.31.0", "0.32.0", "0.33.0"),),
+            read_in=("0.30.0", "0.31.0", "0.32.0", "0.33.0"),
+        ),
+        Fact(
+            "vllm.philox",
+            "vllm",
+            "--mamba-cache-philox-rounds defaults to 0: Triton's default rounds (tl.randint, 10) on the Triton "
+            "backend, 10 on the FlashInfer backend",
+            (_vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", "0.33.0"),),
+            quote="philox_rounds=self._mamba_config.stochastic_rounding_philox_rounds or 10",
+        ),
+        Fact(
+            "vllm.replay_flags",
+            "vllm",
+            "ReplaySSM: --use-replayssm and --replayssm-buffer-len (default 16); absent before 0.27.0",
+            (_vllm("vllm/config/cache.py", "0.27.0", "0.33.0"),),
+            since="0.27.0",
+            quote="replayssm_buffer_len: int = Field(default=16, gt=0)",
+        ),
+        Fact(
+            "vllm.replay_arch",
+            "vllm",
+            "ReplaySSM runs only for models marked SupportsReplaySSM: NemotronH (Mamba-2); Gated DeltaNet models "
+            "decode conventionally",
+            (_vllm("vllm/model_executor/models/nemotron_h.py", "0.33.0"), _vllm("vllm/config/vllm.py", *V_ALL[2:])),
+            since="0.27.0",
+            quote="--use-replayssm is not supported for architecture {architecture!r}",
+        ),
+        Fact(
+            "vllm.replay_triton_only",
+            "vllm",
+            "ReplaySSM runs only on the Triton Mamba backend",
+            (_vllm("vllm/config/vllm.py", "0.27.0", "0.27.1", "0.28.0", "0.29.0"),),
+            since="0.27.0",
+            until="0.30.0",
+            quote="--use-replayssm requires --mamba-backend triton",
+        ),
+        Fact(
+            "vllm.fi_replay_no_prefix",
+            "vllm",
+            "FlashInfer ReplaySSM refuses prefix caching, which is on by default for hybrid models and turns "
+            "the Mamba cache mode to 'align'; the export passes --no-enable-prefix-caching",
+            (
+                _vllm("vllm/config/vllm.py", "0.30.0", "0.31.0", "0.32.0", "0.33.0"),
+                _vllm("vllm/model_executor/models/config.py", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"),
+                _vllm("vllm/config/model.py", "0.33.0"),
+            ),
+            since="0.30.0",
+            quote="FlashInfer ReplaySSM does not support prefix caching yet; use --disable-prefix-caching",
+        ),
+        Fact(
+            "vllm.triton_replay_v1",
+            "vllm",
+            "Triton ReplaySSM needs Model Runner V1, while V2 is the default wherever Triton is installed; the "
+            "export sets VLLM_USE_V2_MODEL_RUNNER=0",
+            (_vllm("vllm/config/vllm.py", "0.30.0", "0.31.0", "0.32.0", "0.33.0"),),
+            since="0.30.0",
+            quote="Triton ReplaySSM requires Model Runner V1; use --mamba-backend flashinfer or Model Runner V1",
+        ),
+        Fact(
+            "vllm.fi_max_window",
+            "vllm",
+            "FlashInfer ReplaySSM needs --replayssm-buffer-len <= 16 (checked by the config from 0.32.0, by "
+            "the kernel's max_window assert before)",
+            (_vllm("vllm/config/vllm.py", "0.32.0", "0.33.0"), _fi("flashinfer/mamba/checkpointing_ssu.py")),
+            since="0.30.0",
+            quote="FlashInfer ReplaySSM requires --replayssm-buffer-len <= 16",
+        ),
+        Fact(
+            "vllm.spec_refused_027",
+            "vllm",
+            "ReplaySSM refuses speculative decoding",
+            (_vllm("vllm/config/vllm.py", "0.27.0", "0.27.1", "0.28.0"),),
+            since="0.27.0",
+            until="0.29.0",
+            quote="--use-replayssm does not support speculative decoding",
+        ),
+        Fact(
+            "vllm.spec_refused_029",
+            "vllm",
+            "ReplaySSM with speculative decoding is RecoverSSM, which only Kimi-K3 / Kimi-Linear KDA models take",
+            (_vllm("vllm/config/vllm.py", "0.29.0", "0.30.0", "0.31.0"),),
+            since="0.29.0",
+            until="0.32.0",
+            quote="RecoverSSM is only supported for Kimi-K3 KDA",
+        ),
+        Fact(
+            "vllm.spec_fi",
+            "vllm",
+            "Mamba-2 ReplaySSM with speculative decoding: FlashInfer backend only, --replayssm-buffer-len >= 1 + "
+            "num_speculative_tokens, no prefix caching",
+            (_vllm("vllm/config/vllm.py", "0.32.0", "0.33.0"),),
+            since="0.32.0",
+            quote="FlashInfer ReplaySSM speculative decoding requires --replayssm-buffer-len >= 1 + "
+            "num_speculative_tokens",
+        ),
+        Fact(
+            "vllm.ring",
+            "vllm",
+            "ReplaySSM ring per layer and sequence: x (heads, rows, head_dim) and B (groups, rows, d_state) in the "
+            "activation dtype, dt (heads, rows) in float32; rows = L on Triton, L + 1 + num_speculative_tokens "
+            "on FlashInfer",
+            (_vllm("vllm/model_executor/layers/mamba/mamba_utils.py", "0.30.0", "0.32.0", "0.33.0"),),
+            since="0.27.0",
+            quote="ReplaySSM logical history length B for Mamba2. Triton uses B physical rows and FlashInfer "
+            "uses B+T",
+        ),
+        Fact(
+            "vllm.mamba_cache_mode",
+            "vllm",
+            "--mamba-cache-mode follows prefix caching ('align' with it, 'none' without); deprecated and without "
+            "effect in 0.33.0",
+            (_vllm("vllm/engine/arg_utils.py", "0.33.0"), _vllm("vllm/model_executor/models/config.py", "0.33.0")),
+            quote="--mamba-cache-mode is deprecated and will be removed in v0.33.0. It has no effect: Mamba prefix "
+            "caching follows --enable-prefix-caching.",
+        ),
+        Fact(
+            "vllm.hf_dtype",
+            "vllm",
+            "with --mamba-ssm-cache-dtype auto, NemotronH reads mamba_ssm_cache_dtype from the HF config "
+            "(default float32) and Qwen3.5 reads mamba_ssm_dtype from its text config; an explicit flag wins",
+            (_vllm("vllm/model_executor/models/config.py", "0.33.0"),),
+        ),
+        # -- TensorRT-LLM -------------------------------------------------------------------------------
+        Fact(
+            "trtllm.state_dtype",
+            "trtllm",
+            "kv_cache_config.mamba_ssm_cache_dtype takes auto, float16, bfloat16, float32; no int8 / fp8 knob",
+            (_trt("tensorrt_llm/llmapi/llm_args.py", "0004396"),),
+            quote='mamba_ssm_cache_dtype: Literal["auto", "float16", "bfloat16", "float32"]',
+        ),
+        Fact(
+            "trtllm.sr",
+            "trtllm",
+            "kv_cache_config.mamba_ssm_stochastic_rounding applies to a float16 cache only; "
+            "mamba_ssm_philox_rounds defaults to 10 (>= 1)",
+            (_trt("tensorrt_llm/llmapi/llm_args.py", "0004396"),),
+            quote="Enable stochastic rounding for Mamba SSM state updates. Only applicable with float16 cache dtype.",
+        ),
+        Fact(
+            "trtllm.hf_key",
+            "trtllm",
+            "the HF config key read for the SSM cache dtype is mamba_ssm_cache_dtype (top level or text_config), "
+            "for Mamba-2 and GDN alike; mamba_ssm_dtype is ignored",
+            (_trt("tensorrt_llm/_torch/pyexecutor/config_utils.py", "00679c6"),),
+            quote="Only the explicit mamba_ssm_cache_dtype field is honored here.",
+        ),
+        Fact(
+            "trtllm.replay_spec_only",
+            "trtllm",
+            "Mamba-2 replay runs only with speculative decoding; without it the state is stored every token",
+            (_trt("tensorrt_llm/_torch/modules/mamba/cache_manager.py", "2829508"),),
+            quote="Replay kernel requires speculative decoding; using non-replay path",
+        ),
+        Fact(
+            "trtllm.replay_gates",
+            "trtllm",
+            "with speculative decoding, replay is on by default on SM >= 80 unless the drafts form a tree "
+            "(eagle_choices / use_dynamic_tree) or TRTLLM_USE_MAMBA_REPLAY=0; only '0' disables it",
+            (_trt("tensorrt_llm/_torch/modules/mamba/cache_manager.py", "2829508"),),
+            quote='if os.environ.get("TRTLLM_USE_MAMBA_REPLAY", "1") == "0": [...] use_replay = False',
+        ),
+        Fact(
+            "trtllm.replay_sr_sm",
+            "trtllm",
+            "float16 + stochastic rounding keeps replay only on 100 <= SM < 120 (not SM 120/121); elsewhere the "
+            "state is stored every token (legacy MTP path)",
+            (_trt("tensorrt_llm/_torch/modules/mamba/cache_manager.py", "2829508"),),
+            quote="Replay kernel Philox requires 100 <= sm < 120; using legacy MTP path for stochastic rounding "
+            "support",
+        ),
+        Fact(
+            "trtllm.replay_history",
+            "trtllm",
+            "replay history = max(16, tokens per step) with tokens per step = 1 + draft tokens; double-buffered x, "
+            "B (model dtype), dt and dA_cumsum (float32); the checkpoint is written when held + step > history",
+            (
+                _trt("tensorrt_llm/_torch/modules/mamba/cache_manager.py", "2829508"),
+                _trt("tensorrt_llm/_torch/pyexecutor/kv_cache/mamba_cache_manager/common.py", "2829508"),
+            ),
+            quote="self.replay_history_size = max(MIN_REPLAY_HISTORY_SIZE, tokens_per_gen_step)",
+        ),
+        Fact(
+            "trtllm.gdn_replay",
+            "trtllm",
+            "Gated DeltaNet has its own MTP replay behind TRTLLM_USE_GDN_REPLAY, on replay storage shared with "
+            "Mamba-2; its window and flush rule were not read, so GDN replay settings are not exported",
+            (
+                _trt("tensorrt_llm/_torch/modules/mamba/gdn_mixer.py", "0d4bd90"),
+                _trt("tensorrt_llm/_torch/pyexecutor/kv_cache/mamba_cache_manager/replay.py", "3f4f808"),
+            ),
+            quote="GDN MTP replay is requested; set TRTLLM_USE_GDN_REPLAY=0 to disable it",
+        ),
+        # -- FlashInfer ---------------------------------------------------------------------------------
+        Fact(
+            "flashinfer.ssu_dtypes",
+            "flashinfer",
+            "selective_state_update (conventional decode) stores float32, float16, bfloat16 (and int16 with "
+            "state_scale) state; no int8 / fp8",
+            (_fi("flashinfer/jit/mamba/selective_state_update.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
+            quote="_dtype_map = {torch.float16: 'half', torch.bfloat16: 'nv_bfloat16', torch.float32: 'float', "
+            "torch.int16: 'int16_t', ...}",
+        ),
+        Fact(
+            "flashinfer.ssu_sr",
+            "flashinfer",
+            "selective_state_update rounds stochastically only into a float16 state (cvt_rs_f16_f32 written into "
+            "the state element: other state dtypes fail to compile) and not together with state_scale",
+            (_fi("flashinfer/data/include/flashinfer/mamba/kernel_selective_state_update_stp.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
+            quote="rState.val[ii] = cvt_rs_f16_f32(new_state, rand_ints[ii % 4] & 0x1FFFu);",
+        ),
+        Fact(
+            "flashinfer.cssu_dtypes",
+            "flashinfer",
+            "checkpointing_ssu (replay) stores float32, float16, bfloat16, int8 or fp8_e4m3 state; the 8-bit ones "
+            "need state_scale, float32 (cache, nheads, head_dim), float ones must not pass it",
+            (_fi("flashinfer/mamba/checkpointing_ssu.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
+            quote="state.dtype={state.dtype} requires a state_scale tensor of shape (cache, nheads, dim) and "
+            "dtype float32",
+        ),
+        Fact(
+            "flashinfer.cssu_sr",
+            "flashinfer",
+            "checkpointing_ssu rounds stochastically into float16, int8 and fp8_e4m3 state; with a bfloat16 or "
+            "float32 state rand_seed is accepted and the state is rounded to nearest",
+            (
+                _fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+                _fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+            ),
+            quote="constexpr bool kPhiloxF16 = (PHILOX_ROUNDS > 0) && std::is_same_v<state_t, __half>;",
+        ),
+        Fact(
+            "flashinfer.cssu_window",
+            "flashinfer",
+            "the ring has L + T rows (T tokens per call): max_window = L <= 16 and T <= L",
+            (_fi("flashinfer/mamba/checkpointing_ssu.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
+            quote="checkpointing_ssu supports at most 16 cache tokens (max_window)",
+        ),
+        Fact(
+            "flashinfer.cssu_8bit_shape",
+            "flashinfer",
+            "8-bit state: head_dim 64 (static_assert D_PER_CTA == 64, d_split 1), d_state 128 (row offsets are "
+            "row << 7, unchecked), 2-byte inputs (static_assert), ring in the input dtype (x_cache.dtype == "
+            "x.dtype)",
+            (
+                _fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+                _fi("flashinfer/data/csrc/checkpointing_ssu.cu", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+            ),
+            quote='static_assert(D_PER_CTA == 64, "int8 chain kernel requires DIM == 64"); '
+            "int const state_base_lo = row_lo << 7;  // row_lo * DSTATE",
+        ),
+        Fact(
+            "flashinfer.tie_hdim",
+            "flashinfer",
+            "dt (.., nheads, dim) strides (1, 0), A (nheads, dim, dstate) strides (1, 0, 0), D and dt_bias "
+            "(nheads, dim) strides (1, 0): one value per head broadcast over head_dim ('tie_hdim')",
+            (_fi("flashinfer/data/csrc/checkpointing_ssu.cu", "0.7.0.post1", "0.7.2.post1", "0.7.4"), _fi("flashinfer/data/csrc/selective_state_update.cu")),
+            quote='FLASHINFER_CHECK(dt.stride(3) == 0, "dt.stride(3) must be 0 (tie_hdim), got ", dt.stride(3));',
+        ),
+        Fact(
+            "flashinfer.scale",
+            "flashinfer",
+            "state_scale holds decode scales (value = code * scale), written at every checkpoint as "
+            "1 / (QMAX / amax) over d_state per (slot, head, row), 1 where amax = 0; QMAX 127 (int8), 448 (fp8)",
+            (_fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
+            quote="state_scale_w[state_scale_base + d_row] = 1.f / encode_scale_per_row[i];",
+        ),
+        Fact(
+            "flashinfer.sm80",
+            "flashinfer",
+            "the Mamba kernels are built for SM 8.x to 12.x (software fallbacks for stochastic rounding below "
+            "SM 100 and for fp8 below SM 89)",
+            (_fi("flashinfer/jit/mamba/checkpointing_ssu.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
+            quote="_SUPPORTED_MAJORS = [8, 9, 10, 11, 12]",
+        ),
+        Fact(
+            "flashinfer.gdn_decode",
+            "flashinfer",
+            "Gated DeltaNet decode (gated_delta_rule_decode_pretranspose, state [B, HV, V, K]): float32 state "
+            "(K, V >= 128, V % 8 == 0) or bfloat16 state (K = V = 128), SM 90+",
+            (_fi("flashinfer/gdn_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
+            quote="Requires SM90+ (Hopper, Blackwell, etc.).",
+        ),
+        Fact(
+            "flashinfer.gdn_replay",
+            "flashinfer",
+            "Gated DeltaNet ReplaySSM (gated_delta_rule_mtp(cache_replayssm=True) + "
+            "gated_delta_rule_replayssm_commit): float32 checkpoint, K = V = 128, T >= 3 tokens per verify, "
+            "SM 100/103 (SM 120 from 0.7.4); the checkpoint takes every verify's accepted tokens, there is no "
+            "L-token window",
+            (_fi("flashinfer/gdn_decode.py", "0.7.2.post1", "0.7.4"),),
+            since="0.7.2.post1",
+            quote="ReplaySSM caching currently requires SM100/SM103",
+        ),
+        Fact(
+            "flashinfer.kda_decode",
+            "flashinfer",
+            "KDA decode is flashinfer.recurrent_kda (flashinfer.kda_decode.recurrent_kda is a deprecated shim): a "
+            "bfloat16 state [N, HV, V, K] updated in place, bfloat16 q, k, v, g, beta, K = V in {64, 128}, HV a "
+            "multiple of H, int32 ssm_state_indices; CuTe DSL kernels for SM 100 (Blackwell); no float32, 8-bit or "
+            "stochastically rounded decode state",
+            (
+                _fi("flashinfer/kda_kernels/recurrent_kda.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+                _fi("flashinfer/kda_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+            ),
+            quote="Requires SM100 (Blackwell) architecture; State is bfloat16 ``[N, HV, V, K]`` and updated in-place",
+        ),
+        Fact(
+            "flashinfer.kda_verify",
+            "flashinfer",
+            "KDA speculative verify (recurrent_kda(disable_state_update=True)): outputs of up to 16 tokens from the "
+            "committed bfloat16 state, which it never writes; the per-token corrections go to a float32 "
+            "correction_cache [slots, HV, T_max, V] and the raw key | gate to a bfloat16 kg_cache [slots, HV, "
+            "T_max, 2K] (vLLM's RecoverSSM convention), for a commit kernel; K = V = 128; SM 10.0 / 10.3 only",
+            (_fi("flashinfer/kda_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+             _fi("flashinfer/kda_kernels/recurrent_kda.py", "0.7.0.post1", "0.7.2.post1", "0.7.4")),
+            quote="frozen recurrent-KDA decode requires exact compute capability 10.0 (SM100a) or 10.3 (SM103a)",
+        ),
+    ]
+}
+
+
+class EngineVersionError(ValueError):
+    """An engine version or GPU that the facts do not cover; the message lists the accepted values."""
+
+
+def check_version(engine: str, version: str | None) -> str:
+    """None -> the newest release read; otherwise a read release or build of `engine` (else EngineVersionError)."""
+    if version is None:
+        return DEFAULT_VERSION[engine]
+    v = str(version).strip().lstrip("v")
+    if v not in VERSIONS[engine]:
+        raise EngineVersionError(
+            f"{ENGINE_NAMES[engine]} version {version!r} is not covered by the engine facts; accepted: "
+            f"{', '.join(VERSIONS[engine])} (releases whose source was read"
+            + (", and builds with open PRs" if BUILDS.get(engine) else "")
+            + ")"
+        )
+    return v
+
+
+def build(engine: str, version: str) -> Build | None:
+    return BUILDS.get(engine, {}).get(version)
+
+
+_GPU_RE = re.compile(r"^(?:sm_?)(\d{2,3})[af]?$")
+GPU_EXAMPLES = "sm80 (A100), sm86, sm89 (L40S), sm90 (H100/H200), sm100 (B200), sm103 (B300), sm120, sm121"
+DEFAULT_GPU = 90
+
+
+def parse_gpu(gpu: str | int) -> int:
+    """'sm90' / 'sm_100a' / 90 -> compute capability as major * 10 + minor (90, 100, 120)."""
+    if isinstance(gpu, int) and not isinstance(gpu, bool):
+        cc = gpu
+    else:
+        m = _GPU_RE.match(str(gpu).strip().lower())
+        if not m:
+            raise EngineVersionError(f"unknown GPU {gpu!r}; give its compute capability as smXY, e.g. {GPU_EXAMPLES}")
+        cc = int(m.group(1))
+    if not 70 <= cc <= 129:
+        raise EngineVersionError(f"GPU compute capability {cc} out of range; e.g. {GPU_EXAMPLES}")
+    return cc
+
+
+def local_gpu() -> int | None:
+    """Compute capability of the local CUDA GPU (90 for an H200), or None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(0)
+    return major * 10 + minor
+
+
+def resolve_gpu(gpu: str | int | None) -> tuple[int, str | None]:
+    """(compute capability, note): the given GPU, else the local one, else sm90 with a note saying so."""
+    if gpu is not None:
+        return parse_gpu(gpu), None
+    cc = local_gpu()
+    if cc is not None:
+        return cc, f"checked for the local GPU, sm{cc}"
+    return DEFAULT_GPU, f"no GPU here and no --gpu given: checked for sm{DEFAULT_GPU} (H100/H200)"

@@ -1,0 +1,289 @@
+// Fused KDA decode emulation, one 8-bit RNE variant with dynamic per-row scales beside the FP32 reference, all T
+// steps in one launch. Compiled at run time by NVRTC from ssmquant/kernels/kda_cuda.py, which prepends the
+// configuration's #defines (FMT, QMAX, BUF, ALWAYS, HAS_S0, QK_T, V_T, LOAD_QK, LOAD_V) and says what the kernel
+// computes and why it is written this way.
+
+#define DK 128
+#define HALF 64
+#define BLOCK_P 16
+
+__device__ __forceinline__ float bf16_rne(float x) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return __uint_as_float(((unsigned)h) << 16);
+}
+
+__device__ __forceinline__ float fp16_rne(float x) {
+    unsigned short h;
+    float r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
+    return r;
+}
+
+// 2-byte floats loaded as FP32 (exact)
+__device__ __forceinline__ float ld_f32(const float* p) { return *p; }
+__device__ __forceinline__ float ld_bf16(const unsigned short* p) { return __uint_as_float(((unsigned)*p) << 16); }
+__device__ __forceinline__ float ld_f16(const unsigned short* p) {
+    float r;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(*p));
+    return r;
+}
+
+// the variant's k at key channels i..i+3: the buffered copy in shared memory, or k itself without a buffer dtype
+#if BUF != 0
+#define BUFFERED_K(name) float name[4]; ld4(kb + i, name)
+#else
+#define BUFFERED_K(name) const float* name = k_
+#endif
+
+#if BUF == 1
+#define ROUND_BUF(x) bf16_rne(x)
+#elif BUF == 2
+#define ROUND_BUF(x) fp16_rne(x)
+#else
+#define ROUND_BUF(x) (x)
+#endif
+
+// four consecutive floats (16-byte aligned) into registers
+__device__ __forceinline__ void ld4(const float* p, float (&out)[4]) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    out[0] = x.x;
+    out[1] = x.y;
+    out[2] = x.z;
+    out[3] = x.w;
+}
+
+// one step's k and q (4 channels of QK_T) and decays (4 fp32) of this lane, into registers
+__device__ __forceinline__ void load_step(const QK_T* kp, const QK_T* qp, const float* ap, float (&pk)[4], float (&pq)[4],
+                                          float (&pa)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        pk[j] = LOAD_QK(kp + j);
+        pq[j] = LOAD_QK(qp + j);
+    }
+    ld4(ap, pa);
+}
+
+// dd[c] += (s - r)^2 for two elements, into chain c and c + 1
+__device__ __forceinline__ void add_sq_diffs(float (&dd)[4], int c, float s0, float r0, float s1, float r1) {
+    const float d0 = __fsub_rn(s0, r0), d1 = __fsub_rn(s1, r1);
+    dd[c] = __fmaf_rn(d0, d0, dd[c]);
+    dd[c + 1] = __fmaf_rn(d1, d1, dd[c + 1]);
+}
+
+// two values to FP8 E4M3 (RNE, saturating at 448) and back to FP32
+__device__ __forceinline__ void e4m3_round2(float a, float b, float& ra, float& rb) {
+    unsigned short p;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(p) : "f"(a), "f"(b));  // a -> upper byte, b -> lower
+    unsigned h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(p));
+    const unsigned short lo = (unsigned short)(h2 & 0xffffu), hi = (unsigned short)(h2 >> 16);
+    asm("cvt.f32.f16 %0, %1;" : "=f"(ra) : "h"(hi));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(rb) : "h"(lo));
+}
+
+__device__ __forceinline__ float round_int(float x) {  // half to even at spacing 1, for |x| < 2^22
+    const float M = 12582912.0f;  // 1.5 * 2^23
+    return __fsub_rn(__fadd_rn(x, M), M);
+}
+
+// [||dS||^2, ||S||^2, ||dy||^2, ||y||^2] of one step from each lane's partial sums: a reduce-scatter over the warp
+// (each level sends the half it does not keep); lanes 0, 8, 16, 24 end with the four sums and store them to
+// out[lane / 8] with a predicated store (no branch, so the step stays one block for the scheduler)
+__device__ __forceinline__ void store_metrics(float* out, float m0, float m1, float m2, float m3, int lane, bool enabled) {
+    const bool hi16 = (lane & 16) != 0, hi8 = (lane & 8) != 0;
+    float k0 = hi16 ? m2 : m0, k1 = hi16 ? m3 : m1;
+    const float s0 = hi16 ? m0 : m2, s1 = hi16 ? m1 : m3;
+    k0 = __fadd_rn(k0, __shfl_xor_sync(0xffffffffu, s0, 16));
+    k1 = __fadd_rn(k1, __shfl_xor_sync(0xffffffffu, s1, 16));
+    float kv = hi8 ? k1 : k0;
+    const float sv = hi8 ? k0 : k1;
+    kv = __fadd_rn(kv, __shfl_xor_sync(0xffffffffu, sv, 8));
+    kv = __fadd_rn(kv, __shfl_xor_sync(0xffffffffu, kv, 4));
+    kv = __fadd_rn(kv, __shfl_xor_sync(0xffffffffu, kv, 2));
+    kv = __fadd_rn(kv, __shfl_xor_sync(0xffffffffu, kv, 1));
+    const int go = enabled && (lane & 7) == 0;
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p st.global.f32 [%0], %1;\n}"
+                 :: "l"(out + (lane >> 3)), "f"(kv), "r"(go) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(32) round_e4m3_check(const float* x, float* out, int n) {
+    const int i = 2 * (blockIdx.x * 32 + threadIdx.x);
+    if (i + 1 < n) {
+        float a, b;
+        e4m3_round2(x[i], x[i + 1], a, b);
+        out[i] = a;
+        out[i + 1] = b;
+    }
+}
+
+// q, k [B, T, Hk, DK]; v [B, T, Hv, DV]; alpha [B, T, Hv, DK] fp32; beta [B, T, Hv] fp32; s0 [B, Hv, DV, DK] fp32
+// (HAS_S0); write [B, T] int8 (not read when ALWAYS); metrics [T, B, Hv, DV / 16, 4]. Grid (DV / 16, B * Hv), 32 threads.
+extern "C" __global__ void __launch_bounds__(32) kda_emulate_8bit(
+    const QK_T* __restrict__ q, const QK_T* __restrict__ k, const V_T* __restrict__ v,
+    const float* __restrict__ alpha, const float* __restrict__ beta, const float* __restrict__ s0,
+    const signed char* __restrict__ write, float* __restrict__ metrics, int B, int T, int HV, int HK, int DV)
+{
+    __shared__ __align__(16) float sm[2][4][DK];  // [step parity][k, q, decay, k rounded to the buffer][DK]
+    const int lane = threadIdx.x;
+    const int col = lane & 15, half = lane >> 4;
+    const int pid_p = blockIdx.x, npb = gridDim.x;
+    const int bh = blockIdx.y;
+    const int b = bh / HV, h = bh % HV, hk = h / (HV / HK);
+    const int row = pid_p * BLOCK_P + col;
+    float R[HALF], S[HALF];
+#if HAS_S0
+    {
+        const float* sp = s0 + (((long long)b * HV + h) * DV + row) * DK + half * HALF;
+#pragma unroll
+        for (int i = 0; i < HALF; i += 4) {
+            float x[4];
+            ld4(sp + i, x);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) R[i + j] = x[j];
+        }
+    }
+#else
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) R[i] = 0.f;
+#endif
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) S[i] = R[i];
+    // per-step pointers, advanced by one step's stride (no 64-bit index arithmetic in the loop)
+    const long long qk_step = (long long)HK * DK, a_step = (long long)HV * DK, v_step = (long long)HV * DV;
+    const QK_T* kp = k + ((long long)b * T * HK + hk) * DK + lane * 4;
+    const QK_T* qp = q + ((long long)b * T * HK + hk) * DK + lane * 4;
+    const float* ap = alpha + ((long long)b * T * HV + h) * DK + lane * 4;
+    const V_T* vp = v + ((long long)b * T * HV + h) * DV + row;
+    const float* bp = beta + (long long)b * T * HV + h;
+    const signed char* wp = write + (long long)b * T;
+    float* mp = metrics + (((long long)b * HV + h) * npb + pid_p) * 4;
+    const long long metric_step = (long long)B * HV * npb * 4;
+    float pk[4], pq[4], pa[4];
+    load_step(kp, qp, ap, pk, pq, pa);
+    float pm0 = 0.f, pm1 = 0.f, pm2 = 0.f, pm3 = 0.f;  // the previous step's metric partial sums
+    float* pmp = mp;
+    for (int t = 0; t < T; ++t) {
+        float* buf = &sm[t & 1][0][0];
+        *reinterpret_cast<float4*>(buf + 0 * DK + lane * 4) = make_float4(pk[0], pk[1], pk[2], pk[3]);
+        *reinterpret_cast<float4*>(buf + 1 * DK + lane * 4) = make_float4(pq[0], pq[1], pq[2], pq[3]);
+        *reinterpret_cast<float4*>(buf + 2 * DK + lane * 4) = make_float4(pa[0], pa[1], pa[2], pa[3]);
+#if BUF != 0
+        *reinterpret_cast<float4*>(buf + 3 * DK + lane * 4) =
+            make_float4(ROUND_BUF(pk[0]), ROUND_BUF(pk[1]), ROUND_BUF(pk[2]), ROUND_BUF(pk[3]));
+#endif
+        const float vv = LOAD_V(vp);
+        const float bb = *bp;
+#if !ALWAYS
+        const signed char w = *wp;
+#endif
+        vp += v_step;
+        bp += HV;
+        wp += 1;
+        if (t + 1 < T) {  // the next step's vectors
+            kp += qk_step;
+            qp += qk_step;
+            ap += a_step;
+            load_step(kp, qp, ap, pk, pq, pa);
+        }
+        __syncwarp();
+        store_metrics(pmp, pm0, pm1, pm2, pm3, lane, t > 0);
+        const float* kk = buf + 0 * DK + half * HALF;
+        const float* qq = buf + 1 * DK + half * HALF;
+        const float* aa = buf + 2 * DK + half * HALF;
+#if BUF != 0
+        const float* kb = buf + 3 * DK + half * HALF;
+#endif
+        // decay, then S k: four FMA chains per state
+        float dr[4] = {0.f, 0.f, 0.f, 0.f}, ds[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < HALF; i += 4) {
+            float a_[4], k_[4];
+            ld4(aa + i, a_);
+            ld4(kk + i, k_);
+            BUFFERED_K(kb_);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                R[i + j] = __fmul_rn(a_[j], R[i + j]);
+                S[i + j] = __fmul_rn(a_[j], S[i + j]);
+                dr[j] = __fmaf_rn(R[i + j], k_[j], dr[j]);
+                ds[j] = __fmaf_rn(S[i + j], kb_[j], ds[j]);
+            }
+        }
+        float dot_r = __fadd_rn(__fadd_rn(dr[0], dr[1]), __fadd_rn(dr[2], dr[3]));
+        float dot_s = __fadd_rn(__fadd_rn(ds[0], ds[1]), __fadd_rn(ds[2], ds[3]));
+        // the two halves of Dk; a + b == b + a, so both lanes of a row hold the same sum
+        dot_r = __fadd_rn(dot_r, __shfl_xor_sync(0xffffffffu, dot_r, 16));
+        dot_s = __fadd_rn(dot_s, __shfl_xor_sync(0xffffffffu, dot_s, 16));
+        const float u_r = __fmul_rn(bb, __fsub_rn(vv, dot_r));
+        const float u_s = ROUND_BUF(__fmul_rn(bb, __fsub_rn(vv, dot_s)));
+        // rank-1 update (one FMA), outputs, ||S||^2 and the row amax; several chains each, for latency
+        float yr[4] = {0.f, 0.f, 0.f, 0.f}, ys[4] = {0.f, 0.f, 0.f, 0.f}, rr[4] = {0.f, 0.f, 0.f, 0.f};
+        float am[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < HALF; i += 4) {
+            float k_[4], q_[4];
+            ld4(kk + i, k_);
+            ld4(qq + i, q_);
+            BUFFERED_K(kb_);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                R[i + j] = __fmaf_rn(k_[j], u_r, R[i + j]);
+                S[i + j] = __fmaf_rn(kb_[j], u_s, S[i + j]);
+                yr[j] = __fmaf_rn(R[i + j], q_[j], yr[j]);
+                ys[j] = __fmaf_rn(S[i + j], q_[j], ys[j]);
+                rr[j] = __fmaf_rn(R[i + j], R[i + j], rr[j]);
+                am[(i >> 2 & 1) * 4 + j] = fmaxf(am[(i >> 2 & 1) * 4 + j], fabsf(S[i + j]));
+            }
+        }
+        float y_r = __fadd_rn(__fadd_rn(yr[0], yr[1]), __fadd_rn(yr[2], yr[3]));
+        float y_s = __fadd_rn(__fadd_rn(ys[0], ys[1]), __fadd_rn(ys[2], ys[3]));
+        y_r = __fadd_rn(y_r, __shfl_xor_sync(0xffffffffu, y_r, 16));
+        y_s = __fadd_rn(y_s, __shfl_xor_sync(0xffffffffu, y_s, 16));
+        float amax = fmaxf(fmaxf(fmaxf(am[0], am[1]), fmaxf(am[2], am[3])), fmaxf(fmaxf(am[4], am[5]), fmaxf(am[6], am[7])));
+        float dd[4] = {0.f, 0.f, 0.f, 0.f};
+#if ALWAYS
+        {
+#else
+        if (w != 0) {
+#endif
+            // the store and reload: the scales of rounding.fake_quant_tile (same guards), then per element
+            // s * mult rounded on its own, rounded to the grid, times dec
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 16));
+            float mult = __fdiv_rn(QMAX, amax == 0.f ? 1.f : amax);
+            if (amax == 0.f || mult > 3.4028234663852886e38f) mult = 1.f;
+            const float dec = __fdiv_rn(1.f, mult);
+#pragma unroll
+            for (int i = 0; i < HALF; i += 2) {
+                const float x0 = __fmul_rn(S[i], mult), x1 = __fmul_rn(S[i + 1], mult);
+                float r0, r1;
+#if FMT == 3
+                e4m3_round2(x0, x1, r0, r1);
+#else
+                r0 = round_int(x0);
+                r1 = round_int(x1);
+#endif
+                S[i] = __fmul_rn(r0, dec);
+                S[i + 1] = __fmul_rn(r1, dec);
+                add_sq_diffs(dd, (i >> 1 & 1) * 2, S[i], R[i], S[i + 1], R[i + 1]);
+            }
+        }
+#if !ALWAYS
+        else {
+#pragma unroll
+            for (int i = 0; i < HALF; i += 2) add_sq_diffs(dd, (i >> 1 & 1) * 2, S[i], R[i], S[i + 1], R[i + 1]);
+        }
+#endif
+        // this step's partial sums, reduced over the warp at the top of the next step (their shuffles then overlap
+        // that step's arithmetic); each row's y counted once (lanes of the first half)
+        const float dy = __fsub_rn(y_s, y_r);
+        pm0 = __fadd_rn(__fadd_rn(dd[0], dd[1]), __fadd_rn(dd[2], dd[3]));
+        pm1 = __fadd_rn(__fadd_rn(rr[0], rr[1]), __fadd_rn(rr[2], rr[3]));
+        pm2 = half == 0 ? __fmul_rn(dy, dy) : 0.f;
+        pm3 = half == 0 ? __fmul_rn(y_r, y_r) : 0.f;
+        pmp = mp;
+        mp += metric_step;
+    }
+    store_metrics(pmp, pm0, pm1, pm2, pm3, lane, T > 0);
+}

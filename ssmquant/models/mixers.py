@@ -1,0 +1,87 @@
+"""The SSM mixers of a transformers model: which modules they are, at which decoder layer, of which layer kind.
+
+Shared by capture (which intercepts their recurrence inputs), placement (which puts their layers on devices) and the
+evaluation (which stores their cached states).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# The layer kinds ssmquant emulates, and the transformers mixers of each (named in refusals).
+KNOWN_LAYER_KINDS = {
+    "mamba2": "Mamba-2 (NemotronH)",
+    "gdn": "Gated DeltaNet (Qwen3.5, Qwen3-Next)",
+    "kda": "Kimi Delta Attention (GLM-5.3-Flash, Kimi-Linear)",
+}
+
+
+class CaptureError(RuntimeError):
+    """Capture could not run or did not see every requested layer; the message says why."""
+
+
+
+@dataclass(frozen=True)
+class SSMMixer:
+    layer: int
+    kind: str  # "mamba2" | "gdn" | "kda"
+    module: torch.nn.Module
+
+
+def find_ssm_mixers(model: torch.nn.Module) -> dict[int, SSMMixer]:
+    """The SSM mixers of a transformers model, by decoder-layer index.
+
+    Mamba-2: modules whose class name ends in ``Mamba2Mixer``; GDN: in ``GatedDeltaNet``; KDA: in
+    ``DeltaAttention`` or ``LinearAttention`` with a per-channel ``forget_gate`` (``KimiLinearDeltaAttention``,
+    ``Glm5NextTextLinearAttention``). A layer that the config types "linear_attention" but whose mixer is
+    none of these is refused, naming its class and the known kinds.
+    """
+    found: dict[int, SSMMixer] = {}
+    for _, mod in model.named_modules():
+        kind = _mixer_kind(mod)
+        if kind is None:
+            continue
+        cls = type(mod).__name__
+        layer = getattr(mod, "layer_idx", None)
+        if layer is None:
+            raise CaptureError(f"{cls} has no layer_idx; cannot tell which layer it is")
+        if layer in found:
+            raise CaptureError(f"two SSM mixers claim layer {layer} ({cls})")
+        found[int(layer)] = SSMMixer(int(layer), kind, mod)
+    _refuse_unknown_linear_layers(model, found)
+    return dict(sorted(found.items()))
+
+
+def _mixer_kind(mod: torch.nn.Module) -> str | None:
+    cls = type(mod).__name__
+    if cls.endswith("Mamba2Mixer"):
+        return "mamba2"
+    if cls.endswith("GatedDeltaNet"):
+        return "gdn"
+    if cls.endswith(("DeltaAttention", "LinearAttention")) and hasattr(mod, "forget_gate"):
+        return "kda"
+    return None
+
+
+def _refuse_unknown_linear_layers(model: torch.nn.Module, found: dict[int, SSMMixer]) -> None:
+    """Raise if the config types a layer "linear_attention" and no known mixer sits at it."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    types = list(getattr(text, "layer_types", None) or [])
+    missing = [i for i, t in enumerate(types) if t == "linear_attention" and i not in found]
+    if not missing:
+        return
+    at = {
+        type(m).__name__
+        for _, m in model.named_modules()
+        if getattr(m, "layer_idx", None) == missing[0] and not isinstance(m.layer_idx, bool)
+    }
+    raise CaptureError(
+        f"layer {missing[0]} is a linear-attention layer (config layer_types) but its mixer "
+        f"({', '.join(sorted(at)) or 'no module with that layer_idx'}) is of no layer kind ssmquant knows; known "
+        "kinds: " + "; ".join(f"{k}: {v}" for k, v in KNOWN_LAYER_KINDS.items())
+    )
