@@ -63,10 +63,14 @@ def tiny_source(
 def tiny_calibration(kind="mamba2", *, batch=2, steps=24, rows=ROWS, state=STATE, backend="torch", **cfg_kwargs):
     """Run `calibrate` on tiny sources (calibration seed 0, held-out seed 1); returns the CalibrationResult.
     rows / state: the layers' state rows and reduction dim (Mamba-2 64 / 128: what FlashInfer's 8-bit kernel
-    takes); backend: "torch", or "triton" (the kernels; on a CPU under TRITON_INTERPRET=1)."""
+    takes); backend: "torch", or "triton" (the kernels: on a GPU where there is one, else on a CPU under
+    TRITON_INTERPRET=1)."""
+    import torch
+
     from ssmquant.calibrate import CalibrateConfig, calibrate
 
-    cfg = CalibrateConfig(model=f"tiny-{kind}", horizon=steps, batch=batch, device="cpu", backend=backend, **cfg_kwargs)
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    cfg = CalibrateConfig(model=f"tiny-{kind}", horizon=steps, batch=batch, device=device, backend=backend, **cfg_kwargs)
     return calibrate(
         cfg,
         source=tiny_source(kind, batch=batch, steps=steps, seed=0, rows=rows, state=state),

@@ -125,13 +125,20 @@ def test_cli_bad_engine_is_one_line_listing_the_profiles(tmp_path):
 
 # --- the Triton backend: the profile's twin (kernels/mamba2_engine.py) must choose what the torch profile chooses
 
+# The recipes' state errors are sums over bit-identical states (tests/engines/test_twin.py) in each backend's own
+# order. In the interpreter (CPU) they agree to 1e-5 relative; on an H200, where the torch profile also runs on the
+# GPU, the candidates' state errors differed by up to 2.1e-5 and the held-out maxima (a window's worst step, small
+# values right after a flush) by up to 1.1e-4 (GPU test run of this session): 3e-4 there.
+STATE_RTOL = 3e-4 if torch.cuda.is_available() else 1e-5
+
+
 def _both_backends(tmp_path, **kw):
     """The same flashinfer-profile calibration on the torch and the Triton backend, both recipes written."""
     from lab.engines.twin import compare_recipes
 
     res = {b: tiny_calibration(**kw, engine="flashinfer", backend=b) for b in ("torch", "triton")}
     paths = {b: write_recipe(r, tmp_path / b) for b, r in res.items()}
-    return res, compare_recipes(paths["triton"], paths["torch"])
+    return res, compare_recipes(paths["triton"], paths["torch"], rtol_state=STATE_RTOL)
 
 
 @pytest.mark.gpu
@@ -153,7 +160,7 @@ def test_triton_backend_chooses_the_torch_backends_recipe(tmp_path):
     assert {s.name for s in res["triton"].decisions.values()} == {s.name for s in res["torch"].decisions.values()}
     for col in ("out_rel_err", "state_rel_err"):
         a, b = ev["triton"].loc[ran.index, col].to_numpy(), ran[col].to_numpy()
-        np.testing.assert_allclose(a, b, rtol=1e-3 if col.startswith("out") else 1e-5)
+        np.testing.assert_allclose(a, b, rtol=1e-3 if col.startswith("out") else STATE_RTOL)
 
 
 @pytest.mark.gpu

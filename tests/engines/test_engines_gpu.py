@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from lab.engines import oracle
-from lab.engines.env import engine_status
+from lab.engines.env import ENGINES, engine_status
 
 pytestmark = pytest.mark.gpu
 
@@ -92,20 +92,30 @@ def test_fla_gdn_decode_matches_the_ideal_recurrence(state):
 
 @pytest.mark.parametrize("state", ["fp32", "bf16"])
 def test_fla_kda_decode_matches_the_ideal_recurrence(state):
-    # the KDA twin of the GDN test (GLM-5.3-Flash layer 0: 64 heads, Dk = Dv = 128); not yet run on a GPU, the
-    # bounds are the GDN test's
+    """The KDA twin of the GDN test (GLM-5.3-Flash layer 0: 64 heads, Dk = Dv = 128). Measured on an H200
+    (`python lab/gpu/fla_kda_bounds.py`, fla 0.6.0, torch 2.11): fp32 state, fla's output error against FP32 over
+    the last window 5.8e-7 (its sums' order); bf16 state, the ideal emulation's error curve within 9.9e-5 relative
+    of fla's. The bounds are about four times those."""
     _require("fla")
     from ssmquant.models.synthetic import synthetic_inputs
 
     inp = synthetic_inputs("glm-5.3-flash", 0, batch=2, steps=128, device="cuda")
     r = oracle.run_fla_kda(inp, oracle.FlaCase(state, steps=128, op="kda"))
     if state == "fp32":
-        assert r["out_curves"]["final_window"]["real"] <= 1e-5, r["out_curves"]
+        assert r["out_curves"]["final_window"]["real"] <= 2.5e-6, r["out_curves"]
     else:
-        assert r["out_curves"]["max_rel_gap_vs_real"]["ideal"] <= 0.05, r["out_curves"]
+        assert r["out_curves"]["max_rel_gap_vs_real"]["ideal"] <= 4e-4, r["out_curves"]
 
 
-def test_missing_engine_is_one_clear_line():
+def test_the_bundled_engines_report_their_pinned_versions():
+    """On the GPU machine with the bundle on PYTHONPATH, both engines are found at the versions the oracles pin
+    (tests/engines/test_env.py checks the one-line refusals when they are not)."""
     for name in ("flashinfer", "fla"):
         st = engine_status(name)
-        assert st.ok or ("\n" not in st.reason and st.reason)
+        if not st.ok:
+            pytest.skip(st.reason)
+        assert st.version == oracle_pins()[name], st
+
+
+def oracle_pins() -> dict[str, str]:
+    return {name: pin for name, (_, _, pin) in ENGINES.items()}

@@ -50,6 +50,12 @@ def _kernel_available() -> bool:
     return torch.cuda.is_available() or triton_interpreting()
 
 
+def _on_kernel_device(states: dict, kernel: bool) -> dict:
+    """The states where the kernel path runs them: on the GPU where there is one (else the interpreter's CPU)."""
+    dev = "cuda" if kernel and torch.cuda.is_available() else "cpu"
+    return {k: s.to(dev) for k, s in states.items()}
+
+
 def test_conventional_stores_every_layer_in_rows_layout():
     v = parse_variant("int8@conventional")
     before = _states()
@@ -182,17 +188,18 @@ def test_a_slice_of_a_folded_batch_is_stored_as_a_run_of_its_own(spec, group_ele
     assert writer.first_nonfinite() is None
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel,layers", [(False, LAYERS), (True, MAMBA_LAYERS)])
 def test_a_non_finite_state_is_named_at_the_next_check(kernel, layers):
     if kernel and not _kernel_available():
         pytest.skip("needs a GPU or TRITON_INTERPRET=1")
     v = parse_variant("int8@conventional")
     make = _states if layers is LAYERS else _mamba_states
-    states = make()
+    states = _on_kernel_device(make(), kernel)
     bad = layers[1].index
     states[bad][1, 0, 3, 2] = float("nan")
     writer = StateWriter(v, layers, batch=3, steps=8, kernel=kernel)
-    writer(FakeCache({k: s.clone() for k, s in make().items()}), 0)
+    writer(FakeCache({k: s.clone() for k, s in _on_kernel_device(make(), kernel).items()}), 0)
     assert writer.first_nonfinite() is None
     writer(FakeCache(states), 1)  # no error here: the loop reads the flags once per window
     assert writer.first_nonfinite() == (
@@ -205,12 +212,13 @@ def test_a_non_finite_state_is_named_at_the_next_check(kernel, layers):
 # 0 x inf = NaN: a candidate for the H200's folded nemotron-h-8b run that stopped at "fp8_e4m3@conventional,
 # layer 44, decode step 110" (lab/gpu/eval_profile.sh dumps whether the input of that write was finite).
 # Such a row is now stored as a zero row is, on the torch and the Triton path alike.
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel,layers", [(False, LAYERS), (True, LAYERS), (True, MAMBA_LAYERS)])
 @pytest.mark.parametrize("spec", ["fp8_e4m3@conventional", "int8@conventional", "int8:sr@conventional"])
 def test_a_finite_state_with_a_vanishing_row_is_stored_finite(spec, kernel, layers):
     if kernel and not _kernel_available():
         pytest.skip("needs a GPU or TRITON_INTERPRET=1")
-    states = _states() if layers is LAYERS else _mamba_states()
+    states = _on_kernel_device(_states() if layers is LAYERS else _mamba_states(), kernel)
     row = states[0][1, 0, 3]  # one Mamba-2 row (sequence 1, head 0, head_dim 3): finite, amax 1e-37, zeros
     row.zero_()
     row[5] = 1e-37
@@ -265,7 +273,7 @@ def test_the_fused_kernel_write_gives_the_torch_bits(spec, mamba_only):
             assert torch.equal(caches[True].states[i], caches[False].states[i]), (spec, t, i)
         got, want = writers[True].finite, writers[False].finite  # None until the first write
         assert (got is None and want is None) or torch.equal(got[: t + 1], want[: t + 1])
-    assert (("flags", torch.device(dev)) in writers[True]._on) == mamba_only  # the in-place kernel ran
+    assert (("flags", big[0].device) in writers[True]._on) == mamba_only  # the in-place kernel ran
     assert not torch.equal(caches[True].states[0], big[0])
     assert torch.equal(caches[True].states[0][:3], big[0][:3]) and torch.equal(caches[True].states[0][6:], big[0][6:])
 
@@ -290,5 +298,5 @@ def test_in_place_and_copy_back_kernel_writes_give_the_same_bits(spec):
             assert torch.equal(caches[True].states[i].nan_to_num(7.0), caches[False].states[i].nan_to_num(7.0)), (t, i)
     assert torch.equal(writers[True].finite, writers[False].finite)
     assert writers[True].first_nonfinite() == writers[False].first_nonfinite() is not None
-    flags = ("flags", torch.device(dev))
+    flags = ("flags", base[0].device)
     assert flags in writers[True]._on and flags not in writers[False]._on  # which path each took

@@ -109,9 +109,12 @@ def _variants(kind):
 
 
 # A single rounding flip at a grid midpoint (the kernel and torch sum in different orders) moves one head's error by
-# more than the slack: on an H200 with the six-variant 4-row tiling, mamba2 nvfp4@replay4 exceeded the per-head bound by
-# 1.4e-8 (2026-11-30). So both kinds compare the errors pooled over (batch, head), where flips average out.
-SLACK = {"mamba2": 0.02, "gdn": 0.10}
+# more than a few percent, so both kinds compare the errors pooled over (batch, head), where flips average out. The
+# slack is set from the measured noise (`python lab/gpu/kernel_noise.py`: the largest excess of the kernel's pooled
+# error over the reference's, beyond the 1e-5 allowance, as a fraction of the reference's error, over every step and
+# variant): on an H200 at these full shapes, mamba2 0 in all 37 variants, gdn 0.0091 (fp8_e4m3:head@replay4; 17 of
+# 37 variants above 0, the next 0.0029); in the interpreter's small shapes 0 for both. About twice the largest seen.
+SLACK = {"mamba2": 0.005, "gdn": 0.02}
 POOLED = {"mamba2": True, "gdn": True}
 
 

@@ -21,10 +21,13 @@ from .test_emulation_kernels import ENCODINGS, assert_metrics_close
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")]
-SLACK = 0.10
+# Measured noise (`python lab/gpu/kernel_noise.py`, as test_emulation_kernels.py's SLACK): on an H200 at the GLM
+# shapes 0.0015 (nvfp4:head@conventional; 9 of 37 variants above 0); in the interpreter's small shapes 0.0066
+# (fp16@conventional). About twice the largest seen.
+SLACK = 0.015
 # The FP32 reference itself runs the reductions S k and S q every step in another order on the GPU, and the
 # KDA decay is per key channel: at the full GLM shapes on an H200 one output norm of 24576 (a tiny one,
-# 1.07e-8) differed by 2.0e-5 relative (2026-11-30); 1e-4 bounds that float noise.
+# 1.07e-8) differed by 2.0e-5 relative; 1e-4 bounds that float noise.
 REF_RTOL = 1e-4
 
 

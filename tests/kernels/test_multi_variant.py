@@ -1,5 +1,6 @@
-"""One launch for several variants: every variant's metrics are bit-identical to those of a launch that
-carries it alone at the same tiling, for every format, rounding, scheme, scale mode and batch slice.
+"""One launch for several variants: every variant's metrics are those of a launch that carries it alone at the same
+tiling, for every format, rounding, scheme, scale mode and batch slice: bit for bit, except the output metrics of the
+delta-rule kernel on a GPU (below).
 
 The multi-variant kernels share each step's inputs and the FP32 reference between the variants they
 carry; a slot that read another slot's state, seed, write mask or static scales, or a reference that
@@ -67,7 +68,31 @@ def test_each_variant_of_a_shared_launch_is_bit_identical_to_its_own_launch(kind
     assert torch.isfinite(shared).all()
     for i, v in enumerate(variants):
         alone = emulate_triton(inp, [v], tiling=tiling)[0]
-        assert torch.equal(shared[i], alone), v.name
+        if kind == "mamba2" or not GPU:
+            assert torch.equal(shared[i], alone), v.name
+            continue
+        # The delta-rule kernel compiles with FMA contraction (as the engines' Triton kernels do), and how the
+        # compiler contracts the products of the output's sums y = S q (and its norm) depends on the code around
+        # them, so on a GPU the output metrics of a shared launch and of a launch alone differ in the last bits:
+        # at most 2.24e-7 relative on an H200 (lab/gpu/shared_launch.py; the states were equal in every case, and
+        # with fp_fusion off every metric was equal, as test_without_contraction_... checks). The states, and so
+        # the state metrics, must still be equal bit for bit.
+        assert torch.equal(shared[i][..., :2], alone[..., :2]), v.name
+        torch.testing.assert_close(shared[i][..., 2:], alone[..., 2:], rtol=1e-6, atol=0, msg=v.name)
+
+
+@needs_triton
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_without_contraction_a_shared_delta_rule_launch_is_bit_identical_to_its_own(kind):
+    """The delta-rule kernel with fp_fusion off: every metric of a shared launch equals its own launch's, on a GPU
+    too (the output metrics' last bits above come from FMA contraction alone)."""
+    from .test_delta_rule_paths import _launch
+
+    inp = tiny(kind)
+    names = VARIANTS[:6]
+    shared = _launch(inp, names, True, False)
+    for i, name in enumerate(names):
+        assert torch.equal(shared[i], _launch(inp, [name], True, False)[0]), name
 
 
 @needs_triton

@@ -85,6 +85,7 @@ def tiny_nemotron_h():
     )
     torch.manual_seed(0)
     model = transformers.NemotronHForCausalLM(cfg).float().eval()
+    use_torch_path_on_cpu(model)  # CPU tensors take transformers' torch path, whatever kernel packages are installed
     # spread the decays across heads so that the test exercises long and short memory
     with torch.no_grad():
         for layer in model.model.layers:
@@ -259,11 +260,15 @@ def tiny_kda_model(kind):
             bos_token_id=None,
             eos_token_id=None,
         )
-        return transformers.KimiLinearForCausalLM(cfg).float().eval()
+        model = transformers.KimiLinearForCausalLM(cfg).float().eval()
+        use_torch_path_on_cpu(model)
+        return model
     text = dict(_KDA_TEXT, q_lora_rank=16, index_topk=8, index_head_dim=8, index_n_heads=1, index_kpool=4, hc_mult=2)
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
     cfg = transformers.Glm5NextConfig(text_config=text, vision_config=dict(vision, projection_intermediate_size=64))
-    return transformers.Glm5NextForConditionalGeneration(cfg).float().eval()
+    model = transformers.Glm5NextForConditionalGeneration(cfg).float().eval()
+    use_torch_path_on_cpu(model)
+    return model
 
 
 def fla_l2norm(x):
