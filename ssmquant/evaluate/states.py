@@ -10,8 +10,7 @@ API this module uses:
   ``update_recurrent_state``);
 - ``cache.update_recurrent_state(state, layer_idx)``: copies ``state`` into that tensor (in place).
 
-Caches of earlier 5.x releases without ``get_recurrent_state`` are read through the storage that getter
-returns, ``cache.layers[layer_idx].recurrent_states[0]`` (only 5.24 was run here).
+transformers >= 5.24 (the floor in pyproject.toml) has both; ``graphs`` reads ``get_conv_state`` as well.
 
 Layouts: Mamba-2 ``[B, H, P, N]`` (head_dim rows, state columns: already ssmquant's
 ``[..., rows, state_dim]``); GDN and KDA ``[B, H, Dk, Dv]``, transposed here to ``[B, H, Dv, Dk]`` so that a
@@ -83,10 +82,7 @@ def from_rows(state: torch.Tensor, kind: str) -> torch.Tensor:
 def get_state(cache, layer: SSMLayer, step: int) -> torch.Tensor:
     """The cached recurrent state of ``layer`` after decode step ``step`` (0-based); an error if there is none."""
     try:
-        if hasattr(cache, "get_recurrent_state"):
-            state = cache.get_recurrent_state(layer.index)
-        else:  # earlier 5.x caches: the same LinearAttentionLayer storage, without the getter
-            state = cache.layers[layer.index].recurrent_states[0]
+        state = cache.get_recurrent_state(layer.index)
     except (AttributeError, ValueError, IndexError, KeyError) as exc:
         raise EvalError(
             f"layer {layer.index}: cannot read its recurrent state from the cache ({type(cache).__name__}: {exc}); "
