@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 from .. import __version__
+from ..engines.profiles import EngineError, check_variant
 from ..formats import Encoding, FormatError, parse
 from ..provenance import environment
 from ..replay import Trace, cycle_window, parse_scheme
@@ -149,6 +150,19 @@ def _records(df: pd.DataFrame) -> list[dict]:
     for rec in df.to_dict(orient="records"):
         out.append({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()})
     return out
+
+
+def check_engine_profiles(variants: list[Variant], kind: str, state_shape: tuple[int, ...]) -> None:
+    """Refuse, before any layer runs, a variant whose engine profile cannot run it on these layers (the engine's
+    own words), instead of after the first layer's capture."""
+    for v in variants:
+        if v.engine == "ideal":
+            continue
+        try:
+            check_variant(v.engine, v.format, v.scheme, kind, state_shape)
+        except EngineError as err:
+            msg = str(err)  # the profiles' messages mostly start with the variant already
+            raise AnalyzeError(msg if msg.startswith(f"{v.format.name}@") else f"{v.name}: {msg}") from None
 
 
 def first_write_step(variant: Variant) -> int:
@@ -282,6 +296,13 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     if cfg.record_every is not None and cfg.record_every < 1:
         raise AnalyzeError(f"--record-every must be >= 1 (keep every k-th step), got {cfg.record_every}")
     variants = build_variants(cfg)
+    never = sorted({v.scheme.name for v in variants if first_write_step(v) > cfg.steps})
+    if never:
+        raise AnalyzeError(
+            f"{', '.join(never)} never rewrites its checkpoint within --steps {cfg.steps} (the first write would be "
+            f"after step {max(first_write_step(v) for v in variants)}), so its error would read 0: raise --steps or "
+            "lower --buffer-len"
+        )
     device, emu_devices, chosen_backend = resolve_run_devices(cfg.device, cfg.devices, cfg.backend, model=model)
     record_every = cfg.record_every or cycle_window([flush_cycle(v) for v in variants], cfg.steps, MAX_RECORDED_STEPS)
     if not 1 <= record_every <= cfg.steps:
@@ -302,6 +323,7 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     t_loaded = time.time()
     layers = source.select(cfg.layers)
     source.check_formats([v.format for v in variants])
+    check_engine_profiles(variants, source.layer_kind, (cfg.batch, *source.state_shape))
     lanes = GPU_LANES if all(d.type == "cuda" for d in emu_devices) else 1
     # one GPU, one lane: synthetic inputs are drawn one layer ahead on their own stream while the kernels run
     ahead = source.can_make_ahead and cfg.devices is None and lanes == 1

@@ -72,10 +72,17 @@ def arithmetic(engine: str, kind: str) -> str:
     return "triton_ssu" if engine in SSU_ENGINES else engine
 
 
-def _fact(fid: str) -> str:
-    """An export fact's quote (the engine's own words) and citation, for refusals."""
+def _fact(fid: str, **values) -> str:
+    """An export fact's quote (the engine's own words, its placeholders filled from ``values``) and citation."""
     f = FACTS[fid]
-    return f"\"{f.quote}\" {f.cite()}" if f.quote else f"{f.says} {f.cite()}"
+    if not f.quote:
+        return f"{f.says} {f.cite()}"
+
+    class _Keep(dict):
+        def __missing__(self, key):  # a placeholder with no value stays as the engine writes it
+            return "{" + key + "}"
+
+    return f"\"{f.quote.format_map(_Keep(values))}\" {f.cite()}"
 
 
 def _check_ssu(engine: str, fmt: StateFormat, scheme, kind: str) -> None:
@@ -86,7 +93,9 @@ def _check_ssu(engine: str, fmt: StateFormat, scheme, kind: str) -> None:
         raise EngineError(f"{where}: the trtllm profile models TensorRT-LLM's Mamba-2 decode only; its {kind} decode kernel was not read")
     if enc not in (Encoding.FP32, Encoding.BF16, Encoding.FP16):
         fid = "vllm.state_dtype" if engine == "vllm" else "trtllm.state_dtype"
-        raise EngineError(f"{where}: the SSM cache dtype is one of float32, bfloat16, float16: {_fact(fid)}")
+        raise EngineError(
+            f"{where}: the SSM cache dtype is one of float32, bfloat16, float16: {_fact(fid, value=repr(enc.value))}"
+        )
     if scheme.kind is SchemeKind.REPLAY:
         if engine == "trtllm":
             raise EngineError(f"{where}: without speculative decoding TensorRT-LLM stores the state every token: {_fact('trtllm.replay_spec_only')}; use a conventional scheme")

@@ -186,7 +186,7 @@ def test_bad_inputs(args, message, tmp_path):
         "nemotron-3-nano",
         "--synthetic",
         "--steps",
-        "4",
+        "16",
         "--batch",
         "1",
         "--layers",
@@ -287,18 +287,19 @@ def test_nan_in_captured_inputs_names_layer_and_step(monkeypatch):
 
     monkeypatch.setattr(sources, "synthetic_layers", poisoned)
     with pytest.raises(AnalyzeError, match=r"layer 2: x contains NaN/Inf \(first at batch 0, step 3\)"):
-        analyze(AnalyzeConfig(model="nemotron-3-nano", synthetic=True, layers=[2], steps=6, batch=1, formats=["int8"]))
+        analyze(AnalyzeConfig(model="nemotron-3-nano", synthetic=True, layers=[2], steps=16, batch=1, formats=["int8"]))
 
 
 @pytest.mark.gpu
 def test_synthetic_needs_a_preset_and_cuda_request_without_gpu():
     with pytest.raises(SourceError, match="--synthetic needs a preset name"):
-        analyze(AnalyzeConfig(model="./nowhere", synthetic=True, steps=4, batch=1))
+        analyze(AnalyzeConfig(model="./nowhere", synthetic=True, steps=4, batch=1, schemes=["conventional"]))
     import torch
 
     if not torch.cuda.is_available():
         with pytest.raises(SourceError, match="no CUDA GPU is available"):
-            analyze(AnalyzeConfig(model="nemotron-3-nano", synthetic=True, steps=4, batch=1, device="cuda"))
+            analyze(AnalyzeConfig(model="nemotron-3-nano", synthetic=True, steps=4, batch=1, device="cuda",
+                                  schemes=["conventional"]))  # fmt: skip
 
 
 def test_power_law_fit_recovers_exponent():
@@ -314,3 +315,17 @@ def test_output_error_on_file_out(tmp_path):
     f.write_text("x")
     with pytest.raises(OutputError, match="not a directory"):
         write_atomically(f, True, lambda tmp: None)
+
+
+def test_a_replay_buffer_longer_than_the_run_is_refused_before_the_work(tmp_path):
+    """replay(L) with L > --steps never rewrites its checkpoint: its error would read 0 (issue 27)."""
+    res = CliRunner().invoke(main, ["analyze", "--model", "nemotron-3-nano", "--synthetic", "--steps", "8", "--batch",
+                                    "1", "--layers", "0", "--buffer-len", "16", "--out", str(tmp_path / "o")])  # fmt: skip
+    assert res.exit_code == 1 and not (tmp_path / "o").exists()
+    assert "replay16 never rewrites its checkpoint within --steps 8" in res.output and "Traceback" not in res.output
+
+
+def test_an_engine_that_cannot_run_a_variant_is_refused_before_the_work(tmp_path):
+    res = CliRunner().invoke(main, ["analyze", "--model", "nemotron-3-nano", "--synthetic", "--steps", "16", "--batch",
+                                    "1", "--layers", "0", "--engine", "vllm", "--out", str(tmp_path / "o")])  # fmt: skip
+    assert res.exit_code == 1 and "{value}" not in res.output and "invalid choice: 'fp8_e4m3'" in res.output
