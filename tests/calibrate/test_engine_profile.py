@@ -130,6 +130,9 @@ def test_cli_bad_engine_is_one_line_listing_the_profiles(tmp_path):
 # GPU, the candidates' state errors differed by up to 2.1e-5 and the held-out maxima (a window's worst step, small
 # values right after a flush) by up to 1.1e-4 (GPU test run of this session): 3e-4 there.
 STATE_RTOL = 3e-4 if torch.cuda.is_available() else 1e-5
+# Outputs: 1e-3 relative in the interpreter; on the H200 the held-out output errors differed by 1.02e-3 (both
+# backends on the GPU, verification of the fp16 recipe): 3e-3 there.
+OUT_RTOL = 3e-3 if torch.cuda.is_available() else 1e-3
 
 
 def _both_backends(tmp_path, **kw):
@@ -138,7 +141,7 @@ def _both_backends(tmp_path, **kw):
 
     res = {b: tiny_calibration(**kw, engine="flashinfer", backend=b) for b in ("torch", "triton")}
     paths = {b: write_recipe(r, tmp_path / b) for b, r in res.items()}
-    return res, compare_recipes(paths["triton"], paths["torch"], rtol_state=STATE_RTOL)
+    return res, compare_recipes(paths["triton"], paths["torch"], rtol_state=STATE_RTOL, rtol_out=OUT_RTOL)
 
 
 @pytest.mark.gpu
@@ -160,7 +163,7 @@ def test_triton_backend_chooses_the_torch_backends_recipe(tmp_path):
     assert {s.name for s in res["triton"].decisions.values()} == {s.name for s in res["torch"].decisions.values()}
     for col in ("out_rel_err", "state_rel_err"):
         a, b = ev["triton"].loc[ran.index, col].to_numpy(), ran[col].to_numpy()
-        np.testing.assert_allclose(a, b, rtol=1e-3 if col.startswith("out") else STATE_RTOL)
+        np.testing.assert_allclose(a, b, rtol=OUT_RTOL if col.startswith("out") else STATE_RTOL)
 
 
 @pytest.mark.gpu
