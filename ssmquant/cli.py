@@ -13,13 +13,38 @@ from .startup import finish, start_devices
 INTERRUPTED = 128 + 2  # the shell's status for a command ended by SIGINT
 
 
+USAGE_ERROR = 2  # click's status for a usage error (an unknown option, a bad or missing option value)
+
+
+class _UsageError(click.ClickException):
+    """A usage error as one `Error:` line (click prints three: usage, a hint, the error), status 2."""
+
+    exit_code = USAGE_ERROR
+
+
+def _one_line(err: click.UsageError) -> click.ClickException:
+    if isinstance(err, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+        return err  # `ssmquant` alone: the help, as click prints it
+    where = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
+    return _UsageError(err.format_message() + where)
+
+
 class _Group(click.Group):
     """Ctrl-C ends a command with status 130 (as the shell reports a SIGINT), not click's 1 ("Aborted!").
-    Outputs are written atomically, so an interrupted run leaves no output directory behind."""
+    Outputs are written atomically, so an interrupted run leaves no output directory behind. A usage error is
+    one `Error:` line with status 2, as every other user error is one line (status 1)."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as err:
+            raise _one_line(err) from None
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as err:
+            raise _one_line(err) from None
         except KeyboardInterrupt:
             click.echo("\nInterrupted.", err=True)
             ctx.exit(INTERRUPTED)
@@ -55,8 +80,8 @@ def entry() -> None:
 
 
 def _silence() -> None:
-    """--quiet: keep transformers' informational warnings and loading bars, modelopt's version warning and
-    flash-linear-attention's CPU notice off the terminal.
+    """--quiet: keep transformers' informational warnings and loading bars and flash-linear-attention's CPU
+    notice off the terminal (modelopt's version warning is off in every run: ``_quiet_modelopt``).
 
     transformers is configured through the environment variables it reads at import (TRANSFORMERS_VERBOSITY
     in transformers/utils/logging.py, HF_HUB_DISABLE_PROGRESS_BARS in huggingface_hub/constants.py), so that
@@ -72,13 +97,48 @@ def _silence() -> None:
     else:
         os.environ["TRANSFORMERS_VERBOSITY"] = "error"
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    warnings.filterwarnings("ignore", message=r".*is not tested with current version of modelopt.*")
     warnings.filterwarnings("ignore", message=r"Triton is not supported on current platform.*")
+
+
+MODELOPT_VERSION_WARNING = r"transformers \S+ is not tested with current version of modelopt"
+
+
+def _quiet_modelopt() -> None:
+    """Silence exactly nvidia-modelopt's warning at import (modelopt/torch/__init__.py) that the installed
+    transformers "is not tested with current version of modelopt": calibrate imports modelopt (in
+    ssmquant/calibrate) for its calibrators only, which are plain torch and never touch transformers, so the
+    warning's advice (install modelopt[hf]'s pinned transformers) would only mislead; the floors job tests the
+    versions pyproject admits. Any other warning of modelopt still shows."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=MODELOPT_VERSION_WARNING, category=UserWarning)
 
 
 def _info(line: str) -> None:
     """A status line (defaults taken, estimates) on stderr, beside the progress bars; stdout holds results."""
     click.echo(line, err=True)
+
+
+def _out_option(command: str, what: str = "Output directory."):
+    return click.option(
+        "--out",
+        "out_dir",
+        default=None,
+        type=click.Path(file_okay=False),
+        help=f"{what} [default: a new directory ssmquant-out/{command}-MODEL under the current one, named at the start]",
+    )
+
+
+def _out_dir(out_dir: str | None, command: str, model: str, synthetic: bool = False) -> str:
+    """--out, or a new directory named after the model (``report.files.default_out_dir``), said on stderr (also
+    with --quiet: it is where the results go)."""
+    if out_dir is not None:
+        return out_dir
+    from .report.files import default_out_dir
+
+    out = default_out_dir(command, model, synthetic=synthetic)
+    _info(f"output: {out} (no --out given)")
+    return str(out)
 
 
 def _default_help(command: str, name: str, what: str) -> str:
@@ -165,11 +225,15 @@ def _layers(value: str | None) -> list[int] | None:
     if value is None:
         return None
     try:
-        return [int(v) for v in value.split(",") if v.strip()]
+        layers = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
         raise click.BadParameter(
             f"layers must be comma-separated integers, got {value!r}", param_hint="--layers"
         ) from None
+    if not layers:
+        raise click.BadParameter("give at least one layer index (comma-separated), or leave --layers out for all "
+                                 "SSM layers", param_hint="--layers")  # fmt: skip
+    return layers
 
 
 DEVICES_ACCEPTED = "cuda:N (comma-separated, e.g. cuda:0,cuda:1), all, a count of GPUs, or cpu"
@@ -212,7 +276,8 @@ def _devices(value: str | None) -> list[str] | str | None:
 @click.option(
     "--model",
     default=None,
-    help="Preset name, shipped model (tiny-nemotron, tiny-qwen), local checkpoint dir or hub id. [default: tiny-nemotron]",
+    help="Preset name, shipped model (tiny-nemotron, tiny-qwen, tiny-kda), local checkpoint dir or hub id. "
+    "[default: tiny-nemotron]",
 )
 @click.option(
     "--synthetic", is_flag=True, help="Synthetic inputs with a preset's exact shapes (no weights, no download)."
@@ -279,7 +344,15 @@ def _devices(value: str | None) -> list[str] | str | None:
     help="Engine profile(s) whose arithmetic is emulated: ideal, flashinfer, vllm, trtllm, or several side by side "
     "(ideal,vllm).",
 )
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option(
+    "--budget",
+    default=0.02,  # analysis.fit.DEFAULT_BUDGET (not imported here: it would import torch at start-up)
+    show_default=True,
+    type=float,
+    help="Error budget of the verdict: the largest allowed relative output error at any decode step (the worst step "
+    "of every window), over the run and up to the 32K / 128K forecasts.",
+)
+@_out_option("analyze")
 @click.option("--force", is_flag=True, help="Replace --out when it holds a previous output of this command (nothing else).")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or tables.")
@@ -301,6 +374,7 @@ def analyze_cmd(
     record_every,
     seed,
     engine,
+    budget,
     out_dir,
     force,
     no_plots,
@@ -309,14 +383,15 @@ def analyze_cmd(
     """Per-layer error of each state format over the decode horizon: tables, JSON, plots."""
     start_devices(device)
     from .analysis import AnalyzeConfig, analyze, default_model
-    from .report.files import check_out_dir, prefetch_plotting, write_analysis
+    from .report.files import claim_out_dir, prefetch_plotting, write_analysis
     from .report.tables import memory_text, summary_table
 
     if quiet:
         _silence()
+    model = model or default_model()
     sizes = _sizes("analyze", device, {"steps": steps, "batch": batch}, quiet)
     cfg = AnalyzeConfig(
-        model=model or default_model(),
+        model=model,
         synthetic=synthetic,
         synthetic_profile=synthetic_profile,
         text=text,
@@ -333,7 +408,9 @@ def analyze_cmd(
         record_every=record_every,
         engines=_csv(engine, "--engine"),
         devices=_devices(devices),
+        budget=budget,
     )
+    out_dir = _out_dir(out_dir, "analyze", model, synthetic)
     bar = _Bar(quiet, "layer", "analyze")
 
     def progress(done, total, layer):
@@ -344,10 +421,10 @@ def analyze_cmd(
             prefetch_plotting()
 
     try:
-        check_out_dir(out_dir, force, "analyze")
-        result = analyze(cfg, progress=progress, notify=None if quiet else bar.info)
-        bar.close()
-        path = write_analysis(result, out_dir, force=force, plots=not no_plots)
+        with claim_out_dir(out_dir, force, "analyze"):  # held from here: a second run into --out is refused now
+            result = analyze(cfg, progress=progress, notify=None if quiet else bar.info)
+            bar.close()
+            path = write_analysis(result, out_dir, force=force, plots=not no_plots)
     except _errors() as err:
         raise click.ClickException(str(err)) from None
     finally:
@@ -375,7 +452,7 @@ def plot_cmd(out_dir):
 
 @main.command("presets")
 def presets_cmd():
-    """List the model presets with their SSM state per sequence (FP32 and each format)."""
+    """List the model presets and the shipped models with their SSM state per sequence (FP32 and each format)."""
     from .report.tables import presets_table
 
     click.echo(presets_table())
@@ -418,7 +495,7 @@ def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, 
 @click.option(
     "--model",
     default=None,
-    help="Shipped model (tiny-nemotron, tiny-qwen), local checkpoint dir or hub id. [default: tiny-nemotron]",
+    help="Shipped model (tiny-nemotron, tiny-qwen, tiny-kda), local checkpoint dir or hub id. [default: tiny-nemotron]",
 )
 @click.option(
     "--variants",
@@ -446,7 +523,7 @@ def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, 
     help="Text file whose held-out split is decoded (default: the shipped public-domain corpus).",
 )
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for text selection and stochastic rounding.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@_out_option("eval")
 @click.option("--force", is_flag=True, help="Replace --out when it holds a previous output of this command (nothing else).")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plot.")
 @click.option(
@@ -485,7 +562,7 @@ def eval_cmd(
     """End to end: decode held-out text with each variant's stored SSM state; KL, top-1 agreement, loss change vs FP32."""
     from .analysis import default_model
     from .evaluate import EvalConfig, EvalError, evaluate, parse_eval_variants, summary_text, variant_grid, write_eval
-    from .report.files import check_out_dir
+    from .report.files import claim_out_dir
 
     if variants is not None and (formats or schemes or rounding):
         raise click.UsageError("give either --variants or --formats/--schemes/--rounding, not both")
@@ -498,30 +575,31 @@ def eval_cmd(
             raise click.UsageError("no shipped model is installed; pass --model with a checkpoint directory or hub id")
         model = default_model()
     sizes = _sizes("eval", device, {"steps": steps, "batch": batch}, quiet)
+    out_dir = _out_dir(out_dir, "eval", model)
     bar = _Bar(quiet, "step", "eval (reference + variants) x steps")
     try:
-        check_out_dir(out_dir, force, "eval")
-        if variants is not None:
-            chosen = parse_eval_variants(_csv(variants, "--variants"), seed=seed, buffer_len=buffer_len)
-        else:
-            chosen = variant_grid(
-                _csv(formats or "fp8_e4m3,int8,nvfp4", "--formats"),
-                _csv(schemes or "conventional,replay", "--schemes"),
-                _csv(rounding or "rne", "--rounding"),
-                buffer_len,
-                seed,
+        with claim_out_dir(out_dir, force, "eval"):  # held from here: a second run into --out is refused now
+            if variants is not None:
+                chosen = parse_eval_variants(_csv(variants, "--variants"), seed=seed, buffer_len=buffer_len)
+            else:
+                chosen = variant_grid(
+                    _csv(formats or "fp8_e4m3,int8,nvfp4", "--formats"),
+                    _csv(schemes or "conventional,replay", "--schemes"),
+                    _csv(rounding or "rne", "--rounding"),
+                    buffer_len,
+                    seed,
+                )
+            cfg = EvalConfig(
+                model, chosen, steps=sizes["steps"], batch=sizes["batch"], seed=seed, device=device, text=text, fold=fold,
+                cudnn_attention=cudnn_attention,
+            )  # fmt: skip
+            result = evaluate(
+                cfg,
+                progress=bar.update,
+                notify=None if quiet else bar.info,
             )
-        cfg = EvalConfig(
-            model, chosen, steps=sizes["steps"], batch=sizes["batch"], seed=seed, device=device, text=text, fold=fold,
-            cudnn_attention=cudnn_attention,
-        )  # fmt: skip
-        result = evaluate(
-            cfg,
-            progress=bar.update,
-            notify=None if quiet else bar.info,
-        )
-        bar.close()
-        path = write_eval(result, out_dir, force, plots=not no_plots)
+            bar.close()
+            path = write_eval(result, out_dir, force, plots=not no_plots)
     except (EvalError, *_errors()) as err:
         raise click.ClickException(str(err)) from None
     finally:
@@ -545,7 +623,8 @@ class _BudgetNotMet(click.ClickException):
 @click.option(
     "--model",
     default=None,
-    help="Preset name (with --synthetic), shipped model, local checkpoint dir or hub id. [default: tiny-nemotron]",
+    help="Preset name (with --synthetic), shipped model (tiny-nemotron, tiny-qwen, tiny-kda), local checkpoint dir or "
+    "hub id. [default: tiny-nemotron]",
 )
 @click.option("--synthetic", is_flag=True, help="Synthetic inputs with a preset's exact shapes (no weights).")
 @click.option(
@@ -592,9 +671,10 @@ class _BudgetNotMet(click.ClickException):
 )
 @click.option(
     "--engine-fallbacks",
-    default="fp16,bf16",
+    default="fp16,bf16,fp32",
     show_default=True,
-    help="Float dtypes measured for the export when an engine cannot take the chosen one ('none' to skip).",
+    help="Float dtypes measured for the export when an engine cannot take the chosen one, and chosen per layer "
+    "with --choose-among engines where they are the cheapest within the budget ('none' to skip).",
 )
 @click.option("--ignore-buffer-bytes", is_flag=True, help="Rank by checkpoint bytes only (leave the replay ring out).")
 @click.option("--global", "force_global", is_flag=True, help="One engine-takeable setting for all layers.")
@@ -629,8 +709,17 @@ class _BudgetNotMet(click.ClickException):
     default=None,
     help="GPU that 'engine-takeable' is checked for: sm80, sm90, sm100, ... [default: the local GPU, else sm90]",
 )
+@click.option(
+    "--choose-among",
+    default="engines",
+    show_default=True,
+    type=click.Choice(["engines", "research"]),
+    help="engines: choose among the settings that the engines checked (--engine-version, --gpu) run as measured on "
+    "these layers, float fallbacks included; research: among every candidate, what no engine runs yet too. The "
+    "summary shows the other pool's cheapest setting per layer beside the choice.",
+)
 @click.option("--no-verify", is_flag=True, help="Skip the held-out verification.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Recipe directory.")
+@_out_option("calibrate", "Recipe directory.")
 @click.option("--force", is_flag=True, help="Replace --out when it holds a previous output of this command (nothing else).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or table.")
 def calibrate_cmd(
@@ -659,6 +748,7 @@ def calibrate_cmd(
     engine,
     engine_versions,
     gpu,
+    choose_among,
     no_verify,
     out_dir,
     force,
@@ -667,11 +757,13 @@ def calibrate_cmd(
     """Choose per SSM layer the cheapest state storage within an error budget; write a verified recipe."""
     from .analysis import default_model
     from .calibrate import BudgetError, CalibrateConfig, CalibrateError, calibrate, write_recipe
-    from .calibrate.summary import summary_text
-    from .report.files import check_out_dir
+    from .calibrate.summary import summary_text, verification_failure
+    from .report.files import claim_out_dir
 
+    _quiet_modelopt()
     if quiet:
         _silence()
+    model = model or default_model()
     sizes = _sizes("calibrate", device, {"horizon": horizon, "batch": batch}, quiet)
     try:
         lens = [int(v) for v in _csv(buffer_lens, "--buffer-lens")]
@@ -679,7 +771,7 @@ def calibrate_cmd(
         raise click.BadParameter(f"integers expected, got {buffer_lens!r}", param_hint="--buffer-lens") from None
     fallbacks = _csv(engine_fallbacks, "--engine-fallbacks")
     cfg = CalibrateConfig(
-        model=model or default_model(),
+        model=model,
         synthetic=synthetic,
         text=text,
         budget=budget,
@@ -705,38 +797,69 @@ def calibrate_cmd(
         gpu=gpu,
         devices=_devices(devices),
         engine=engine,
+        choose_among=choose_among,
     )
-    bars: dict[str, _Bar] = {}
+    out_dir = _out_dir(out_dir, "calibrate", model, synthetic)
+    # one bar per stage (calibrate, verify), moving within a layer too; its postfix is calibrate's own time left,
+    # verification included (tqdm's rate would see the current stage only)
+    bar = {"stage": None, "tqdm": None, "left": None}
+    fmt = "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total_fmt} layers [{elapsed}{postfix}]"
+
+    def close_bar():
+        if bar["tqdm"] is not None:
+            bar["tqdm"].close()
+            bar["tqdm"] = None
 
     def progress(stage, done, total, layer):
-        if stage not in bars:
-            for b in bars.values():
-                b.close()
-            bars[stage] = _Bar(quiet, "layer", stage)
-        bars[stage].update(done, total, "" if layer is None else f"layer {layer}")
+        if quiet:
+            return
+        if bar["stage"] != stage or bar["tqdm"] is None:
+            from tqdm import tqdm
+
+            close_bar()
+            bar["stage"], bar["tqdm"] = stage, tqdm(total=total, desc=stage, bar_format=fmt, leave=True)
+        t = bar["tqdm"]
+        t.n = round(float(done), 1)
+        left = bar["left"]
+        parts = ([] if layer is None else [f"layer {layer}"]) + (
+            [] if left is None else [left.short() + (" (verification included)" if stage == "calibrate" and cfg.verify else "")]
+        )  # fmt: skip
+        t.set_postfix_str(", ".join(parts), refresh=False)
+        t.refresh()
+
+    def time_left(left):
+        bar["left"] = left
 
     def notify(line):
-        drawn = [b for b in bars.values() if b.bar is not None]
-        (drawn[-1].info if drawn else _info)(line)
+        if bar["tqdm"] is not None:
+            bar["tqdm"].write(line, file=sys.stderr)
+        else:
+            _info(line)
 
     try:
-        check_out_dir(out_dir, force, "calibrate")
-        result = calibrate(cfg, progress=progress, notify=None if quiet else notify)
-        for b in bars.values():
-            b.close()
-        path = write_recipe(result, out_dir, force=force)
+        with claim_out_dir(out_dir, force, "calibrate"):  # held from here: a second run into --out is refused now
+            result = calibrate(cfg, progress=progress, notify=None if quiet else notify, time_left=time_left)
+            close_bar()
+            path = write_recipe(result, out_dir, force=force)
     except BudgetError as err:
         raise _BudgetNotMet(str(err)) from None
     except (CalibrateError, *_errors()) as err:
         raise click.ClickException(str(err)) from None
     finally:
-        for b in bars.values():
-            b.close()
+        close_bar()
     if not quiet:
         src = result.source
         click.echo(f"\n{src.get('model')} ({src.get('kind')} data: {src.get('note', '')})")
         click.echo(summary_text(result))
         click.echo(f"\nwrote {path} in {result.elapsed_s:.1f} s")
+    failed = verification_failure(result)
+    if failed:  # the recipe is written (marked), so that the user can inspect it; the status says it failed
+        err = click.ClickException(
+            f"{failed}; the recipe was still written to {path}, marked verification.passed = false, to inspect "
+            "(calibrate on more data: --batch, --horizon, or with a lower --budget)"
+        )
+        err.exit_code = 4
+        raise err
 
 
 def _engine_versions(pairs) -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""The command line as a new user meets it (issue 16): user errors are one `Error:` line with exit status 1,
-no traceback and nothing written; sizes follow the device; plots, headers, permissions, exports, recipes
+"""The command line as a new user meets it (issue 16): user errors are one `Error:` line with exit status 1
+(usage errors: 2, tests/test_user_errors.py), no traceback and nothing written; sizes follow the device; plots, headers, permissions, exports, recipes
 and Ctrl-C behave. In-process runs use click's CliRunner; what depends on the process (imports, signals,
 environment variables read at import) runs `python -m ssmquant` in a subprocess.
 """
@@ -183,7 +183,8 @@ def test_cpu_defaults_and_time_estimate_are_printed(tmp_path):
 def test_calibrate_cpu_defaults(tmp_path):
     out = tmp_path / "recipe"
     args = ["calibrate", *TINY[:4], "--device", "cpu", "--candidates", "int8", "--schemes", "conventional",
-            "--calibration", "none", "--engine-fallbacks", "none", "--budget", 1, "--no-verify", "--out", out]  # fmt: skip
+            "--calibration", "none", "--engine-fallbacks", "none", "--choose-among", "research", "--budget", 1,
+            "--no-verify", "--out", out]  # fmt: skip
     res = cli(args)
     assert res.exit_code == 0, res.output
     assert "--horizon 512 --batch 2 (on a GPU: --horizon 4096 --batch 4" in res.stderr
@@ -408,8 +409,16 @@ def test_plots_share_the_run_order_and_one_legend(tiny_run):
     out_axes = [a for a in panels if "output error" in a.get_title()]
     assert all(any(isinstance(c, PathCollection) for c in a.collections) for a in out_axes)
     assert all(any(tuple(line.get_xdata()) == (16, 16) for line in a.get_lines()) for a in panels)
-    widths = {line.get_linewidth() for line in panels[0].get_lines() if len(line.get_xdata()) > 2}
-    assert len(widths) == 4  # one width per format, widest first: coinciding curves stay visible
+    from ssmquant.report import plots
+
+    # one width for every format (issue 27: widths that varied by format read as emphasis); coinciding curves are
+    # told apart by colour and dash instead
+    widths = {
+        line.get_linewidth()
+        for line in panels[0].get_lines()
+        if len(line.get_xdata()) > 2 and line.get_alpha() is None
+    }
+    assert widths == {plots.LINE_WIDTH}
     plt.close(fig)
 
 
@@ -471,7 +480,7 @@ def test_quiet_runs_are_silent_and_cpu_runs_have_no_kernel_fallback_noise(tmp_pa
                      "--device", "cpu", "--out", tmp_path / "e", "-q"])  # fmt: skip
     assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == "", quiet.stderr
     cal = run_cli(["calibrate", *TINY[:4], "--candidates", "int8", "--schemes", "conventional", "--horizon", 8, "--batch", 1, "--calibration", "none", "--engine-fallbacks",
-                   "none", "--budget", 1, "--no-verify", "--out", tmp_path / "r", "-q"])  # fmt: skip
+                   "none", "--choose-among", "research", "--budget", 1, "--no-verify", "--out", tmp_path / "r", "-q"])  # fmt: skip
     assert cal.returncode == 0 and cal.stdout == "" and cal.stderr == "", cal.stderr
     loud = run_cli(["eval", *TINY[:2], "--formats", "int8", "--schemes", "conventional", "--steps", 4, "--batch", 1,
                     "--device", "cpu", "--out", tmp_path / "e2"])  # fmt: skip

@@ -32,7 +32,16 @@ from ..replay.variants import Variant, VariantError
 from ..simulate import start_simulation
 from ..sizing import LayerEstimate, format_seconds
 from .devices import assign_layers, run_on_devices
-from .fit import DIVERGED, MIN_FORECAST_R2, fit_power_law, forecast_columns
+from .fit import (
+    DEFAULT_BUDGET,
+    DIVERGED,
+    MIN_FORECAST_R2,
+    fit_power_law,
+    forecast,
+    forecast_columns,
+    forecast_verdict,
+    peak_verdict,
+)
 from .sources import LayerSource, SourceError, open_source, plan_layers, resolve_run_devices
 
 FORECAST_STEPS = (32768, 131072)
@@ -76,6 +85,8 @@ class AnalyzeConfig:
     engines: list[str] = field(default_factory=lambda: ["ideal"])  # engine profiles (ssmquant.engines.profiles)
     # emulation devices: "cuda:0,cuda:1", a list, or "all" (analysis.devices); None: `device` alone
     devices: str | list[str] | None = None
+    # the verdict's budget on the worst-step output error (analysis.fit, DEFAULT_BUDGET: why this number)
+    budget: float = DEFAULT_BUDGET
 
 
 def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
@@ -136,6 +147,8 @@ class AnalysisResult:
             "stages": self.stages,
             "summary": _records(self.summary),
             "memory": _records(self.memory),
+            "budget": {"value": self.config.budget, "note": verdict_note(self.config.budget)},
+            "verdict": verdicts(self.summary),
             # per scheme, the step of the first rounded state: the plots mark it without parsing schemes (which
             # imports torch: seconds in a plotting process that needs nothing else of it)
             "first_write_steps": {v.scheme.name: first_write_step(v) for v in build_variants(self.config)},
@@ -183,9 +196,49 @@ def flush_cycle(variant: Variant) -> int:
     return variant.scheme.buffer_len
 
 
-def summarize_layer(layer: int, kind: str, trace: Trace, variants: list[Variant]) -> list[dict]:
+def worst_step(maxima: np.ndarray, ends: np.ndarray) -> tuple[float, int]:
+    """(value, window end) of the largest of the windows' worst steps; the first non-finite one (NaN / inf: the
+    run broke down) wins over any number. (NaN, 0) when there is no window."""
+    if len(maxima) == 0:
+        return float("nan"), 0
+    bad = np.flatnonzero(~np.isfinite(maxima))
+    i = int(bad[0]) if len(bad) else int(np.argmax(maxima))
+    return float(maxima[i]), int(ends[i])
+
+
+def budget_columns(maxima: np.ndarray, starts: np.ndarray, ends: np.ndarray, first_write: int, budget: float) -> dict:
+    """Summary columns of the budget verdict (analysis.fit) from one variant's window maxima of the output error:
+    the worst step of the run and its window end, the power-law fit of the window maxima (abscissa: the window
+    ends) with its forecasts at FORECAST_STEPS (status 'measured' where the run reached the step: then the worst
+    step up to it), the budget and the verdicts over the horizon and up to each forecast step."""
+    peak, peak_step = worst_step(maxima, ends)
+    fit = fit_power_law(ends, maxima, first_write)
+    measured = peak_verdict(peak, budget)
+    cols = {
+        "out_rel_err_peak": peak,
+        "out_rel_err_peak_step": peak_step,
+        "growth_b_out_max": fit.b,
+        "fit_r2_out_max": fit.r2,
+        "budget": budget,
+        "verdict_horizon": measured,
+    }
+    for step in FORECAST_STEPS:
+        k = f"{step // 1024}k"
+        if step <= ends[-1]:
+            value, status = worst_step(maxima[starts <= step], ends[starts <= step])[0], "measured"
+        else:
+            value, status = forecast(fit, step, peak)
+        cols[f"forecast_out_max_{k}"] = value
+        cols[f"forecast_out_max_{k}_status"] = status
+        cols[f"verdict_{k}"] = forecast_verdict(measured, value, status, budget)
+    return cols
+
+
+def summarize_layer(
+    layer: int, kind: str, trace: Trace, variants: list[Variant], budget: float = DEFAULT_BUDGET
+) -> list[dict]:
     """Per variant: the error over the horizon window (mean and max over its steps), the worst head, the
-    fitted growth of the window means and its forecasts."""
+    fitted growth of the window means and its forecasts, and the budget verdict (``budget_columns``)."""
     h = trace.horizon_index
     state = trace.rel_err("state")  # [V, R] window means
     out = trace.rel_err("out")
@@ -222,9 +275,72 @@ def summarize_layer(layer: int, kind: str, trace: Trace, variants: list[Variant]
                 "fit_r2_state": fit_state.r2,
                 **forecast_columns("out", fit_out, FORECAST_STEPS, float(out[i, -1])),
                 **forecast_columns("state", fit_state, FORECAST_STEPS, float(state[i, -1])),
+                **budget_columns(out_max[i], trace.window_starts, trace.steps, first_write_step(v), budget),
             }
         )
     return rows
+
+
+def _layer_list(layers) -> str:
+    return f"layer{'s' if len(layers) > 1 else ''} {', '.join(str(int(x)) for x in layers)}"
+
+
+def verdicts(summary: pd.DataFrame) -> list[dict]:
+    """The budget verdict per variant (format x rounding x scheme x engine), in the run's order, from the summary's
+    per-layer verdict columns: for the horizon and each forecast step, 'yes' (every layer under the budget), 'no'
+    (a layer over or diverged) or 'unknown' (none over, a forecast withheld), the layers in each state, and a line
+    of text such as "fp8_e4m3@replay16: every layer under 0.02 to 4096 steps; 32K: yes; 128K: layers 6, 12 over"."""
+    if summary.empty or "verdict_horizon" not in summary.columns:
+        return []
+    out = []
+    for variant, g in summary.groupby("variant", sort=False):
+        budget, horizon = float(g["budget"].iloc[0]), int(g["horizon"].max())
+        rec = {"variant": variant, "budget": budget, "steps": horizon}
+        parts = []
+        for key, label in (("horizon", None), *((f"{s // 1024}k", f"{s // 1024}K") for s in FORECAST_STEPS)):
+            col = g[f"verdict_{key}"]
+            layers = {state: sorted(int(x) for x in g.loc[col == state, "layer"]) for state in ("over", "diverged", "unknown")}
+            answer = "no" if layers["over"] or layers["diverged"] else "unknown" if layers["unknown"] else "yes"
+            rec[key] = {"answer": answer, **{f"layers_{k}": v for k, v in layers.items()}}
+            if key == "horizon":
+                if answer == "yes":
+                    parts.append(f"every layer under {budget:g} to {horizon} steps")
+                else:
+                    bits = []
+                    if layers["over"]:
+                        worst = g[col == "over"].sort_values("out_rel_err_peak").iloc[-1]
+                        bits.append(f"{_layer_list(layers['over'])} over {budget:g} within {horizon} steps (worst "
+                                    f"{worst.out_rel_err_peak:.2e}, layer {int(worst.layer)})")  # fmt: skip
+                    if layers["diverged"]:
+                        bits.append(f"{_layer_list(layers['diverged'])} diverged within {horizon} steps (error >= "
+                                    f"{DIVERGED:g} or not finite)")  # fmt: skip
+                    parts.append(", ".join(bits))
+                continue
+            if answer == "yes":
+                parts.append(f"{label}: yes")
+                continue
+            bits = []
+            if layers["over"]:
+                bits.append(f"{_layer_list(layers['over'])} over")
+            if layers["diverged"]:
+                bits.append(f"{_layer_list(layers['diverged'])} diverged")
+            if layers["unknown"]:
+                bits.append(f"{_layer_list(layers['unknown'])} unknown (fit r2 < {MIN_FORECAST_R2})")
+            parts.append(f"{label}: {', '.join(bits)}")
+        rec["text"] = f"{variant}: " + "; ".join(parts)
+        out.append(rec)
+    return out
+
+
+def verdict_note(budget: float) -> str:
+    """What the verdict compares, for report.json and the terminal."""
+    return (
+        f"budget {budget:g} on the worst step of the relative output error (the largest per-step error of every "
+        "window, pooled over sequences and heads: every decode step counts, replay is judged at its peaks before "
+        f"each flush); 32K / 128K: the worst step measured so far and the power-law forecast of the window maxima, "
+        f"forecasts, not measurements; 'unknown' where that fit's r2 < {MIN_FORECAST_R2}; 'diverged' where the "
+        f"error reaches {DIVERGED:g} or is not finite"
+    )
 
 
 def head_steps(steps: np.ndarray, points: int = HEAD_TABLE_POINTS) -> np.ndarray:
@@ -293,6 +409,11 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     t0 = time.time()
     if cfg.steps < 1 or cfg.batch < 1:
         raise AnalyzeError(f"--steps and --batch must be >= 1, got steps={cfg.steps}, batch={cfg.batch}")
+    if not (math.isfinite(cfg.budget) and 0 < cfg.budget < DIVERGED):
+        raise AnalyzeError(
+            f"--budget must lie in (0, {DIVERGED:g}): a relative output error, where {DIVERGED:g} is an error as large "
+            f"as the signal; got {cfg.budget}"
+        )
     if cfg.record_every is not None and cfg.record_every < 1:
         raise AnalyzeError(f"--record-every must be >= 1 (keep every k-th step), got {cfg.record_every}")
     variants = build_variants(cfg)
@@ -319,6 +440,7 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
         synthetic_profile=cfg.synthetic_profile,
         loaded=model,
         devices=emu_devices,
+        layers=cfg.layers,
     )
     t_loaded = time.time()
     layers = source.select(cfg.layers)
@@ -368,7 +490,8 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
         sim_s += time.perf_counter() - t_wait  # the wait for the device: emulation, as before
         frame = trace.to_frame()
         frame.insert(0, "layer", layer)
-        return frame, head_table(layer, trace), summarize_layer(layer, source.layer_kind, trace, variants), sim_s
+        summary_rows = summarize_layer(layer, source.layer_kind, trace, variants, cfg.budget)
+        return frame, head_table(layer, trace), summary_rows, sim_s
 
     estimate = LayerEstimate(len(layers), len(emu_devices) * lanes, notify)
 
@@ -420,4 +543,4 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     )
 
 
-__all__ = ["AnalysisResult", "AnalyzeConfig", "AnalyzeError", "SourceError", "analyze", "build_variants"]
+__all__ = ["AnalysisResult", "AnalyzeConfig", "AnalyzeError", "SourceError", "analyze", "build_variants", "verdicts"]

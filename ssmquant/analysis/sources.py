@@ -28,6 +28,8 @@ from ..models import (
     iter_capture,
     list_presets,
     load_model,
+    read_config,
+    resolve_model,
     ssm_layout,
     synthetic_layers,
 )
@@ -97,16 +99,37 @@ class LayerSource:
 
     def select(self, layers: list[int] | None) -> list[int]:
         """Validate a layer selection (decoder-layer indices) against this model's SSM layers."""
-        if layers is None:
-            return list(self.layers)
-        bad = [i for i in layers if i not in self.layers]
-        if bad:
-            raise SourceError(
-                f"layers {bad} are not SSM layers of {self.name}; its {self.layer_kind} layers are {self.layers}"
-            )
-        if len(set(layers)) != len(layers):
-            raise SourceError(f"layers {layers} lists a layer twice")
-        return sorted(layers)
+        return select_layers(layers, self.layers, self.name, self.layer_kind)
+
+
+def select_layers(layers: list[int] | None, ssm_layers, name: str, layer_kind: str) -> list[int]:
+    """``layers`` (decoder-layer indices; None: all) checked against a model's SSM layers, sorted. Raises
+    SourceError naming the model's SSM layers."""
+    ssm_layers = list(ssm_layers)
+    if layers is None:
+        return ssm_layers
+    if not layers:
+        raise SourceError(f"--layers is empty; give SSM layers of {name} (its {layer_kind} layers are {ssm_layers})")
+    bad = [i for i in layers if i not in ssm_layers]
+    if bad:
+        raise SourceError(f"layers {bad} are not SSM layers of {name}; its {layer_kind} layers are {ssm_layers}")
+    if len(set(layers)) != len(layers):
+        raise SourceError(f"layers {layers} lists a layer twice")
+    return sorted(layers)
+
+
+def check_layers_before_loading(model: str, layers: list[int] | None) -> None:
+    """Refuse a ``layers`` selection that names a layer that is not an SSM layer of checkpoint ``model`` (or none)
+    from its config.json alone, before the weights load (minutes for a large model, a download for a hub id). A
+    model whose config cannot be read or derived here is left to the load, which reports it."""
+    if layers is None:
+        return
+    try:
+        source = resolve_model(model)
+        layout = ssm_layout(read_config(source))
+    except Exception:  # noqa: BLE001 - the load that follows names the problem (see the docstring)
+        return
+    select_layers(layers, layout["ssm_layers"], source.name, layout["layer_kind"])
 
 
 class _Closed(Exception):
@@ -253,13 +276,16 @@ def open_source(
     synthetic_profile: str = "init",
     loaded: LoadedModel | None = None,
     devices: list[torch.device] | None = None,
+    layers: list[int] | None = None,
 ) -> LayerSource:
     """Resolve `model` into a LayerSource. Loading a checkpoint happens here; capture is lazy, per layer.
 
     synthetic_profile: the dynamics profile of synthetic inputs (a name in `ssmquant.models.PROFILES`);
     anything but "init" needs `synthetic`. loaded: a model already in memory (``load_model``,
     ``models.build.build_random_model``), captured instead of loading `model`. devices: the run's emulation
-    devices; a checkpoint is spread over them when they are several GPUs (``load_source_model``).
+    devices; a checkpoint is spread over them when they are several GPUs (``load_source_model``). layers: the
+    run's layer selection, checked against a checkpoint's config.json before its weights load (the caller
+    selects with ``LayerSource.select``).
     """
     if loaded is not None and not isinstance(loaded, LoadedModel):
         raise SourceError(
@@ -321,6 +347,7 @@ def open_source(
 
     text = check_text(text_path, batch=batch, length=steps, split=split)
     if loaded is None:
+        check_layers_before_loading(model, layers)
         loaded = load_source_model(model, device, devices)
     layout = ssm_layout(loaded.model.config)
     try:

@@ -63,6 +63,7 @@ def evaluate_layer(
     count_buffer: bool = True,
     chunk: int = MAX_VARIANTS_PER_CALL,
     engine: str = "ideal",
+    on_chunk=None,
 ) -> pd.DataFrame:
     """Simulate every setting on one layer under the engine profile `engine`; one row per setting.
 
@@ -71,6 +72,7 @@ def evaluate_layer(
     buffer_len, calibration, state_bytes, buffer_bytes, bytes, the METRICS (out_rel_err, state_rel_err and
     their _max), per quantity the worst head (by window mean) and its error, engine (the profile), runnable
     and refusal (the engine's reason when the profile refuses the setting on this layer; its errors are NaN).
+    on_chunk: optional callable(done, total) after each simulate call (settings simulated so far, of total).
     """
     dims = LayerDims.of(inputs)
     steps = inputs.steps
@@ -116,6 +118,8 @@ def evaluate_layer(
                 row[f"worst_head_{q}"] = worst
                 row[f"worst_head_{q}_rel_err"] = float(h[worst]) if worst >= 0 else float("nan")
             rows.append(row)
+        if on_chunk is not None:
+            on_chunk(start + len(part), len(runnable))
     nan = float("nan")
     for s in settings:
         if s.name in refusals:
@@ -142,17 +146,23 @@ def _rank(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     return df.assign(_err=err).sort_values(["bytes", "_err", "setting"], kind="mergesort").drop(columns="_err")
 
 
-def choose_layer(df: pd.DataFrame, budget: float, metric: str) -> pd.Series | None:
-    """Cheapest candidate row with metric <= budget (ties: lower error, then name), or None."""
-    ok = df[(df["role"] == "candidate") & (df[metric] <= budget)]
+def _pool(df: pd.DataFrame, among) -> pd.Series:
+    """Rows that may be chosen: the settings named in ``among``, or (None) the candidates."""
+    return df["role"] == "candidate" if among is None else df["setting"].isin(set(among))
+
+
+def choose_layer(df: pd.DataFrame, budget: float, metric: str, among=None) -> pd.Series | None:
+    """Cheapest row with metric <= budget (ties: lower error, then name) among the settings named in ``among``
+    (None: the candidates), or None."""
+    ok = df[_pool(df, among) & (df[metric] <= budget)]
     if ok.empty:
         return None
     return _rank(ok, metric).iloc[0]
 
 
-def best_layer(df: pd.DataFrame, metric: str) -> pd.Series:
-    """The candidate row with the lowest error (ties: cheaper, then name): the best achievable."""
-    cand = df[df["role"] == "candidate"]
+def best_layer(df: pd.DataFrame, metric: str, among=None) -> pd.Series:
+    """The row with the lowest error (ties: cheaper, then name) among ``among`` (None: the candidates)."""
+    cand = df[_pool(df, among)]
     err = cand[metric].where(np.isfinite(cand[metric]), math.inf)
     return cand.assign(_err=err).sort_values(["_err", "bytes", "setting"], kind="mergesort").iloc[0].drop("_err")
 
@@ -184,13 +194,17 @@ def uniform_table(evals: pd.DataFrame, budget: float, metric: str) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
-def choose_global(uniform: pd.DataFrame, takeable: dict[str, bool]) -> tuple[pd.Series | None, str]:
-    """(row, status) of the global setting among engine-takeable candidate settings.
+def choose_global(uniform: pd.DataFrame, takeable: dict[str, bool], among=None) -> tuple[pd.Series | None, str]:
+    """(row, status) of the global setting among engine-takeable candidate settings, or (``among`` given) among
+    the settings it names (calibrate's choice pool, fallbacks included).
 
     status: "meets_budget" (cheapest meeting the budget on every layer, ties lower worst error), "closest"
     (none meets it: the lowest worst-layer error, ties cheaper) or "none" (no candidate is engine-takeable).
     """
-    pool = uniform[(uniform["role"] == "candidate") & uniform["setting"].map(lambda n: takeable.get(n, False))]
+    if among is None:
+        pool = uniform[(uniform["role"] == "candidate") & uniform["setting"].map(lambda n: takeable.get(n, False))]
+    else:
+        pool = uniform[uniform["setting"].isin(set(among))]
     if pool.empty:
         return None, "none"
     ok = pool[pool["meets_budget"]]
@@ -199,12 +213,13 @@ def choose_global(uniform: pd.DataFrame, takeable: dict[str, bool]) -> tuple[pd.
     return pool.sort_values(["max_error", "bytes", "setting"], kind="mergesort").iloc[0], "closest"
 
 
-def best_table(evals: pd.DataFrame, metric: str, budget: float) -> pd.DataFrame:
-    """Per layer: the best achievable setting and error, the cheapest within budget (if any)."""
+def best_table(evals: pd.DataFrame, metric: str, budget: float, among=None) -> pd.DataFrame:
+    """Per layer: the best achievable setting and error among ``among`` (None: the candidates), and whether one
+    of them meets the budget."""
     rows = []
     for layer, g in evals.groupby("layer", sort=True):
-        best = best_layer(g, metric)
-        chosen = choose_layer(g, budget, metric)
+        best = best_layer(g, metric, among)
+        chosen = choose_layer(g, budget, metric, among)
         rows.append(
             {
                 "layer": int(layer),

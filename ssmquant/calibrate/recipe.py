@@ -25,7 +25,7 @@ import torch
 from .. import __version__
 from ..engines.profiles import ENGINES, arithmetic
 from ..report.files import write_atomically
-from .settings import METRICS, CalibrateError, LayerDims, Setting, other_metric, setting_bytes
+from .settings import CHOICES, METRICS, CalibrateError, LayerDims, Setting, other_metric, setting_bytes
 
 SCHEMA_VERSION = 1
 RECIPE_KIND = "ssmquant.ssm_state_recipe"
@@ -42,6 +42,14 @@ BUDGET_DEFINITION = (
 SCALE_LAYOUT = (
     "FP32 decode scales (nheads, head_dim): value = code * scale; FlashInfer state_scale without the cache dim"
 )
+
+
+# what `search.choose_among` means (calibrate --choose-among)
+CHOICE_POOLS = {
+    "engines": "the settings (candidates and float fallbacks) that one of global.engines_checked runs as measured on "
+    "these layers' sizes",
+    "research": "every candidate, including settings that no engine runs yet",
+}
 
 
 class RecipeError(ValueError):
@@ -88,10 +96,14 @@ def build_document(result) -> dict:
     ver = {r["layer"]: r for r in (result.verification or {}).get("per_layer", [])}
     by_name = {s.name: s for s in result.settings}
 
+    runs_on = getattr(result, "runs_on", {}) or {}
+    mode = getattr(result, "choose_among", "research")
+    alternatives = getattr(result, "alternatives", {}) or {}
     layer_docs = []
     for layer in layers:
         d, row = result.decisions[layer], result.decision_rows[layer]
         v = ver.get(layer)
+        alt = None if cfg.force_global else alternatives.get(layer)
         layer_docs.append(
             {
                 "layer": int(layer),
@@ -112,6 +124,16 @@ def build_document(result) -> dict:
                 "meets_budget": bool(row[metric] <= budget),
                 "state_scale": scale_name(layer) if d.is_static else None,
                 "stats": result.stats[layer].summary() if layer in result.stats else None,
+                "runs_on": list(runs_on.get(d.name, [])),
+                "alternative": None
+                if alt is None
+                else {
+                    "pool": "research" if mode == "engines" else "engines",
+                    "setting": str(alt["setting"]),
+                    "runs_on": list(runs_on.get(alt["setting"], [])),
+                    "bytes_per_sequence": int(alt["bytes"]),
+                    "calibration_error": {m: _num(alt[m]) for m in METRICS},
+                },
             }
         )
     per_layer_bytes = sum(doc["bytes_per_sequence"]["total"] for doc in layer_docs)
@@ -238,6 +260,8 @@ def build_document(result) -> dict:
             "engine_fallbacks": list(cfg.engine_fallbacks),
             "objective": "bytes per sequence: state + replay ring" if cfg.count_buffer else "bytes per sequence: state",
             "force_global": cfg.force_global,
+            "choose_among": mode,
+            "choice_pool": CHOICE_POOLS[mode],
             "seed": cfg.seed,
             "settings_evaluated": len(result.settings),
         },
@@ -334,6 +358,13 @@ def validate_document(doc: dict) -> None:
     """
     if not isinstance(doc, dict):
         raise RecipeError(f"{CONFIG_NAME} must hold a JSON object, got {type(doc).__name__}")
+    bad = _non_finite(doc)
+    if bad is not None:
+        where, v = bad
+        _fail(
+            f"{where} is {json.dumps(v)}: a recipe holds finite numbers only (calibrate writes null for an error that is not "
+            "finite); re-run `ssmquant calibrate` or correct the field"
+        )
     version = doc.get("schema_version")
     if version != SCHEMA_VERSION:
         raise RecipeError(
@@ -447,6 +478,12 @@ def validate_document(doc: dict) -> None:
         name = _setting(g, "global.setting").name
         if name not in uniform:
             _fail(f"global.setting {name!r} is not one of uniform_settings")
+        gmax = _error_value(glob, "max_error", "global")
+        if status == "meets_budget" and (gmax is None or gmax > value) and "max_error" in glob:
+            _fail(f"global.status is 'meets_budget' but its max_error {gmax} is not within the budget {value}")
+    mode = (doc.get("search") or {}).get("choose_among")
+    for i, entry in enumerate(layers):
+        _validate_runs_on(entry, f"layers[{i}]", mode)
 
     v = doc.get("verification")
     if v is not None:
@@ -462,6 +499,40 @@ def validate_document(doc: dict) -> None:
             meets(_error_value(r, metric, where), r.get("meets_budget"), where)
         if passed != all(r["meets_budget"] for r in per_layer):
             _fail(f"verification.passed is {passed} but its per_layer meets_budget flags say otherwise")
+
+
+def _non_finite(node, where: str = "the document"):
+    """(path, value) of the first NaN or infinity in a JSON document (Python's json reads NaN, Infinity), else None."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return where, node
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        path = (f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}") if where != "the document" else str(k)
+        found = _non_finite(v, path)
+        if found is not None:
+            return found
+    return None
+
+
+def _validate_runs_on(entry: dict, where: str, mode) -> None:
+    """`runs_on` (optional): engine ids; a recipe chosen among what the engines run has a non-empty one per layer.
+    `alternative` (optional): null or the other pool's cheapest setting within the budget."""
+    engines = entry.get("runs_on")
+    if engines is not None:
+        if not isinstance(engines, list) or any(e not in ENGINES for e in engines):
+            _fail(f"{where}.runs_on must list engines among {', '.join(ENGINES)}, got {engines!r}")
+        if mode == "engines" and not engines:
+            _fail(f"{where}.runs_on is empty but search.choose_among is 'engines': the layer's setting runs on no engine")
+    alt = entry.get("alternative")
+    if alt is not None:
+        if not isinstance(alt, dict) or not isinstance(alt.get("setting"), str):
+            _fail(f"{where}.alternative must be null or an object with a setting name, got {alt!r}")
+        try:
+            Setting.parse(alt["setting"])
+        except CalibrateError as err:
+            _fail(f"{where}.alternative.setting: {err}")
+        if alt.get("pool") not in CHOICES:
+            _fail(f"{where}.alternative.pool must be one of {', '.join(CHOICES)}, got {alt.get('pool')!r}")
 
 
 def _validate_engine_profile(prof) -> None:
@@ -489,6 +560,8 @@ def _validate_search(search) -> bool:
             _fail(f"search.{key} must be a list of strings, got {search[key]!r}")
     if "buffer_lens" in search:
         _int_list(search, "buffer_lens", "search", minimum=1)
+    if "choose_among" in search and search["choose_among"] not in CHOICES:
+        _fail(f"search.choose_among must be one of {', '.join(CHOICES)}, got {search['choose_among']!r}")
     objectives = {"bytes per sequence: state + replay ring": True, "bytes per sequence: state": False}
     objective = search.get("objective", "bytes per sequence: state + replay ring")
     if objective not in objectives:

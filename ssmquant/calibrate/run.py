@@ -13,8 +13,10 @@ verification of the chosen settings on held-out data. Nothing is written here: `
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -25,21 +27,23 @@ from ..analysis.devices import assign_layers, run_on_devices
 from ..analysis.sources import (
     LayerSource,
     SourceError,
+    check_layers_before_loading,
     check_text,
     load_source_model,
     open_source,
     plan_layers,
     resolve_run_devices,
 )
-from ..engines.deployments import TARGETS, deployments, describe_deployments, takeable_by_any, violations
-from ..engines.facts import EngineVersionError
+from ..engines.deployments import TARGETS, Target, deployments, describe_deployments, takeable_by_any, violations
+from ..engines.facts import ENGINE_NAMES, EngineVersionError
 from ..engines.profiles import EngineError, check_engine
 from ..formats import FormatError
 from ..kinds import InputError
+from ..models import get_preset
 from ..models.text import TextError
 from ..provenance import DEFAULT_PACKAGES, environment
 from ..simulate import BACKENDS
-from ..sizing import LayerEstimate, format_seconds
+from ..sizing import format_seconds
 from .choose import (
     MAX_VARIANTS_PER_CALL,
     BudgetError,
@@ -52,14 +56,26 @@ from .choose import (
 )
 from .scales import calibrate_scales, required_percentiles, scale_keys
 from .settings import (
+    CHOICES,
     CalibrateError,
     LayerDims,
     Setting,
     build_settings,
     metric_quantity,
-    parse_method,
 )
 from .stats import DEFAULT_PERCENTILES, StateStats, collect_stats
+from .timing import (
+    BUSY_SHARE,
+    VERIFY_SETTINGS_GUESS,
+    Costs,
+    LayerCost,
+    RunClock,
+    TimedItems,
+    TimeLeft,
+    emulation_threads,
+    mse_samples_at,
+    probe_layer,
+)
 from .verify import check_uniform, summarize_verification, synthetic_heldout_source, verify_layer
 
 
@@ -81,7 +97,8 @@ class CalibrateConfig:
     rounding: list[str] = field(default_factory=lambda: ["rne"])
     calibration: list[str] = field(default_factory=lambda: ["max", "percentile", "mse"])
     calibration_granularity: list[str] = field(default_factory=lambda: ["row"])
-    engine_fallbacks: list[str] = field(default_factory=lambda: ["fp16", "bf16"])
+    # fp32: what vLLM and TensorRT-LLM keep for Kimi-Linear's KDA state (the one setting engines run there)
+    engine_fallbacks: list[str] = field(default_factory=lambda: ["fp16", "bf16", "fp32"])
     count_buffer: bool = True
     force_global: bool = False
     layers: list[int] | None = None
@@ -99,6 +116,8 @@ class CalibrateConfig:
     # the engine profile whose arithmetic emulates every candidate (`ssmquant.engines.profiles`); a setting the
     # profile refuses is recorded as not runnable by that engine, with its reason, and never chosen
     engine: str = "ideal"
+    # CHOICES: "engines" (default) chooses among what the engines checked run; "research" among every candidate
+    choose_among: str = "engines"
 
     def deployments(self):
         """(Targets, GPU note) that takeability is checked for (`engines.deployments.deployments`)."""
@@ -125,6 +144,8 @@ class CalibrateConfig:
             check_engine(self.engine)
         except EngineError as err:
             raise CalibrateError(f"--engine: {err}") from None
+        if self.choose_among not in CHOICES:
+            raise CalibrateError(f"--choose-among must be one of {', '.join(CHOICES)}, got {self.choose_among!r}")
         self.deployments()
 
 
@@ -140,6 +161,8 @@ class LayerCalibration:
     decision: Setting | None
     decision_row: dict | None
     scale: torch.Tensor | None
+    alternative: dict | None = None  # the cheapest within the budget in the other pool (``CalibrationResult``)
+    cost: LayerCost | None = None
 
 
 @dataclass
@@ -149,7 +172,11 @@ class CalibrationResult:
     evaluations: one row per (layer, setting) on calibration data; decisions: {layer: Setting};
     scales: {layer: FP32 [H, rows]} for static decisions; stats: {layer: StateStats}; uniform: one row
     per setting over all layers; global_row / global_status: the engine setting (choose.choose_global);
-    verification: held-out numbers (verify.py) or None.
+    verification: held-out numbers (verify.py) or None. choose_among: what the decisions and the global setting
+    were chosen among (CHOICES); runs_on: {setting name: [engines of the checked deployments that run it as
+    measured on these layers' sizes]} (a setting the profile refused: []); alternatives: {layer: the evaluation row
+    of the cheapest setting within the budget in the other pool (engines: among what no checked engine runs, the
+    research settings; research: among what they run), or None}.
     """
 
     config: CalibrateConfig
@@ -173,6 +200,10 @@ class CalibrationResult:
     environment: dict
     elapsed_s: float
     stages: dict = field(default_factory=dict)  # seconds per stage and peak GPU memory (recipe: producer.stages)
+    choose_among: str = "engines"
+    runs_on: dict = field(default_factory=dict)
+    alternatives: dict = field(default_factory=dict)
+    engine_choices: dict = field(default_factory=dict)  # {engine: the uniform setting its export takes, or None}
 
 
 def _open(cfg: CalibrateConfig, device, split: str, batch: int, seed: int, loaded=None) -> LayerSource:
@@ -196,6 +227,10 @@ def _open(cfg: CalibrateConfig, device, split: str, batch: int, seed: int, loade
 def _load(cfg: CalibrateConfig, device, devices):
     """The checkpoint, loaded once for both splits, after checking that both splits' text holds the run
     (a text too short is refused before the weights load)."""
+    try:  # the config alone says which layers are SSM layers: refused before minutes of loading
+        check_layers_before_loading(cfg.model, cfg.layers)
+    except SourceError as err:
+        raise CalibrateError(f"--layers: {err}") from None
     splits = [("calibration", cfg.batch)] + ([("heldout", cfg.heldout_batch or cfg.batch)] if cfg.verify else [])
     for split, batch in splits:
         try:
@@ -220,17 +255,22 @@ def calibrate(
     source: LayerSource | None = None,
     heldout_source: LayerSource | None = None,
     notify=None,
+    time_left=None,
 ) -> CalibrationResult:
-    """Run a calibration. progress: optional callable(stage, done, total, layer), stage "calibrate" | "verify";
-    notify: optional callable(line) that receives the time estimate before the first layer (measured only
-    when given) and, after the first layer, the time that layer took and what it implies for the rest.
+    """Run a calibration. progress: optional callable(stage, done, total, layer), stage "calibrate" | "verify",
+    done in layers (fractional while a layer is under way: its statistics, scales and each simulate call move it),
+    total the layers; notify: optional callable(line) that receives the time estimate before the first layer
+    (measured only when given: a short trial of the pipeline on this machine, torch backend) and, after the first
+    layer, the time it took and what it implies for the rest, verification included; time_left: optional
+    callable(TimeLeft) called with every progress update once an estimate exists (the calibration left and the
+    verification, a range where the machine is busy; ``timing.TimeLeft``).
 
     model: a LoadedModel already in memory (``load_model``, ``models.build.build_random_model``) to capture
     both splits from; else a checkpoint named by ``cfg.model`` is loaded once (over the emulation GPUs when
     ``cfg.devices`` names several) and serves both splits. Layers stream one at a time from capture (memory:
     the model plus one layer's inputs per emulation device). source / heldout_source: LayerSources to use
     instead (tests, custom data); the held-out source must yield different sequences of the same layers.
-    Raises CalibrateError (bad settings), BudgetError (no candidate within the budget: `.table` holds the
+    Raises CalibrateError (bad settings), BudgetError (no setting within the budget: `.table` holds the
     best achievable error per layer), SourceError / InputError (data), SizingError (the memory estimate
     exceeds the free memory; raised before the first layer).
     """
@@ -274,71 +314,113 @@ def calibrate(
             f"--engine {cfg.engine}: the profile runs none of the {len(settings)} candidates on these "
             f"{source.layer_kind} layers ({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''})"
         )
-    _plan(cfg, source, layers, [s for s in all_settings if s.name not in refused], emu_devices, chosen_backend, notify)
-    percentiles = sorted(set(DEFAULT_PERCENTILES) | set(required_percentiles(keys)))
-    by_name = {s.name: s for s in all_settings}
-    in_use = _cuda_devices([device, *emu_devices, *(source.layer_devices or {}).values()])
-    for d in in_use:
-        torch.cuda.reset_peak_memory_stats(d)
-
-    def calibrate_layer(layer, inputs, dev):
-        inputs = inputs.to(dev)
-        try:
-            inputs.validate()
-        except InputError as err:
-            raise InputError(f"layer {layer}: {err}") from None
-        if inputs.steps != cfg.horizon:
+    targets, gpu_note = cfg.deployments()
+    sized = sized_targets(targets, source.dims, _architecture(cfg, source))
+    runs_on = {s.name: [] if s.name in refused else engines_running(s, source.layer_kind, sized) for s in all_settings}
+    engine_pool = {name for name, e in runs_on.items() if e}
+    research_pool = {s.name for s in settings}
+    if cfg.choose_among == "engines":
+        if not engine_pool:
             raise CalibrateError(
-                f"layer {layer}: the source gave {inputs.steps} decode steps, --horizon is {cfg.horizon}"
+                f"--choose-among engines: none of the {len(all_settings)} settings runs on "
+                f"{_engines_text(describe_deployments(targets, gpu_note))} for these {source.layer_kind} layers "
+                f"{tuple(source.state_shape)} as measured; add settings they run (e.g. --engine-fallbacks fp16,bf16,fp32, "
+                "--candidates int8 --schemes replay on Mamba-2) or choose among research settings "
+                "(--choose-among research)"
             )
-        dims = LayerDims.of(inputs)
-        st = collect_stats(inputs, percentiles=percentiles, layer=layer)
-        scales = calibrate_scales(inputs, st, keys)
-        df = evaluate_layer(
-            layer,
-            inputs,
-            all_settings,
-            scales,
-            roles=roles,
-            backend=cfg.backend,
-            seed=cfg.seed,
-            count_buffer=cfg.count_buffer,
-            engine=cfg.engine,
-        )
-        chosen = choose_layer(df, cfg.budget, cfg.metric)
-        decision = None if chosen is None else by_name[chosen["setting"]]
-        scale = scales[decision.scale_key].cpu() if decision is not None and decision.is_static else None
-        del inputs, scales
-        _free()
-        row = None if chosen is None else chosen.to_dict()
-        return LayerCalibration(df, _to_cpu(st), dims, decision, row, scale)
+        pool, other = engine_pool, research_pool - engine_pool
+    else:
+        pool, other = research_pool, engine_pool
+    simulated = [s for s in all_settings if s.name not in refused]
+    cpu = all(torch.device(d).type == "cpu" for d in emu_devices)
+    hb = cfg.heldout_batch or cfg.batch
+    with emulation_threads(emu_devices):
+        costs = _plan(cfg, source, layers, simulated, keys, emu_devices, chosen_backend, notify)
+        clock = RunClock(len(layers), parallel=len(emu_devices), verify=cfg.verify, heldout_ratio=hb / cfg.batch,
+                         cpu=cpu, costs=costs)  # fmt: skip
+        percentiles = sorted(set(DEFAULT_PERCENTILES) | set(required_percentiles(keys)))
+        by_name = {s.name: s for s in all_settings}
+        in_use = _cuda_devices([device, *emu_devices, *(source.layer_devices or {}).values()])
+        for d in in_use:
+            torch.cuda.reset_peak_memory_stats(d)
+        report = _Reporter(progress, time_left, clock, len(layers))
 
-    done = []
+        def calibrate_layer(layer, inputs, dev):
+            w0, c0 = time.perf_counter(), time.thread_time()
+            inputs = inputs.to(dev)
+            try:
+                inputs.validate()
+            except InputError as err:
+                raise InputError(f"layer {layer}: {err}") from None
+            if inputs.steps != cfg.horizon:
+                raise CalibrateError(
+                    f"layer {layer}: the source gave {inputs.steps} decode steps, --horizon is {cfg.horizon}"
+                )
+            w_stats, w_scales, w_eval = clock.weights()
+            dims = LayerDims.of(inputs)
+            t1 = time.perf_counter()
+            st = collect_stats(inputs, percentiles=percentiles, layer=layer)
+            t2 = time.perf_counter()
+            report.advance("calibrate", layer, w_stats)
+            scales = calibrate_scales(inputs, st, keys)
+            t3 = time.perf_counter()
+            report.advance("calibrate", layer, w_stats + w_scales)
 
-    def finished(stage, total_after):
-        suffix = ", then the verification" if total_after else ""
-        estimate = LayerEstimate(len(layers), len(emu_devices), notify if stage == "calibrate" else None, suffix)
+            def chunk_done(done, total):
+                report.advance("calibrate", layer, w_stats + w_scales + w_eval * done / max(1, total))
 
-        def on_result(layer, _result, seconds):
-            done.append(layer)
-            n = len(done)
-            estimate.done(seconds)
-            if progress:
-                progress(stage, n, len(layers), layer)
+            df = evaluate_layer(
+                layer,
+                inputs,
+                all_settings,
+                scales,
+                roles=roles,
+                backend=cfg.backend,
+                seed=cfg.seed,
+                count_buffer=cfg.count_buffer,
+                engine=cfg.engine,
+                on_chunk=chunk_done,
+            )
+            t4 = time.perf_counter()
+            chosen = choose_layer(df, cfg.budget, cfg.metric, among=pool)
+            alternative = choose_layer(df, cfg.budget, cfg.metric, among=other) if other else None
+            decision = None if chosen is None else by_name[chosen["setting"]]
+            scale = scales[decision.scale_key].cpu() if decision is not None and decision.is_static else None
+            del inputs, scales
+            _free()
+            row = None if chosen is None else chosen.to_dict()
+            cost = LayerCost(
+                wall_s=time.perf_counter() - w0, cpu_s=time.thread_time() - c0, stats_s=t2 - t1, scales_s=t3 - t2,
+                eval_s=t4 - t3, simulated=len(simulated), calls=math.ceil(len(simulated) / MAX_VARIANTS_PER_CALL),
+                steps=cfg.horizon, batch=cfg.batch,
+            )  # fmt: skip
+            alt = None if alternative is None else alternative.to_dict()
+            return LayerCalibration(df, _to_cpu(st), dims, decision, row, scale, alt, cost)
 
-        return on_result
+        items = TimedItems(source.iter_layers(layers))
 
-    if progress:
-        progress("calibrate", 0, len(layers), None)
-    assignment = assign_layers(layers, emu_devices, source.layer_devices)
-    results, run = run_on_devices(
-        source.iter_layers(layers), assignment, calibrate_layer, on_result=finished("calibrate", cfg.verify)
-    )
+        def calibrated(layer, result, seconds):
+            cost = result.cost
+            cost.wall_s = max(cost.wall_s, seconds) + items.take_wait()  # the capture waited for counts too
+            clock.calibrated(layer, cost)
+            if len(clock.done) == 1 and notify is not None and len(layers) > 1:
+                left = clock.left()
+                notify(
+                    f"the first layer took {format_seconds(seconds)}: {left.text(more=True)}: "
+                    f"{format_seconds(left.calibrate_s)} for the other {len(layers) - 1} layers"
+                    + (f", {format_seconds(left.verify_s)} for the verification" if cfg.verify else "")
+                )
+            report.done("calibrate", layer)
+
+        report.start("calibrate")
+        assignment = assign_layers(layers, emu_devices, source.layer_devices)
+        results, run = run_on_devices(items, assignment, calibrate_layer, on_result=calibrated)
     evals = [results[layer].evaluations for layer in layers]
     stats = {layer: results[layer].stats for layer in layers}
     dims = results[layers[0]].dims if layers else None
     decisions = {layer: results[layer].decision for layer in layers if results[layer].decision is not None}
     decision_rows = {layer: results[layer].decision_row for layer in decisions}
+    alternatives = {layer: results[layer].alternative for layer in layers}
     chosen_scales = {layer: results[layer].scale for layer in decisions if results[layer].scale is not None}
     del results
     stages = {
@@ -361,23 +443,44 @@ def calibrate(
 
     missing = [layer for layer in layers if layer not in decisions]
     if missing:
-        table = best_table(evaluations, cfg.metric, cfg.budget)
+        table = best_table(evaluations, cfg.metric, cfg.budget, among=pool)
+        if cfg.choose_among == "engines":
+            within = sorted({alternatives[la]["setting"] for la in missing if alternatives.get(la)})
+            what = f"no setting that {_engines_text(describe_deployments(targets, gpu_note))} run meets"
+            hint = (
+                "Widen the settings (e.g. --engine-fallbacks fp16,bf16,fp32, replay schemes), raise --budget or shorten "
+                "--horizon"
+                + (
+                    f"; research settings that no checked engine runs meet it ({', '.join(within[:4])}): "
+                    "--choose-among research chooses among them."
+                    if within
+                    else "."
+                )
+            )
+        else:
+            what = "no candidate meets"
+            hint = (
+                "Widen the candidates (e.g. add fp16, replay schemes, stochastic rounding), raise --budget or "
+                "shorten --horizon."
+            )
         raise BudgetError(
-            f"no candidate meets the budget {cfg.metric} <= {cfg.budget:g} at step {cfg.horizon} on layer(s) "
-            f"{missing}; no recipe written. Best achievable per layer:\n{table.to_string(index=False)}\n"
-            "Widen the candidates (e.g. add fp16, replay schemes, stochastic rounding), raise --budget or "
-            "shorten --horizon.",
+            f"{what} the budget {cfg.metric} <= {cfg.budget:g} at step {cfg.horizon} on layer(s) "
+            f"{missing}; no recipe written. Best achievable per layer:\n{table.to_string(index=False)}\n{hint}",
             table,
         )
 
     uniform = uniform_table(evaluations, cfg.budget, cfg.metric)
-    targets, gpu_note = cfg.deployments()
     # takeable: an engine can run it and the profile measured it on every layer (a refused setting has no numbers)
     runnable = evaluations.groupby("setting")["runnable"].all()
-    takeable = {
-        name: bool(runnable[name]) and takeable_by_any(by_name[name], layer_kind, targets) for name in uniform["setting"]
-    }
-    global_row, status = choose_global(uniform, takeable)
+    if cfg.choose_among == "engines":  # checked as the export checks: with the layer sizes and the architecture
+        takeable = {name: bool(runnable[name]) and name in engine_pool for name in uniform["setting"]}
+    else:
+        takeable = {
+            name: bool(runnable[name]) and takeable_by_any(by_name[name], layer_kind, targets)
+            for name in uniform["setting"]
+        }
+    among = pool if cfg.choose_among == "engines" else None
+    global_row, status = choose_global(uniform, takeable, among=among)
     global_setting = by_name[global_row["setting"]] if global_row is not None else None
     if cfg.force_global:
         if status != "meets_budget":
@@ -399,13 +502,16 @@ def calibrate(
 
     verify_uniform = check_uniform(
         ([global_setting] if global_setting is not None else [])
-        + [by_name[name] for name in engine_picks(uniform, by_name, layer_kind, targets)]
+        + [by_name[name] for name in engine_picks(uniform, by_name, layer_kind, sized)]
     )
+    engine_choices = export_choices(uniform, by_name, layer_kind, sized, global_setting)
     stages["choose_s"] = round(time.perf_counter() - t_choose, 3)
     verification, heldout_desc = None, None
     if cfg.verify:
         t_verify = time.time()
-        hb = cfg.heldout_batch or cfg.batch
+        verified_names = {d.name for d in decisions.values()} | {u.name for u in verify_uniform}
+        clock.start_verification(max(len({u.name for u in verify_uniform} | {d.name}) for d in decisions.values()))
+        report.start("verify")
         if heldout_source is None:
             if cfg.synthetic:
                 heldout_source = synthetic_heldout_source(
@@ -422,17 +528,23 @@ def calibrate(
         }
 
         def verify_one(layer, inputs, dev):
+            w0, c0 = time.perf_counter(), time.thread_time()
             inputs = inputs.to(dev)
-            return verify_layer(layer, inputs, decisions[layer], chosen_scales.get(layer), verify_uniform,
-                                metric=cfg.metric, budget=cfg.budget, backend=cfg.backend, seed=cfg.seed,
-                                engine=cfg.engine)  # fmt: skip
+            out = verify_layer(layer, inputs, decisions[layer], chosen_scales.get(layer), verify_uniform,
+                               metric=cfg.metric, budget=cfg.budget, backend=cfg.backend, seed=cfg.seed,
+                               engine=cfg.engine)  # fmt: skip
+            out.timing = (time.perf_counter() - w0, time.thread_time() - c0)
+            return out
 
-        done.clear()
-        if progress:
-            progress("verify", 0, len(layers), None)
-        checked, vrun = run_on_devices(
-            heldout_source.iter_layers(layers), assignment, verify_one, on_result=finished("verify", False)
-        )
+        held_items = TimedItems(heldout_source.iter_layers(layers))
+
+        def verified(layer, result, seconds):
+            wall, cpu_s = result.timing
+            clock.verified(layer, max(wall, seconds) + held_items.take_wait(), cpu_s)
+            report.done("verify", layer)
+
+        with emulation_threads(emu_devices):
+            checked, vrun = run_on_devices(held_items, assignment, verify_one, on_result=verified)
         per_layer = [checked[layer].row for layer in layers]
         errors = {u.name: {int(layer): checked[layer].uniform_errors[u.name] for layer in layers} for u in verify_uniform}
         verification = summarize_verification(
@@ -444,7 +556,11 @@ def calibrate(
             "verify_capture_wait_s": round(vrun.wait_s, 3),
             "verify_s": round(sum(vrun.busy_s.values()), 3),
             "verify_wall_s": round(vrun.wall_s, 3),
+            "verify_settings": len(verified_names),
         }
+    if costs is not None:
+        stages["estimate_s"] = round(costs.layer_s * len(layers) / len(emu_devices)
+                                     + (costs.verify_s * len(layers) / len(emu_devices) if cfg.verify else 0), 3)  # fmt: skip
     if in_use:
         stages["peak_gpu_memory_GiB"] = round(max(torch.cuda.max_memory_allocated(d) for d in in_use) / 2**30, 3)
     if len(in_use) > 1 or len(emu_devices) > 1:
@@ -477,7 +593,47 @@ def calibrate(
         ),
         elapsed_s=time.time() - t0,
         stages=stages,
+        choose_among=cfg.choose_among,
+        runs_on=runs_on,
+        alternatives=alternatives,
+        engine_choices=engine_choices,
     )
+
+
+class _Reporter:
+    """Progress of the layers (fractional while one is under way) and the time left, to the caller's callbacks;
+    called from the emulation workers (one lock)."""
+
+    def __init__(self, progress, time_left, clock: RunClock, total: int):
+        self.progress, self.time_left, self.clock, self.total = progress, time_left, clock, total
+        self.finished: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def _send(self, stage: str, done: float, layer) -> None:
+        if self.time_left is not None:
+            left = self.clock.left()
+            if left is not None:
+                self.time_left(left)
+        if self.progress is not None:
+            self.progress(stage, done, self.total, layer)
+
+    def start(self, stage: str) -> None:
+        with self.lock:
+            self.finished[stage] = 0
+            self._send(stage, 0, None)
+
+    def advance(self, stage: str, layer: int, fraction: float) -> None:
+        self.clock.advance(layer, fraction)
+        with self.lock:
+            self._send(stage, min(self.finished.get(stage, 0) + self._in_flight(), self.total), layer)
+
+    def _in_flight(self) -> float:
+        return self.clock.in_flight_total()
+
+    def done(self, stage: str, layer: int) -> None:
+        with self.lock:
+            self.finished[stage] = self.finished.get(stage, 0) + 1
+            self._send(stage, min(self.finished[stage] + self._in_flight(), self.total), layer)
 
 
 def _cuda_devices(devices) -> list[torch.device]:
@@ -486,15 +642,10 @@ def _cuda_devices(devices) -> list[torch.device]:
     return sorted(found, key=str)
 
 
-# For the time estimate only: settings re-simulated per layer on held-out data (the decision, the global
-# and the engines' picks), and what the statistics cost in settings (one FP32 reference decode, with top-k).
-VERIFIED_PER_LAYER = 3
-STATS_COST = 2
-
-
-def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, devices, backend, notify) -> None:
+def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, keys, devices, backend, notify) -> Costs | None:
     """Refuse a run that will not fit in memory on any of the emulation ``devices`` (each holds one layer's
-    work at a time); send the time estimate to ``notify`` (torch backend)."""
+    work at a time); with ``notify`` and the torch backend, time a short trial of the per-layer pipeline here
+    (``timing.probe_layer``), send the estimate to ``notify`` and return its cost model (else None)."""
     dynamic = [s.variant(seed=cfg.seed, engine=cfg.engine) for s in settings if not s.is_static]
     hb = cfg.heldout_batch or cfg.batch
     # verification of synthetic data draws calibration + held-out sequences and slices (verify.py)
@@ -503,31 +654,38 @@ def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, devices, 
     sizes = dict(steps=cfg.horizon, batch=batch, backend=backend, recorded=1, workers=len(devices),
                  variants_at_once=min(len(settings), MAX_VARIANTS_PER_CALL), steps_option="--horizon",
                  batch_note="" if batch == cfg.batch else ", the calibration and held-out sequences together")  # fmt: skip
-    per_step = plan_layers(
-        source, layers, dynamic, device=devices[0], measure_time=notify is not None and bool(dynamic), **sizes
-    )
-    for dev in devices[1:]:
+    for dev in devices:
         plan_layers(source, layers, dynamic, device=dev, **sizes)
-    if per_step is None:
-        return
-    per_step *= cfg.batch / batch
-    per_setting = per_step / len(dynamic)  # seconds per layer-step of one setting at the calibration batch
-    work = len(settings) + STATS_COST + (VERIFIED_PER_LAYER * hb / cfg.batch if cfg.verify else 0)
-    total = per_setting * work * cfg.horizon * len(layers) / len(devices)
-    mse = any(parse_method(k[1]).kind == "mse" for k in scale_keys(settings))
+    if notify is None or backend != "torch" or not layers or not settings:
+        return None
+    percentiles = sorted(set(DEFAULT_PERCENTILES) | set(required_percentiles(keys)))
+    probe = probe_layer(source.dims, settings, keys, steps=cfg.horizon, batch=cfg.batch, percentiles=percentiles,
+                        seed=cfg.seed, engine=cfg.engine, device=devices[0], count_buffer=cfg.count_buffer)  # fmt: skip
+    mse = any(k[1] == "mse" for k in keys)
+    costs = Costs.from_probe(
+        probe, steps=cfg.horizon, settings=len(settings), calls=math.ceil(len(settings) / MAX_VARIANTS_PER_CALL),
+        mse_samples=mse_samples_at(cfg.horizon) if mse else 0, verify_settings=VERIFY_SETTINGS_GUESS,
+        heldout_ratio=hb / cfg.batch, cpu=all(torch.device(d).type == "cpu" for d in devices),
+    )  # fmt: skip
+    n = len(devices)
+    cal, ver = costs.layer_s * len(layers) / n, (costs.verify_s * len(layers) / n if cfg.verify else 0.0)
+    left = TimeLeft(cal + ver, (cal + ver) * costs.share if costs.share is not None and costs.share < BUSY_SHARE
+                    else None, cal, ver, costs.share)  # fmt: skip
     notify(
-        f"estimate: about {format_seconds(total)} to evaluate {len(layers)} layers x {len(settings)} settings x "
-        f"{cfg.horizon} steps x batch {cfg.batch}" + (f" and verify on {hb} held-out sequences" if cfg.verify else "")
-        + f" (torch backend, {1e3 * per_setting:.3g} ms per setting and layer-step measured on this machine; "
-        "loading and capture not included"
-        + ("; the MSE scale search comes on top: timed on the first layer" if mse else "") + ")"
+        f"estimate: {left.text()}: {format_seconds(cal)} to evaluate {len(layers)} layers x {len(settings)} settings "
+        f"x {cfg.horizon} steps x batch {cfg.batch}"
+        + (f", {format_seconds(ver)} to verify on {hb} held-out sequences" if cfg.verify else "")
+        + f" (from a {format_seconds(probe.wall_s)} trial of the pipeline on {probe.steps} steps of random inputs "
+        "here, torch backend; loading and capture not included; refined after the first layer)"
     )
+    return costs
 
 
 def engine_picks(uniform: pd.DataFrame, by_name: dict[str, Setting], layer_kind: str, targets=None) -> list[str]:
     """Per export target, the cheapest uniform setting it can take that meets the budget (what the export
     picks when the global setting is not takeable); verified on held-out data with the global setting.
-    targets: the Targets checked (CalibrateConfig.deployments); None: every engine's newest release on sm90."""
+    targets: the Targets checked (``sized_targets`` of CalibrateConfig.deployments: with the layer sizes, as the
+    export checks them); None: every engine's newest release on sm90, sizes unchecked."""
     ok = uniform[uniform["meets_budget"]].sort_values(["bytes", "max_error", "setting"], kind="mergesort")
     picks = []
     for t in targets if targets is not None else TARGETS:
@@ -536,6 +694,50 @@ def engine_picks(uniform: pd.DataFrame, by_name: dict[str, Setting], layer_kind:
                 picks.append(name)
                 break
     return list(dict.fromkeys(picks))
+
+
+def export_choices(uniform: pd.DataFrame, by_name: dict[str, Setting], layer_kind: str, targets,
+                   global_setting: Setting | None) -> dict[str, str | None]:  # fmt: skip
+    """{engine: the one setting `ssmquant export` takes for it}: the global setting where the engine runs it and it
+    meets the budget, else the cheapest uniform setting the engine runs that meets it, else None (export/plan.py's
+    rule; ``targets``: ``sized_targets``)."""
+    ok = uniform[uniform["meets_budget"]].sort_values(["bytes", "max_error", "setting"], kind="mergesort")
+    out = {}
+    for t in targets:
+        runs = [n for n in ok["setting"] if not violations(t, by_name[n], layer_kind)]
+        g = global_setting.name if global_setting is not None else None
+        out[t.engine] = g if g in runs else (runs[0] if runs else None)
+    return out
+
+
+def sized_targets(targets, dims, arch: str | None = None) -> tuple[Target, ...]:
+    """The deployments with the layer sizes (and the model's architecture where the engine facts read it), so that
+    `violations` checks what the export checks."""
+    extra = {"arch": arch} if "arch" in {f.name for f in dataclasses.fields(Target)} else {}
+    return tuple(dataclasses.replace(t, dims=dims, **extra) for t in targets)
+
+
+def engines_running(setting: Setting, layer_kind: str, targets) -> list[str]:
+    """The engines (ids) among ``targets`` that run ``setting`` as measured."""
+    return [t.engine for t in targets if not violations(t, setting, layer_kind)]
+
+
+def _engines_text(takeability: dict) -> str:
+    """'vLLM 0.33.0, TensorRT-LLM main@2829508, FlashInfer 0.7.4 on sm90'."""
+    return ", ".join(f"{ENGINE_NAMES[e]} {v}" for e, v in takeability["engines"].items()) + f" on {takeability['gpu']}"
+
+
+def _architecture(cfg: CalibrateConfig, source: LayerSource) -> str | None:
+    """The model's architecture (HF `architectures[0]`): the loaded checkpoint's, else the preset's (synthetic)."""
+    arch = (source.describe or {}).get("architecture")
+    if arch:
+        return str(arch)
+    if source.kind == "synthetic":
+        try:
+            return get_preset(source.name).architecture
+        except (ValueError, AttributeError):
+            return None
+    return None
 
 
 def _to_cpu(st: StateStats) -> StateStats:

@@ -41,6 +41,10 @@ METRICS = ("out_rel_err", "state_rel_err", "out_rel_err_max", "state_rel_err_max
 # the horizon window is the last of this many windows of whole flush cycles (e.g. the last 64 of 4096 steps)
 HORIZON_WINDOWS = 64
 ROUNDINGS = ("rne", "sr")
+# what calibrate chooses among (--choose-among): "engines": the settings that one of the engines checked
+# (--engine-version, --gpu; by default each engine's newest release on the local GPU, else sm90) runs as measured on
+# the layers' sizes, float fallbacks included; "research": every candidate, what no engine runs yet included
+CHOICES = ("engines", "research")
 CALIBRATION_GRANULARITIES = ("row", "head")
 DEFAULT_PERCENTILE = 99.99
 _BUFFER_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}

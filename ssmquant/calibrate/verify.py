@@ -51,6 +51,7 @@ class LayerVerification:
 
     row: dict
     uniform_errors: dict[str, dict[str, float]]
+    timing: tuple[float, float] | None = None  # (wall, thread CPU) seconds, set by calibrate
 
 
 def verify_layer(

@@ -1,7 +1,9 @@
 """The evaluation's plot (seaborn): KL(p_fp32 || p_variant) vs position, one line per variant.
 
 kl.png: per-position KL (mean over the sequences) as thin faint lines, a centred rolling mean over a few
-positions as the bold line, log y; colour = variant, dashes = scheme kind; the horizon window shaded.
+positions as the bold line (a run too short to smooth shows the per-position lines alone, and says so), log y;
+colour = format, dashes = scheme, as analyze's plots draw variants (``report.plots.variant_styles``); the
+horizon window shaded.
 Variants whose KL is 0 at every position (fp32) cannot sit on a log axis: a note names them. The title
 names the model, the data source and the settings.
 """
@@ -19,8 +21,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from ..report.plots import LINE_WIDTH, variant_styles  # noqa: E402
+
 PLOT_FILES = ("kl.png",)
-_DASHES = {"conventional": "-", "replay": "--", "spec": ":"}
+RAW_WIDTH = 0.6  # the per-position lines under a rolling mean
+BOLD_WIDTH = 2.2  # the rolling mean
 
 
 def subtitle(report: dict) -> str:
@@ -44,7 +49,12 @@ def smoothing_window(steps: int) -> int:
     return max(1, steps // 50)
 
 
-def kl_plot(positions: pd.DataFrame, summary: pd.DataFrame, report: dict, path: pathlib.Path) -> None:
+def kl_figure(positions: pd.DataFrame, summary: pd.DataFrame, report: dict):
+    """The KL-vs-position figure (``kl_plot`` writes it). Variants are styled as in analyze's plots
+    (``report.plots.variant_styles``: colour = format, dashes = scheme). With a smoothing window of at least 2
+    positions each variant is a thin faint per-position line and a bold rolling mean; with a window of 1 (a run
+    under 100 positions) there is nothing to smooth and each variant is its per-position line alone, as the axis
+    label then says."""
     steps = int(positions["position"].max())
     window = smoothing_window(steps)
     ref = report.get("reference", {})
@@ -52,27 +62,21 @@ def kl_plot(positions: pd.DataFrame, summary: pd.DataFrame, report: dict, path: 
     names = list(summary["variant"])
     positive = [n for n in names if (positions.loc[positions.variant == n, "kl"] > 0).any()]
     zero = [n for n in names if n not in positive]
-    palette = dict(zip(positive, sns.color_palette("tab10" if len(positive) <= 10 else "husl", len(positive))))
-    scheme_of = dict(zip(summary["variant"], summary["scheme"]))
+    styles, _, _ = variant_styles(names)
     horizon_of = dict(zip(summary["variant"], summary["kl_horizon"]))
 
-    fig, ax = plt.subplots(figsize=(10, 6))
+    fig, ax = plt.subplots(figsize=(10.5, 6.8), layout="constrained")
     for name in positive:
         d = positions[positions.variant == name].sort_values("position")
         kl = d["kl"].to_numpy()
-        smooth = pd.Series(np.where(kl > 0, kl, np.nan)).rolling(window, center=True, min_periods=1).mean()
-        kind = next((k for k in _DASHES if str(scheme_of.get(name, "")).startswith(k)), "conventional")
-        colour = palette[name]
-        ax.plot(d["position"], np.where(kl > 0, kl, np.nan), color=colour, alpha=0.2, linewidth=0.6)
-        sns.lineplot(
-            x=d["position"].to_numpy(),
-            y=smooth.to_numpy(),
-            ax=ax,
-            color=colour,
-            linestyle=_DASHES[kind],
-            linewidth=1.8,
-            label=f"{name}  (horizon KL {horizon_of[name]:.2e})",
-        )
+        kl = np.where(kl > 0, kl, np.nan)
+        label = f"{name}  (horizon KL {horizon_of[name]:.2e})"
+        if window > 1:
+            smooth = pd.Series(kl).rolling(window, center=True, min_periods=1).mean().to_numpy()
+            ax.plot(d["position"], kl, color=styles[name]["color"], alpha=0.25, linewidth=RAW_WIDTH)
+            ax.plot(d["position"], smooth, linewidth=BOLD_WIDTH, label=label, **styles[name])
+        else:
+            ax.plot(d["position"], kl, linewidth=LINE_WIDTH, label=label, **styles[name])
     if positive:
         ax.set_yscale("log")
     else:
@@ -89,14 +93,21 @@ def kl_plot(positions: pd.DataFrame, summary: pd.DataFrame, report: dict, path: 
             va="bottom",
         )
     ax.set_xlabel("position (tokens read; the next one is predicted)")
-    ax.set_ylabel(f"KL(p_fp32 || p_variant), nats\nmean over {batch} sequences; bold: rolling mean of {window}")
+    lines = (f"thin: per position; bold: centred rolling mean of {window} positions" if window > 1
+             else "per position (too few positions to smooth)")  # fmt: skip
+    ax.set_ylabel(f"KL(p_fp32 || p_variant), nats, mean over {batch} sequences\n{lines}")
     ax.set_xlim(1, steps)
     ax.grid(True, which="both", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        ax.legend(handles, labels, fontsize=8, title="variant (format@scheme)", title_fontsize=8, loc="best")
+        fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=8, title_fontsize=8,
+                   title="variant (format@scheme): colour = format, dashes = scheme, as in `ssmquant analyze`")  # fmt: skip
     ax.set_title(f"Next-token KL vs FP32-state model, end to end\n{subtitle(report)}", fontsize=10)
-    fig.tight_layout()
+    return fig
+
+
+def kl_plot(positions: pd.DataFrame, summary: pd.DataFrame, report: dict, path: pathlib.Path) -> None:
+    fig = kl_figure(positions, summary, report)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

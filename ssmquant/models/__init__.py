@@ -5,7 +5,7 @@ Public API (see ``ssmquant/models/README.md``):
 - presets: ``get_preset``, ``list_presets``, ``presets_frame``, ``Preset``, ``Mamba2Shape``, ``GDNShape``, ``KDAShape``
 - synthetic inputs: ``synthetic_inputs``, ``synthetic_layers``
 - loading: ``resolve_model``, ``load_model``, ``detect_architecture``, ``read_config``, ``ssm_layout``,
-  ``SHIPPED_MODELS``, ``available_shipped_models``
+  ``SHIPPED_MODELS``, ``available_shipped_models``, ``shipped_layouts``
 - capture: ``capture_inputs`` (callback), ``iter_capture`` (generator), ``capture_all``,
   ``capture_text_batch``, ``find_ssm_mixers``
 - text: ``load_text``, ``tokenize``, ``select_sequences``, ``calibration_batch``, ``ByteTokenizer``
@@ -35,6 +35,7 @@ from .loading import (
     load_tokenizer,
     read_config,
     resolve_model,
+    shipped_layouts,
     ssm_layout,
 )
 from .presets import (
@@ -96,6 +97,7 @@ __all__ = [
     "read_config",
     "resolve_model",
     "select_sequences",
+    "shipped_layouts",
     "ssm_layout",
     "synthetic_inputs",
     "synthetic_layers",

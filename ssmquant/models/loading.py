@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -131,6 +132,13 @@ def available_shipped_models() -> dict[str, Path]:
         if (d / "config.json").is_file():
             out[name] = d
     return out
+
+
+def shipped_layouts() -> dict[str, dict]:
+    """The SSM layout (``ssm_layout``) of each shipped model present in this installation, from its config.json:
+    what ``ssmquant presets`` lists beside the presets."""
+    return {name: ssm_layout(read_config(ModelSource("shipped", str(d), name)))
+            for name, d in available_shipped_models().items()}  # fmt: skip
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -328,6 +336,125 @@ def ssm_layout(config) -> dict:
     }
 
 
+# -- checking a local checkpoint before its weights load ---------------------------------------------
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+_MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit on a header
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files transformers loads from a checkpoint directory: the shards its index names, else
+    model.safetensors; [] when it has neither (other formats are left to transformers). Raises ModelLoadError
+    when the index cannot be read or names a shard that is missing."""
+    index = directory / SAFETENSORS_INDEX
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelLoadError(
+                f"{index} cannot be read ({type(exc).__name__}: {exc}); copy or download the checkpoint again"
+            ) from None
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise ModelLoadError(
+                f"{directory} is incomplete: {SAFETENSORS_INDEX} names {len(shards)} weight files and {shown} "
+                "is missing; copy or download the checkpoint again"
+            )
+        return [directory / s for s in shards]
+    single = directory / "model.safetensors"
+    return [single] if single.is_file() else []
+
+
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of a safetensors file, read from its header alone, after checking that the file holds
+    every byte the header promises. Raises ModelLoadError naming the file when it is truncated or not a
+    safetensors file (transformers would fail inside safetensors, with a traceback)."""
+
+    def bad(why: str) -> ModelLoadError:
+        return ModelLoadError(f"{path} is truncated or corrupt: {why}; copy or download the checkpoint again")
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise bad(f"it has {size} bytes, fewer than a safetensors header")
+            n = int.from_bytes(head, "little")
+            if n > min(size - 8, _MAX_HEADER_BYTES):
+                raise bad(f"its header claims {n} bytes and the file has {size}")
+            header = json.loads(f.read(n))
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        end = max((int(t["data_offsets"][1]) for t in tensors.values()), default=0)
+        shapes = {k: tuple(int(d) for d in t["shape"]) for k, t in tensors.items()}
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise bad(f"its header is not a safetensors header ({type(exc).__name__})") from None
+    if 8 + n + end > size:
+        raise bad(f"its tensors end at byte {8 + n + end} and the file has {size} bytes")
+    return shapes
+
+
+def _by_tail(names) -> dict[str, str]:
+    """Tensor names keyed by the name less its first component, where that tail is unique and still names a
+    module's tensor (``backbone.layers.0.mixer.D`` -> ``layers.0.mixer.D``): checkpoints and transformers' modules
+    disagree on the top-level prefix (NemotronH's ``backbone.`` is transformers' ``model.``)."""
+    tails: dict[str, list[str]] = {}
+    for k in names:
+        if k.count(".") >= 2:
+            tails.setdefault(k.split(".", 1)[1], []).append(k)
+    return {t: ks[0] for t, ks in tails.items() if len(ks) == 1}
+
+
+def check_local_checkpoint(source: ModelSource, config: dict, arch: ArchInfo) -> None:
+    """Refuse, before any weight loads and in one message, a local checkpoint that transformers would load for
+    minutes and then fail on (with a traceback, or a loading report of every tensor and a RuntimeError): a
+    truncated or corrupt safetensors file, an index naming a missing shard, or a config.json whose sizes are not
+    its weights' (a field missing from config.json takes transformers' default: the message names such
+    fields). The model is built from config.json on the meta device (no memory) and each tensor's size
+    compared with the weights' header where the names agree (transformers renames some, e.g. fused experts;
+    those are left to it)."""
+    directory = Path(source.location)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in weight_files(directory):
+        shapes.update(safetensors_shapes(path))
+    if not shapes:
+        return
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    try:
+        cfg = AutoConfig.from_pretrained(source.location, local_files_only=True, trust_remote_code=False)
+        auto = AutoModelForImageTextToText if arch.family in _IMAGE_TEXT_FAMILIES else AutoModelForCausalLM
+        with torch.device("meta"):
+            meta = auto.from_config(cfg)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
+        raise ModelLoadError(
+            f"{directory / 'config.json'} does not describe a model transformers can build "
+            f"({type(exc).__name__}: {exc}); fix config.json (save_pretrained writes a complete one)"
+        ) from None
+    expected = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
+    pairs = {k: (shapes[k], exp) for k, exp in expected.items() if k in shapes}
+    ours, theirs = _by_tail(expected), _by_tail(shapes)
+    pairs.update({theirs[t]: (shapes[theirs[t]], expected[ours[t]]) for t in ours.keys() & theirs.keys()
+                  if ours[t] not in shapes})  # fmt: skip
+    bad = [(k, got, exp) for k, (got, exp) in pairs.items() if math.prod(got) != math.prod(exp)]
+    if not bad:
+        return
+    name, got, exp = bad[0]
+    given = set(config) | set(config.get("text_config") or {})
+    dims = {d for _, _, e in bad for d in e}
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    defaults = [f"{k} (transformers' default {v} was taken)" for k, v in text.to_dict().items()
+                if k not in given and type(v) is int and v in dims]  # fmt: skip
+    raise ModelLoadError(
+        f"{directory / 'config.json'} does not match the weights beside it: {len(bad)} tensor(s) differ in size, "
+        f"e.g. {name} is {list(got)} in the weights but {list(exp)} by config.json"
+        + (f"; config.json lacks {', '.join(defaults)}" if defaults else "")
+        + "; fix config.json (save_pretrained writes a complete one)"
+    )
+
+
 # -- loading ---------------------------------------------------------------------------------------
 
 _DTYPES = {
@@ -432,12 +559,15 @@ def load_model(
     single GPU; else CPU with fp32 weights. ``device_map`` overrides the placement.
     Raises ModelLoadError / UnsupportedArchitectureError with what to do instead.
     """
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     source = resolve_model(spec)
     local_files_only = _local_only(source, local_files_only)
     config = read_config(source, local_files_only=local_files_only)
     arch = detect_architecture(config)
+    if source.is_local:
+        check_local_checkpoint(source, config, arch)
     notes: list[str] = []
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dt = _parse_dtype(dtype) or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
@@ -462,10 +592,17 @@ def load_model(
             f"{source.name} does not fit in GPU memory ({exc}); install accelerate so that it loads with "
             "device_map='auto' over all GPUs and the CPU, or run with --synthetic"
         ) from exc
-    except (OSError, ValueError) as exc:
-        if not source.is_local:
+    except (OSError, ValueError, SafetensorError) as exc:
+        if not source.is_local and not isinstance(exc, SafetensorError):
             raise _hub_error(source.location, exc) from exc
-        raise ModelLoadError(f"cannot load {source.location}: {exc}") from exc
+        raise ModelLoadError(f"cannot load {source.location}: {type(exc).__name__}: {exc}") from exc
+    except RuntimeError as exc:
+        if "mismatched" not in str(exc):  # transformers' error after its loading report
+            raise
+        raise ModelLoadError(
+            f"cannot load {source.location}: its config does not match its weights (the report above lists the "
+            "tensors); fix config.json"
+        ) from exc
     if device_map is None and dev.type != "cpu":
         model.to(dev)
     use_torch_path_on_cpu(model)  # fla & co. may be importable without a GPU: CPU tensors take the torch path

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,13 +48,35 @@ def load_text(path: str | os.PathLike | None = None) -> str:
     else:
         p = Path(path).expanduser()
         if not p.is_file():
-            raise TextError(f"text file {str(p)!r} does not exist (or is not a file)")
+            raise TextError(f"text file {str(p)!r} {_not_a_file(p)}; pass a UTF-8 text file")
     raw = p.read_bytes()
     text = raw.decode("utf-8", errors="replace")
     if not text.strip():
         raise TextError(f"text file {str(p)!r} is empty")
     check_is_text(raw, text, str(p))
     return text
+
+
+_FILE_TYPES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_a_file(p: Path) -> str:
+    """What is wrong with a path that is not a regular file, in words (read before any byte of it: /dev/zero
+    would never end)."""
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        return "does not exist" if not p.is_symlink() else "is a broken symbolic link"
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    what = next((name for test, name in _FILE_TYPES if test(mode)), None)
+    return "is not a regular file" + (f" (it is {what})" if what else "")
 
 
 def check_is_text(raw: bytes, text: str, name: str) -> None:

@@ -7,9 +7,11 @@ when complete, so an interrupted run (Ctrl-C) never leaves a half-written DIR.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 import tempfile
@@ -21,6 +23,11 @@ import warnings
 import pandas as pd
 
 from .. import __version__
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: claim_out_dir's lock falls back to a pid file
+    fcntl = None
 
 PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
 # With at least this many cores (and os.fork, on Linux), the plots render at once: the process forks one child
@@ -145,11 +152,30 @@ def write_table(df: pd.DataFrame, directory: pathlib.Path, stem: str) -> str:
     return name
 
 
-def read_table(directory: pathlib.Path, stem: str) -> pd.DataFrame:
+def read_table(directory: pathlib.Path, stem: str, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """``stem``.parquet (or .csv) of ``directory``; a file that cannot be read or lacks ``columns`` is an
+    OutputError naming it."""
     for name, reader in ((f"{stem}.parquet", pd.read_parquet), (f"{stem}.csv", pd.read_csv)):
         if (directory / name).is_file():
-            return reader(directory / name)
+            return _read(directory / name, reader, columns)
     raise OutputError(f"{directory} has no {stem}.parquet or {stem}.csv; is it an `ssmquant analyze` output?")
+
+
+def _read(path: pathlib.Path, reader, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """``reader(path)``, with a file that cannot be read (truncated, not a table: pyarrow's and pandas' errors
+    have no common base) or that lacks ``columns`` refused as an OutputError naming it."""
+    try:
+        df = reader(path)
+    except Exception as err:  # noqa: BLE001 - pyarrow.ArrowInvalid, OSError, pandas' ParserError, ...
+        raise OutputError(
+            f"{path} cannot be read ({type(err).__name__}: {err}); it is damaged: run the command that wrote it again"
+        ) from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise OutputError(
+            f"{path} lacks the columns {missing}; it is damaged or not ssmquant's: run the command that wrote it again"
+        )
+    return df
 
 
 # What each command writes, for recognising a previous output of it: `write_atomically` leaves OUTPUT_MARKER in
@@ -240,6 +266,185 @@ def check_out_dir(out_dir, force: bool, command: str = "analyze") -> pathlib.Pat
     return out
 
 
+class OutputBusyError(OutputError):
+    """Another live ssmquant run holds the output directory (``claim_out_dir``)."""
+
+
+# This process's claims: resolved DIR -> the lock file's descriptor (a claim inside a claim of the same DIR, e.g.
+# write_atomically's inside the command's, takes nothing more).
+_claims: dict[pathlib.Path, int] = {}
+
+
+def lock_path(out: pathlib.Path) -> pathlib.Path:
+    """The lock file of output directory ``out``: a hidden sibling, beside the temporary directory it is written in."""
+    return out.parent / f".{out.name}.lock"
+
+
+@contextlib.contextmanager
+def claim_out_dir(out_dir, force: bool, command: str = "analyze"):
+    """Hold output directory DIR for a run, from its start to the end of the block: ``check_out_dir``; then DIR's
+    parent is created where missing and proven writable (a temporary directory is made in it and removed: a
+    permission check passes for root on /proc, where nothing can be created); then DIR's lock file is locked, so
+    that a second run into the same DIR is refused at its start (OutputBusyError, naming the pid holding it)
+    instead of after all its work; then DIR is checked again (another run may have written it meanwhile).
+
+    The lock is an exclusive ``flock`` on ``.DIR.lock`` beside DIR, which the kernel releases when its process
+    dies: a lock file left by a killed run is taken over. (Where flock is missing or refused, the file is created
+    exclusively and holds the pid: a file whose pid is no longer running is taken over.) The lock file, and the
+    parents this claim created while DIR was not written, are removed at the end. Yields DIR (``check_out_dir``'s
+    path); a claim of a DIR this process already holds only checks it."""
+    out = check_out_dir(out_dir, force, command)
+    key = out.resolve()
+    if key in _claims:
+        yield out
+        return
+    created = _make_parents(out, key.parent)
+    try:
+        _probe_writable(out, key.parent)
+        fd = _lock(out, lock_path(key))
+    except BaseException:
+        _remove_empty(created)
+        raise
+    _claims[key] = fd
+    try:
+        check_out_dir(out_dir, force, command)
+        yield out
+    finally:
+        del _claims[key]
+        with contextlib.suppress(OSError):
+            lock_path(key).unlink()  # before the lock is released: a waiting run then creates a new file
+        os.close(fd)
+        if not key.exists():
+            _remove_empty(created)
+
+
+def _make_parents(out: pathlib.Path, parent: pathlib.Path) -> list[pathlib.Path]:
+    missing = []
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    created = []
+    try:
+        for d in reversed(missing):
+            d.mkdir()
+            created.append(d)
+    except OSError as err:
+        _remove_empty(created)
+        raise OutputError(f"--out {out} cannot be created: {err.strerror or err} ({err.filename})") from None
+    return created
+
+
+def _remove_empty(created: list[pathlib.Path]) -> None:
+    for d in reversed(created):
+        try:
+            d.rmdir()
+        except OSError:
+            return
+
+
+def _probe_writable(out: pathlib.Path, parent: pathlib.Path) -> None:
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=parent))
+    except OSError as err:
+        raise OutputError(
+            f"--out {out} cannot be created: no directory can be made in {parent} ({err.strerror or err}); choose "
+            "another DIR"
+        ) from None
+
+
+def _lock(out: pathlib.Path, path: pathlib.Path) -> int:
+    """Lock ``path`` for this process (``claim_out_dir``); returns its descriptor."""
+    for _ in range(5):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise _uncreatable(out, path, err) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise _busy(out, holder) from None
+        except (OSError, AttributeError):  # no flock here (another OS, a file system without locks)
+            os.close(fd)
+            return _lock_by_pid(out, path)
+        try:  # a run that finished meanwhile removed the file this descriptor opened: lock the one named now
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return fd
+        os.close(fd)
+    raise _busy(out, None)
+
+
+def _lock_by_pid(out: pathlib.Path, path: pathlib.Path) -> int:
+    for _ in range(5):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                holder = int(path.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                holder = None
+            if holder is not None and _alive(holder):
+                raise _busy(out, holder) from None
+            with contextlib.suppress(OSError):
+                path.unlink()  # the run that left it is gone
+            continue
+        except OSError as err:
+            raise _uncreatable(out, path, err) from None
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return fd
+    raise _busy(out, None)
+
+
+def _uncreatable(out: pathlib.Path, path: pathlib.Path, err: OSError) -> OutputError:
+    return OutputError(f"--out {out} cannot be created: {path} cannot be created ({err.strerror or err})")
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
+def _busy(out: pathlib.Path, holder: int | None) -> OutputBusyError:
+    who = f"another ssmquant run (pid {holder})" if holder else "another ssmquant run"
+    return OutputBusyError(f"--out {out} is being written by {who}; wait for it to finish or choose another DIR")
+
+
+DEFAULT_OUT_ROOT = "ssmquant-out"
+
+
+def default_out_dir(command: str, model: str, *, synthetic: bool = False) -> pathlib.Path:
+    """The output directory of a run without --out: ``ssmquant-out/COMMAND-MODEL`` under the current directory
+    (MODEL: the preset, shipped model or checkpoint directory's name, ``-synthetic`` for synthetic inputs), or
+    the first of ``-2``, ``-3``, ... that neither exists nor is being written: a run never replaces an output
+    it did not name."""
+    name = pathlib.Path(os.path.abspath(os.path.expanduser(str(model)))).name
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "-", name).strip(".-") or "model"
+    base = pathlib.Path(DEFAULT_OUT_ROOT) / f"{command}-{name}{'-synthetic' if synthetic else ''}"
+    out, i = base, 1
+    while out.exists() or out.is_symlink() or lock_path(out).exists():
+        i += 1
+        out = base.with_name(f"{base.name}-{i}")
+    return out
+
+
 def current_umask() -> int:
     """The process umask (read without changing it where /proc allows)."""
     try:
@@ -270,11 +475,15 @@ def write_atomically(out_dir, force: bool, fill, command: str = "analyze") -> pa
     """Create out_dir by calling fill(tmp_dir) on a temporary sibling, then renaming it into place; its
     files and directories get the modes the user's umask gives (``follow_umask``), and OUTPUT_MARKER names
     ``command`` and the files, so that a later ``force`` recognises the output. The directory is checked again
-    here (``check_out_dir``). A file-system error (permissions changed since the check, disk full) becomes an
-    OutputError naming DIR; nothing is left."""
-    out = check_out_dir(out_dir, force, command).resolve()
+    here, and held while it is written (``claim_out_dir``: a no-op check when the caller already holds it, as the
+    commands do from their start). A file-system error (permissions changed since the check, disk full) becomes
+    an OutputError naming DIR; nothing is left."""
+    with claim_out_dir(out_dir, force, command) as claimed:
+        return _write_atomically(claimed.resolve(), fill, command)
+
+
+def _write_atomically(out: pathlib.Path, fill, command: str) -> pathlib.Path:
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     except OSError as err:
         raise OutputError(f"--out {out} cannot be created: {err.strerror or err}") from None
@@ -348,8 +557,14 @@ def load_analysis(out_dir) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, di
         raise OutputError(f"{d} is not a directory")
     if not (d / "report.json").is_file():
         raise OutputError(f"{d} has no report.json; is it an `ssmquant analyze` output?")
-    report = json.loads((d / "report.json").read_text())
-    return read_table(d, "traces"), read_table(d, "heads"), pd.read_csv(d / "summary.csv"), report
+    report = _read(d / "report.json", lambda p: json.loads(p.read_text()))
+    if not isinstance(report, dict):
+        raise OutputError(f"{d / 'report.json'} is not a JSON object; it is damaged: run the command that wrote it again")
+    if not (d / "summary.csv").is_file():
+        raise OutputError(f"{d} has no summary.csv; is it an `ssmquant analyze` output?")
+    summary = _read(d / "summary.csv", pd.read_csv, ("layer", "variant", "out_rel_err", "horizon"))
+    traces = read_table(d, "traces", ("layer", "variant", "step", "out_rel_err", "state_rel_err"))
+    return traces, read_table(d, "heads", ("layer", "variant", "step", "head", "out_rel_err")), summary, report
 
 
 def replot(out_dir) -> list[str]:

@@ -7,8 +7,9 @@ import math
 import pandas as pd
 
 from ..analysis.fit import DIVERGED, MIN_FORECAST_R2
+from ..analysis.run import verdict_note, verdicts
 from ..formats import Encoding, StateFormat, parse, standard_formats
-from ..models import get_preset, list_presets
+from ..models import get_preset, list_presets, shipped_layouts
 
 _SCALE_NOTE = {
     Encoding.FP32: "none (reference)",
@@ -89,11 +90,22 @@ def summary_table(summary: pd.DataFrame, max_rows: int = 60) -> str:
     fmt["fit r2"] = lambda v: f"{v:.2f}"
     text = df.head(max_rows).to_string(index=False, formatters=fmt, na_rep="—")
     more = f"\n... {len(df) - max_rows} more rows in summary.csv" if len(df) > max_rows else ""
+    verdict = verdict_text(summary)
     return (
         f"Relative errors at step {horizon} (output and state), worst head, growth exponent b of err ~ a t^b "
         f"fitted past the first flush with its r2, and the fit's forecasts (withheld as 'unreliable' where "
         f"r2 < {MIN_FORECAST_R2}, as 'diverged' where the error reaches {DIVERGED:g}):\n{text}{more}"
+        + (f"\n\n{verdict}" if verdict else "")
     )
+
+
+def verdict_text(summary: pd.DataFrame) -> str:
+    """The budget verdict for the terminal: what it compares, then one line per variant (``analysis.verdicts``);
+    empty for a summary without the verdict columns (an output of an earlier version)."""
+    lines = verdicts(summary)
+    if not lines:
+        return ""
+    return f"Verdict ({verdict_note(lines[0]['budget'])}):\n" + "\n".join(f"  {v['text']}" for v in lines)
 
 
 def memory_text(memory: pd.DataFrame) -> str:
@@ -105,18 +117,23 @@ def memory_text(memory: pd.DataFrame) -> str:
 
 
 def presets_table() -> str:
-    """`ssmquant presets`: each preset's SSM layers and state bytes per sequence per format."""
-    rows = []
-    for name in list_presets():
-        p = get_preset(name)
-        shape = p.state_shape
-        row = {
-            "preset": name,
-            "kind": p.layer_kind,
-            "SSM layers": f"{p.num_ssm_layers}/{p.num_layers}",
-            "heads x rows x state": "x".join(map(str, shape)),
-        }
+    """`ssmquant presets`: each preset's and each shipped model's SSM layers and state bytes per sequence per
+    format."""
+
+    def row(name, kind, ssm_layers, num_layers, shape):
+        out = {"model": name, "kind": kind, "SSM layers": f"{ssm_layers}/{num_layers}",
+               "heads x rows x state": "x".join(map(str, shape))}  # fmt: skip
         for fmt in standard_formats():
-            row[f"{fmt.name} MiB/seq"] = round(fmt.bytes_per_state(shape) * p.num_ssm_layers / 2**20, 2)
-        rows.append(row)
-    return "SSM state per sequence (all SSM layers; conv state excluded):\n" + pd.DataFrame(rows).to_string(index=False)
+            out[f"{fmt.name} MiB/seq"] = round(fmt.bytes_per_state(shape) * ssm_layers / 2**20, 2)
+        return out
+
+    presets = [row(n, (p := get_preset(n)).layer_kind, p.num_ssm_layers, p.num_layers, p.state_shape)
+               for n in list_presets()]  # fmt: skip
+    shipped = [row(n, lay["layer_kind"], len(lay["ssm_layers"]), lay["num_layers"], tuple(lay["state_shape"]))
+               for n, lay in shipped_layouts().items()]  # fmt: skip
+    text = "SSM state per sequence (all SSM layers; conv state excluded)\n\npresets (hub checkpoints; --synthetic takes their shapes, no download):\n"
+    text += pd.DataFrame(presets).to_string(index=False)
+    if shipped:
+        text += "\n\nshipped models (trained tiny checkpoints inside the package, --model NAME; no download):\n"
+        text += pd.DataFrame(shipped).to_string(index=False)
+    return text

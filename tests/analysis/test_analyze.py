@@ -329,3 +329,110 @@ def test_an_engine_that_cannot_run_a_variant_is_refused_before_the_work(tmp_path
     res = CliRunner().invoke(main, ["analyze", "--model", "nemotron-3-nano", "--synthetic", "--steps", "16", "--batch",
                                     "1", "--layers", "0", "--engine", "vllm", "--out", str(tmp_path / "o")])  # fmt: skip
     assert res.exit_code == 1 and "{value}" not in res.output and "invalid choice: 'fp8_e4m3'" in res.output
+
+
+# -- the budget verdict (issue 27) ----------------------------------------------------------------------------------
+
+
+def _verdict_rows(budget, series, ends, starts, first_write=1, variant="fp8_e4m3@replay16", horizon=None):
+    """Summary rows of the budget verdict for constructed per-layer window maxima {layer: [R]}."""
+    from ssmquant.analysis.run import budget_columns
+
+    rows = []
+    for layer, maxima in series.items():
+        cols = budget_columns(np.asarray(maxima, dtype=float), starts, ends, first_write, budget)
+        rows.append({"layer": layer, "variant": variant, "horizon": int(horizon or ends[-1]), **cols})
+    return pd.DataFrame(rows)
+
+
+def test_budget_verdict_from_constructed_window_maxima():
+    """Per layer: the worst step of every window against the budget, over the run and up to 32K / 128K (measured
+    worst step and the power-law forecast of the window maxima); a broken-down layer is 'diverged', not 'over'."""
+    from ssmquant.analysis.run import verdicts
+
+    ends = np.arange(16, 4097, 16)
+    starts = ends - 15
+    rng = np.random.default_rng(0)
+    series = {
+        0: 1e-4 * ends**0.25,  # 8e-4 at 4096 -> 1.3e-3 at 32K, 1.9e-3 at 128K: under throughout
+        2: 1e-3 * ends**0.5,  # 0.064 at 4096: over within the run
+        4: 1e-4 * ends**0.47,  # 5.0e-3 at 4096, 0.013 at 32K, 0.025 at 128K: over only at 128K
+        6: np.where(ends > 2000, np.nan, 1e-3),  # NaN within the run: diverged
+        8: np.where(ends > 2000, 5.0, 1e-3),  # an error 5x the signal: diverged, not over
+        10: 2e-3 * np.exp(rng.normal(0, 0.5, len(ends))),  # flat noise: no power law (r2 < 0.5) -> unknown
+    }
+    # the mean of window maxima can sit under the budget while one window's worst step is over it: the peak decides
+    spike = np.full(len(ends), 1e-3)
+    spike[100] = 0.03
+    series[12] = spike
+    df = _verdict_rows(0.02, series, ends, starts).set_index("layer")
+    assert df.loc[0, "verdict_horizon"] == "under" and df.loc[0, ["verdict_32k", "verdict_128k"]].tolist() == ["under"] * 2
+    assert df.loc[2, ["verdict_horizon", "verdict_32k", "verdict_128k"]].tolist() == ["over"] * 3
+    assert df.loc[4, ["verdict_horizon", "verdict_32k", "verdict_128k"]].tolist() == ["under", "under", "over"]
+    assert df.loc[4, "forecast_out_max_128k"] == pytest.approx(1e-4 * 131072**0.47, rel=1e-6)
+    for layer in (6, 8):
+        assert df.loc[layer, ["verdict_horizon", "verdict_32k", "verdict_128k"]].tolist() == ["diverged"] * 3
+    assert df.loc[10, "fit_r2_out_max"] < 0.5 and df.loc[10, "verdict_horizon"] == "under"
+    assert df.loc[10, ["verdict_32k", "verdict_128k"]].tolist() == ["unknown"] * 2
+    assert df.loc[12, "out_rel_err_peak"] == 0.03 and df.loc[12, "out_rel_err_peak_step"] == ends[100]
+    assert df.loc[12, "verdict_horizon"] == "over"
+    (v,) = verdicts(df.reset_index())
+    assert v["horizon"] == {"answer": "no", "layers_over": [2, 12], "layers_diverged": [6, 8], "layers_unknown": []}
+    assert v["128k"]["layers_over"] == [2, 4, 12] and v["32k"]["layers_unknown"] == [10]
+    assert v["text"].startswith("fp8_e4m3@replay16: layers 2, 12 over 0.02 within 4096 steps (worst 6.40e-02, layer 2)")
+    assert "layers 6, 8 diverged within 4096 steps" in v["text"]
+    assert "; 128K: layers 2, 4, 12 over, layers 6, 8 diverged, layer 10 unknown (fit r2 < 0.5)" in v["text"]
+    # every layer under: the short form; a run that reaches 32K measures it instead of forecasting it
+    ok = _verdict_rows(0.02, {0: series[0], 4: series[4]}, ends, starts)
+    assert verdicts(ok)[0]["text"] == (
+        "fp8_e4m3@replay16: every layer under 0.02 to 4096 steps; 32K: yes; 128K: layer 4 over"
+    )
+    long_ends = np.arange(1024, 40961, 1024)
+    measured = _verdict_rows(0.02, {0: np.where(long_ends > 32768, 0.05, 1e-3)}, long_ends, long_ends - 1023)
+    assert measured.loc[0, "forecast_out_max_32k_status"] == "measured"
+    assert measured.loc[0, ["verdict_horizon", "verdict_32k"]].tolist() == ["over", "under"]
+
+
+def test_budget_verdict_of_a_run_in_summary_report_and_terminal(tmp_path):
+    """analyze --budget: summary.csv's verdict columns come from the run's window maxima (the worst step of every
+    window, not one sampled step), report.json records the budget and the verdict, the terminal prints it."""
+    from ssmquant.report.tables import summary_table
+
+    out = tmp_path / "v"
+    argv = ["analyze", "--model", "nemotron-3-nano", "--synthetic", "--layers", "0", "--steps", "8", "--batch", "1",
+            "--formats", "bf16,fp8_e4m3", "--schemes", "conventional", "--budget", "1e-3", "--no-plots", "-q",
+            "--out", str(out)]  # fmt: skip  (-q: no time estimate, which runs a measurement)
+    res = run(argv)
+    assert res.exit_code == 0, res.output
+    traces, _, summary, report = load_analysis(out)
+    assert report["settings"]["budget"] == 1e-3 and report["budget"]["value"] == 1e-3
+    assert "worst step" in report["budget"]["note"]
+    peaks = traces.groupby(["layer", "variant"])["out_rel_err_max"].max()
+    s = summary.set_index(["layer", "variant"])
+    assert np.allclose(s["out_rel_err_peak"], peaks.loc[s.index])
+    assert (s["out_rel_err_peak"] >= s["out_rel_err_max"]).all() and (s["budget"] == 1e-3).all()
+    expect = np.where(s["out_rel_err_peak"] <= 1e-3, "under", "over")
+    assert s["verdict_horizon"].tolist() == expect.tolist()
+    # bf16 stays far under 1e-3 and fp8 conventional far over it on these inputs: both answers are exercised
+    assert s.loc[(0, "bf16@conventional"), "verdict_horizon"] == "under"
+    assert s.loc[(0, "fp8_e4m3@conventional"), "verdict_horizon"] == "over"
+    assert {"verdict_32k", "verdict_128k", "forecast_out_max_32k_status"} <= set(summary.columns)
+    assert [v["variant"] for v in report["verdict"]] == list(dict.fromkeys(summary.variant))
+    printed = summary_table(summary)  # what the command prints after the run (without -q)
+    for v in report["verdict"]:
+        assert v["text"] in printed
+    assert "  fp8_e4m3@conventional: layer 0 over 0.001 within 8 steps" in printed
+    assert "  bf16@conventional: every layer under 0.001 to 8 steps" in printed
+
+
+@pytest.mark.parametrize("budget", ["0", "-0.1", "1", "nan"])
+def test_a_budget_outside_0_1_is_refused(budget, tmp_path):
+    res = CliRunner().invoke(main, ["analyze", *SYNTH, "--budget", budget, "--out", str(tmp_path / "o")])
+    assert res.exit_code == 1 and "--budget must lie in (0, 1)" in res.output and not (tmp_path / "o").exists()
+
+
+def test_the_cli_default_budget_is_the_library_default():
+    from ssmquant.analysis.fit import DEFAULT_BUDGET
+
+    option = next(p for p in main.commands["analyze"].params if p.name == "budget")
+    assert option.default == DEFAULT_BUDGET == AnalyzeConfig().budget

@@ -8,6 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from ssmquant.analysis import LayerSource
+
+# bound at import: tests that replace `ssmquant.calibrate.calibrate` with a call of tiny_calibration still reach
+# the real one
+from ssmquant.calibrate import CalibrateConfig, calibrate
 from ssmquant.kinds import GDNInputs, Mamba2Inputs
 
 HEADS, ROWS, STATE, GROUPS = 2, 8, 32, 1
@@ -60,19 +64,25 @@ def tiny_source(
     return LayerSource("test", f"tiny-{kind}", list(layers), kind, (HEADS, rows, state), describe, iterate)
 
 
-def tiny_calibration(kind="mamba2", *, batch=2, steps=24, rows=ROWS, state=STATE, backend="torch", **cfg_kwargs):
+def tiny_calibration(
+    kind="mamba2", *, batch=2, steps=24, rows=ROWS, state=STATE, backend="torch", heldout_spike=None, calibrate_kw=None,
+    **cfg_kwargs,
+):
     """Run `calibrate` on tiny sources (calibration seed 0, held-out seed 1); returns the CalibrationResult.
     rows / state: the layers' state rows and reduction dim (Mamba-2 64 / 128: what FlashInfer's 8-bit kernel
     takes); backend: "torch", or "triton" (the kernels: on a GPU where there is one, else on a CPU under
-    TRITON_INTERPRET=1)."""
-    import torch
+    TRITON_INTERPRET=1); heldout_spike: multiply head 0's x at one step of the first held-out sequence (Mamba-2);
+    calibrate_kw: more keyword arguments of `calibrate` (progress, notify, time_left).
 
-    from ssmquant.calibrate import CalibrateConfig, calibrate
-
+    choose_among defaults to "research" here (the library's default is "engines"): most fixtures measure settings
+    of their own choice on layers of test sizes, which the engines' size rules refuse."""
+    cfg_kwargs.setdefault("choose_among", "research")
     device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
     cfg = CalibrateConfig(model=f"tiny-{kind}", horizon=steps, batch=batch, device=device, backend=backend, **cfg_kwargs)
+    spike = {"spike": heldout_spike} if heldout_spike is not None else {}
     return calibrate(
         cfg,
         source=tiny_source(kind, batch=batch, steps=steps, seed=0, rows=rows, state=state),
-        heldout_source=tiny_source(kind, batch=batch, steps=steps, seed=1, rows=rows, state=state),
+        heldout_source=tiny_source(kind, batch=batch, steps=steps, seed=1, rows=rows, state=state, **spike),
+        **(calibrate_kw or {}),
     )

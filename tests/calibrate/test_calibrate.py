@@ -117,7 +117,8 @@ def test_cli_unmeetable_budget_exits_3_without_a_recipe(tmp_path):
         [
             "calibrate", "--model", "nemotron-3-nano", "--synthetic", "--layers", "0,2", "--horizon", "4",
             "--batch", "1", "--budget", "1e-9", "--candidates", "nvfp4", "--schemes", "conventional",
-            "--calibration", "none", "--engine-fallbacks", "none", "--device", "cpu", "--out", str(out), "-q",
+            "--calibration", "none", "--engine-fallbacks", "none", "--choose-among", "research", "--device", "cpu",
+            "--out", str(out), "-q",
         ],
     )  # fmt: skip
     assert res.exit_code == 3, res.output

@@ -27,7 +27,7 @@ def static_result():
     """Static int8 only, so that every layer has calibrated scales."""
     return tiny_calibration(
         budget=0.5, candidates=["int8:static"], schemes=["conventional"], calibration=["max", "mse"],
-        engine_fallbacks=["fp16"],
+        engine_fallbacks=["fp16"], choose_among="research",
     )  # fmt: skip
 
 
@@ -92,6 +92,38 @@ def test_other_schema_version_is_refused_naming_both(recipe_dir):
 def test_malformed_documents_name_the_problem(recipe_dir, edit, match):
     _edit(recipe_dir, edit)
     with pytest.raises(RecipeError, match=match):
+        load_recipe(recipe_dir)
+
+
+@pytest.mark.parametrize(
+    "edit, where, literal",
+    [
+        (lambda d: d["global"].update(max_error=float("nan")), "global.max_error", "NaN"),
+        (lambda d: d["layers"][1]["calibration_error"].update(out_rel_err=float("inf")),
+         "layers[1].calibration_error.out_rel_err", "Infinity"),
+        (lambda d: d["uniform_settings"][0]["errors"].update({"0": float("-inf")}), "uniform_settings[0].errors.0",
+         "-Infinity"),
+    ],
+)  # fmt: skip
+def test_non_finite_numbers_are_refused_in_one_line(recipe_dir, edit, where, literal):
+    """Issue 27: NaN in global.max_error was accepted (Python's json reads NaN and Infinity; calibrate writes null)."""
+    _edit(recipe_dir, edit)
+    assert literal in (recipe_dir / CONFIG_NAME).read_text()
+    with pytest.raises(RecipeError) as info:
+        load_recipe(recipe_dir)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{CONFIG_NAME}: {where} is {literal}: a recipe holds finite numbers only")
+
+
+def test_global_max_error_must_agree_with_its_status(recipe_dir):
+    def meets_but_misses(d):
+        u = d["uniform_settings"][0]
+        d["global"] = {**d["global"], "setting": u["setting"], "status": "meets_budget", "meets_budget": True,
+                       "max_error": 2 * d["budget"]["value"]}  # fmt: skip
+
+    _edit(recipe_dir, meets_but_misses)
+    with pytest.raises(RecipeError, match=r"global.status is 'meets_budget' but its max_error 1.0 is not within the budget 0.5"):
         load_recipe(recipe_dir)
 
 
