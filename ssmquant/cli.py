@@ -900,8 +900,22 @@ def _engine_versions(pairs) -> dict[str, str]:
 @click.option(
     "--force", is_flag=True, help="Replace the output directory (--out or the default RECIPE_DIR/export-TARGET) when it holds a previous export (nothing else)."
 )
-def export_cmd(recipe_dir, target, out_dir, num_speculative_tokens, engine_version, gpu, force):
-    """Turn a recipe into the files vLLM, TensorRT-LLM or FlashInfer take, and report what they cannot take."""
+@click.option(
+    "--speculative-method",
+    default=None,
+    help="The drafter, needed by vllm and trtllm whenever the export drafts tokens: mtp, ngram, eagle, eagle3, "
+    "draft_model (TensorRT-LLM: mtp, ngram, eagle3, draft_model).",
+)
+@click.option("--speculative-model", default=None, help="The drafter's checkpoint (eagle, eagle3, draft_model).")
+def export_cmd(
+    recipe_dir, target, out_dir, num_speculative_tokens, engine_version, gpu, force, speculative_method,
+    speculative_model,
+):  # fmt: skip
+    """Turn a recipe into the files vLLM, TensorRT-LLM or FlashInfer take, and report what they cannot take.
+
+    The terminal gets a short report; EXPORT.md in the output directory has the engine's words for each
+    dropped setting, the facts relied on and every note.
+    """
     from .export import ExportError, export
 
     try:
@@ -913,6 +927,8 @@ def export_cmd(recipe_dir, target, out_dir, num_speculative_tokens, engine_versi
             force=force,
             engine_version=engine_version,
             gpu=gpu,
+            speculative_method=speculative_method,
+            speculative_model=speculative_model,
         )
     except ExportError as err:
         raise click.ClickException(str(err)) from None

@@ -58,14 +58,18 @@ FLASHINFER_MAX_WINDOW = 16  # checkpointing_ssu: max_window <= 16
 TRTLLM_MIN_REPLAY_HISTORY = 16  # MIN_REPLAY_HISTORY_SIZE
 DEFAULT_PHILOX_ROUNDS = 10  # TensorRT-LLM's and FlashInfer's default; what vLLM's 0 resolves to
 FLASHINFER_8BIT_HEAD_DIM, FLASHINFER_8BIT_D_STATE = 64, 128
-# The one state dtype each engine keeps for a KDA layer (GLM-5.3-Flash, Kimi-Linear, Kimi-K3), read from:
-# - vLLM: vllm/model_executor/layers/mamba/mamba_utils.py `MambaStateDtypeCalculator.kda_state_dtype` returns
-#   torch.float32 for the recurrent state whatever --mamba-ssm-cache-dtype says;
-# - TensorRT-LLM: tensorrt_llm/_torch/models/modeling_kimi_linear.py (Kimi-K3): "a delta-rule recurrent slot of
-#   [num_heads, head_dim, head_dim] fp32";
-# - FlashInfer: facts flashinfer.kda_decode / flashinfer.kda_verify (recurrent_kda, bf16 state [N, HV, V, K]).
-# vLLM's and TensorRT-LLM's hold for the versions the other facts cover; they are not (yet) versioned facts.
-KDA_STATE_DTYPE = {"vllm": "fp32", "trtllm": "fp32", "flashinfer": "bf16"}
+# Which vLLM KDA layer an architecture decodes with; that decides whether --mamba-ssm-cache-dtype reaches the
+# KDA state (facts vllm.kda_*). KimiLinearForCausalLM is Kimi-Linear's layer unless the checkpoint sets Kimi-K3's
+# use_full_rank_gate, which a recipe does not record: it is treated as Kimi-Linear (the safe reading: float32).
+KDA_FAMILIES = {
+    "Glm5NextForCausalLM": "glm5next",
+    "Glm5NextForConditionalGeneration": "glm5next",
+    "KimiK3ForConditionalGeneration": "kimi_k3",
+    "KimiLinearForCausalLM": "kimi_linear",
+}
+KDA_FAMILY_NAMES = {"glm5next": "GLM-5.3-Flash", "kimi_k3": "Kimi-K3", "kimi_linear": "Kimi-Linear", None: "this"}
+# the fact that makes a family's KDA state follow --mamba-ssm-cache-dtype (None: it never does)
+_KDA_FOLLOWS = {"kimi_k3": "vllm.kda_k3_follows", "glm5next": "vllm.kda_glm_follows", "kimi_linear": None, None: None}
 FLASHINFER_KDA_HEAD_DIMS = (64, 128)  # K = V
 FLASHINFER_KDA_DECODE_SM = (100, 103, 107)  # recurrent_kda's CuTe DSL kernels (SM 10.x)
 FLASHINFER_KDA_VERIFY_SM = (100, 103)  # the frozen verify: "exact compute capability 10.0 or 10.3"
@@ -74,6 +78,13 @@ FLASHINFER_KDA_VERIFY_SM = (100, 103)  # the frozen verify: "exact compute capab
 # and the raw k | gate in the activation dtype, the accepted tokens folded into the checkpoint after every round.
 # FlashInfer's output-only KDA verify (kda_wy_output_only) takes windows of 1..16 tokens.
 FLASHINFER_KDA_MAX_WINDOW = 16
+# flashinfer.fused_kda_decode: head counts per release (its _SUPPORTED_HEADS), head_dim 128, SM 100 / 103
+FLASHINFER_FUSED_KDA_HEADS = {
+    "0.7.0.post1": (12, 24, 32, 48, 96),
+    "0.7.2.post1": (8, 12, 24, 32, 48, 96),
+    "0.7.4": (8, 12, 16, 24, 32, 48, 64, 96),
+}
+FLASHINFER_FUSED_KDA_SM = (100, 103)
 
 
 class UnknownTargetError(ValueError):
@@ -100,16 +111,26 @@ class Target:
     gpu: int
     draft_tokens: int | None = None
     dims: object | None = None
+    arch: str | None = None
 
     @classmethod
-    def make(cls, engine: str, version: str | None = None, gpu=None, draft_tokens: int | None = None, dims=None):
-        """Validated Target; version None: the newest release read; gpu None: sm90."""
+    def make(
+        cls, engine: str, version: str | None = None, gpu=None, draft_tokens: int | None = None, dims=None, arch=None
+    ):
+        """Validated Target; version None: the newest release read; gpu None: sm90; arch: the model's
+        architecture (HF `architectures[0]`; None: unknown), which decides what vLLM does with a KDA state dtype."""
         e = check_target(engine)
         if draft_tokens is not None and (isinstance(draft_tokens, bool) or int(draft_tokens) != draft_tokens):
             raise ValueError(f"draft tokens must be an integer >= 0, got {draft_tokens!r}")
         if draft_tokens is not None and draft_tokens < 0:
             raise ValueError(f"draft tokens must be an integer >= 0, got {draft_tokens!r}")
-        return cls(e, check_version(e, version), parse_gpu(DEFAULT_GPU if gpu is None else gpu), draft_tokens, dims)
+        cc = parse_gpu(DEFAULT_GPU if gpu is None else gpu)
+        return cls(e, check_version(e, version), cc, draft_tokens, dims, None if arch is None else str(arch))
+
+    @property
+    def kda_family(self) -> str | None:
+        """'glm5next' | 'kimi_k3' | 'kimi_linear' | None (unknown architecture)."""
+        return KDA_FAMILIES.get(self.arch)
 
     @property
     def name(self) -> str:
@@ -292,57 +313,145 @@ def _window(t: Target, s, T: int, fact: str, out: list) -> None:
 
 
 def _kda(t: Target, s, out: list) -> None:
-    """What each engine keeps for a Kimi Delta Attention layer (KDA_STATE_DTYPE and the notes beside it)."""
-    enc, want, replay = s.encoding, KDA_STATE_DTYPE[t.engine], _replay(s)
-    L, T = s.buffer_len, t.drafts(s)
-    if t.engine == "flashinfer":
-        _flashinfer_kda(t, s, out)
-        return
-    if enc != want:
-        where = {
-            "vllm": "MambaStateDtypeCalculator.kda_state_dtype: --mamba-ssm-cache-dtype does not apply",
-            "trtllm": "the Kimi-K3 KDA runtime's recurrent slot",
-        }[t.engine]
-        out.append(_v("dtype", None, f"{t.name} keeps KDA state in {want} only ({where}); the setting stores {enc}"))
-    if not replay:
-        return
-    if t.engine == "vllm":
-        if s.scheme_kind != "spec" or L != 1 + T:
-            out.append(
-                _v(
-                    "layer_kind",
-                    None,
-                    "vLLM's KDA replay is RecoverSSM (use_kda_recoverssm): speculative decoding only, a window of "
-                    f"1 + draft tokens folded into the checkpoint every round, i.e. spec{1 + max(T, 1)}x{max(T, 1)}; "
-                    f"the setting uses {s.scheme_kind} with L={L}",
-                )
+    """What each engine runs for a Kimi Delta Attention layer (GLM-5.3-Flash, Kimi-Linear, Kimi-K3)."""
+    {"vllm": _vllm_kda, "trtllm": _trtllm_kda, "flashinfer": _flashinfer_kda}[t.engine](t, s, out)
+
+
+def kda_state_follows_flag(t: Target) -> str | None:
+    """The fact under which vLLM's KDA layer of `t.arch` takes --mamba-ssm-cache-dtype at t.version, else None
+    (its state is float32 whatever the flag says)."""
+    fid = _KDA_FOLLOWS[t.kda_family]
+    return fid if fid is not None and t.holds(fid) else None
+
+
+def _vllm_kda(t: Target, s, out: list) -> None:
+    """vLLM: the KDA state is float32 unless the model's layer passes the flag on (facts vllm.kda_*); replay is
+    Kimi-K3's RecoverSSM."""
+    enc, T, L = s.encoding, t.drafts(s), s.buffer_len
+    fam, who = t.kda_family, KDA_FAMILY_NAMES[t.kda_family]
+    if enc in EIGHT_BIT_ENCODINGS:
+        if t.version == VLLM_PR_BUILD:
+            out.append(_v("8bit_replay", "vllm.pr_8bit", f"{enc} state exists only under FlashInfer ReplaySSM (Mamba-2)"))
+        else:
+            out.append(_v("dtype", "vllm.state_dtype", f"vLLM {t.version} has no {enc} SSM state", value=repr(enc)))
+    elif enc == "fp16":  # raised by the layers that pass the flag on, ignored (float32) by the others
+        fid = "vllm.kda_state_dtype" if t.holds("vllm.kda_state_dtype") else "vllm.kda_state_fp32"
+        out.append(
+            _v("dtype", fid, f"vLLM {t.version} keeps no float16 KDA state", **({"value": "float16"} if "{" in FACTS[fid].quote else {}))
+        )
+    elif enc == "bf16" and not kda_state_follows_flag(t):
+        if t.holds("vllm.kda_state_fp32"):
+            fid, why = "vllm.kda_state_fp32", f"vLLM {t.version}'s KDA state is float32 for every model"
+        elif fam is None:
+            fid, why = None, (
+                f"the recipe does not name the model's architecture, and vLLM {t.version} keeps a bfloat16 KDA state "
+                "only for Kimi-K3 (KimiK3ForConditionalGeneration, from 0.30.0) and GLM-5.3-Flash (Glm5Next, from "
+                "0.32.0); every other KDA layer stays float32 and ignores the flag"
             )
-        elif s.scheme.buffer_dtype != "fp32":
-            out.append(
-                _v(
-                    "layer_kind",
-                    None,
-                    "vLLM's RecoverSSM records u_t in FP32 (and k, gate as the model's activations): measure with an "
-                    f"fp32 buffer (spec{L}x{T}:fp32), not {s.scheme.buffer_dtype}",
-                )
-            )
-    else:
+        elif fam == "glm5next":
+            fid, why = "vllm.kda_glm_follows", f"GLM-5.3-Flash's KDA state follows the flag only from vLLM 0.32.0 (this is {t.version})"
+        else:
+            fid, why = "vllm.kda_linear_fp32", "Kimi-Linear's KDA layer keeps a float32 state and ignores the flag"
+        out.append(_v("dtype", fid, f"{why}; the setting stores bf16, which this vLLM would accept and not run", quote=fid != "vllm.kda_glm_follows"))
+    if s.rounding == "sr":
+        out.append(_v("sr", "vllm.sr_mamba_only", "vLLM has no stochastic rounding for KDA state", quote=False))
+    if not _replay(s):
+        return
+    if s.scheme_kind != "spec":
         out.append(
             _v(
                 "layer_kind",
-                None,
-                "TensorRT-LLM's Mamba replay (TRTLLM_USE_MAMBA_REPLAY) covers Mamba-2 / GDN layers; its Kimi-K3 KDA "
-                "runtime verifies draft tokens with deferred state promotion, not from a checkpoint and input buffer",
+                "vllm.recoverssm",
+                f"vLLM's KDA replay is RecoverSSM, which runs only with speculative decoding: a window of 1 + draft "
+                f"tokens folded into the checkpoint every round (spec{1 + max(T, 1)}x{max(T, 1)}); the setting is "
+                f"{s.scheme.name}",
+                quote=False,
+            )
+        )
+        return
+    if not t.holds("vllm.recoverssm"):
+        fid = "vllm.spec_refused_027" if t.holds("vllm.replay_flags") else "vllm.replay_flags"
+        out.append(_v("scheme", fid, f"vLLM {t.version} has no RecoverSSM (KDA replay with drafts)"))
+        return
+    if fam != "kimi_k3":
+        if fam == "glm5next" and t.holds("vllm.glm_no_replay"):
+            out.append(
+                _v("layer_kind", "vllm.glm_no_replay", "GLM-5.3-Flash has no RecoverSSM",
+                   architecture="Glm5NextForConditionalGeneration")  # fmt: skip
+            )
+        else:
+            out.append(
+                _v(
+                    "layer_kind",
+                    "vllm.kda_linear_fp32" if fam == "kimi_linear" else "vllm.recoverssm",
+                    f"only Kimi-K3's KDA layer implements RecoverSSM; {who} model's layer would accept "
+                    "--use-replayssm and decode conventionally"
+                    if fam is not None
+                    else "only Kimi-K3's KDA layer implements RecoverSSM, and the recipe does not name the model's "
+                    "architecture",
+                    quote=False,
+                )
+            )
+    if L != 1 + T:
+        out.append(
+            _v(
+                "buffer_len",
+                "vllm.recoverssm",
+                f"RecoverSSM verifies 1 + draft tokens against the checkpoint and folds them in every round, i.e. "
+                f"spec{1 + T}x{T} for {T} draft tokens; the setting uses L={L}",
+                quote=False,
+            )
+        )
+    elif s.scheme.buffer_dtype != "fp32":
+        out.append(
+            _v(
+                "layer_kind",
+                "vllm.recoverssm",
+                "vLLM's RecoverSSM records u_t in FP32 (and k, gate as the model's activations): measure with an "
+                f"fp32 buffer (spec{L}x{T}:fp32), not {s.scheme.buffer_dtype}",
+                quote=False,
+            )
+        )
+
+
+def _trtllm_kda(t: Target, s, out: list) -> None:
+    """TensorRT-LLM: float32 conventional KDA state only (fact trtllm.kda: the rest was not read)."""
+    if s.encoding != "fp32":
+        out.append(
+            _v(
+                "dtype",
+                "trtllm.kda",
+                f"TensorRT-LLM's KDA pool is float32 or bfloat16, but how it is chosen was not read, so only float32 "
+                f"is exported; the setting stores {s.encoding}",
+                quote=False,
+            )
+        )
+    if s.rounding == "sr":
+        out.append(_v("sr", "trtllm.sr", "TensorRT-LLM documents stochastic rounding for Mamba SSM state updates only"))
+    if _replay(s):
+        out.append(
+            _v(
+                "layer_kind",
+                "trtllm.kda",
+                "TensorRT-LLM verifies KDA drafts with KDAReplayStateUpdateStrategy, whose window and flush rule were "
+                f"not read: {s.scheme.name} is not exported",
+                quote=False,
             )
         )
 
 
 def _flashinfer_kda(t: Target, s, out: list) -> None:
-    """FlashInfer's KDA kernels (facts flashinfer.kda_decode, flashinfer.kda_verify): recurrent_kda keeps a bfloat16
-    state; its speculative verify reads the committed state for up to 16 tokens and never writes it."""
+    """FlashInfer's KDA kernels: recurrent_kda keeps a bfloat16 state (its speculative verify reads the committed
+    state for up to 16 tokens and never writes it); fused_kda_decode keeps a float32 or bfloat16 state."""
     enc, L = s.encoding, s.buffer_len
-    if enc != "bf16":
-        out.append(_v("dtype", "flashinfer.kda_decode", f"FlashInfer keeps KDA state in bf16 only; the setting stores {enc}"))
+    spec = s.scheme_kind == "spec"
+    fused = enc == "fp32" and not _replay(s)  # float32 decode: fused_kda_decode
+    if enc not in ("bf16", "fp32"):
+        out.append(
+            _v("dtype", "flashinfer.fused_kda_decode", f"FlashInfer keeps KDA state in float32 or bfloat16, not {enc}", quote=False)
+        )
+    elif enc == "fp32" and _replay(s):
+        out.append(_v("dtype", "flashinfer.kda_verify", "FlashInfer's KDA verify reads a bfloat16 state only, not fp32", quote=False))
     if s.rounding == "sr":
         out.append(_v("sr", "flashinfer.kda_decode", "FlashInfer's KDA decode has no stochastic rounding", quote=False))
     if s.scheme_kind == "replay":
@@ -355,11 +464,29 @@ def _flashinfer_kda(t: Target, s, out: list) -> None:
                 quote=False,
             )
         )
-    spec = s.scheme_kind == "spec"
     if spec and L > FLASHINFER_KDA_MAX_WINDOW:
         out.append(
             _v("buffer_len", "flashinfer.kda_verify", f"the KDA verify takes at most {FLASHINFER_KDA_MAX_WINDOW} tokens, L={L}", quote=False)
         )
+    if fused:
+        if t.gpu not in FLASHINFER_FUSED_KDA_SM:
+            out.append(
+                _v("gpu", "flashinfer.fused_kda_decode", f"FlashInfer's fused_kda_decode (float32 KDA state) runs on "
+                   f"SM 100 / 103 only, not sm{t.gpu}", quote=False)  # fmt: skip
+            )
+        d = t.dims
+        heads = FLASHINFER_FUSED_KDA_HEADS[t.version]
+        if d is not None and (d.rows != 128 or d.state_dim != 128 or d.heads not in heads):
+            out.append(
+                _v(
+                    "shape",
+                    "flashinfer.fused_kda_decode",
+                    f"FlashInfer {t.version}'s fused_kda_decode takes head_dim 128 and {heads} heads, not "
+                    f"{d.heads} heads of K={d.state_dim}, V={d.rows}",
+                    quote=False,
+                )
+            )
+        return
     sms = FLASHINFER_KDA_VERIFY_SM if spec else FLASHINFER_KDA_DECODE_SM
     if t.gpu not in sms:
         fact = "flashinfer.kda_verify" if spec else "flashinfer.kda_decode"
@@ -558,15 +685,34 @@ def _flashinfer_gdn(t: Target, s, out: list) -> None:
 
 
 # -- how a runnable setting runs ------------------------------------------------------------------------
+def _kda_runtime(target: Target, s, tokens: int) -> Runtime:
+    """vLLM / TensorRT-LLM on a KDA layer: conventional decode, or vLLM's RecoverSSM (Triton Mamba backend)."""
+    if target.engine == "trtllm":
+        return Runtime("conventional", 0, 0, tokens, facts=["trtllm.kda"])
+    facts = ["vllm.kda_state_fp32"] if target.holds("vllm.kda_state_fp32") else ["vllm.kda_state_dtype"]
+    follows = kda_state_follows_flag(target)
+    facts += [follows] if follows else (["vllm.kda_linear_fp32"] if target.kda_family == "kimi_linear" else [])
+    if target.kda_family == "kimi_k3" and target.holds("vllm.kda_decode_backend"):
+        facts.append("vllm.kda_decode_backend")
+    if s.scheme_kind == "spec":
+        return Runtime("triton", s.buffer_len, s.buffer_len, tokens, facts=facts + ["vllm.recoverssm"])
+    return Runtime("triton", 0, 0, tokens, facts=facts)
+
+
+
 def runtime(target: Target, setting, layer_kind: str) -> Runtime:
     """How `target` runs `setting` (which must have no violations): backend, window, ring, env, prefix caching."""
     s, T = setting, target.drafts(setting)
     tokens = 1 + T
     e = target.engine
+    if layer_kind == "kda" and e != "flashinfer":
+        return _kda_runtime(target, s, tokens)
     if e == "vllm":
         backend = _vllm_backend(target, s)
         if not _replay(s):
             facts = ["vllm.state_dtype"] + (["vllm.sr_fp16", "vllm.sr_triton_sm10x"] if s.rounding == "sr" else [])
+            if layer_kind == "gdn":  # where Qwen3.5 reads its HF key; which state dtypes keep the fused decode
+                facts += ["vllm.hf_qwen35"] + (["vllm.fused_gdn_dtypes"] if target.holds("vllm.fused_gdn_dtypes") else [])
             return Runtime(backend, 0, 0, tokens, facts=facts)
         L = s.buffer_len
         if backend == "flashinfer":
@@ -579,7 +725,8 @@ def runtime(target: Target, setting, layer_kind: str) -> Runtime:
     if e == "trtllm":
         env_key = "TRTLLM_USE_MAMBA_REPLAY" if layer_kind == "mamba2" else "TRTLLM_USE_GDN_REPLAY"
         if not _replay(s):
-            env = {env_key: "0"} if T else {}
+            # Mamba-2 replay is on by default with drafts (only "0" disables it); GDN replay is opt-in (unset: off)
+            env = {env_key: "0"} if T and layer_kind == "mamba2" else {}
             facts = ["trtllm.replay_gates"] if layer_kind == "mamba2" else ["trtllm.gdn_replay"]
             return Runtime("conventional", 0, 0, tokens, env=env, facts=facts)
         hist = max(TRTLLM_MIN_REPLAY_HISTORY, tokens)
@@ -594,6 +741,8 @@ def runtime(target: Target, setting, layer_kind: str) -> Runtime:
     if layer_kind == "kda":
         if s.scheme_kind == "spec":  # the committed state, read-only, for the L tokens of a verify
             return Runtime("flashinfer.recurrent_kda", s.buffer_len, s.buffer_len, tokens, facts=["flashinfer.kda_verify"])
+        if s.encoding == "fp32":
+            return Runtime("flashinfer.fused_kda_decode", 0, 0, tokens, facts=["flashinfer.fused_kda_decode"])
         return Runtime("flashinfer.recurrent_kda", 0, 0, tokens, facts=["flashinfer.kda_decode"])
     if layer_kind != "mamba2":
         return Runtime("flashinfer.gated_delta_rule_decode_pretranspose", 0, 0, tokens, facts=["flashinfer.gdn_decode"])
@@ -622,9 +771,11 @@ def engine_bytes(target: Target, setting, layer_kind: str, dims, rt: Runtime | N
     scales = dims.heads * dims.rows * 4 if s.encoding in EIGHT_BIT_ENCODINGS else 0
     act = {"bf16": 2, "fp16": 2, "fp32": 4}[s.scheme.buffer_dtype]
     ring = slot = 0
-    if rt.replay and target.engine == "flashinfer" and layer_kind == "kda":
-        # the verify's caches per token: correction_cache V float32, kg_cache 2K bfloat16, per value head
-        ring = rt.ring_rows * dims.heads * (dims.rows * 4 + 2 * dims.state_dim * 2)
+    if rt.replay and layer_kind == "kda":
+        # per verified token and value head: a float32 correction over V and the raw key | gate (2K) in the
+        # activation dtype (FlashInfer's correction_cache / kg_cache; vLLM's RecoverSSM records the same)
+        kg = 2 if target.engine == "flashinfer" else act
+        ring = rt.ring_rows * dims.heads * (dims.rows * 4 + 2 * dims.state_dim * kg)
     elif rt.replay:
         vectors = (dims.heads * dims.rows + dims.groups * dims.state_dim) * act
         if target.engine == "trtllm":

@@ -131,6 +131,12 @@ def _trt(path: str, commit: str) -> Source:
     return Source("NVIDIA/TensorRT-LLM", path, f"main {commit}")
 
 
+def _issue(what: str) -> Source:
+    """A statement taken from the text of ssmquant issue 26, not read in the engine's source here: TensorRT-LLM's
+    source is not on PyPI (the `tensorrt-llm` package is a stub), so these are marked as such in every citation."""
+    return Source("NVIDIA/TensorRT-LLM", f"(not read here) {what}", "as stated in ssmquant issue 26")
+
+
 V_ALL = VERSIONS["vllm"][:-1]
 
 FACTS: dict[str, Fact] = {
@@ -291,7 +297,10 @@ FACTS: dict[str, Fact] = {
             "ReplaySSM ring per layer and sequence: x (heads, rows, head_dim) and B (groups, rows, d_state) in the "
             "activation dtype, dt (heads, rows) in float32; rows = L on Triton, L + 1 + num_speculative_tokens "
             "on FlashInfer",
-            (_vllm("vllm/model_executor/layers/mamba/mamba_utils.py", "0.30.0", "0.32.0", "0.33.0"),),
+            (
+                _vllm("vllm/model_executor/layers/mamba/mamba_utils.py", "0.30.0", "0.32.0", "0.33.0"),
+                _vllm("vllm/config/cache.py", "0.30.0", "0.32.0", "0.33.0"),
+            ),
             since="0.27.0",
             quote="ReplaySSM logical history length B for Mamba2. Triton uses B physical rows and FlashInfer "
             "uses B+T",
@@ -306,11 +315,120 @@ FACTS: dict[str, Fact] = {
             "caching follows --enable-prefix-caching.",
         ),
         Fact(
-            "vllm.hf_dtype",
+            "vllm.hf_nemotron",
             "vllm",
-            "with --mamba-ssm-cache-dtype auto, NemotronH reads mamba_ssm_cache_dtype from the HF config "
-            "(default float32) and Qwen3.5 reads mamba_ssm_dtype from its text config; an explicit flag wins",
-            (_vllm("vllm/model_executor/models/config.py", "0.33.0"),),
+            "with --mamba-ssm-cache-dtype auto, NemotronH takes mamba_ssm_cache_dtype from the top level of the HF "
+            "config (default float32) with getattr, unchecked: a value the release has no kernel for (int8) is "
+            "not refused there; an explicit flag wins",
+            (_vllm("vllm/model_executor/models/config.py", *V_ALL),),
+            quote='mamba_ssm_cache_dtype: MambaDType = getattr(hf_config, "mamba_ssm_cache_dtype", '
+            "cls.DEFAULT_MAMBA_SSM_CACHE_DTYPE)",
+        ),
+        Fact(
+            "vllm.hf_qwen35",
+            "vllm",
+            "with --mamba-ssm-cache-dtype auto, Qwen3.5 takes mamba_ssm_dtype from its text config (hf_text_config: "
+            "text_config of the multimodal Qwen3_5(Moe)ForConditionalGeneration checkpoints, the top level of "
+            "Qwen3_5(Moe)ForCausalLM); a top-level key of a multimodal checkpoint is ignored. Qwen3-Next and the "
+            "KDA models read no HF key: the flag is their only knob",
+            (_vllm("vllm/model_executor/models/config.py", *V_ALL),),
+            quote='mamba_ssm_dtype = getattr(hf_text_config, "mamba_ssm_dtype", None)',
+        ),
+        Fact(
+            "vllm.fused_gdn_dtypes",
+            "vllm",
+            "Qwen's fused CUDA GDN decode takes a float32 or bfloat16 recurrent state only (and a bf16 model, K = V "
+            "= 128, SM 8.0+); a float16 state falls back to the Triton GDN path, while bfloat16 is the same size "
+            "and stays on the fused kernel",
+            (_vllm("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py", *V_ALL[4:]),),
+            since="0.28.0",
+            quote="FUSED_GDN_STATE_DTYPES = (torch.float32, torch.bfloat16)",
+        ),
+        Fact(
+            "vllm.kda_state_fp32",
+            "vllm",
+            "the KDA recurrent state is float32 whatever --mamba-ssm-cache-dtype says "
+            "(MambaStateDtypeCalculator.kda_state_dtype takes no SSM cache dtype)",
+            (_vllm("vllm/model_executor/layers/mamba/mamba_utils.py", *V_ALL[:6]),),
+            until="0.30.0",
+            quote="return (state_dtype, torch.float32)",
+        ),
+        Fact(
+            "vllm.kda_state_dtype",
+            "vllm",
+            "MambaStateDtypeCalculator.kda_state_dtype maps the SSM cache dtype it is given to the KDA recurrent "
+            "state: auto -> float32, float32, bfloat16; any other value raises at model construction",
+            (_vllm("vllm/model_executor/layers/mamba/mamba_utils.py", *V_ALL[6:]),),
+            since="0.30.0",
+            quote="KDA recurrent state supports only auto, float32, and bfloat16; got {value}",
+        ),
+        Fact(
+            "vllm.kda_k3_follows",
+            "vllm",
+            "Kimi-K3's KDA layer (KimiK3DeltaAttention) passes --mamba-ssm-cache-dtype to kda_state_dtype: its "
+            "state follows the flag (float32 or bfloat16)",
+            (_vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[6:]),),
+            since="0.30.0",
+            quote="self.cache_config.mamba_ssm_cache_dtype,",
+        ),
+        Fact(
+            "vllm.kda_glm_follows",
+            "vllm",
+            "GLM-5.3-Flash's KDA layer (Glm5Next) passes --mamba-ssm-cache-dtype to kda_state_dtype from 0.32.0: "
+            "its state follows the flag (float32 or bfloat16); in 0.30.0 and 0.31.0 it passes only the conv cache "
+            "dtype, so the state stays float32",
+            (_vllm("vllm/models/glm5next/common/kda.py", "0.31.0", "0.32.0", "0.33.0"),
+             _vllm("vllm/models/glm5next/nvidia/kda.py", "0.30.0")),
+            since="0.32.0",
+            quote="self.cache_config.mamba_ssm_cache_dtype,",
+        ),
+        Fact(
+            "vllm.kda_linear_fp32",
+            "vllm",
+            "Kimi-Linear's KDA layer (kimi_gdn_linear_attn.py, KimiLinearForCausalLM without Kimi-K3's full-rank "
+            "gate) passes only the conv cache dtype to kda_state_dtype: its state stays float32 whatever "
+            "--mamba-ssm-cache-dtype says, and it never reads use_kda_recoverssm",
+            (_vllm("vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py", *V_ALL),),
+            quote="return MambaStateDtypeCalculator.kda_state_dtype(self.model_config.dtype, "
+            "self.cache_config.mamba_cache_dtype)",
+        ),
+        Fact(
+            "vllm.kda_decode_backend",
+            "vllm",
+            "--kda-decode-backend {auto, native, flashinfer, triton} (default auto), read by Kimi-K3's KDA layer "
+            "only: auto takes the native fused kernel (float32 state, head_dim 128, 12/24/48/96 heads per GPU, no "
+            "drafts, SM 90 / 10.x / 12.x), else FlashInfer's fused_kda_decode (SM 10.x, float32 or bfloat16 state, "
+            "no drafts), else Triton",
+            (_vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[6:]), _vllm("vllm/engine/arg_utils.py", *V_ALL[6:])),
+            since="0.30.0",
+            quote='choices=["auto", "native", "flashinfer", "triton"]',
+        ),
+        Fact(
+            "vllm.recoverssm",
+            "vllm",
+            "KDA replay is RecoverSSM: --use-replayssm with speculative decoding on a Kimi architecture "
+            "(KimiLinearForCausalLM, KimiK3ForConditionalGeneration), the Triton Mamba backend, no stochastic "
+            "rounding, bfloat16 or float32 state; only Kimi-K3's layer implements it",
+            (_vllm("vllm/config/vllm.py", *V_ALL[5:]), _vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[5:])),
+            since="0.29.0",
+            quote="RecoverSSM supports bfloat16/float32 SSM state caches, not --enable-mamba-cache-stochastic-"
+            "rounding",
+        ),
+        Fact(
+            "vllm.glm_no_replay",
+            "vllm",
+            "GLM-5.3-Flash (Glm5Next) is not a SupportsReplaySSM model: --use-replayssm is refused for it",
+            (_vllm("vllm/config/vllm.py", *V_ALL[6:]),),
+            since="0.30.0",
+            quote="--use-replayssm is not supported for architecture {architecture!r}",
+        ),
+        Fact(
+            "vllm.spec_method",
+            "vllm",
+            "a speculative config needs a method (mtp, ngram, eagle3, ...) or a draft model: with "
+            "num_speculative_tokens alone vLLM assumes a draft model and refuses",
+            (_vllm("vllm/config/speculative.py", *V_ALL),),
+            quote="num_speculative_tokens was provided but without speculative model.",
         ),
         # -- TensorRT-LLM -------------------------------------------------------------------------------
         Fact(
@@ -374,13 +492,37 @@ FACTS: dict[str, Fact] = {
         Fact(
             "trtllm.gdn_replay",
             "trtllm",
-            "Gated DeltaNet has its own MTP replay behind TRTLLM_USE_GDN_REPLAY, on replay storage shared with "
-            "Mamba-2; its window and flush rule were not read, so GDN replay settings are not exported",
+            "Gated DeltaNet has its own MTP replay on replay storage shared with Mamba-2; it is opt-in: "
+            "TRTLLM_USE_GDN_REPLAY=1 enables it, unset means off. Its window and flush rule were not read, so GDN "
+            "replay settings are not exported and a conventional GDN export leaves the variable unset",
             (
                 _trt("tensorrt_llm/_torch/modules/mamba/gdn_mixer.py", "0d4bd90"),
                 _trt("tensorrt_llm/_torch/pyexecutor/kv_cache/mamba_cache_manager/replay.py", "3f4f808"),
+                _issue("TRTLLM_USE_GDN_REPLAY=1 enables it; unset means off"),
             ),
             quote="GDN MTP replay is requested; set TRTLLM_USE_GDN_REPLAY=0 to disable it",
+        ),
+        Fact(
+            "trtllm.kda",
+            "trtllm",
+            "Kimi KDA: a float32-or-bfloat16 KDA state pool and a fused multi-token verify "
+            "(KDAReplayStateUpdateStrategy); how the pool dtype is chosen and the verify's window were not read, "
+            "so only a float32 conventional KDA state is exported",
+            (
+                Source("NVIDIA/TensorRT-LLM", "tensorrt_llm/_torch/models/modeling_kimi_linear.py", "main, commit not recorded"),
+                _issue("kimi_kda/cache_manager.py, kimi_kda_mixer.py: KDAReplayStateUpdateStrategy, float32-or-bfloat16 pool"),
+            ),
+            quote="a delta-rule recurrent slot of [num_heads, head_dim, head_dim] fp32",
+        ),
+        Fact(
+            "trtllm.spec_config",
+            "trtllm",
+            "replay runs only with a speculative_config in the LLM-API options (decoding_type and the draft length "
+            "max_draft_len; MTP: num_nextn_predict_layers); the export writes it from --speculative-method",
+            (
+                _trt("tensorrt_llm/llmapi/llm_args.py", "0004396"),
+                _issue("its TensorRT-LLM YAML carries speculative_config only as a comment although replay needs it"),
+            ),
         ),
         # -- FlashInfer ---------------------------------------------------------------------------------
         Fact(
@@ -495,6 +637,19 @@ FACTS: dict[str, Fact] = {
                 _fi("flashinfer/kda_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
             ),
             quote="Requires SM100 (Blackwell) architecture; State is bfloat16 ``[N, HV, V, K]`` and updated in-place",
+        ),
+        Fact(
+            "flashinfer.fused_kda_decode",
+            "flashinfer",
+            "fused_kda_decode (Kimi KDA: width-4 conv + one recurrent step + gated RMSNorm): a float32 or bfloat16 "
+            "state [slots, H, 128, 128] updated in place (recurrence in float32, a bfloat16 state rounded when "
+            "written back), head_dim 128, slot 0 reserved as the null slot; SM 100 (0.7.0.post1) / SM 100 and 103; "
+            "heads 12, 24, 32, 48, 96 (0.7.0.post1), also 8 (0.7.2.post1), also 16 and 64 (0.7.4)",
+            (
+                _fi("flashinfer/kda_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+                _fi("flashinfer/kda_kernels/fused_kda_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+            ),
+            quote="Paged recurrent state with shape ``[num_slots, H, 128, 128]`` and dtype float32 or bfloat16.",
         ),
         Fact(
             "flashinfer.kda_verify",

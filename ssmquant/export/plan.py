@@ -29,12 +29,60 @@ from ..engines.deployments import (
     runtime,
     violations,
 )
-from ..engines.facts import VLLM_PR_BUILD, EngineVersionError, resolve_gpu
+from ..engines.facts import FACTS, VLLM_PR_BUILD, EngineVersionError, resolve_gpu
 
 _DTYPE_RULES = ("nvfp4", "dtype", "unreleased", "8bit_replay", "layer_kind", "shape")
 _SCHEME_RULES = ("buffer_len", "spec_buffer", "layer_kind", "8bit_replay", "scheme", "gpu", "unreleased")
 _SR_RULES = ("sr", "gpu")
 PER_LAYER_REASON = "engines take one setting for all layers; this layer's own choice differs from the exported one"
+# vLLM speculative methods (vllm/config/speculative.py `SpeculativeMethod`, in every release read) the export
+# writes; those in SPEC_NEEDS_MODEL also need the drafter's checkpoint. TensorRT-LLM's decoding_type for each
+# (fact trtllm.spec_config; a method without one is refused for TensorRT-LLM).
+SPEC_METHODS = ("mtp", "ngram", "eagle", "eagle3", "draft_model")
+SPEC_NEEDS_MODEL = ("eagle", "eagle3", "draft_model")
+TRTLLM_DECODING_TYPE = {"mtp": "MTP", "ngram": "NGram", "eagle3": "Eagle3", "draft_model": "DraftTarget"}
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """The drafter of a deployment with draft tokens: method (SPEC_METHODS) and, where it needs one, the
+    drafter's checkpoint (model)."""
+
+    method: str
+    model: str | None = None
+
+
+def check_speculation(target: str, method: str | None, model: str | None) -> Speculation | None:
+    """Validated drafter for `target` (None when no method is given); ExportError naming the accepted values."""
+    if method is None:
+        if model is not None:
+            raise ExportError("--speculative-model needs --speculative-method (one of " + ", ".join(SPEC_NEEDS_MODEL) + ")")
+        return None
+    m = str(method).strip().lower()
+    accepted = SPEC_METHODS if target == "vllm" else tuple(TRTLLM_DECODING_TYPE)
+    if target == "flashinfer":
+        raise ExportError("--speculative-method applies to the vllm and trtllm targets; FlashInfer takes no drafter")
+    if m not in accepted:
+        raise ExportError(f"unknown --speculative-method {method!r} for {TARGET_NAMES[target]}; accepted: {', '.join(accepted)}")
+    if m in SPEC_NEEDS_MODEL and not model:
+        raise ExportError(f"--speculative-method {m} needs the drafter's checkpoint: pass --speculative-model PATH")
+    if m not in SPEC_NEEDS_MODEL and model:
+        raise ExportError(f"--speculative-method {m} takes no --speculative-model (it drafts without a separate checkpoint)")
+    return Speculation(m, model or None)
+
+
+def recipe_architecture(recipe: Recipe) -> str | None:
+    """The model's architecture (HF `architectures[0]`): as the recipe's calibration source recorded it (a
+    checkpoint or shipped model), else the preset's of that name (synthetic inputs), else None."""
+    src = (recipe.config.get("data") or {}).get("calibration") or {}
+    if isinstance(src, dict) and src.get("architecture"):
+        return str(src["architecture"])
+    from ..models.presets import get_preset  # only for a recipe made from a preset; keeps export's import light
+
+    try:
+        return get_preset(str(recipe.config["model"].get("name"))).architecture
+    except ValueError:
+        return None
 
 
 class ExportError(ValueError):
@@ -69,6 +117,16 @@ class Dropped:
             out.append(s)
         return out
 
+    def short_line(self, metric: str) -> str:
+        """One line: what, the layers, bytes per sequence and the worst error before -> after (calibration)."""
+        b0, b1 = self.cost.get("bytes_per_sequence", (None, None))
+        errs = self.cost.get("errors", [])
+        worst = [max((e[k] for e in errs if e.get(k) is not None), default=None) for k in ("recipe", "exported")]
+        cost = f"bytes/sequence {b0:,} -> {b1:,} ({_pct(b0, b1)})" if b0 is not None and b1 is not None else ""
+        if any(w is not None for w in worst):
+            cost += f"{'; ' if cost else ''}worst {metric} {_f(worst[0])} -> {_f(worst[1])}"
+        return f"dropped {self.what} (layers {_span(self.layers)})" + (f": {cost}" if cost else "")
+
     def to_dict(self) -> dict:
         return {"what": self.what, "reason": self.reason, "layers": self.layers, "cost": self.cost}
 
@@ -91,6 +149,8 @@ class ExportPlan:
     runtime: Runtime | None = None
     engine_bytes: dict | None = None
     num_ssm_layers: int = 0
+    speculation: Speculation | None = None
+    architecture: str | None = None
 
     @property
     def other_notes(self) -> list[str]:
@@ -122,11 +182,15 @@ def plan_export(
     num_speculative_tokens: int | None = None,
     engine_version: str | None = None,
     gpu: str | int | None = None,
+    speculative_method: str | None = None,
+    speculative_model: str | None = None,
 ) -> ExportPlan:
     """Choose the setting `target` runs for `recipe` and list what is dropped (module docstring).
 
     engine_version: a release whose source was read or a build with open PRs (facts.VERSIONS; None: the
-    newest release); gpu: "sm90" etc. (None: the local GPU, else sm90 with a note).
+    newest release); gpu: "sm90" etc. (None: the local GPU, else sm90 with a note); speculative_method /
+    speculative_model: the drafter (SPEC_METHODS), which vLLM and TensorRT-LLM need whenever the exported
+    setting drafts tokens.
     """
     try:
         t = check_target(target)
@@ -139,9 +203,11 @@ def plan_export(
         or num_speculative_tokens < 0
     ):
         raise ExportError(f"--num-speculative-tokens must be an integer >= 0, got {num_speculative_tokens!r}")
+    spec = check_speculation(t, speculative_method, speculative_model)
+    arch = recipe_architecture(recipe)
     try:
         cc, gpu_note = resolve_gpu(gpu)
-        dep = Target.make(t, engine_version, cc, num_speculative_tokens, recipe.dims)
+        dep = Target.make(t, engine_version, cc, num_speculative_tokens, recipe.dims, arch)
     except EngineVersionError as err:
         raise ExportError(str(err)) from None
     kind, metric, budget = recipe.layer_kind, recipe.metric, recipe.budget
@@ -158,6 +224,13 @@ def plan_export(
         raise ExportError(_unsatisfiable(recipe, dep, takeable))
     chosen = pick.setting
     draft = chosen.draft_tokens if T is None else T
+    if draft and spec is None and t != "flashinfer":
+        raise ExportError(_needs_method(dep, chosen, draft))
+    if not draft and spec is not None:
+        raise ExportError(
+            f"--speculative-method {spec.method} given, but the export drafts no tokens ({chosen.name}); pass "
+            "--num-speculative-tokens T, or leave the method out"
+        )
     per_layer = recipe.layers
     n_layers = len(per_layer)
     exported_bytes_layer = pick.entry["bytes_per_sequence"] // max(1, n_layers)
@@ -276,6 +349,7 @@ def plan_export(
             f"settings with {'/'.join(EIGHT_BIT_ENCODINGS)} state run only on unreleased vLLM code: "
             f"--engine-version {VLLM_PR_BUILD} (PR #52962, open)"
         )
+    notes += _kind_notes(recipe, dep, chosen, uniform)
     if chosen.rounding == "sr":
         notes.append(
             "stochastic rounding: ssmquant emulates it with its own counter-based random bits; the engine uses "
@@ -288,8 +362,53 @@ def plan_export(
     per_layer_bytes = engine_bytes(dep, chosen, kind, recipe.dims, rt)
     return ExportPlan(
         t, chosen, pick.entry, from_global, draft, dropped, notes, heldout, dep, rt, per_layer_bytes,
-        len(model["ssm_layers"]),
+        len(model["ssm_layers"]), spec, arch,
     )  # fmt: skip
+
+
+def _needs_method(dep: Target, chosen, draft: int) -> str:
+    f = FACTS["vllm.spec_method" if dep.engine == "vllm" else "trtllm.spec_config"]
+    accepted = SPEC_METHODS if dep.engine == "vllm" else tuple(TRTLLM_DECODING_TYPE)
+    words = f'"{f.quote}" ' if f.quote else ""
+    return (
+        f"{dep.name} drafts {draft} tokens per step for {chosen.name}, and its speculative config needs the "
+        f"drafter's method: {words}{f.cite()}; pass --speculative-method ({', '.join(accepted)}), plus "
+        "--speculative-model for " + ", ".join(m for m in SPEC_NEEDS_MODEL if m in accepted)
+    )
+
+
+def _kind_notes(recipe: Recipe, dep: Target, chosen, uniform) -> list[str]:
+    """What the layer kind changes on this engine that the files alone do not say."""
+    kind, metric = recipe.layer_kind, recipe.metric
+    notes = []
+    if dep.engine == "vllm" and kind == "gdn" and chosen.encoding == "fp16" and dep.holds("vllm.fused_gdn_dtypes"):
+        f = FACTS["vllm.fused_gdn_dtypes"]
+        bf16 = next((u for u in uniform if u.setting.name == chosen.name.replace("fp16", "bf16", 1)), None)
+        cost = (
+            f"; bf16 measured worst-layer {metric} {_f(bf16.entry['max_error'])} "
+            f"({'meets' if bf16.entry['meets_budget'] else 'misses'} the budget) at the same bytes"
+            if bf16 is not None
+            else "; bf16 was not measured (calibrate --engine-fallbacks bf16)"
+        )
+        notes.append(
+            f"vLLM's fused GDN decode takes a float32 or bfloat16 state only (\"{f.quote}\" {f.cite()}): this fp16 "
+            f"state decodes on the Triton fallback, while bf16 is the same size and stays on the fused kernel{cost}"
+        )
+    if kind == "kda" and dep.engine == "vllm":
+        fam = dep.kda_family
+        who = {"glm5next": "GLM-5.3-Flash", "kimi_k3": "Kimi-K3", "kimi_linear": "Kimi-Linear"}.get(fam)
+        notes.append(
+            f"KDA layers of {dep.arch or 'an unnamed architecture'}"
+            + (f" ({who})" if who else "")
+            + f": vLLM {dep.version} keeps their state in "
+            + (f"the --mamba-ssm-cache-dtype given ({chosen.encoding})" if chosen.encoding != "fp32" else "float32")
+            + "; vLLM reads no HF config key for it"
+        )
+        if fam == "kimi_k3" and dep.holds("vllm.kda_decode_backend"):
+            notes.append(
+                "--kda-decode-backend is left at auto: " + FACTS["vllm.kda_decode_backend"].says.split(": ", 1)[1]
+            )
+    return notes
 
 
 def _unsatisfiable(recipe: Recipe, dep: Target, takeable) -> str:

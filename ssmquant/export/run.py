@@ -12,7 +12,7 @@ from ..engines.facts import FACTS
 from ..report.files import OutputError, write_atomically
 from .plan import ExportError, ExportPlan, plan_export
 from .profile import profile_check
-from .targets import WRITERS
+from .targets import WRITERS, vllm_hf_patch
 
 REPORT_NAME = "export_report.json"
 SUMMARY_NAME = "EXPORT.md"
@@ -29,13 +29,26 @@ class ExportResult:
     profile: dict  # profile.profile_check: the recipe's engine profile against the target's
 
     def report_lines(self) -> list[str]:
-        """Human-readable report: the setting, then each dropped setting with its measured cost, then notes."""
+        """The short terminal report: the setting, the engine-profile line, one line per dropped setting with its
+        measured cost, and where the rest is (EXPORT.md: the engine's words, the facts, every note)."""
         p = self.plan
         lines = [
             f"{p.deployment.label}: {p.setting.name} "
             f"({'the recipe global setting' if p.from_global else 'chosen for this engine'})",
             self.profile["line"],
         ]
+        for d in p.dropped:
+            lines.append(d.short_line(self.metric))
+        lines.append(
+            f"{len(p.notes)} notes, the engine's constraint for each dropped setting and the facts relied on: "
+            f"{self.out_dir / SUMMARY_NAME}"
+        )
+        return lines
+
+    def full_lines(self) -> list[str]:
+        """The whole report: each dropped setting with the engine's words and its cost per layer, then the notes."""
+        p = self.plan
+        lines = self.report_lines()[:2]
         for d in p.dropped:
             lines += d.lines(self.metric)
         lines += [f"note: {n}" for n in p.notes]
@@ -55,6 +68,8 @@ def export(
     force: bool = False,
     engine_version: str | None = None,
     gpu: str | int | None = None,
+    speculative_method: str | None = None,
+    speculative_model: str | None = None,
 ) -> ExportResult:
     """Write `target`'s files for the recipe in `recipe_dir` (atomically) and return what was written.
 
@@ -62,7 +77,8 @@ def export(
     non-empty out_dir, the default one included, is replaced only with ``force``; num_speculative_tokens:
     draft tokens of the deployment, checked against the buffer length; engine_version: a version the engine
     facts cover (None: the newest release read); gpu: "sm90" etc. (None: the local GPU, else sm90 with a
-    note). Raises ExportError: unknown target, version or GPU (lists the accepted ones), bad recipe, or
+    note); speculative_method / speculative_model: the drafter, which vLLM and TensorRT-LLM need whenever the
+    export drafts tokens (plan.SPEC_METHODS). Raises ExportError: unknown target, version or GPU (lists the accepted ones), bad recipe, or
     nothing the target can run within the budget (with the engine's constraints and the nearest runnable
     setting).
     """
@@ -74,7 +90,10 @@ def export(
         recipe = load_recipe(recipe_dir)
     except RecipeError as err:
         raise ExportError(str(err)) from None
-    plan = plan_export(recipe, t, num_speculative_tokens=num_speculative_tokens, engine_version=engine_version, gpu=gpu)
+    plan = plan_export(
+        recipe, t, num_speculative_tokens=num_speculative_tokens, engine_version=engine_version, gpu=gpu,
+        speculative_method=speculative_method, speculative_model=speculative_model,
+    )  # fmt: skip
     files = WRITERS[t](plan, recipe)
     prof = profile_check(recipe, plan)
     dep, rt = plan.deployment, plan.runtime
@@ -114,6 +133,8 @@ def export(
             "bytes_per_sequence": plan.entry.get("bytes_per_sequence"),
         },
         "draft_tokens": plan.draft_tokens,
+        "speculation": None if plan.speculation is None else {"method": plan.speculation.method, "model": plan.speculation.model},
+        "architecture": plan.architecture,
         "dropped": [d.to_dict() for d in plan.dropped],
         "notes": plan.notes,
         "files": result_files,
@@ -134,6 +155,23 @@ def export(
     except OutputError as err:
         raise ExportError(str(err)) from None
     return result
+
+
+def _absent_files(plan: ExportPlan, recipe, files: dict[str, str]) -> list[str]:
+    """Why a file the target sometimes gets is not here."""
+    out = []
+    if plan.target == "vllm" and "hf_config_patch.json" not in files:
+        out.append(vllm_hf_patch(plan, recipe)[1])
+    if plan.target == "vllm" and "vllm_env.sh" not in files:
+        out.append("no vllm_env.sh: this setting needs no environment variable")
+    if plan.target == "trtllm" and "trtllm_env.sh" not in files:
+        out.append(
+            "no trtllm_env.sh: no environment variable is needed"
+            + (" (GDN replay is opt-in: leave TRTLLM_USE_GDN_REPLAY unset)" if recipe.layer_kind == "gdn" else "")
+        )
+    if plan.target == "trtllm" and "hf_config_patch.json" not in files:
+        out.append("no hf_config_patch.json: TensorRT-LLM's mamba_ssm_cache_dtype key covers Mamba-2 and GDN, not KDA")
+    return out
 
 
 def _fact_dict(f) -> dict:
@@ -198,4 +236,5 @@ def _summary(result: ExportResult, recipe, files: dict[str, str]) -> str:
         lines.append("Nothing: the recipe's decisions are consumed as they are.")
     lines += ["", "## Notes", ""] + [f"- {n}" for n in p.other_notes]
     lines += ["", "## Files", ""] + [f"- `{f}`" for f in sorted(files)]
+    lines += [f"- {x}" for x in _absent_files(p, recipe, files)]
     return "\n".join(lines) + "\n"

@@ -106,8 +106,9 @@ def test_fix1_trtllm_only_zero_disables_replay():
     assert runtime(target("trtllm"), conv, "mamba2").env == {}  # no drafts: replay never runs
     rt = runtime(target("trtllm"), Setting.parse("bf16@spec16x3"), "mamba2")
     assert rt.env == {"TRTLLM_USE_MAMBA_REPLAY": "1"} and (rt.window, rt.ring_rows, rt.tokens) == (16, 32, 4)
+    # GDN replay is opt-in ("TRTLLM_USE_GDN_REPLAY=1 enables it; unset means off", issue 26.6): nothing to turn off
     gdn = runtime(target("trtllm", drafts=2, dims=QWEN), conv, "gdn")
-    assert gdn.env == {"TRTLLM_USE_GDN_REPLAY": "0"}
+    assert gdn.env == {} and "opt-in" in FACTS["trtllm.gdn_replay"].says
 
 
 def test_fix1_trtllm_fp16_stochastic_rounding_keeps_replay_only_on_sm100_to_119():
@@ -314,19 +315,24 @@ GLM = LayerDims("kda", 64, 128, 128, 64)  # GLM-5.3-Flash's KDA layers: 64 heads
 FI_B200 = ("flashinfer", "0.7.4", 100)
 
 
+def kda_target(engine, version=None, gpu=90, drafts=None, arch="KimiK3ForConditionalGeneration", dims=GLM):
+    return Target.make(engine, version, gpu, drafts, dims, arch)
+
+
 @pytest.mark.parametrize(
     "tgt, name",
     [
-        ("vllm", "fp32@conventional"),
-        ("vllm", "fp32@spec5x4:fp32"),  # RecoverSSM: a window of 1 + draft tokens, u recorded in FP32
-        ("trtllm", "fp32@conventional"),
+        (("vllm",), "fp32@conventional"),
+        (("vllm",), "bf16@conventional"),  # Kimi-K3 from 0.30.0
+        (("vllm", "0.33.0", 90, 4), "fp32@spec5x4:fp32"),  # RecoverSSM: a window of 1 + draft tokens, u in FP32
+        (("trtllm",), "fp32@conventional"),
         (FI_B200, "bf16@conventional"),
+        (FI_B200, "fp32@conventional"),  # fused_kda_decode (64 heads: 0.7.4)
         (FI_B200, "bf16@spec16x4"),
     ],
 )
 def test_kda_takeable_settings(tgt, name):
-    t = target(*tgt, dims=GLM) if isinstance(tgt, tuple) else tgt
-    assert violations(t, Setting.parse(name), "kda") == []
+    assert violations(kda_target(*tgt), Setting.parse(name), "kda") == []
 
 
 def test_flashinfer_kda_is_recurrent_kda_on_blackwell_with_bf16_state():
@@ -349,22 +355,82 @@ def test_flashinfer_kda_is_recurrent_kda_on_blackwell_with_bf16_state():
     assert b["state"] == 64 * 128 * 128 * 2 and b["ring"] == 16 * 64 * (128 * 4 + 2 * 128 * 2)
 
 
+def test_issue26_2_flashinfer_fused_kda_decode_keeps_a_float32_or_bf16_state():
+    """flashinfer.fused_kda_decode (flashinfer-python 0.7.4, flashinfer/kda_decode.py): "Paged recurrent state with
+    shape ``[num_slots, H, 128, 128]`` and dtype float32 or bfloat16."; kda_kernels/fused_kda_decode.py:
+    "Fused Kimi KDA decode kernel for SM100 and SM103.", _SUPPORTED_HEADS = (8, 12, 16, 24, 32, 48, 64, 96)."""
+    assert "dtype float32 or bfloat16" in FACTS["flashinfer.fused_kda_decode"].quote
+    rt = runtime(target(*FI_B200, dims=GLM), Setting.parse("fp32@conventional"), "kda")
+    assert rt.backend == "flashinfer.fused_kda_decode" and rt.facts == ["flashinfer.fused_kda_decode"]
+    assert "SM 100 / 103 only, not sm90" in rules(target("flashinfer", dims=GLM), "fp32@conventional", "kda")["gpu"]
+    # GLM-5.3-Flash's 64 heads: only 0.7.4's kernel takes them
+    assert "not 64 heads" in rules(target("flashinfer", "0.7.2.post1", 100, dims=GLM), "fp32@conventional", "kda")["shape"]
+    assert ok(target("flashinfer", "0.7.2.post1", 100, dims=LayerDims("kda", 32, 128, 128, 32)), "fp32@conventional", "kda")
+    assert "float32 or bfloat16, not fp16" in rules(target(*FI_B200, dims=GLM), "fp16@conventional", "kda")["dtype"]
+
+
 @pytest.mark.parametrize(
-    "target, name, needle",
+    "version, arch, follows",
     [
-        ("vllm", "bf16@conventional", "vLLM keeps KDA state in fp32 only (MambaStateDtypeCalculator.kda_state_dtype"),
-        ("trtllm", "bf16@conventional", "TensorRT-LLM keeps KDA state in fp32 only"),
-        ("flashinfer", "fp32@conventional", "FlashInfer keeps KDA state in bf16 only"),
+        ("0.29.0", "KimiK3ForConditionalGeneration", False),  # kda_state_dtype takes no SSM dtype before 0.30.0
+        ("0.30.0", "KimiK3ForConditionalGeneration", True),
+        ("0.31.0", "Glm5NextForConditionalGeneration", False),
+        ("0.32.0", "Glm5NextForConditionalGeneration", True),
+        ("0.33.0", "Glm5NextForCausalLM", True),
+        ("0.33.0", "KimiLinearForCausalLM", False),
+        ("0.33.0", None, False),
     ],
 )
-def test_kda_state_dtype_of_each_engine(target, name, needle):
-    assert needle in rules(target, name, "kda")["dtype"]
+def test_issue26_2_vllm_kda_state_follows_the_ssm_cache_dtype_per_layer(version, arch, follows):
+    """vLLM 0.30.0-0.33.0 vllm/model_executor/layers/mamba/mamba_utils.py kda_state_dtype: "KDA recurrent state
+    supports only auto, float32, and bfloat16; got {...}"; the layers that pass `self.cache_config.
+    mamba_ssm_cache_dtype,` to it: vllm/models/kimi_k3/nvidia/kda.py (from 0.30.0), vllm/models/glm5next/common/kda.py
+    (from 0.32.0); Kimi-Linear's vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py passes only
+    `self.model_config.dtype, self.cache_config.mamba_cache_dtype` (float32 state). Before 0.30.0:
+    "return (state_dtype, torch.float32)"."""
+    t = kda_target("vllm", version, arch=arch)
+    assert ok(t, "fp32@conventional", "kda")
+    assert ok(t, "bf16@conventional", "kda") is follows
+    if not follows:
+        assert "accept and not run" in rules(t, "bf16@conventional", "kda")["dtype"]
+    assert "dtype" in rules(t, "fp16@conventional", "kda") and "dtype" in rules(t, "int8@conventional", "kda")
+    assert "KDA recurrent state supports only auto, float32, and bfloat16" in FACTS["vllm.kda_state_dtype"].quote
+    assert FACTS["vllm.kda_state_fp32"].quote == "return (state_dtype, torch.float32)"
 
 
-def test_kda_replay_is_speculative_recoverssm_in_vllm_only():
-    assert "RecoverSSM" in rules("vllm", "fp32@replay16:fp32", "kda")["layer_kind"]
-    assert "spec5x4" in rules("vllm", "fp32@spec8x4:fp32", "kda")["layer_kind"]
-    assert "records u_t in FP32" in rules("vllm", "fp32@spec5x4", "kda")["layer_kind"]
-    assert "deferred state promotion" in rules("trtllm", "fp32@spec5x4:fp32", "kda")["layer_kind"]
+def test_issue26_2_vllm_kda_decode_backend_and_runtime_facts():
+    """vLLM 0.30.0+ vllm/engine/arg_utils.py: --kda-decode-backend `choices=["auto", "native", "flashinfer",
+    "triton"]`, read by Kimi-K3's layer only; the export leaves it at auto and says what auto picks."""
+    rt = runtime(kda_target("vllm"), Setting.parse("bf16@conventional"), "kda")
+    assert rt.facts == ["vllm.kda_state_dtype", "vllm.kda_k3_follows", "vllm.kda_decode_backend"]
+    rt = runtime(kda_target("vllm", arch="KimiLinearForCausalLM"), Setting.parse("fp32@conventional"), "kda")
+    assert rt.facts == ["vllm.kda_state_dtype", "vllm.kda_linear_fp32"] and rt.backend == "triton"
+    assert runtime(kda_target("vllm", "0.29.0"), Setting.parse("fp32@conventional"), "kda").facts == ["vllm.kda_state_fp32"]
+
+
+def test_issue26_2_trtllm_kda_fp32_conventional_only_with_the_facts_marked_as_unread():
+    """TensorRT-LLM's KDAReplayStateUpdateStrategy and float32-or-bfloat16 pool (kimi_kda/cache_manager.py,
+    kimi_kda_mixer.py) are taken from issue 26's text: the citation says so, and neither is exported."""
+    cite = " ".join(str(x) for x in FACTS["trtllm.kda"].sources)
+    assert "(not read here)" in cite and "as stated in ssmquant issue 26" in cite
+    t = kda_target("trtllm")
+    assert "how it is chosen was not read" in rules(t, "bf16@conventional", "kda")["dtype"]
+    assert "KDAReplayStateUpdateStrategy" in rules(t, "fp32@spec5x4:fp32", "kda")["layer_kind"]
+
+
+def test_kda_replay_is_speculative_recoverssm_on_kimi_k3_only():
+    """vLLM 0.29.0+ vllm/config/vllm.py: "RecoverSSM supports bfloat16/float32 SSM state caches, not
+    --enable-mamba-cache-stochastic-rounding"; only Kimi-K3's layer reads use_kda_recoverssm."""
+    k3 = kda_target("vllm", drafts=4)
+    assert "RecoverSSM" in rules(k3, "fp32@replay16:fp32", "kda")["layer_kind"]
+    assert "spec5x4" in rules(k3, "fp32@spec8x4:fp32", "kda")["buffer_len"]
+    assert "records u_t in FP32" in rules(k3, "fp32@spec5x4", "kda")["layer_kind"]
+    rt = runtime(k3, Setting.parse("bf16@spec5x4:fp32"), "kda")
+    assert rt.backend == "triton" and rt.window == 5 and "vllm.recoverssm" in rt.facts
+    assert "decode conventionally" in rules(kda_target("vllm", drafts=4, arch="KimiLinearForCausalLM"),
+                                            "fp32@spec5x4:fp32", "kda")["layer_kind"]  # fmt: skip
+    assert "is not supported for architecture 'Glm5NextForConditionalGeneration'" in rules(
+        kda_target("vllm", drafts=4, arch="Glm5NextForConditionalGeneration"), "fp32@spec5x4:fp32", "kda")["layer_kind"]
+    assert "has no RecoverSSM" in rules(kda_target("vllm", "0.28.0", drafts=4), "fp32@spec5x4:fp32", "kda")["scheme"]
     assert "its KDA replay is the speculative verify" in rules("flashinfer", "bf16@replay16", "kda")["scheme"]
     assert not takeable_by_any(Setting.parse("fp8_e4m3@replay16"), "kda")

@@ -130,14 +130,17 @@ def test_vllm_pr_build_files(nano_recipe):
         "mamba_backend": "flashinfer",
         "enable_prefix_caching": False,
         "enable_mamba_cache_stochastic_rounding": False,
-        "env": {},
     }
     flags = (out / "vllm_flags.txt").read_text().split()
     assert flags == ["--mamba-ssm-cache-dtype", g["encoding"], "--use-replayssm", "--replayssm-buffer-len",
                      str(g["buffer_len"]), "--mamba-backend", "flashinfer", "--no-enable-prefix-caching"]  # fmt: skip
     sh = (out / "vllm_serve.sh").read_text()
     assert "UNRELEASED vLLM code: 0.33.0 plus vllm-project/vllm#52962" in sh and os.access(out / "vllm_serve.sh", os.X_OK)
-    assert json.loads((out / "hf_config_patch.json").read_text()) == {"mamba_ssm_cache_dtype": g["encoding"]}
+    # issue 26.5: released vLLM reads the HF key unchecked at --mamba-ssm-cache-dtype auto
+    # (vllm 0.33.0, vllm/model_executor/models/config.py: `getattr(hf_config, "mamba_ssm_cache_dtype", ...)`), so an
+    # 8-bit dtype never goes into hf_config_patch.json; the flags carry it, and releases refuse those loudly
+    assert not (out / "hf_config_patch.json").exists() and not (out / "vllm_env.sh").exists()
+    assert "would allocate a int8 state without scales" in (out / "EXPORT.md").read_text().replace("an int8", "a int8")
     report = json.loads((out / "export_report.json").read_text())
     assert report["engine"]["version"] == VLLM_PR_BUILD and "#52962" in report["engine"]["unreleased"]
     assert report["runtime"]["ring_rows"] == g["buffer_len"] + 1 and "vllm.fi_replay_no_prefix" in report["facts"]
@@ -150,10 +153,14 @@ def test_partially_consumable_recipe_reports_each_dropped_setting_with_its_cost(
                                     "--gpu", "sm100", "--force"])  # fmt: skip
     assert res.exit_code == 0, res.output
     assert res.output.startswith(f"vLLM {VLLM_PR_BUILD} on sm100: ")
-    assert "dropped conventional decoding (-> replay" in res.output
-    assert "exists only under FlashInfer ReplaySSM" in res.output
-    assert "measured cost of the export at these layers: bytes/sequence" in res.output
-    assert "(calibration)" in res.output and "(held-out)" in res.output
+    assert "dropped conventional decoding (-> replay" in res.output and "bytes/sequence" in res.output
+    # issue 27: a short terminal report (no quoted facts); the engine's words and the per-layer costs are in EXPORT.md
+    lines = res.output.splitlines()
+    assert len(lines) <= 12 and "exists only under FlashInfer ReplaySSM" not in res.output, res.output
+    md = (nano_recipe / "export-vllm" / "EXPORT.md").read_text()
+    assert "exists only under FlashInfer ReplaySSM" in md and "(calibration)" in md and "(held-out)" in md
+    for name in ("vllm_serve.sh", "vllm_flags.txt"):  # generated headers wrap at 100 characters
+        assert max(map(len, (nano_recipe / "export-vllm" / name).read_text().splitlines()[:-1] or [""])) <= 100
 
 
 def test_trtllm_files_fall_back_to_a_measured_float_state(mamba_recipe, tmp_path):
@@ -163,16 +170,17 @@ def test_trtllm_files_fall_back_to_a_measured_float_state(mamba_recipe, tmp_path
     text = (out / "trtllm_llm_api_options.yaml").read_text()
     kv = yaml.safe_load(text)["kv_cache_config"]
     assert kv["mamba_ssm_cache_dtype"] in ("float16", "bfloat16") and kv["mamba_ssm_stochastic_rounding"] is False
-    assert 'Literal["auto", "float16", "bfloat16", "float32"]' in text
+    assert 'Literal["auto", "float16", "bfloat16", "float32"]' in (out / "EXPORT.md").read_text()
     assert res.plan.setting.scheme_kind == "conventional"  # no drafts: TensorRT-LLM does not replay
-    env = (out / "trtllm_env.sh").read_text()
-    assert "export TRTLLM_USE_MAMBA_REPLAY" not in env and "replay needs speculative decoding" in env
+    assert not (out / "trtllm_env.sh").exists()  # issue 27: no env file that holds only comments
+    assert "replay needs speculative decoding" in text
     assert json.loads((out / "hf_config_patch.json").read_text()) == {"mamba_ssm_cache_dtype": kv["mamba_ssm_cache_dtype"]}
     assert any("is an engine fallback" in n for n in res.plan.notes)
     # with draft tokens replay is on by default, so the conventional setting turns it off
-    res = export(mamba_recipe, "trtllm", tmp_path / "spec", num_speculative_tokens=3, gpu="sm90")
+    res = export(mamba_recipe, "trtllm", tmp_path / "spec", num_speculative_tokens=3, gpu="sm90", speculative_method="mtp")
     assert "export TRTLLM_USE_MAMBA_REPLAY=0" in (res.out_dir / "trtllm_env.sh").read_text()
-    assert "3 draft tokens per step (max_draft_len)" in (res.out_dir / "trtllm_llm_api_options.yaml").read_text()
+    opts = yaml.safe_load((res.out_dir / "trtllm_llm_api_options.yaml").read_text())
+    assert opts["speculative_config"] == {"decoding_type": "MTP", "max_draft_len": 3, "num_nextn_predict_layers": 3}
 
 
 def test_fix1_trtllm_refuses_replay_without_drafts_quoting_the_engine(sr_recipe):
@@ -259,7 +267,8 @@ def test_unsatisfiable_recipe_names_the_nearest_runnable_setting_with_its_cost(m
 
 
 def test_speculative_tokens_are_checked_against_the_buffer(nano_recipe, tmp_path):
-    res = export(nano_recipe, "vllm", num_speculative_tokens=8, engine_version=VLLM_PR_BUILD, gpu="sm90", force=True)
+    res = export(nano_recipe, "vllm", num_speculative_tokens=8, engine_version=VLLM_PR_BUILD, gpu="sm90", force=True,
+                 speculative_method="ngram")  # fmt: skip
     s = res.plan.setting
     assert s.scheme_kind == "conventional" or s.buffer_len >= 9
     glob = _doc(nano_recipe)["global"]["setting"]
@@ -288,12 +297,26 @@ def test_fix7_gdn_exports(tmp_path):
     kw = json.loads((res.out_dir / "flashinfer_kwargs.json").read_text())
     assert res.plan.setting.encoding == "bf16" and kw["function"].endswith("gated_delta_rule_decode_pretranspose")
     assert any("fp16 GDN" in d.reason or "not fp16" in d.reason for d in res.plan.dropped) or res.plan.from_global
-    enc = export(rec, "vllm", gpu="sm90")
-    dtype = {"fp16": "float16", "bf16": "bfloat16"}[enc.plan.setting.encoding]
-    assert json.loads((enc.out_dir / "hf_config_patch.json").read_text()) == {"mamba_ssm_dtype": dtype}
+    enc = export(rec, "vllm", gpu="sm90")  # no architecture recorded: where Qwen3.5 reads the key is unknown
+    assert not (enc.out_dir / "hf_config_patch.json").exists()
+    assert "no hf_config_patch.json: vLLM reads no HF config key" in (enc.out_dir / "EXPORT.md").read_text()
     trt = export(rec, "trtllm", gpu="sm90")
     dtype = {"fp16": "float16", "bf16": "bfloat16"}[trt.plan.setting.encoding]
     assert json.loads((trt.out_dir / "hf_config_patch.json").read_text()) == {"mamba_ssm_cache_dtype": dtype}
+    # issue 26.7: vLLM's fused GDN decode takes float32 / bfloat16 state only
+    # (vllm 0.28.0-0.33.0 qwen_gdn_linear_attn.py: `FUSED_GDN_STATE_DTYPES = (torch.float32, torch.bfloat16)`)
+    fp16 = export(rec, "vllm", tmp_path / "fp16", gpu="sm90")
+    if fp16.plan.setting.encoding == "fp16":
+        note = next(n for n in fp16.plan.notes if "FUSED_GDN_STATE_DTYPES" in n)
+        assert "bf16 is the same size and stays on the fused kernel; bf16 measured worst-layer" in note
+        assert "FUSED_GDN_STATE_DTYPES" in (fp16.out_dir / "EXPORT.md").read_text()
+    # issue 26.6: TensorRT-LLM's GDN replay is opt-in (unset means off): with drafts, a conventional GDN export sets
+    # no variable, so no trtllm_env.sh, and its YAML carries a real speculative_config
+    spec = export(rec, "trtllm", tmp_path / "trt", gpu="sm90", num_speculative_tokens=2, speculative_method="mtp")
+    assert not (spec.out_dir / "trtllm_env.sh").exists()
+    assert "leave TRTLLM_USE_GDN_REPLAY unset" in (spec.out_dir / "EXPORT.md").read_text()
+    opts = yaml.safe_load((spec.out_dir / "trtllm_llm_api_options.yaml").read_text())
+    assert opts["speculative_config"]["decoding_type"] == "MTP" and opts["speculative_config"]["max_draft_len"] == 2
 
 
 def test_bad_targets_versions_and_gpus(mamba_recipe, tmp_path):
@@ -368,3 +391,102 @@ def test_flashinfer_kda_export_names_recurrent_kda_and_its_bf16_state(kda_recipe
         "state"] == 64 * 128 * 128 * 2  # fmt: skip
     with pytest.raises(ExportError, match=r"Requires SM100 \(Blackwell\) architecture"):
         export(kda_recipe, "flashinfer", tmp_path / "fi90", gpu="sm90")
+
+
+# -- issue 26 / 27 ----------------------------------------------------------------------------------------------
+def test_issue26_1_vllm_exports_kda_recipes_by_architecture(kda_recipe, tmp_path):
+    """Was `KeyError: 'kda'`. GLM-5.3-Flash's KDA state follows --mamba-ssm-cache-dtype from vLLM 0.32.0
+    (vllm/models/glm5next/common/kda.py passes `self.cache_config.mamba_ssm_cache_dtype,`); vLLM reads no HF key
+    for it, so no hf_config_patch.json is written."""
+    res = export(kda_recipe, "vllm", tmp_path / "v", gpu="sm90")
+    args = json.loads((res.out_dir / "vllm_engine_args.json").read_text())
+    assert args["mamba_ssm_cache_dtype"] == "bfloat16" and args["use_replayssm"] is False and "env" not in args
+    assert not (res.out_dir / "hf_config_patch.json").exists()
+    assert res.plan.architecture == "Glm5NextForConditionalGeneration"
+    assert "vllm.kda_glm_follows" in json.loads((res.out_dir / "export_report.json").read_text())["facts"]
+    # 0.31.0 keeps GLM's KDA state in float32 whatever the flag: the bf16 recipe is refused, not exported
+    res = CliRunner().invoke(main, ["export", str(kda_recipe), "--target", "vllm", "--engine-version", "0.31.0",
+                                    "--gpu", "sm90", "--out", str(tmp_path / "old")])  # fmt: skip
+    assert res.exit_code != 0 and "follows the flag only from vLLM 0.32.0" in res.output
+    assert "The recipe measured no setting that vLLM 0.31.0 on sm90 can run" in res.output
+
+
+def test_issue26_3_vllm_speculative_config_carries_a_method(nano_recipe, tmp_path):
+    """vllm/config/speculative.py (0.25.0-0.33.0): "num_speculative_tokens was provided but without speculative
+    model." when the config has no method: every vLLM file now carries the method."""
+    out = tmp_path / "spec"
+    export(nano_recipe, "vllm", out, num_speculative_tokens=3, engine_version=VLLM_PR_BUILD, gpu="sm90",
+           speculative_method="ngram")  # fmt: skip
+    args = json.loads((out / "vllm_engine_args.json").read_text())
+    assert args["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3}
+    flags = (out / "vllm_flags.txt").read_text()
+    assert """--speculative-config '{"method":"ngram","num_speculative_tokens":3}'""" in flags
+    assert """--speculative-config '{"method":"ngram","num_speculative_tokens":3}'""" in (out / "vllm_serve.sh").read_text()
+    res = CliRunner().invoke(main, ["export", str(nano_recipe), "--target", "vllm", "--engine-version", VLLM_PR_BUILD,
+                                    "--num-speculative-tokens", "3", "--out", str(tmp_path / "x")])  # fmt: skip
+    assert res.exit_code != 0 and "num_speculative_tokens was provided but without speculative model." in res.output
+    assert "pass --speculative-method (mtp, ngram, eagle, eagle3, draft_model)" in res.output
+    with pytest.raises(ExportError, match="unknown --speculative-method 'medusa' for vLLM; accepted: mtp, ngram"):
+        export(nano_recipe, "vllm", tmp_path / "y", num_speculative_tokens=3, speculative_method="medusa")
+    with pytest.raises(ExportError, match="eagle3 needs the drafter's checkpoint: pass --speculative-model PATH"):
+        export(nano_recipe, "vllm", tmp_path / "y", num_speculative_tokens=3, speculative_method="eagle3")
+    with pytest.raises(ExportError, match="the export drafts no tokens"):
+        export(nano_recipe, "vllm", tmp_path / "y", engine_version=VLLM_PR_BUILD, speculative_method="mtp")
+
+
+@pytest.mark.parametrize(
+    "arch, kind, enc, patch",
+    [
+        ("Qwen3_5ForConditionalGeneration", "gdn", "bf16", {"text_config": {"mamba_ssm_dtype": "bfloat16"}}),
+        ("Qwen3_5MoeForConditionalGeneration", "gdn", "fp32", {"text_config": {"mamba_ssm_dtype": "float32"}}),
+        ("Qwen3_5ForCausalLM", "gdn", "bf16", {"mamba_ssm_dtype": "bfloat16"}),
+        ("Qwen3NextForCausalLM", "gdn", "bf16", None),
+        ("NemotronHForCausalLM", "mamba2", "fp16", {"mamba_ssm_cache_dtype": "float16"}),
+        ("NemotronHForCausalLM", "mamba2", "int8", None),  # issue 26.5: read unchecked by released vLLM
+        ("KimiLinearForCausalLM", "kda", "fp32", None),
+    ],
+)
+def test_issue26_4_and_5_vllm_hf_patch_goes_where_the_architecture_reads_it(arch, kind, enc, patch):
+    """vllm/model_executor/models/config.py (0.33.0): Qwen3.5 `mamba_ssm_dtype = getattr(hf_text_config,
+    "mamba_ssm_dtype", None)` (text_config of the multimodal checkpoints); NemotronH `getattr(hf_config,
+    "mamba_ssm_cache_dtype", cls.DEFAULT_MAMBA_SSM_CACHE_DTYPE)`, unchecked, so never an 8-bit dtype there."""
+    from types import SimpleNamespace
+
+    from ssmquant.calibrate import Setting
+    from ssmquant.export.targets import vllm_hf_patch
+
+    plan = SimpleNamespace(setting=Setting.parse(f"{enc}@conventional"), architecture=arch)
+    got, why = vllm_hf_patch(plan, SimpleNamespace(layer_kind=kind))
+    assert got == patch and why
+    if enc == "int8":
+        assert "would allocate a int8 state without scales" in why
+
+
+def test_issue27_flashinfer_alloc_covers_every_ssm_layer_and_fails_in_one_line(nano_recipe, tmp_path, monkeypatch):
+    """flashinfer_alloc.py allocates each SSM layer's tensors (LAYERS) and refuses a bad SSMQUANT_CACHE /
+    SSMQUANT_DEVICE, or a CUDA device on a machine without one, with one line and exit status 1 (no traceback)."""
+    res = export(nano_recipe, "flashinfer", tmp_path / "fi", gpu="sm90")
+    path = str(res.out_dir / "flashinfer_alloc.py")
+    layers = _doc(nano_recipe)["model"]["ssm_layers"]
+    monkeypatch.setenv("SSMQUANT_DEVICE", "cpu")
+    monkeypatch.setenv("SSMQUANT_CACHE", "2")
+    ns = runpy.run_path(path)
+    assert ns["SSM_LAYERS"] == layers and sorted(ns["LAYERS"]) == sorted(layers)
+    assert all(t["state"].shape[0] == 2 for t in ns["LAYERS"].values()) and ns["state"] is ns["LAYERS"][layers[0]]["state"]
+    assert json.loads((res.out_dir / "flashinfer_kwargs.json").read_text())["layers"]["ssm_layers"] == layers
+    for env, words in [({"SSMQUANT_CACHE": "eight"}, "SSMQUANT_CACHE='eight' is not a slot count"),
+                       ({"SSMQUANT_CACHE": "0"}, "integer >= 1"),
+                       ({"SSMQUANT_DEVICE": "gpu0"}, "SSMQUANT_DEVICE='gpu0' is not a torch device")]:  # fmt: skip
+        monkeypatch.setenv("SSMQUANT_CACHE", "2")
+        monkeypatch.setenv("SSMQUANT_DEVICE", "cpu")
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(SystemExit) as info:
+            runpy.run_path(path)
+        assert isinstance(info.value.code, str) and "\n" not in info.value.code and words in info.value.code
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("SSMQUANT_DEVICE", "cuda")
+        with pytest.raises(SystemExit, match="no CUDA GPU here"):
+            runpy.run_path(path)
+    text = open(path).read()
+    assert max(len(line) for line in text.split('"""')[1].splitlines()) <= 100  # the docstring header is wrapped
