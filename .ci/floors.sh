@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv-floors
 . .venv-floors/bin/activate
 pip install -q -c .ci/floors.txt torch==2.13.0
-pip install -q -c .ci/floors.txt -e . pytest pytest-xdist
+pip install -q -c .ci/floors.txt -e . triton pytest pytest-xdist
 python - <<'PY'
 import importlib.metadata as m
 for name in ("torch", "triton", "transformers", "nvidia-modelopt", "numpy", "pandas", "matplotlib", "seaborn"):

@@ -31,8 +31,15 @@ def triton_interpreting() -> bool:
 
 def _kernels():
     """The fused kernels' package, imported where one may run."""
-    from . import kernels  # Triton is imported only where a fused kernel may run: CPU runs and start-up skip it
-
+    try:  # Triton is imported only where a fused kernel may run: CPU runs and start-up skip it
+        from . import kernels
+    except ModuleNotFoundError as err:
+        if err.name != "triton":
+            raise
+        raise BackendError(
+            "the fused kernels need Triton, which is not installed (a CUDA build of torch brings it; "
+            "pip install 'ssmquant[gpu]'); backend='torch' runs without it"
+        ) from None
     return kernels
 
 

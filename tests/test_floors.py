@@ -26,9 +26,15 @@ def _floors() -> dict[str, str]:
 
 
 def _lower_bounds() -> dict[str, str]:
+    """The lower bounds of the dependencies and of the dev extra's packages the library's code runs (triton: the
+    kernels in the CPU tests; the test tools themselves are not floors)."""
     text = (ROOT / "pyproject.toml").read_text()
     block = text[text.index("dependencies = [") : text.index("]", text.index("dependencies = ["))]
-    return {m.group(1).lower().replace("_", "-"): m.group(2) for m in re.finditer(r'"([A-Za-z0-9_.-]+)>=([^",]+)"', block)}
+    dev = text[text.index("dev = [") : text.index("]", text.index("dev = ["))]
+    bound = r'"([A-Za-z0-9_.-]+)>=([^",]+)"'
+    found = {m.group(1).lower().replace("_", "-"): m.group(2) for m in re.finditer(bound, block)}
+    found.update({m.group(1): m.group(2) for m in re.finditer(bound, dev) if m.group(1) == "triton"})
+    return found
 
 
 def test_every_floor_is_installed_by_the_floors_job():
