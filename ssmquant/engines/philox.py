@@ -36,12 +36,14 @@ def engine_seed(seed: int, step: int) -> int:
 
 
 def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(high, low) 32-bit halves of the 64-bit product a * b (a: uint32 constant, b: uint32 in int64)."""
-    hi_part = a * (b >> 16)  # < 2^48
-    lo_part = a * (b & 0xFFFF)  # < 2^48
-    lo = (((hi_part & 0xFFFF) << 16) + lo_part) & MASK32
-    hi = (hi_part + (lo_part >> 16)) >> 16
-    return hi & MASK32, lo
+    """(high, low) 32-bit halves of the 64-bit product a * b (a: uint32 constant, b: uint32 in int64).
+
+    The product of two uint32 values needs 64 unsigned bits; torch's int64 multiply keeps its low 64 bits (two's
+    complement wrap-around), which are the same bit pattern, so the halves are two masks and a shift of it (the
+    arithmetic shift's sign bits are masked off). Half the work of splitting b into 16-bit halves; the Philox
+    tests hold the words to the engines' known answers."""
+    p = b * a
+    return (p >> 32) & MASK32, p & MASK32
 
 
 def philox4x32(seed: int, offset: torch.Tensor, rounds: int = PHILOX_ROUNDS) -> torch.Tensor:
