@@ -31,8 +31,8 @@ def triton_interpreting() -> bool:
 
 def _kernels():
     """The fused kernels' package, imported where one may run."""
-    try:  # Triton is imported only where a fused kernel may run: CPU runs and start-up skip it
-        from . import kernels
+    try:
+        from . import kernels  # optional Triton, imported only where a fused kernel may run (start-up skips it)
     except ModuleNotFoundError as err:
         if err.name != "triton":
             raise
