@@ -297,9 +297,9 @@ def _devices(value: str | None) -> list[str] | str | None:
 )
 @click.option(
     "--formats",
-    default="fp8_e4m3,int8,nvfp4",
-    show_default=True,
-    help="Comma-separated formats (see `ssmquant formats`).",
+    default=None,
+    help="Comma-separated formats (see `ssmquant formats`). [default: fp8_e4m3,int8,nvfp4; on KDA layers also "
+    "bf16@conventional, the state its engines keep below float32]",
 )
 @click.option(
     "--schemes",
@@ -395,7 +395,8 @@ def analyze_cmd(
         synthetic=synthetic,
         synthetic_profile=synthetic_profile,
         text=text,
-        formats=_csv(formats, "--formats"),
+        formats=_csv(formats or ",".join(AnalyzeConfig.DEFAULT_FORMATS), "--formats"),
+        kind_baselines=formats is None,
         schemes=_csv(schemes, "--schemes"),
         buffer_len=buffer_len,
         rounding=_csv(rounding, "--rounding"),

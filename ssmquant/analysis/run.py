@@ -17,12 +17,13 @@ import itertools
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
 import torch
 
-from .. import __version__
+from .. import __version__, kinds
 from ..engines.profiles import EngineError, check_variant
 from ..formats import Encoding, FormatError, parse
 from ..provenance import environment
@@ -67,11 +68,13 @@ class AnalyzeError(ValueError):
 class AnalyzeConfig:
     """Settings of one analysis run (the `ssmquant analyze` options)."""
 
+    DEFAULT_FORMATS: ClassVar[tuple[str, ...]] = ("fp8_e4m3", "int8", "nvfp4")
+
     model: str = "tiny-nemotron"
     synthetic: bool = False
     synthetic_profile: str = "init"  # dynamics profile of synthetic inputs (ssmquant.models.synthetic.PROFILES)
     text: str | None = None
-    formats: list[str] = field(default_factory=lambda: ["fp8_e4m3", "int8", "nvfp4"])
+    formats: list[str] = field(default_factory=lambda: list(AnalyzeConfig.DEFAULT_FORMATS))
     schemes: list[str] = field(default_factory=lambda: ["conventional", "replay"])
     buffer_len: int = 16
     rounding: list[str] = field(default_factory=lambda: ["rne"])
@@ -87,6 +90,10 @@ class AnalyzeConfig:
     devices: str | list[str] | None = None
     # the verdict's budget on the worst-step output error (analysis.fit, DEFAULT_BUDGET: why this number)
     budget: float = DEFAULT_BUDGET
+    # also measure the layer kind's baselines (LayerKind.analyze_baselines; KDA: bf16@conventional, what its engines
+    # keep below float32) with each engine profile, rounded to nearest; None: when `formats` are the defaults (the
+    # CLI: when --formats is not given)
+    kind_baselines: bool | None = None
 
 
 def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
@@ -118,6 +125,23 @@ def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
     if not variants:
         raise AnalyzeError("no variants: give at least one format and one scheme")
     return variants
+
+
+def baseline_variants(cfg: AnalyzeConfig, kind: str, variants: list[Variant]) -> list[Variant]:
+    """The layer kind's baselines (LayerKind.analyze_baselines) not among `variants`, one per engine profile of
+    `cfg`, when cfg.kind_baselines (None: when cfg.formats are the defaults); [] otherwise."""
+    on = cfg.kind_baselines
+    if not (list(cfg.formats) == list(cfg.DEFAULT_FORMATS) if on is None else on):
+        return []
+    have = {v.name for v in variants}
+    out = []
+    for name, engine in itertools.product(kinds.get(kind).analyze_baselines, cfg.engines):
+        spec, scheme = name.split("@", 1)
+        v = Variant(parse(spec), parse_scheme(scheme, default_buffer_len=cfg.buffer_len), seed=cfg.seed, engine=engine)
+        if v.name not in have:
+            have.add(v.name)
+            out.append(v)
+    return out
 
 
 @dataclass
@@ -444,6 +468,8 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     )
     t_loaded = time.time()
     layers = source.select(cfg.layers)
+    # conventional baselines write every step: they change neither the first-write check nor the window above
+    variants = variants + baseline_variants(cfg, source.layer_kind, variants)
     source.check_formats([v.format for v in variants])
     check_engine_profiles(variants, source.layer_kind, (cfg.batch, *source.state_shape))
     lanes = GPU_LANES if all(d.type == "cuda" for d in emu_devices) else 1
@@ -543,4 +569,13 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     )
 
 
-__all__ = ["AnalysisResult", "AnalyzeConfig", "AnalyzeError", "SourceError", "analyze", "build_variants", "verdicts"]
+__all__ = [
+    "AnalysisResult",
+    "AnalyzeConfig",
+    "AnalyzeError",
+    "SourceError",
+    "analyze",
+    "baseline_variants",
+    "build_variants",
+    "verdicts",
+]

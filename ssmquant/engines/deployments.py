@@ -441,11 +441,12 @@ def _trtllm_kda(t: Target, s, out: list) -> None:
 
 
 def _flashinfer_kda(t: Target, s, out: list) -> None:
-    """FlashInfer's KDA kernels: recurrent_kda keeps a bfloat16 state (its speculative verify reads the committed
-    state for up to 16 tokens and never writes it); fused_kda_decode keeps a float32 or bfloat16 state."""
+    """FlashInfer's KDA kernels: fused_kda_decode keeps a float32 or bfloat16 state (float32 recurrence, a bfloat16
+    state rounded when written back); recurrent_kda keeps a bfloat16 state and is the decode of the bfloat16 layers
+    fused_kda_decode does not take (its speculative verify reads the committed state for up to 16 tokens and never
+    writes it)."""
     enc, L = s.encoding, s.buffer_len
     spec = s.scheme_kind == "spec"
-    fused = enc == "fp32" and not _replay(s)  # float32 decode: fused_kda_decode
     if enc not in ("bf16", "fp32"):
         out.append(
             _v("dtype", "flashinfer.fused_kda_decode", f"FlashInfer keeps KDA state in float32 or bfloat16, not {enc}", quote=False)
@@ -468,29 +469,48 @@ def _flashinfer_kda(t: Target, s, out: list) -> None:
         out.append(
             _v("buffer_len", "flashinfer.kda_verify", f"the KDA verify takes at most {FLASHINFER_KDA_MAX_WINDOW} tokens, L={L}", quote=False)
         )
-    if fused:
-        if t.gpu not in FLASHINFER_FUSED_KDA_SM:
-            out.append(
-                _v("gpu", "flashinfer.fused_kda_decode", f"FlashInfer's fused_kda_decode (float32 KDA state) runs on "
-                   f"SM 100 / 103 only, not sm{t.gpu}", quote=False)  # fmt: skip
-            )
-        d = t.dims
-        heads = FLASHINFER_FUSED_KDA_HEADS[t.version]
-        if d is not None and (d.rows != 128 or d.state_dim != 128 or d.heads not in heads):
-            out.append(
-                _v(
-                    "shape",
-                    "flashinfer.fused_kda_decode",
-                    f"FlashInfer {t.version}'s fused_kda_decode takes head_dim 128 and {heads} heads, not "
-                    f"{d.heads} heads of K={d.state_dim}, V={d.rows}",
-                    quote=False,
-                )
-            )
+    if _replay(s) or enc not in ("bf16", "fp32"):
+        out += _recurrent_kda(t, spec)
         return
+    fused = _fused_kda(t, enc)
+    if enc == "fp32" or not fused:  # float32: fused_kda_decode only; bfloat16: it where it takes the layer
+        out += fused
+        return
+    recurrent = _recurrent_kda(t, spec=False)
+    if recurrent:  # neither kernel takes this bfloat16 layer here: both say why
+        out += fused + recurrent
+
+
+def _fused_kda(t: Target, enc: str) -> list[Violation]:
+    """Why fused_kda_decode does not take a conventional `enc` KDA state here (GPU, heads, head_dim); [] if it does."""
+    out = []
+    if t.gpu not in FLASHINFER_FUSED_KDA_SM:
+        out.append(
+            _v("gpu", "flashinfer.fused_kda_decode", f"FlashInfer's fused_kda_decode ({FLOAT_ENCODINGS[enc]} KDA state) "
+               f"runs on SM 100 / 103 only, not sm{t.gpu}", quote=False)  # fmt: skip
+        )
+    d = t.dims
+    heads = FLASHINFER_FUSED_KDA_HEADS[t.version]
+    if d is not None and (d.rows != 128 or d.state_dim != 128 or d.heads not in heads):
+        out.append(
+            _v(
+                "shape",
+                "flashinfer.fused_kda_decode",
+                f"FlashInfer {t.version}'s fused_kda_decode takes head_dim 128 and {heads} heads, not "
+                f"{d.heads} heads of K={d.state_dim}, V={d.rows}",
+                quote=False,
+            )
+        )
+    return out
+
+
+def _recurrent_kda(t: Target, spec: bool) -> list[Violation]:
+    """Why recurrent_kda (its decode, or with `spec` its speculative verify) does not run here; [] if it does."""
+    out = []
     sms = FLASHINFER_KDA_VERIFY_SM if spec else FLASHINFER_KDA_DECODE_SM
+    fact = "flashinfer.kda_verify" if spec else "flashinfer.kda_decode"
     if t.gpu not in sms:
-        fact = "flashinfer.kda_verify" if spec else "flashinfer.kda_decode"
-        out.append(_v("gpu", fact, f"FlashInfer's KDA {'verify' if spec else 'decode'} does not run on sm{t.gpu}"))
+        out.append(_v("gpu", fact, f"FlashInfer's KDA {'verify' if spec else 'decode'} (recurrent_kda) does not run on sm{t.gpu}"))
     d = t.dims
     if d is not None:
         K, V = d.state_dim, d.rows
@@ -499,11 +519,20 @@ def _flashinfer_kda(t: Target, s, out: list) -> None:
             out.append(
                 _v(
                     "shape",
-                    "flashinfer.kda_verify" if spec else "flashinfer.kda_decode",
+                    fact,
                     f"FlashInfer's KDA {'verify' if spec else 'decode'} takes K = V in {dims_ok}, not K={K}, V={V}",
                     quote=False,
                 )
             )
+    return out
+
+
+def flashinfer_kda_kernel(t: Target, s) -> str:
+    """The FlashInfer function that runs KDA setting `s` (which must have no violations on `t`): fused_kda_decode for
+    a conventional state it takes, else recurrent_kda (bfloat16 decode, or the speculative verify)."""
+    if not _replay(s) and s.encoding in ("bf16", "fp32") and not _fused_kda(t, s.encoding):
+        return "flashinfer.fused_kda_decode"
+    return "flashinfer.recurrent_kda"
 
 
 def _vllm(t: Target, s, kind: str, out: list) -> None:
@@ -741,7 +770,7 @@ def runtime(target: Target, setting, layer_kind: str) -> Runtime:
     if layer_kind == "kda":
         if s.scheme_kind == "spec":  # the committed state, read-only, for the L tokens of a verify
             return Runtime("flashinfer.recurrent_kda", s.buffer_len, s.buffer_len, tokens, facts=["flashinfer.kda_verify"])
-        if s.encoding == "fp32":
+        if flashinfer_kda_kernel(target, s) == "flashinfer.fused_kda_decode":
             return Runtime("flashinfer.fused_kda_decode", 0, 0, tokens, facts=["flashinfer.fused_kda_decode"])
         return Runtime("flashinfer.recurrent_kda", 0, 0, tokens, facts=["flashinfer.kda_decode"])
     if layer_kind != "mamba2":

@@ -265,6 +265,10 @@ class LayerKind:
     # transformers' cache keeps this kind's per-head state as [state_dim, rows] (the delta rules' [Dk, Dv]); the
     # evaluation transposes it to [rows, state_dim]
     cache_transposed: ClassVar[bool] = False
+    # variants ("format@scheme") that `analyze` measures on this kind beside its default --formats x --schemes
+    # grid: the settings the engines that run the kind actually offer, where the 8-bit grid alone cannot answer
+    # whether the cheapest of them is good enough
+    analyze_baselines: ClassVar[tuple[str, ...]] = ()
 
     # -- the FP32 recurrence ------------------------------------------------------------------------------
     def decays(self, inputs) -> torch.Tensor:

@@ -81,6 +81,10 @@ class KimiDeltaAttention(DeltaRuleKind):
     title = "Kimi Delta Attention"
     short = "KDA"
     inputs_type = KDAInputs
+    # no engine stores an 8-bit or NVFP4 KDA state: what vLLM (Kimi-K3, GLM-5.3-Flash), FlashInfer and TensorRT-LLM
+    # offer below float32 is a bfloat16 state rounded at every token (ssmquant/engines/facts.py, vllm.kda_*,
+    # flashinfer.fused_kda_decode, trtllm.kda), so analyze asks whether that is good enough by default
+    analyze_baselines = ("bf16@conventional",)
 
     def gate_elements(self, dims):
         return dims.heads * dims.state_dim  # one FP32 gate per key channel

@@ -159,6 +159,35 @@ def test_library_call_on_a_kda_preset():
     assert 0 < s.loc["int8@replay4", "out_rel_err"] < s.loc["int8@conventional", "out_rel_err"]
 
 
+def test_kda_layers_measure_a_bf16_state_by_default():
+    """KDA's engines keep a bf16 or fp32 state, never an 8-bit one (engines/facts.py: vllm.kda_state_dtype,
+    flashinfer.fused_kda_decode): analyze measures bf16@conventional on KDA layers beside the default formats, so
+    its table and verdict say whether a bf16 KDA state is good enough. Other kinds and an explicit --formats keep
+    their grid."""
+    kw = dict(steps=4, batch=1, layers=[0], schemes=["conventional"])
+    r = analyze(AnalyzeConfig(model="tiny-kda", **kw))
+    assert list(r.summary["variant"]) == ["fp8_e4m3@conventional", "int8@conventional", "nvfp4@conventional",
+                                          "bf16@conventional"]  # fmt: skip
+    assert "bf16" in list(r.memory["format"])
+    assert list(analyze(AnalyzeConfig(model="tiny-kda", formats=["int8"], **kw)).summary["variant"]) == [
+        "int8@conventional"]  # fmt: skip
+    assert "bf16@conventional" in list(
+        analyze(AnalyzeConfig(model="tiny-kda", formats=["int8"], kind_baselines=True, **kw)).summary["variant"]
+    )
+    assert "bf16@conventional" not in list(analyze(AnalyzeConfig(model="tiny-nemotron", **kw)).summary["variant"])
+
+
+def test_cli_kda_default_verdict_answers_bf16_and_formats_turns_it_off(tmp_path):
+    base = ["analyze", "--model", "tiny-kda", "--layers", "0", "--steps", "4", "--batch", "1", "--schemes",
+            "conventional", "--no-plots"]  # fmt: skip
+    res = run([*base, "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert "bf16@conventional:" in res.output  # a verdict line of its own
+    res = run([*base, "--formats", "int8", "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    assert "bf16@conventional" not in res.output.split("SSM state per sequence")[0]
+
+
 def test_fused_kernels_are_recorded():
     """Which fused kernel ran each variant is part of the record (the CUDA kernel only on a GPU, for the 8-bit
     per-row variants of KDA heads of 128 key channels; tiny-kda's are smaller, so Triton everywhere)."""

@@ -336,11 +336,14 @@ def test_kda_takeable_settings(tgt, name):
 
 
 def test_flashinfer_kda_is_recurrent_kda_on_blackwell_with_bf16_state():
-    """flashinfer.kda_decode: recurrent_kda, bf16 state [N, HV, V, K], K = V in {64, 128}, SM 100 kernels;
+    """flashinfer.kda_decode: recurrent_kda, bf16 state [N, HV, V, K], K = V in {64, 128}, SM 100 kernels: the bf16
+    decode of the layers fused_kda_decode does not take (head_dim 64, sm107, heads its release lacks);
     flashinfer.kda_verify: the speculative verify reads the committed state, K = V = 128, SM 10.0 / 10.3 only."""
     b200 = target(*FI_B200, dims=GLM)
-    rt = runtime(b200, Setting.parse("bf16@conventional"), "kda")
-    assert rt.backend == "flashinfer.recurrent_kda" and rt.facts == ["flashinfer.kda_decode"]
+    for t in (target(*FI_B200, dims=LayerDims("kda", 4, 64, 64, 4)), target("flashinfer", "0.7.4", 107, dims=GLM),
+              target("flashinfer", "0.7.2.post1", 100, dims=GLM)):  # fmt: skip
+        rt = runtime(t, Setting.parse("bf16@conventional"), "kda")
+        assert rt.backend == "flashinfer.recurrent_kda" and rt.facts == ["flashinfer.kda_decode"]
     assert runtime(b200, Setting.parse("bf16@spec16x4"), "kda").facts == ["flashinfer.kda_verify"]
     h200 = target("flashinfer", dims=GLM)
     assert "Requires SM100 (Blackwell) architecture" in rules(h200, "bf16@conventional", "kda")["gpu"]
@@ -367,6 +370,33 @@ def test_issue26_2_flashinfer_fused_kda_decode_keeps_a_float32_or_bf16_state():
     assert "not 64 heads" in rules(target("flashinfer", "0.7.2.post1", 100, dims=GLM), "fp32@conventional", "kda")["shape"]
     assert ok(target("flashinfer", "0.7.2.post1", 100, dims=LayerDims("kda", 32, 128, 128, 32)), "fp32@conventional", "kda")
     assert "float32 or bfloat16, not fp16" in rules(target(*FI_B200, dims=GLM), "fp16@conventional", "kda")["dtype"]
+
+
+@pytest.mark.parametrize("gpu", [100, 103])
+def test_issue26_bf16_kda_state_runs_on_flashinfer_fused_kda_decode_on_sm100_and_sm103(gpu):
+    """flashinfer.fused_kda_decode (flashinfer-python 0.7.0.post1 to 0.7.4, flashinfer/kda_decode.py): "Paged
+    recurrent state with shape ``[num_slots, H, 128, 128]`` and dtype float32 or bfloat16." (recurrence in float32,
+    the bfloat16 state rounded when written back: bf16@conventional as measured); kda_kernels/fused_kda_decode.py:
+    "Fused Kimi KDA decode kernel for SM100 and SM103.". A bf16 KDA state runs there, as fp32 does; on sm90 neither
+    FlashInfer KDA kernel runs, and the refusal gives both kernels' reasons."""
+    f = FACTS["flashinfer.fused_kda_decode"]
+    assert "dtype float32 or bfloat16" in f.quote and f.sources[0].path == "flashinfer/kda_decode.py"
+    t = target("flashinfer", "0.7.4", gpu, dims=GLM)
+    assert ok(t, "bf16@conventional", "kda")
+    rt = runtime(t, Setting.parse("bf16@conventional"), "kda")
+    assert rt.backend == "flashinfer.fused_kda_decode" and rt.facts == ["flashinfer.fused_kda_decode"]
+    assert engine_bytes(t, Setting.parse("bf16@conventional"), "kda", GLM)["state"] == 64 * 128 * 128 * 2
+    # Kimi-Linear's 32 heads: every release's kernel takes them
+    kimi_linear = LayerDims("kda", 32, 128, 128, 32)
+    rt = runtime(target("flashinfer", "0.7.0.post1", gpu, dims=kimi_linear), Setting.parse("bf16@conventional"), "kda")
+    assert rt.backend == "flashinfer.fused_kda_decode"
+    msgs = [v.message for v in violations(target("flashinfer", dims=GLM), Setting.parse("bf16@conventional"), "kda")]
+    assert [v.rule for v in violations(target("flashinfer", dims=GLM), Setting.parse("bf16@conventional"), "kda")] == [
+        "gpu", "gpu"]  # fmt: skip
+    assert "fused_kda_decode (bfloat16 KDA state) runs on SM 100 / 103 only, not sm90" in msgs[0]
+    assert "[FlashInfer 0.7.0.post1 and later read; flashinfer-ai/flashinfer:flashinfer/kda_decode.py" in msgs[0]
+    assert '"Requires SM100 (Blackwell) architecture' in msgs[1]
+    assert "recurrent_kda" in msgs[1]
 
 
 @pytest.mark.parametrize(

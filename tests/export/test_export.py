@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from ssmquant.calibrate import CONFIG_NAME, write_recipe
 from ssmquant.cli import main
-from ssmquant.engines.facts import VLLM_PR_BUILD
+from ssmquant.engines.facts import FACTS, VLLM_PR_BUILD
 from ssmquant.export import ExportError, export
 
 from ..calibrate.helpers import GROUPS, HEADS, tiny_calibration
@@ -376,21 +376,64 @@ def kda_recipe(tmp_path_factory):
     return write_recipe(calibrate(cfg), tmp_path_factory.mktemp("kda") / "recipe")
 
 
-def test_flashinfer_kda_export_names_recurrent_kda_and_its_bf16_state(kda_recipe, tmp_path, monkeypatch):
-    """flashinfer.kda_decode: KDA decode is flashinfer.recurrent_kda on a bf16 [N, HV, V, K] state, SM 100 only."""
+def test_flashinfer_kda_export_names_the_kernel_that_keeps_its_bf16_state(kda_recipe, tmp_path, monkeypatch):
+    """flashinfer.fused_kda_decode (flashinfer/kda_decode.py, 0.7.4): "Paged recurrent state with shape
+    ``[num_slots, H, 128, 128]`` and dtype float32 or bfloat16.", SM 100 / 103, 64 heads from 0.7.4: GLM-5.3-Flash's
+    bf16 state runs there on sm100. flashinfer.kda_decode: before 0.7.4 (no 64-head fused kernel) it is
+    flashinfer.recurrent_kda on a bf16 [N, HV, V, K] state. On sm90 neither runs: both kernels' words."""
     res = export(kda_recipe, "flashinfer", tmp_path / "fi", gpu="sm100")
     kw = json.loads((res.out_dir / "flashinfer_kwargs.json").read_text())
-    assert kw["function"] == "flashinfer.recurrent_kda"
-    assert kw["initial_state"] == {"dtype": "torch.bfloat16", "shape": ["cache", 64, 128, 128]}
+    assert kw["function"] == "flashinfer.fused_kda_decode"
+    assert kw["state"] == {"dtype": "torch.bfloat16", "shape": ["cache + 1", 64, 128, 128]}
     assert "selective_state_update" not in (res.out_dir / "flashinfer_alloc.py").read_text()
+    assert "flashinfer.fused_kda_decode" in json.loads((res.out_dir / "export_report.json").read_text())["facts"]
     monkeypatch.setenv("SSMQUANT_DEVICE", "cpu")
     monkeypatch.setenv("SSMQUANT_CACHE", "2")
     ns = runpy.run_path(str(res.out_dir / "flashinfer_alloc.py"))
-    assert ns["state"].dtype == torch.bfloat16 and tuple(ns["state"].shape) == (2, 64, 128, 128)
+    assert ns["state"].dtype == torch.bfloat16 and tuple(ns["state"].shape) == (3, 64, 128, 128)  # slot 0: null slot
     assert json.loads((res.out_dir / "export_report.json").read_text())["engine_bytes_per_sequence"]["per_layer"][
         "state"] == 64 * 128 * 128 * 2  # fmt: skip
-    with pytest.raises(ExportError, match=r"Requires SM100 \(Blackwell\) architecture"):
+    res = export(kda_recipe, "flashinfer", tmp_path / "fi072", gpu="sm100", engine_version="0.7.2.post1")
+    kw = json.loads((res.out_dir / "flashinfer_kwargs.json").read_text())
+    assert kw["function"] == "flashinfer.recurrent_kda"
+    assert kw["initial_state"] == {"dtype": "torch.bfloat16", "shape": ["cache", 64, 128, 128]}
+    ns = runpy.run_path(str(res.out_dir / "flashinfer_alloc.py"))
+    assert ns["state"].dtype == torch.bfloat16 and tuple(ns["state"].shape) == (2, 64, 128, 128)
+    with pytest.raises(ExportError, match=r"(?s)fused_kda_decode \(bfloat16 KDA state\) runs on SM 100 / 103 only, "
+                                          r"not sm90.*Requires SM100 \(Blackwell\) architecture"):  # fmt: skip
         export(kda_recipe, "flashinfer", tmp_path / "fi90", gpu="sm90")
+
+
+@pytest.fixture(scope="module")
+def kimi_linear_recipe(tmp_path_factory):
+    """A bf16 conventional recipe on layer 0 of a synthetic Kimi-Linear-48B-A3B (KimiLinearForCausalLM)."""
+    from ssmquant.calibrate import CalibrateConfig, calibrate
+
+    cfg = CalibrateConfig(
+        model="kimi-linear-48b-a3b", synthetic=True, budget=1.0, horizon=8, batch=1, candidates=["bf16"],
+        schemes=["conventional"], calibration=["none"], engine_fallbacks=[], layers=[0], device="cpu",
+        backend="torch", verify=False, gpu="sm100", choose_among="research",
+    )  # fmt: skip
+    return write_recipe(calibrate(cfg), tmp_path_factory.mktemp("kimi_linear") / "recipe")
+
+
+def test_issue26_bf16_kda_recipe_is_refused_for_kimi_linear_on_vllm_in_the_engines_words(kimi_linear_recipe, tmp_path):
+    """vllm.kda_linear_fp32 (vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py, vLLM 0.25.0 to 0.33.0):
+    Kimi-Linear's layer calls `return MambaStateDtypeCalculator.kda_state_dtype(self.model_config.dtype,
+    self.cache_config.mamba_cache_dtype)`, without the SSM cache dtype: its state stays float32, so vLLM would accept
+    --mamba-ssm-cache-dtype bfloat16 and run float32. The export refuses the bf16 recipe quoting that line; FlashInfer
+    on sm100 runs it (fused_kda_decode takes Kimi-Linear's 32 heads)."""
+    f = FACTS["vllm.kda_linear_fp32"]
+    assert f.sources[0].path == "vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py" and f.since is None
+    for version in ("0.30.0", "0.32.0", "0.33.0"):
+        with pytest.raises(ExportError) as err:
+            export(kimi_linear_recipe, "vllm", tmp_path / f"v{version}", engine_version=version, gpu="sm100")
+        msg = str(err.value)
+        assert "Kimi-Linear's KDA layer keeps a float32 state and ignores the flag" in msg
+        assert f'"{f.quote}"' in msg and "kimi_gdn_linear_attn.py" in msg
+        assert f"The recipe measured no setting that vLLM {version} on sm100 can run" in msg
+    res = export(kimi_linear_recipe, "flashinfer", tmp_path / "fi", gpu="sm100")
+    assert json.loads((res.out_dir / "flashinfer_kwargs.json").read_text())["function"] == "flashinfer.fused_kda_decode"
 
 
 # -- issue 26 / 27 ----------------------------------------------------------------------------------------------
@@ -409,6 +452,22 @@ def test_issue26_1_vllm_exports_kda_recipes_by_architecture(kda_recipe, tmp_path
                                     "--gpu", "sm90", "--out", str(tmp_path / "old")])  # fmt: skip
     assert res.exit_code != 0 and "follows the flag only from vLLM 0.32.0" in res.output
     assert "The recipe measured no setting that vLLM 0.31.0 on sm90 can run" in res.output
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.0"])
+def test_issue26_bf16_kda_state_exports_to_vllm_for_glm_from_0_32_0(kda_recipe, tmp_path, version):
+    """vllm.kda_glm_follows (vllm/models/glm5next/common/kda.py, vLLM 0.32.0 and 0.33.0): GLM-5.3-Flash's layer passes
+    `self.cache_config.mamba_ssm_cache_dtype,` to kda_state_dtype, which maps bfloat16 to a bfloat16 state
+    (vllm.kda_state_dtype, vllm/model_executor/layers/mamba/mamba_utils.py): the flag is the whole export."""
+    f = FACTS["vllm.kda_glm_follows"]
+    assert f.since == "0.32.0" and f.sources[0].path == "vllm/models/glm5next/common/kda.py"
+    res = export(kda_recipe, "vllm", tmp_path / "v", engine_version=version, gpu="sm100")
+    assert res.plan.setting.name == "bf16@conventional"
+    flags = (res.out_dir / "vllm_flags.txt").read_text()
+    assert "--mamba-ssm-cache-dtype bfloat16" in flags and "--use-replayssm" not in flags
+    assert "--mamba-ssm-cache-dtype bfloat16" in (res.out_dir / "vllm_serve.sh").read_text()
+    facts = json.loads((res.out_dir / "export_report.json").read_text())["facts"]
+    assert "vllm.kda_state_dtype" in facts and "vllm.kda_glm_follows" in facts
 
 
 def test_issue26_3_vllm_speculative_config_carries_a_method(nano_recipe, tmp_path):
