@@ -24,6 +24,21 @@ from dataclasses import dataclass, field
 import torch
 
 
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to ``n`` for the block, restored after it (nothing changes when it is already
+    ``n``). The CPU emulation of small layers runs on one: each step is dozens of small ops that a second thread
+    does not speed up, while libgomp's barrier after every op spins (calibrate/timing.py, evaluate/run.py)."""
+    before = torch.get_num_threads()
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n != before:
+            torch.set_num_threads(before)
+
+
 class DeviceError(ValueError):
     """Bad emulation devices; the message names the entry and the accepted forms."""
 

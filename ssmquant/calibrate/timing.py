@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..analysis.devices import torch_threads
 from ..sizing import format_seconds, random_inputs
 from .scales import DEFAULT_MSE_SAMPLES, MSE_FROM, calibrate_scales
 from .stats import collect_stats
@@ -45,12 +46,8 @@ def emulation_threads(devices):
     if not devices or any(torch.device(d).type != "cpu" for d in devices):
         yield
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(CPU_EMULATION_THREADS)
-    try:
+    with torch_threads(CPU_EMULATION_THREADS):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def mse_samples_at(steps: int, samples: int = DEFAULT_MSE_SAMPLES) -> int:

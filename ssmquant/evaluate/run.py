@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 
 from .. import __version__
+from ..analysis.devices import torch_threads
 from ..analysis.run import AnalyzeConfig, AnalyzeError, build_variants
 from ..formats import FormatError, ScaleMode, StateFormat, parse
 from ..models import ByteTokenizer, LoadedModel, ModelLoadError, TextError, load_model, ssm_layout
@@ -213,18 +214,6 @@ def _resolve_device(device) -> torch.device | None:
     if d.startswith("cuda") and not torch.cuda.is_available():
         raise EvalError(f"device {d!r} was requested but no CUDA GPU is available; use cpu or auto")
     return torch.device(d)
-
-
-@contextlib.contextmanager
-def _threads(n: int):
-    before = torch.get_num_threads()
-    if n != before:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if n != before:
-            torch.set_num_threads(before)
 
 
 def _source(loaded: LoadedModel, text_path, seed: int, batch: int, length: int) -> dict:
@@ -444,7 +433,7 @@ def evaluate(
     net.eval()
     try:
         with (
-            _threads(threads),
+            torch_threads(threads),
             torch.inference_mode(),
             decode_attention(loaded.device, cudnn_attention),
             segment_graphs or contextlib.nullcontext(),
