@@ -65,7 +65,6 @@ from .settings import (
 )
 from .stats import DEFAULT_PERCENTILES, StateStats, collect_stats
 from .timing import (
-    BUSY_SHARE,
     VERIFY_SETTINGS_GUESS,
     Costs,
     LayerCost,
@@ -335,9 +334,12 @@ def calibrate(
     cpu = all(torch.device(d).type == "cpu" for d in emu_devices)
     hb = cfg.heldout_batch or cfg.batch
     with emulation_threads(emu_devices):
-        costs = _plan(cfg, source, layers, simulated, keys, emu_devices, chosen_backend, notify)
+        probe, costs = _plan(cfg, source, layers, simulated, keys, emu_devices, chosen_backend, notify is not None)
         clock = RunClock(len(layers), parallel=len(emu_devices), verify=cfg.verify, heldout_ratio=hb / cfg.batch,
                          cpu=cpu, costs=costs)  # fmt: skip
+        estimate = clock.left()  # from the probe alone: nothing is measured yet
+        if estimate is not None:
+            notify(_estimate_line(cfg, estimate, len(layers), len(simulated), probe))
         percentiles = sorted(set(DEFAULT_PERCENTILES) | set(required_percentiles(keys)))
         by_name = {s.name: s for s in all_settings}
         in_use = _cuda_devices([device, *emu_devices, *(source.layer_devices or {}).values()])
@@ -558,9 +560,8 @@ def calibrate(
             "verify_wall_s": round(vrun.wall_s, 3),
             "verify_settings": len(verified_names),
         }
-    if costs is not None:
-        stages["estimate_s"] = round(costs.layer_s * len(layers) / len(emu_devices)
-                                     + (costs.verify_s * len(layers) / len(emu_devices) if cfg.verify else 0), 3)  # fmt: skip
+    if estimate is not None:
+        stages["estimate_s"] = round(estimate.seconds, 3)
     if in_use:
         stages["peak_gpu_memory_GiB"] = round(max(torch.cuda.max_memory_allocated(d) for d in in_use) / 2**30, 3)
     if len(in_use) > 1 or len(emu_devices) > 1:
@@ -625,15 +626,12 @@ class _Reporter:
     def advance(self, stage: str, layer: int, fraction: float) -> None:
         self.clock.advance(layer, fraction)
         with self.lock:
-            self._send(stage, min(self.finished.get(stage, 0) + self._in_flight(), self.total), layer)
-
-    def _in_flight(self) -> float:
-        return self.clock.in_flight_total()
+            self._send(stage, min(self.finished.get(stage, 0) + self.clock.in_flight_total(), self.total), layer)
 
     def done(self, stage: str, layer: int) -> None:
         with self.lock:
             self.finished[stage] = self.finished.get(stage, 0) + 1
-            self._send(stage, min(self.finished[stage] + self._in_flight(), self.total), layer)
+            self._send(stage, min(self.finished[stage] + self.clock.in_flight_total(), self.total), layer)
 
 
 def _cuda_devices(devices) -> list[torch.device]:
@@ -642,10 +640,11 @@ def _cuda_devices(devices) -> list[torch.device]:
     return sorted(found, key=str)
 
 
-def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, keys, devices, backend, notify) -> Costs | None:
+def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, keys, devices, backend,
+          measure_time: bool) -> tuple[LayerCost | None, Costs | None]:  # fmt: skip
     """Refuse a run that will not fit in memory on any of the emulation ``devices`` (each holds one layer's
-    work at a time); with ``notify`` and the torch backend, time a short trial of the per-layer pipeline here
-    (``timing.probe_layer``), send the estimate to ``notify`` and return its cost model (else None)."""
+    work at a time); with ``measure_time`` and the torch backend, time a short trial of the per-layer pipeline
+    here (``timing.probe_layer``): (the trial, its cost model at the run's sizes), else (None, None)."""
     dynamic = [s.variant(seed=cfg.seed, engine=cfg.engine) for s in settings if not s.is_static]
     hb = cfg.heldout_batch or cfg.batch
     # verification of synthetic data draws calibration + held-out sequences and slices (verify.py)
@@ -656,8 +655,8 @@ def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, keys, dev
                  batch_note="" if batch == cfg.batch else ", the calibration and held-out sequences together")  # fmt: skip
     for dev in devices:
         plan_layers(source, layers, dynamic, device=dev, **sizes)
-    if notify is None or backend != "torch" or not layers or not settings:
-        return None
+    if not measure_time or backend != "torch" or not layers or not settings:
+        return None, None
     percentiles = sorted(set(DEFAULT_PERCENTILES) | set(required_percentiles(keys)))
     probe = probe_layer(source.dims, settings, keys, steps=cfg.horizon, batch=cfg.batch, percentiles=percentiles,
                         seed=cfg.seed, engine=cfg.engine, device=devices[0], count_buffer=cfg.count_buffer)  # fmt: skip
@@ -667,18 +666,19 @@ def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, keys, dev
         mse_samples=mse_samples_at(cfg.horizon) if mse else 0, verify_settings=VERIFY_SETTINGS_GUESS,
         heldout_ratio=hb / cfg.batch, cpu=all(torch.device(d).type == "cpu" for d in devices),
     )  # fmt: skip
-    n = len(devices)
-    cal, ver = costs.layer_s * len(layers) / n, (costs.verify_s * len(layers) / n if cfg.verify else 0.0)
-    left = TimeLeft(cal + ver, (cal + ver) * costs.share if costs.share is not None and costs.share < BUSY_SHARE
-                    else None, cal, ver, costs.share)  # fmt: skip
-    notify(
-        f"estimate: {left.text()}: {format_seconds(cal)} to evaluate {len(layers)} layers x {len(settings)} settings "
-        f"x {cfg.horizon} steps x batch {cfg.batch}"
-        + (f", {format_seconds(ver)} to verify on {hb} held-out sequences" if cfg.verify else "")
+    return probe, costs
+
+
+def _estimate_line(cfg: CalibrateConfig, left: TimeLeft, layers: int, settings: int, probe: LayerCost) -> str:
+    """The estimate said before the first layer (``left``: the run clock's, from the trial ``probe``)."""
+    hb = cfg.heldout_batch or cfg.batch
+    return (
+        f"estimate: {left.text()}: {format_seconds(left.calibrate_s)} to evaluate {layers} layers x {settings} "
+        f"settings x {cfg.horizon} steps x batch {cfg.batch}"
+        + (f", {format_seconds(left.verify_s)} to verify on {hb} held-out sequences" if cfg.verify else "")
         + f" (from a {format_seconds(probe.wall_s)} trial of the pipeline on {probe.steps} steps of random inputs "
         "here, torch backend; loading and capture not included; refined after the first layer)"
     )
-    return costs
 
 
 def engine_picks(uniform: pd.DataFrame, by_name: dict[str, Setting], layer_kind: str, targets=None) -> list[str]:
@@ -713,8 +713,7 @@ def export_choices(uniform: pd.DataFrame, by_name: dict[str, Setting], layer_kin
 def sized_targets(targets, dims, arch: str | None = None) -> tuple[Target, ...]:
     """The deployments with the layer sizes (and the model's architecture where the engine facts read it), so that
     `violations` checks what the export checks."""
-    extra = {"arch": arch} if "arch" in {f.name for f in dataclasses.fields(Target)} else {}
-    return tuple(dataclasses.replace(t, dims=dims, **extra) for t in targets)
+    return tuple(dataclasses.replace(t, dims=dims, arch=arch) for t in targets)
 
 
 def engines_running(setting: Setting, layer_kind: str, targets) -> list[str]:
