@@ -138,6 +138,6 @@ def forecast_verdict(measured: str, value: float, status: str, budget: float) ->
         return measured
     if status == "diverged":
         return "diverged"
-    if status not in ("ok", "measured"):
+    if status != "ok":  # "measured" returned above
         return "unknown"
     return peak_verdict(value, budget)
