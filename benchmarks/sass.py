@@ -5,20 +5,23 @@
   Triton ships. One iteration of the time loop (the only backward branch) is walked along the path of a step at
   which the conventional slots write and the replay slots do not: a branch on a write mask (its predicate set from a
   byte loaded by LDG.E.U8, in the loop or a step ahead) falls through for a conventional slot and is taken for a
-  replay slot, and every other forward branch (the exact-division fallbacks, div.rn's slow paths) is taken.
+  replay slot, and every other forward branch (the exact-division fallbacks, div.rn's slow paths, the nvfp4 write's
+  clamp of quotients above 7, needed only where a block scale saturates) is taken.
   Mamba-2 at Nemotron-3-Nano's head (P 64, N 128) for fp8 and nvfp4 alone (BLOCK_P 16) and the six default variants
   in one launch (BLOCK_P 4); KDA at GLM-5.3-Flash's head (Dk = Dv = 128), one conventional variant at BLOCK_P 16, one
   warp, for each arithmetic path of `delta_rule_launch`: the default (fast_round and fp_fusion on), the default with
-  the next step's loads ahead (prefetch) and the previous default (both off).
+  the next step's loads ahead (prefetch) and the previous default (both off); GDN at Qwen3.5-9B's head (Dk = Dv =
+  128, one decay per head), the same launch, default path.
 - The KDA CUDA kernel (`ssmquant/kernels/kda_cuda.py`): compiled for sm_90 by NVRTC (the nvidia-cuda-nvrtc wheel,
   a dev dependency), disassembled with Triton's nvdisasm; the time loop is the longest backward branch, counted
-  whole less the division slow-path calls (3 instructions each, not taken for normal scales). Conventional (every
-  step writes, no branch), fp32 q / k, bf16 v.
+  whole less the division slow-path calls (3 instructions each, not taken for normal scales) and less NVFP4's
+  exact-division fallback (a branch on a warp vote, taken about once in 10^3 writes). Conventional (every step
+  writes, no write-mask branch), fp32 q / k, bf16 v; fp8_e4m3, int8 and nvfp4.
 
 Per element-step = per step / the elements of one state a thread holds (BLOCK_P x 128 / 32 lanes per warp; the
 CUDA kernel: 64). A static count of one thread's work, not a timing; the GPU machine's Triton may compile other code.
 
-    python benchmarks/run.py sass [--parts mamba2,kda,kda-cuda] [--quick] [--update-results]
+    python benchmarks/run.py sass [--parts mamba2,gdn,kda,kda-cuda] [--quick] [--update-results]
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import tempfile
 
 from benchmarks.common import Result, Section, markdown_table
 
-PARTS = ("mamba2", "kda", "kda-cuda")
+PARTS = ("mamba2", "gdn", "kda", "kda-cuda")
 INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 BRANCH = re.compile(r"^(@!?P\d)\s+BRA\s+(?:!?P\d, )?0x([0-9a-f]+)")
 TOP = 8  # opcodes named per row
@@ -104,7 +107,9 @@ def step_path(ins: list[tuple[int, str]], conventional: list[bool]) -> collectio
 
 
 def nvdisasm_loop(text: str, function: str) -> collections.Counter:
-    """Opcodes of the longest loop (backward branch to a label) of `function` in `nvdisasm -c` output."""
+    """Opcodes of the longest loop (backward branch to a label) of `function` in `nvdisasm -c` output, less the
+    rare paths: the code that a branch on a warp vote (`VOTE.ANY Pn` ... `@!Pn BRA label`) skips when no lane asks
+    for it (the NVFP4 write's exact-division fallback) is not counted."""
     lines = text.splitlines()
     body = lines[next(i for i, line in enumerate(lines) if f".text.{function}" in line) :]
     labels = {line[:-1]: i for i, line in enumerate(body) if re.match(r"\.L_x_\d+:$", line)}
@@ -116,10 +121,18 @@ def nvdisasm_loop(text: str, function: str) -> collections.Counter:
     if not loops:
         raise RuntimeError(f"no loop found in {function}")
     start, end = max(loops, key=lambda se: se[1] - se[0])
-    ops = collections.Counter()
-    for line in body[start : end + 1]:
+    ops, votes, i = collections.Counter(), set(), start
+    while i <= end:
+        line = body[i]
         if re.search(r"/\*[0-9a-f]{4}\*/", line):
             ops[opcode(re.sub(r"^\s*/\*[0-9a-f]+\*/\s*", "", line))] += 1
+            if m := re.search(r"VOTE\.ANY (P\d)\b", line):
+                votes.add(m.group(1))
+            m = re.search(r"@!(P\d) BRA `\((\.L_x_\d+)\)", line)
+            if m and m.group(1) in votes and labels.get(m.group(2), -1) > i:
+                i = labels[m.group(2)]  # the vote found no lane to take the rare path
+                continue
+        i += 1
     return ops
 
 
@@ -170,15 +183,16 @@ def mamba2_sass(slots: list[tuple[int, int]], block_p: int) -> list[tuple[int, s
     return sass_of(_mamba2_emulate_kernel, ptrs, const, opts)
 
 
-def kda_sass(fmt: int, fast_round: bool, fp_fusion: bool, prefetch: bool) -> list[tuple[int, str]]:
-    """The KDA kernel, one conventional slot of format code fmt at BLOCK_P 16, as delta_rule_launch builds it."""
+def kda_sass(fmt: int, fast_round: bool, fp_fusion: bool, prefetch: bool, vec_decay: bool = True) -> list[tuple[int, str]]:
+    """The KDA kernel (GDN's without vec_decay: one decay per head), one conventional slot of format code fmt at
+    BLOCK_P 16, as delta_rule_launch builds it."""
     from ssmquant.kernels.common import slot_spec
     from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel
 
     ptrs = dict.fromkeys(["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
     ptrs.update(v_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
     specs = [slot_spec(fmt, 16, False, False, 0)] + [0] * 5
-    const = dict(BLOCK_P=16, BLOCK_N=128, VEC_DECAY=True, HAS_S0=False, FAST_ROUND=fast_round, FP_FUSION=fp_fusion,
+    const = dict(BLOCK_P=16, BLOCK_N=128, VEC_DECAY=vec_decay, HAS_S0=False, FAST_ROUND=fast_round, FP_FUSION=fp_fusion,
                  PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})  # fmt: skip
     opts = {"num_warps": 1, "enable_fp_fusion": fp_fusion, "enable_reflect_ftz": False}
     return sass_of(_delta_rule_emulate_kernel, ptrs, const, opts)
@@ -236,6 +250,16 @@ def run(args) -> Result:
         body.append("Mamba-2 Triton kernel (P 64, N 128, one warp; conventional slots write, replay16 slots do not; "
                     "the six-variant launch holds 16 elements of each of its 7 states per thread):\n\n"
                     + markdown_table(rows))  # fmt: skip
+    if "gdn" in parts:
+        formats = {"fp8_e4m3": FMT_FP8} if args.quick else {"fp8_e4m3": FMT_FP8, "int8": FMT_INT8, "nvfp4": FMT_NVFP4}
+        rows = []
+        for name, code in formats.items():
+            rows.append(count_row(step_path(kda_sass(code, True, True, False, vec_decay=False), [True]),
+                                  16 * 128 // 32, format=name, path="default"))  # fmt: skip
+            print(f"gdn {name}: {rows[-1]['per element-step']} per element-step", flush=True)
+        raw["gdn"] = rows
+        body.append("GDN Triton kernel (Dk = Dv = 128, one decay per head, BLOCK_P 16, one warp, conventional):\n\n"
+                    + markdown_table(rows))  # fmt: skip
     if "kda" in parts:
         formats = {"fp8_e4m3": FMT_FP8, "int8": FMT_INT8, "nvfp4": FMT_NVFP4}
         paths = {"default": (True, True, False), "default + prefetch": (True, True, True),
@@ -256,15 +280,17 @@ def run(args) -> Result:
         if nvrtc_library() is None:
             notes.append("KDA CUDA kernel: not counted, the nvidia-cuda-nvrtc wheel is missing (pip install -e .[dev])")
         else:
-            formats = {"fp8_e4m3": FMT_FP8} if args.quick else {"fp8_e4m3": FMT_FP8, "int8": FMT_INT8}
+            formats = {"fp8_e4m3": FMT_FP8, "int8": FMT_INT8, "nvfp4": FMT_NVFP4}
+            if args.quick:
+                formats = {"fp8_e4m3": FMT_FP8}
             rows = []
             for name, code in formats.items():
-                ops = nvdisasm_loop(kda_cuda_nvdisasm(code), "kda_emulate_8bit")
+                ops = nvdisasm_loop(kda_cuda_nvdisasm(code), "kda_emulate")
                 rows.append(count_row(ops, 64, skip=3 * ops["CALL"], format=name))
                 print(f"kda-cuda {name}: {rows[-1]['per element-step']} per element-step", flush=True)
             raw["kda-cuda"] = rows
             body.append("KDA CUDA kernel (NVRTC, sm_90, conventional, fp32 q / k, bf16 v; division slow-path calls "
-                        "not counted):\n\n" + markdown_table(rows))  # fmt: skip
+                        "and NVFP4's exact-division fallback not counted):\n\n" + markdown_table(rows))  # fmt: skip
     from importlib.metadata import version
 
     ptxas = get_ptxas(90)

@@ -1,7 +1,7 @@
-// Fused KDA decode emulation, one 8-bit RNE variant with dynamic per-row scales beside the FP32 reference, all T
-// steps in one launch. Compiled at run time by NVRTC from ssmquant/kernels/kda_cuda.py, which prepends the
-// configuration's #defines (FMT, QMAX, BUF, ALWAYS, HAS_S0, QK_T, V_T, LOAD_QK, LOAD_V) and says what the kernel
-// computes and why it is written this way.
+// Fused KDA decode emulation, one RNE variant with dynamic per-row scales (FP8 E4M3, INT8 or NVFP4) beside the FP32
+// reference, all T steps in one launch. Compiled at run time by NVRTC from ssmquant/kernels/kda_cuda.py, which
+// prepends the configuration's #defines (FMT, QMAX, BUF, ALWAYS, HAS_S0, DEBUG_STATES, QK_T, V_T, LOAD_QK, LOAD_V)
+// and says what the kernel computes and why it is written this way.
 
 #define DK 128
 #define HALF 64
@@ -83,6 +83,118 @@ __device__ __forceinline__ void e4m3_round2(float a, float b, float& ra, float& 
     asm("cvt.f32.f16 %0, %1;" : "=f"(rb) : "h"(lo));
 }
 
+#define FULL_MASK 0xffffffffu
+
+#if FMT == 5
+
+// --- NVFP4 (FMT 5): the write of formats.codec.encode / rounding._nvfp4_tile, bit for bit -----------------------------
+// The reference divides each block amax by 6 s2 and each element by its block's decode scale d, correctly rounded.
+// Here the block scales keep the division (4 per lane and write), and the elements take x * rcp.approx(d) and are
+// rounded with their distance to the nearest rounding midpoint (rounding.nvfp4_rne_blocks' argument): the fast and
+// the correctly rounded quotient differ by < 1.5 * 2^-23 |x / d| < 2^-20.4 spacings (|x / d| < 4 spacings of its
+// binade, rcp.approx within 1 ulp), so they round alike unless one lies within E2M1_MARGIN of a midpoint. Where
+// any element of the warp does, a quotient exceeds 7 (e2m1_rne_fast's range), or s2 leaves the range where the bound
+// holds, the warp redoes its write with the reference's divisions from a copy of the state in shared memory
+// (warp-uniform: one vote, no divergence); the copy costs 16 shared stores per lane and write.
+#define E2M1_MARGIN (0.5f - 0x1p-18f)
+// s2 in [2^-116, 2^116] keeps every d = bs s2 (bs in [2^-9, 448]) in [2^-125, 2^125]: normal, and so is 1 / d
+#define S2_MIN 0x1p-116f
+#define S2_MAX 0x1p116f
+#define STASH_STRIDE 68  // floats per lane in the stash: 64 + 4, so that 8 lanes' 16-byte stores hit distinct banks
+
+__device__ __forceinline__ float rcp_approx(float d) {  // MUFU.RCP: within 1 ulp of 1 / d for normal d
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+    return r;
+}
+
+// E2M1 RNE (saturating at 6) of v, sign kept: the values of rounding.rne_with_distance(min(|v|, 6), 1, 0) with
+// the sign restored, as formats.grids.round_to_grid (exact, for the fallback). p = 2^max(e, 0) (e: a's exponent) is
+// twice the spacing; a + 2^22 p (one FMA, the product exact) has an ulp of one spacing, so it rounds a to the grid
+// half to even, and subtracting 2^22 p is exact.
+__device__ __forceinline__ float e2m1_rne(float v) {
+    const float a = fminf(fabsf(v), 6.f);
+    const float p = __uint_as_float(__float_as_uint(fmaxf(a, 1.f)) & 0x7f800000u);
+    const float out = __fmaf_rn(-p, 0x1p22f, __fmaf_rn(p, 0x1p22f, a));
+    return __uint_as_float(__float_as_uint(out) | (__float_as_uint(v) & 0x80000000u));
+}
+
+// The fast path's rounding of a quotient v with |v| <= 7, unclamped and signed (rounding.e2m1_rne_signed's
+// argument): with m = max(|v|, 1.5) and 2^E <= m < 2^(E + 1), the spacing about v is sp = 2^(E - 1) and c = 2^22 m
+// (exact) lies in [2^(E + 22), 2^(E + 23)), whose ulp is sp, so out = RN(v + c) - c (two FMAs, the second exact)
+// is v rounded to a multiple of sp, an E2M1 value for |v| <= 7 (6 for v in (6, 7), as the clamp gives), wherever
+// v + c stays in c's binade; where it does not (v within 2^-22 of a power of two) out is the right value or one a
+// spacing away, and ties may break either way (c's parity is arbitrary): both lie at a distance >= 1/2 spacing,
+// which `near` flags. near = |v - out| - E2M1_MARGIN x sp (v - out exact, one rounding: the sign is exact) is > 0
+// exactly where the distance in spacings exceeds the margin. The sign bit restores the -0 of a negative v that
+// rounds to zero (the reference keeps it).
+__device__ __forceinline__ float e2m1_rne_fast(float v, float& near) {
+    const float m = fmaxf(fabsf(v), 1.5f);
+    const float out = __fmaf_rn(-m, 0x1p22f, __fmaf_rn(m, 0x1p22f, v));
+    const float p = __uint_as_float(__float_as_uint(m) & 0x7f800000u);  // 2^E = 2 sp
+    near = __fmaf_rn(-p, 0.5f * E2M1_MARGIN, fabsf(__fsub_rn(v, out)));
+    return __uint_as_float(__float_as_uint(out) | (__float_as_uint(v) & 0x80000000u));
+}
+
+// The store and reload of this lane's 64 key channels (4 blocks of 16) of one row, in place; bam: the 4 blocks'
+// amax. The row's other 64 channels are on lane ^ 16 (the row amax: one shuffle). stash: this lane's STASH_STRIDE
+// floats of shared memory (16-byte aligned), holding S for the fallback. Returns whether the warp took it.
+__device__ __forceinline__ bool nvfp4_write(float (&S)[HALF], const float (&bam)[4], float* stash) {
+    float amax = fmaxf(fmaxf(bam[0], bam[1]), fmaxf(bam[2], bam[3]));
+    amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 16));
+    float s2 = __fdiv_rn(amax, QMAX);  // QMAX = 6 x 448
+    s2 = s2 == 0.f ? 1.f : s2;
+    const float den = __fmul_rn(6.f, s2);
+    float d[4], rd[4], vmax = 0.f;
+#pragma unroll
+    for (int b = 0; b < 4; b += 2) {
+        float x0 = __fdiv_rn(bam[b], den), x1 = __fdiv_rn(bam[b + 1], den), b0, b1;
+        x0 = fminf(fmaxf(x0 == 0.f ? 1.f : x0, 0x1p-9f), 448.f);
+        x1 = fminf(fmaxf(x1 == 0.f ? 1.f : x1, 0x1p-9f), 448.f);
+        e4m3_round2(x0, x1, b0, b1);
+        d[b] = __fmul_rn(b0, s2);
+        d[b + 1] = __fmul_rn(b1, s2);
+        rd[b] = rcp_approx(d[b]);
+        rd[b + 1] = rcp_approx(d[b + 1]);
+        // the largest quotient of each block (rounding is monotonic): > 7 only for a block scale in E4M3's
+        // subnormal range rounded far down (a block ~3 x 10^4 below the row's amax), which takes the fallback
+        vmax = fmaxf(vmax, fmaxf(__fmul_rn(bam[b], rd[b]), __fmul_rn(bam[b + 1], rd[b + 1])));
+    }
+#pragma unroll
+    for (int i = 0; i < HALF; i += 4) *reinterpret_cast<float4*>(stash + i) = make_float4(S[i], S[i + 1], S[i + 2], S[i + 3]);
+    float dm[4] = {-1.f, -1.f, -1.f, -1.f};  // max of `near` (<= 0 away from the midpoints)
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) {
+        float near;
+        const float q = e2m1_rne_fast(__fmul_rn(S[i], rd[i >> 4]), near);
+        S[i] = __fmul_rn(q, d[i >> 4]);
+        dm[i & 3] = fmaxf(dm[i & 3], near);
+    }
+    const bool bad = !(s2 >= S2_MIN && s2 <= S2_MAX) || !(vmax <= 7.f) ||
+                     fmaxf(fmaxf(dm[0], dm[1]), fmaxf(dm[2], dm[3])) > 0.f;
+    if (__any_sync(FULL_MASK, bad)) {
+        // rare: the reference's correctly rounded divisions, from the stash (a loop per block: little code)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+#pragma unroll 1
+            for (int e = 0; e < 16; ++e) {
+                const float x = stash[16 * b + e];
+                stash[16 * b + e] = __fmul_rn(e2m1_rne(__fdiv_rn(x, d[b])), d[b]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < HALF; i += 4) {
+            float x[4];
+            ld4(stash + i, x);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) S[i + j] = x[j];
+        }
+        return true;
+    }
+    return false;
+}
+#endif  // FMT == 5
+
 __device__ __forceinline__ float round_int(float x) {  // half to even at spacing 1, for |x| < 2^22
     const float M = 12582912.0f;  // 1.5 * 2^23
     return __fsub_rn(__fadd_rn(x, M), M);
@@ -118,14 +230,45 @@ extern "C" __global__ void __launch_bounds__(32) round_e4m3_check(const float* x
     }
 }
 
+#if FMT == 5
+// The kernel's NVFP4 write alone, for its tests: x, out [rows, DK] fp32 (rows a multiple of 16), one warp per 16
+// rows, the main kernel's layout; fallback[warp] = 1 where the warp took the reference's divisions.
+extern "C" __global__ void __launch_bounds__(32) nvfp4_write_check(const float* x, float* out, int* fallback) {
+    __shared__ __align__(16) float stash[32 * STASH_STRIDE];
+    const int lane = threadIdx.x;
+    const long long base = ((long long)blockIdx.x * BLOCK_P + (lane & 15)) * DK + (lane >> 4) * HALF;
+    float S[HALF], bam[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < HALF; i += 4) {
+        float v[4];
+        ld4(x + base + i, v);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            S[i + j] = v[j];
+            bam[i >> 4] = fmaxf(bam[i >> 4], fabsf(v[j]));
+        }
+    }
+    const bool fb = nvfp4_write(S, bam, stash + lane * STASH_STRIDE);
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) out[base + i] = S[i];
+    if (lane == 0) fallback[blockIdx.x] = fb;
+}
+#endif  // FMT == 5
+
 // q, k [B, T, Hk, DK]; v [B, T, Hv, DV]; alpha [B, T, Hv, DK] fp32; beta [B, T, Hv] fp32; s0 [B, Hv, DV, DK] fp32
-// (HAS_S0); write [B, T] int8 (not read when ALWAYS); metrics [T, B, Hv, DV / 16, 4]. Grid (DV / 16, B * Hv), 32 threads.
-extern "C" __global__ void __launch_bounds__(32) kda_emulate_8bit(
+// (HAS_S0); write [B, T] int8 (not read when ALWAYS); metrics [T, B, Hv, DV / 16, 4]; states [T, 2, B, Hv, DV, DK]
+// fp32, the variant's state before and after each step's write (DEBUG_STATES only, for the tests: not read
+// otherwise). Grid (DV / 16, B * Hv), 32 threads.
+extern "C" __global__ void __launch_bounds__(32) kda_emulate(
     const QK_T* __restrict__ q, const QK_T* __restrict__ k, const V_T* __restrict__ v,
     const float* __restrict__ alpha, const float* __restrict__ beta, const float* __restrict__ s0,
-    const signed char* __restrict__ write, float* __restrict__ metrics, int B, int T, int HV, int HK, int DV)
+    const signed char* __restrict__ write, float* __restrict__ metrics, float* __restrict__ states, int B, int T,
+    int HV, int HK, int DV)
 {
     __shared__ __align__(16) float sm[2][4][DK];  // [step parity][k, q, decay, k rounded to the buffer][DK]
+#if FMT == 5
+    __shared__ __align__(16) float stash[32 * STASH_STRIDE];  // the state before an NVFP4 write (its fallback)
+#endif
     const int lane = threadIdx.x;
     const int col = lane & 15, half = lane >> 4;
     const int pid_p = blockIdx.x, npb = gridDim.x;
@@ -234,15 +377,37 @@ extern "C" __global__ void __launch_bounds__(32) kda_emulate_8bit(
                 yr[j] = __fmaf_rn(R[i + j], q_[j], yr[j]);
                 ys[j] = __fmaf_rn(S[i + j], q_[j], ys[j]);
                 rr[j] = __fmaf_rn(R[i + j], R[i + j], rr[j]);
+#if FMT == 5
+                am[(i >> 4) * 2 + (j & 1)] = fmaxf(am[(i >> 4) * 2 + (j & 1)], fabsf(S[i + j]));  // 2 chains a block
+#else
                 am[(i >> 2 & 1) * 4 + j] = fmaxf(am[(i >> 2 & 1) * 4 + j], fabsf(S[i + j]));
+#endif
             }
         }
         float y_r = __fadd_rn(__fadd_rn(yr[0], yr[1]), __fadd_rn(yr[2], yr[3]));
         float y_s = __fadd_rn(__fadd_rn(ys[0], ys[1]), __fadd_rn(ys[2], ys[3]));
         y_r = __fadd_rn(y_r, __shfl_xor_sync(0xffffffffu, y_r, 16));
         y_s = __fadd_rn(y_s, __shfl_xor_sync(0xffffffffu, y_s, 16));
-        float amax = fmaxf(fmaxf(fmaxf(am[0], am[1]), fmaxf(am[2], am[3])), fmaxf(fmaxf(am[4], am[5]), fmaxf(am[6], am[7])));
         float dd[4] = {0.f, 0.f, 0.f, 0.f};
+#if DEBUG_STATES
+        float* st = states + ((((long long)t * 2 * B + b) * HV + h) * DV + row) * DK + half * HALF;
+        const long long st_post = (long long)B * HV * DV * DK;
+#pragma unroll
+        for (int i = 0; i < HALF; ++i) st[i] = S[i];
+#endif
+#if FMT == 5
+#if ALWAYS
+        {
+#else
+        if (w != 0) {
+#endif
+            const float bam[4] = {fmaxf(am[0], am[1]), fmaxf(am[2], am[3]), fmaxf(am[4], am[5]), fmaxf(am[6], am[7])};
+            nvfp4_write(S, bam, stash + lane * STASH_STRIDE);
+        }
+#pragma unroll
+        for (int i = 0; i < HALF; i += 2) add_sq_diffs(dd, (i >> 1 & 1) * 2, S[i], R[i], S[i + 1], R[i + 1]);
+#else
+        float amax = fmaxf(fmaxf(fmaxf(am[0], am[1]), fmaxf(am[2], am[3])), fmaxf(fmaxf(am[4], am[5]), fmaxf(am[6], am[7])));
 #if ALWAYS
         {
 #else
@@ -274,6 +439,11 @@ extern "C" __global__ void __launch_bounds__(32) kda_emulate_8bit(
 #pragma unroll
             for (int i = 0; i < HALF; i += 2) add_sq_diffs(dd, (i >> 1 & 1) * 2, S[i], R[i], S[i + 1], R[i + 1]);
         }
+#endif
+#endif  // FMT == 5
+#if DEBUG_STATES
+#pragma unroll
+        for (int i = 0; i < HALF; ++i) st[st_post + i] = S[i];
 #endif
         // this step's partial sums, reduced over the warp at the top of the next step (their shuffles then overlap
         // that step's arithmetic); each row's y counted once (lanes of the first half)

@@ -1,5 +1,5 @@
-"""Fused KDA decode emulation as a CUDA kernel (compiled at run time by NVRTC): one 8-bit RNE variant with dynamic
-per-row scales beside the FP32 reference, all T steps in one launch.
+"""Fused KDA decode emulation as a CUDA kernel (compiled at run time by NVRTC): one RNE variant with dynamic per-row
+scales (FP8 E4M3, INT8 or NVFP4) beside the FP32 reference, all T steps in one launch.
 
 Why CUDA beside `delta_rule.py`'s Triton kernel: at GLM-5.3-Flash shapes the Triton kernel is issue-bound at
 24.5 instructions per element-step (benchmarks/RESULTS.md), and what it spends above the work
@@ -12,6 +12,17 @@ the write of a conventional variant has no branch, and FP8 E4M3 rounds by the ha
 finite FP32 value |x| <= 448, tests/kernels/test_kda_cuda.py). 19.4 instructions per element-step
 (`python benchmarks/run.py sass`).
 
+NVFP4 writes (16-element blocks along Dk, E4M3 block scales, E2M1 elements, s2 = row amax / 2688, 1 where 0) give
+the bits of `formats.codec.encode` (the sign of a zero included), as `rounding._nvfp4_tile` computes them: a lane holds 4 whole blocks of its row, the row amax
+takes one shuffle; the 4 block scales are correctly rounded divisions, as the reference's; the elements are
+x * rcp.approx(d) rounded with their distance to the nearest rounding midpoint, the fast path of
+`rounding.nvfp4_rne_blocks` with its margin. Where an element of the warp falls within the margin, a quotient
+exceeds 7 or s2 leaves [2^-116, 2^116], the warp redoes the write with the reference's divisions from a copy of the state in shared
+memory (kda_cuda.cu says why that is exact). 27.0 instructions per element-step on the fast path (fp8 19.4, the
+Triton kernel's nvfp4 37.0). Tests: tests/kernels/test_kda_cuda.py, bit for bit against the codec on the kernel's own
+pre-write states (the DEBUG_STATES build) and on crafted states (`nvfp4_write`); lab/gpu/kda_cuda_nvfp4_check.py
+runs them with a speed comparison.
+
 The kernel computes what `delta_rule.py` computes for these variants (its docstring: the reference
 `replay.naive.kda_advance` op for op, the rank-1 update and the dots as FMAs, the write's products rounded on
 their own), in another order of the Dk sums, so the two agree to FP32 noise, not bit for bit; the tests hold both
@@ -21,8 +32,9 @@ Layout: one warp per (batch, value head, 16 value rows); lane l holds row l % 16
 [64 (l // 16), 64 (l // 16) + 64) of both states (64 + 64 registers), so every Dk sum is 64 in-lane FMAs and one
 shuffle. Each step's k, q and decay vectors are loaded a step ahead into registers and staged through shared memory.
 
-Covers (`eligible`): KDA with Dk = 128 and Dv a multiple of 16; FP8 E4M3 or INT8, RNE, dynamic scales per row;
-any write mask (conventional, replay, speculative); buffered k and u in fp32, bf16 or fp16; an initial state;
+Covers (`eligible`): KDA with Dk = 128 and Dv a multiple of 16; FP8 E4M3, INT8 or NVFP4, RNE, dynamic scales per
+row (NVFP4: its second-level scale per row; per-head or static scales and stochastic rounding stay in the Triton
+kernel); any write mask (conventional, replay, speculative); buffered k and u in fp32, bf16 or fp16; an initial state;
 q, k, v in fp32, bf16 or fp16. Everything else runs in the Triton kernel. Needs compute capability >= 8.9 (the
 E4M3 conversion) and torch's NVRTC wrapper; SSMQUANT_KDA_CUDA=0 turns it off.
 
@@ -43,8 +55,10 @@ from .common import BUFFER_CODES as _BUFFERS
 
 DK = 128  # key channels the kernel is written for (two lanes x 64 per row)
 ROWS_PER_WARP = 16
-_FORMATS = {e: e.kernel_code for e in (Encoding.FP8_E4M3, Encoding.INT8)}  # the FMT codes of the Triton kernels
-_QMAX = {e.kernel_code: f"{e.max_code:.1f}f" for e in _FORMATS}
+# the FMT codes of the Triton kernels (kda_cuda.cu branches on 3, 4 and 5)
+_FORMATS = {e: e.kernel_code for e in (Encoding.FP8_E4M3, Encoding.INT8, Encoding.NVFP4)}
+_QMAX = {e.kernel_code: f"{e.max_code:.1f}f" for e in _FORMATS}  # NVFP4: 6 x 448, s2 = amax / QMAX
+FMT_NVFP4 = Encoding.NVFP4.kernel_code
 SOURCE_FILE = "kda_cuda.cu"  # package data beside this module
 
 
@@ -55,9 +69,18 @@ _LOADS = {
 }
 
 
-def kernel_source(fmt: int, buf: int, always: bool, has_s0: bool, qk_dtype: torch.dtype, v_dtype: torch.dtype) -> str:
-    """The CUDA source of one configuration: fmt 3 (FP8 E4M3) or 4 (INT8); buf 0 / 1 / 2 (buffered k and u in
-    fp32 / bf16 / fp16); always: every step writes (no write mask read); has_s0: an initial state."""
+def kernel_source(
+    fmt: int,
+    buf: int,
+    always: bool,
+    has_s0: bool,
+    qk_dtype: torch.dtype,
+    v_dtype: torch.dtype,
+    debug_states: bool = False,
+) -> str:
+    """The CUDA source of one configuration: fmt 3 (FP8 E4M3), 4 (INT8) or 5 (NVFP4); buf 0 / 1 / 2 (buffered k
+    and u in fp32 / bf16 / fp16); always: every step writes (no write mask read); has_s0: an initial state;
+    debug_states: the kernel also stores its state before and after every step's write (tests only)."""
     (qk_t, qk_load), (v_t, v_load) = _LOADS[qk_dtype], _LOADS[v_dtype]
     defs = {
         "FMT": str(fmt),
@@ -65,6 +88,7 @@ def kernel_source(fmt: int, buf: int, always: bool, has_s0: bool, qk_dtype: torc
         "BUF": str(buf),
         "ALWAYS": str(int(always)),
         "HAS_S0": str(int(has_s0)),
+        "DEBUG_STATES": str(int(debug_states)),
         "QK_T": qk_t,
         "V_T": v_t,
         "LOAD_QK(p)": f"{qk_load}(p)",
@@ -100,8 +124,9 @@ def available(device: torch.device) -> bool:
 
 
 def eligible(variant, kind: str, state_dim: int, rows: int) -> bool:
-    """Whether the kernel computes this variant: KDA, Dk = 128, Dv a multiple of 16, FP8 E4M3 or INT8 with RNE and
-    dynamic scales per row, buffered inputs in fp32, bf16 or fp16 (the ideal arithmetic: no engine profile)."""
+    """Whether the kernel computes this variant: KDA, Dk = 128, Dv a multiple of 16, FP8 E4M3, INT8 or NVFP4 with
+    RNE and dynamic scales per row, buffered inputs in fp32, bf16 or fp16 (the ideal arithmetic: no engine profile).
+    NVFP4 with per-head (or other multi-row) or static second-level scales and every SR variant run in Triton."""
     fmt = variant.format
     return (
         kind == "kda"
@@ -130,6 +155,17 @@ def round_e4m3(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def nvfp4_write(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's NVFP4 store-and-reload of a contiguous fp32 CUDA state [rows, 128] (rows a multiple of 16), for
+    its tests: (the values that come back, [rows / 16] int32: 1 where the 16 rows' warp took the fallback)."""
+    rows = x.shape[0]
+    out = torch.empty_like(x)
+    fallback = torch.full((rows // ROWS_PER_WARP,), -1, device=x.device, dtype=torch.int32)
+    fn = _compiled("nvfp4_write_check", FMT_NVFP4, 0, True, False, torch.float32, torch.float32)
+    fn(grid=(rows // ROWS_PER_WARP, 1, 1), block=(32, 1, 1), args=[x, out, fallback])
+    return out, fallback
+
+
 def kda_cuda_launch(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -142,26 +178,27 @@ def kda_cuda_launch(
     fmt: int,
     buf: int,
     always: bool,
+    states: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch on contiguous CUDA inputs; returns metrics [T, B, Hv, Dv / 16, 4] fp32 (row-block partial sums).
 
     q, k [B, T, Hk, 128]; v [B, T, Hv, Dv] (fp32, bf16 or fp16); alpha [B, T, Hv, 128] fp32 (the decays exp(g));
     beta [B, T, Hv] fp32; s0 [B, Hv, Dv, 128] fp32 or None; write [B, T] int8 (ignored when always);
-    fmt 3 (FP8 E4M3) / 4 (INT8); buf 0 / 1 / 2: buffered k and u in fp32 / bf16 / fp16.
+    fmt 3 (FP8 E4M3) / 4 (INT8) / 5 (NVFP4); buf 0 / 1 / 2: buffered k and u in fp32 / bf16 / fp16.
+    states: None, or fp32 [T, 2, B, Hv, Dv, 128] that receives the variant's state before and after each step's
+    write (a separate build of the kernel, for the tests).
     """
     bsz, steps, hv, dv = v.shape
     hk = k.shape[2]
     npb = dv // ROWS_PER_WARP
     # NaN-filled: a metric the kernel fails to write stays NaN and fails every check downstream
     metrics = torch.full((steps, bsz, hv, npb, 4), float("nan"), device=v.device, dtype=torch.float32)
-    fn = _compiled("kda_emulate_8bit", fmt, buf, always, s0 is not None, q.dtype, v.dtype)
+    fn = _compiled("kda_emulate", fmt, buf, always, s0 is not None, q.dtype, v.dtype, states is not None)
     # the decays and the initial state are read 16 bytes at a time: a contiguous view that starts off a 16-byte
     # boundary (a slice of a flat buffer) is copied to a fresh, aligned one
     alpha, s0 = (t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in (alpha, s0))
-    dummy = alpha  # any CUDA pointer: not read without HAS_S0
-    fn(
-        grid=(npb, bsz * hv, 1),
-        block=(32, 1, 1),
-        args=[q, k, v, alpha, beta, dummy if s0 is None else s0, write, metrics, bsz, steps, hv, hk, dv],
-    )
+    dummy = alpha  # any CUDA pointer: not read without HAS_S0 / DEBUG_STATES
+    s0_arg, states_arg = (dummy if t is None else t for t in (s0, states))
+    args = [q, k, v, alpha, beta, s0_arg, write, metrics, states_arg, bsz, steps, hv, hk, dv]
+    fn(grid=(npb, bsz * hv, 1), block=(32, 1, 1), args=args)
     return metrics

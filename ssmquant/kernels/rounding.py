@@ -14,7 +14,6 @@ import os
 
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from ..formats import Encoding
 
@@ -222,31 +221,41 @@ def _nvfp4_tile(
     BAXIS: tl.constexpr,
 ):
     """`fake_quant_tile` for nvfp4 on the tile's block view, blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR]
-    (BAXIS = 0): the FP32 values that come back, [BN, BR] in the tile's order."""
-    bamax = tl.max(tl.abs(blocks), axis=BAXIS)  # [BN // 16, BR]
+    (BAXIS = 0): the FP32 values that come back, [BN, BR] in the tile's order.
+
+    Per-block and per-row values keep the block view's rank (size-1 axes: [NB, 1, BR] / [1, NB, BR], [1, 1, BR]),
+    so that they stay in the tile's register layout: reduced to a rank-2 [NB, BR], the delta-rule tile (whose lanes
+    split each block in two) went through shared memory and a layout of its own for the row amax and back.
+    """
+    bamax = tl.max(tl.abs(blocks), axis=BAXIS, keep_dims=True)  # [NB, 1, BR] / [1, NB, BR]
     if STATIC:
-        s2 = static_scale
+        s2 = tl.reshape(static_scale, [1, 1, BR])
     else:  # the row amax is the max of its blocks' (max is exact: the same bits as over the elements)
-        s2 = tl.math.div_rn(group_max(tl.max(bamax, axis=0), BR, GROUP), tl.full([BR], 2688.0, tl.float32))
+        amax = tl.max(bamax, axis=1 - BAXIS, keep_dims=True)  # [1, 1, BR]
+        if GROUP > 1:
+            amax = tl.reshape(group_max(tl.reshape(amax, [BR]), BR, GROUP), [1, 1, BR])
+        s2 = tl.math.div_rn(amax, tl.full([1, 1, BR], 2688.0, tl.float32))
         s2 = tl.where(s2 == 0.0, 1.0, s2)
     if SR:  # the draw compares the exact quotient's fraction: only the correctly rounded one will do
-        bs = tl.math.div_rn(bamax, 6.0 * s2[None, :])
+        bs = tl.math.div_rn(bamax, 6.0 * s2)
         bs = tl.where(bs == 0.0, 1.0, bs)
         bs = round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False)
-        d = bs * s2[None, :]  # [BN // 16, BR]
-        v = tl.math.div_rn(blocks, tl.expand_dims(d, BAXIS))
+        d = bs * s2  # [NB, 1, BR] / [1, NB, BR]
+        v = tl.math.div_rn(blocks, d)
         q = tl.reshape(round_element(tl.reshape(v, [BN, BR]), u, bits, 5, SR), blocks.shape)
     else:
         q, d = nvfp4_rne_blocks(blocks, bamax, s2, BR, BAXIS)
-    return tl.reshape(q * tl.expand_dims(d, BAXIS), [BN, BR])
+    return tl.reshape(q * d, [BN, BR])
 
 
 # The nvfp4 RNE write without one correctly rounded division per element (`nvfp4_rne_blocks`): quotients by
 # reciprocals, exact unless one lands near a rounding midpoint of its grid; margins in units of the grid spacing.
 # E2M1 (x / d by x * approx_reciprocal(d)): the fast and the correctly rounded quotient differ by
-# < 1.5 * 2^-22 |x / d| < 2^-19.4 spacings (|x / d| < 4 spacings); the margin keeps 2^-18 from a midpoint.
+# < 1.5 * 2^-22 |x / d| < 2^-19.4 spacings (|x / d| < 4 spacings of its binade); the margin keeps 2^-18 from a
+# midpoint (the distance itself is rounded once, by < 2^-25 spacings: still inside the margin).
 _E2M1_MARGIN = tl.constexpr(0.5 - 2.0**-18)
-# E4M3 block scales (bamax * RN(1 / (6 s2))): < 1.5 * 2^-23 relative, < 2^-18.4 spacings (16 spacings at most).
+# E4M3 block scales (bamax * RN(1 / (6 s2))): < 1.5 * 2^-23 relative, < 2^-18.4 spacings (16 spacings at most);
+# `rne_signed` measures their distance in quarter spacings (compared with a quarter of the margin).
 _E4M3_MARGIN = tl.constexpr(0.5 - 2.0**-17)
 # s2 in [2^-116, 2^116] keeps 6 s2 and every decode scale d = bs s2 (bs in [2^-9, 448]) in [2^-125, 2^125]:
 # their reciprocals are normal numbers and the error bounds above hold.
@@ -254,6 +263,8 @@ _S2_MIN = tl.constexpr(2.0**-116)
 _S2_MAX = tl.constexpr(2.0**116)
 # A nonzero block scale quotient below this takes the exact path (it must not flush to zero on one path only).
 _TINY = tl.constexpr(2.0**-100)
+# `e2m1_rne_signed` without its clamp needs |quotient| <= 7 (checked per block, on its largest quotient)
+_E2M1_UNCLAMPED_MAX = tl.constexpr(7.0)
 
 
 @triton.jit
@@ -273,20 +284,68 @@ def rne_with_distance(a, MBITS: tl.constexpr, EMIN: tl.constexpr):
 
 
 @triton.jit
+def rne_signed(v, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """RNE of signed v to the float grid (MBITS, EMIN) without its clamp, for the fast paths of
+    `nvfp4_rne_blocks`: (rounded, distance), where distance is |v - rounded| in units of 2^(MBITS - 1) grid
+    spacings (E2M1: spacings; E4M3: quarter spacings), and rounded is v's grid value (nearest, unclamped)
+    wherever distance x 2^(MBITS - 1) is below 1/2 (the margins of `nvfp4_rne_blocks` stay 2^-18 or more
+    below). A zero comes back +0 (the reference keeps the sign of -0: no metric and no nonzero value sees it);
+    NaN stays NaN.
+
+    5 instructions per element (sm_90), against 7 for `rne_with_distance` on |v| plus the sign restore, and 3
+    more for its distance. With 2^E the power of two at or below m = max(|v|, 1.5 x 2^EMIN), the grid's spacing
+    about v is sp = 2^(E - MBITS), and c = m 2^(23 - MBITS) (exact) lies in [2^(E + 23 - MBITS), twice that),
+    whose ulp is sp. t = RN(v + c) (one FMA: m 2^(23 - MBITS) is exact) then rounds v to a multiple of sp, and
+    out = t - c (FMA, exact) is it, while v + c stays in c's binade:
+      - |v| < 1.5 x 2^EMIN: c = 1.5 x 2^(EMIN + 23 - MBITS), centred in its binade: always.
+      - v > 0: v + c = v (1 + 2^(MBITS - 23)) leaves it only when v's mantissa is within 2^(MBITS + 1) ulps of 2
+        (v within 2^(MBITS - 22) relative below 2^(E + 1)); t then rounds to 2 sp, and out is 2^(E + 1) (right)
+        or 2^(E + 1) - sp (as c / sp is even or odd; a distance of almost one spacing, flagged).
+      - v < 0: c - |v| = |v| (2^(23 - MBITS) - 1) drops below c's binade only when |v| is within 2^MBITS ulps
+        above 2^E; t rounds to sp / 2 there, and out = -2^E, the right value.
+    So out is v's nearest multiple of sp, or a value flagged by its distance; its ties may break either way (c's
+    mantissa is arbitrary), but a tie has distance 1/2 spacing and is flagged. A multiple of sp within half a
+    spacing of v is a grid value (the grid holds every multiple of sp in [2^E, 2^(E + 1)], and of 2^(EMIN -
+    MBITS) in [0, 2^EMIN]) below the grid's top binade's end: callers bound |v| (E2M1: <= 7; E4M3: <= 448).
+    v - out is exact (multiples of ulp(v), |v - out| <= sp); 2^(1 - E) comes from m's exponent bits.
+    """
+    m = tl.maximum(tl.abs(v), 1.5 * 2.0**EMIN)
+    t = tl.fma(m, 2.0 ** (23 - MBITS), v)
+    out = tl.fma(m, -(2.0 ** (23 - MBITS)), t)
+    inv = ((m.to(tl.int32, bitcast=True) & 0x7F800000) ^ 0x7F800000).to(tl.float32, bitcast=True)  # 2^(1 - E)
+    return out, tl.abs(v - out) * inv
+
+
+@triton.jit
+def e2m1_rne_signed(v, CLAMP: tl.constexpr):
+    """E2M1 RNE of signed quotients v (`rne_signed`; distance in spacings), clamped to [-6, 6] first under
+    CLAMP (one FMNMX); without CLAMP, |v| must be at most 7: v in (6, 7) rounds to 6 (spacing 2), as the
+    reference's clamp does, and v near 7 (a midpoint of spacing 2) is flagged. With the block amax, the quotient
+    and the decode, 10 instructions per element (sm_90) against 14 for `rne_with_distance` on |v|, clamped."""
+    if CLAMP:
+        v = tl.clamp(v, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL)
+    return rne_signed(v, 1, 0)
+
+
+@triton.jit
 def approx_reciprocal(d):
-    """1 / d within 2 ulps for |d| in [2^-126, 2^126]: PTX div.approx.f32 (a MUFU.RCP and a multiply, without
-    div.full's range scaling); in the interpreter, the correctly rounded 1 / d."""
+    """1 / d within 2 ulps for |d| in [2^-126, 2^126]: PTX rcp.approx.ftz.f32, one MUFU.RCP; in the interpreter,
+    the correctly rounded 1 / d. The same bits as libdevice's fast_dividef(1, d) (div.approx.f32, within 2 ulps)
+    there: on sm_90 that is the same MUFU.RCP times 1.0 behind a range test and scaling (5 instructions), which
+    only act below 2^-126. Flushing subnormals changes nothing in that range (d and 1 / d are normal)."""
     if INTERPRETING:
         return 1.0 / d
     else:
-        return libdevice.fast_dividef(tl.full(d.shape, 1.0, tl.float32), d)
+        return tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [d], dtype=tl.float32, is_pure=True, pack=1
+        )
 
 
 @triton.jit
 def nvfp4_rne_blocks(blocks, bamax, s2, BR: tl.constexpr, BAXIS: tl.constexpr):
     """NVFP4 RNE encode of 16-element blocks, as `formats.codec.encode`: (E2M1 values q shaped like blocks,
-    decode scales d [NB, BR]) of blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR] (BAXIS = 0, the elements of a
-    block along axis 0), with block amax bamax [NB, BR] and second-level scales s2 [BR].
+    decode scales d [NB, 1, BR] / [1, NB, BR]) of blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR] (BAXIS = 0, the
+    elements of a block along axis 0), with block amax bamax shaped like d and second-level scales s2 [1, 1, BR].
 
     The reference divides every block amax by 6 s2 and every element by its block's d, correctly rounded.
     Here one correctly rounded reciprocal per row and one approximate reciprocal per block replace those
@@ -294,24 +353,32 @@ def nvfp4_rne_blocks(blocks, bamax, s2, BR: tl.constexpr, BAXIS: tl.constexpr):
     quotients (fast and correctly rounded) round alike unless a midpoint lies between them, which the margins
     above exclude. Where any quotient of the tile comes within its margin of a midpoint (about one tile write
     in 10^3 on Gaussian-like states), or a scale leaves the range where the bounds hold, the tile takes the
-    reference's divisions. A NaN element gives the same code either way (both quotients are NaN).
+    reference's divisions. Elements are rounded signed and unclamped (`e2m1_rne_signed`) unless a block's
+    largest quotient exceeds 7 (a static scale below the state's range, or a block scale in E4M3's subnormal
+    range rounded far down: the tile then clamps). Largest quotient: RN(bamax * rcp) bounds every RN(x * rcp)
+    of its block (rounding is monotonic). A NaN element comes back NaN.
     """
-    den = 6.0 * s2  # [BR]
-    r6 = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), den)
-    q6 = bamax * r6[None, :]  # ~ div_rn(bamax, den)
+    den = 6.0 * s2  # [1, 1, BR]
+    r6 = tl.math.div_rn(tl.full([1, 1, BR], 1.0, tl.float32), den)
+    q6 = bamax * r6  # ~ div_rn(bamax, den)
     bs = tl.minimum(tl.maximum(tl.where(q6 == 0.0, 1.0, q6), 0.001953125), 448.0)
-    bs, bs_dist = rne_with_distance(bs, 3, -6)
-    d = bs * s2[None, :]  # [NB, BR]
-    v = blocks * tl.expand_dims(approx_reciprocal(d), BAXIS)
-    q, dist = rne_with_distance(tl.minimum(tl.abs(v), 6.0), 1, 0)
-    q = (q.to(tl.uint32, bitcast=True) | (v.to(tl.uint32, bitcast=True) & 0x80000000)).to(tl.float32, bitcast=True)
-    blk_bad = (bs_dist > _E4M3_MARGIN) | ((bamax > 0.0) & (q6 < _TINY))
-    row_bad = (tl.max(blk_bad.to(tl.int32), axis=0) != 0) | ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # also NaN
-    row_bad = row_bad | (tl.max(tl.max(dist, axis=0), axis=0) > _E2M1_MARGIN)
-    if tl.max(row_bad.to(tl.int32), axis=0) != 0:
-        bs = tl.math.div_rn(bamax, den[None, :])
+    bs, bs_dist = rne_signed(bs, 3, -6)  # bs_dist in quarter spacings
+    d = bs * s2
+    rcp = approx_reciprocal(d)
+    v = blocks * rcp
+    if tl.max(tl.max(tl.max((bamax * rcp > _E2M1_UNCLAMPED_MAX).to(tl.int32), axis=0), axis=0), axis=0) != 0:
+        q, dist = e2m1_rne_signed(v, True)
+    else:
+        q, dist = e2m1_rne_signed(v, False)
+    # one test per row, then per tile; axis 0 first: inside each thread in both block views
+    blk_bad = (bs_dist > 0.25 * _E4M3_MARGIN) | ((bamax > 0.0) & (q6 < _TINY))
+    row_bad = tl.max(tl.max(blk_bad.to(tl.int32), axis=0, keep_dims=True), axis=1, keep_dims=True) != 0
+    row_bad = row_bad | ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # also NaN
+    row_bad = row_bad | (tl.max(tl.max(dist, axis=0, keep_dims=True), axis=1, keep_dims=True) > _E2M1_MARGIN)
+    if tl.max(tl.max(tl.max(row_bad.to(tl.int32), axis=0), axis=0), axis=0) != 0:
+        bs = tl.math.div_rn(bamax, den)
         bs = tl.where(bs == 0.0, 1.0, bs)
         bs = round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False)
-        d = bs * s2[None, :]
-        q = round_to_grid(tl.math.div_rn(blocks, tl.expand_dims(d, BAXIS)), 0.0, 1, 0, 6.0, True, False)
+        d = bs * s2
+        q = round_to_grid(tl.math.div_rn(blocks, d), 0.0, 1, 0, 6.0, True, False)
     return q, d

@@ -1,16 +1,25 @@
 """The CUDA KDA kernel (`ssmquant.kernels.kda_cuda`): which variants it takes, that its source compiles for an H100 /
-H200 without spilling (NVRTC, no GPU needed), and on a CUDA GPU its FP8 rounding against torch's cast over every
-finite FP32 value and its metrics against the naive reference with the Triton kernel's tolerances
+H200 without spilling (NVRTC, no GPU needed), the arithmetic of its NVFP4 element rounding (an exact transcription,
+on the CPU), and on a CUDA GPU its FP8 rounding against torch's cast over every finite FP32 value, its NVFP4 write
+bit for bit against `formats.codec` (crafted states that take its exact-division fallback, and every write of the
+kernel's own states), and its metrics against the naive reference with the Triton kernel's tolerances
 (test_kda_kernel.py: SLACK, REF_RTOL).
 """
 
 import math
 import re
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
+from ssmquant.formats import Encoding
+from ssmquant.formats.codec import encode
+from ssmquant.formats.grids import E2M1, round_to_grid
 from ssmquant.kernels import emulate_triton, fused_kernels, kda_cuda
+from ssmquant.kernels.delta_rule import delta_rule_operands
+from ssmquant.kernels.host import write_mask_on
 from ssmquant.replay import parse_variant, parse_variants
 from ssmquant.simulate import simulate
 
@@ -32,9 +41,14 @@ ELIGIBLE = [
     "fp8_e4m3@spec8x2:p0.5",
     "int8@replay4:fp32",
     "fp8_e4m3@replay4:fp16",
+    "nvfp4@conventional",
+    "nvfp4@replay4",
+    "nvfp4@replay16:bf16",
 ]
 NOT_ELIGIBLE = [
-    "nvfp4@conventional",
+    "nvfp4:head@conventional",  # one second-level scale per head
+    "nvfp4:rows4@replay4",
+    "nvfp4:sr@conventional",
     "fp8_e4m3:sr@conventional",
     "fp8_e4m3:head@replay4",
     "int8:rows4@conventional",
@@ -46,7 +60,8 @@ NOT_ELIGIBLE = [
 
 @pytest.mark.parametrize("name", ELIGIBLE + NOT_ELIGIBLE)
 def test_eligible_variants(name):
-    """8-bit RNE with dynamic per-row scales on KDA heads of Dk = 128 and Dv a multiple of 16; nothing else."""
+    """8-bit or NVFP4 RNE with dynamic per-row scales on KDA heads of Dk = 128 and Dv a multiple of 16; nothing
+    else."""
     v = parse_variant(name)
     assert kda_cuda.eligible(v, "kda", 128, 128) is (name in ELIGIBLE)
     assert not kda_cuda.eligible(v, "gdn", 128, 128)
@@ -60,6 +75,87 @@ def test_cpu_inputs_run_in_triton(monkeypatch):
     assert not kda_cuda.available(torch.device("cpu"))
     monkeypatch.setenv("SSMQUANT_KDA_CUDA", "0")
     assert not kda_cuda.available(torch.device("cuda"))
+
+
+def test_format_codes_are_the_encodings_kernel_codes():
+    """kda_cuda.cu branches on FMT 3 / 4 / 5: the codes of the Triton kernels (`Encoding.kernel_code`)."""
+    assert kda_cuda._FORMATS == {e: e.kernel_code for e in (Encoding.FP8_E4M3, Encoding.INT8, Encoding.NVFP4)}
+    assert (Encoding.FP8_E4M3.kernel_code, Encoding.INT8.kernel_code, Encoding.NVFP4.kernel_code) == (3, 4, 5)
+    assert kda_cuda.kernel_source(5, 0, True, False, torch.float32, torch.float32).startswith("#define FMT 5\n")
+    assert "#define QMAX 2688.0f" in kda_cuda.kernel_source(5, 0, True, False, torch.float32, torch.float32)
+
+
+def _f32(x: Fraction) -> float:
+    """x rounded to FP32, half to even (exact rational arithmetic; |x| in FP32's normal range or 0)."""
+    if x == 0:
+        return 0.0
+    a = abs(x)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    e += 1 if Fraction(2) ** (e + 1) <= a else 0
+    e -= 1 if Fraction(2) ** e > a else 0
+    ulp = Fraction(2) ** (max(e, -126) - 23)
+    n, r = divmod(a / ulp, 1)
+    n += 1 if r > Fraction(1, 2) or (r == Fraction(1, 2) and n % 2) else 0
+    return math.copysign(float(n * ulp), x)
+
+
+def _bits_f32(x: float, mask: int) -> float:
+    """The FP32 value of x's bits and mask."""
+    return float((np.array([x], np.float32).view(np.uint32) & np.uint32(mask)).view(np.float32)[0])
+
+
+def _fma(a: float, b: float, c: float) -> float:
+    return _f32(Fraction(a) * Fraction(b) + Fraction(c))
+
+
+def _kernel_e2m1(v: float) -> float:
+    """kda_cuda.cu's e2m1_rne(v) (the fallback's), operation for operation."""
+    a = min(abs(v), 6.0)
+    p = _bits_f32(max(a, 1.0), 0x7F800000)
+    out = _fma(-p, 2.0**22, _fma(p, 2.0**22, a))
+    return math.copysign(out, v)
+
+
+def _kernel_e2m1_fast(v: float) -> tuple[float, float]:
+    """kda_cuda.cu's e2m1_rne_fast(v), operation for operation (each FMA rounded once): (value, near)."""
+    m = max(abs(v), 1.5)
+    out = _fma(-m, 2.0**22, _fma(m, 2.0**22, v))
+    p = _bits_f32(m, 0x7F800000)
+    near = _fma(-p, 0.5 * (0.5 - 2.0**-18), abs(_f32(Fraction(v) - Fraction(out))))
+    return -abs(out) if math.copysign(1.0, v) < 0 else out, near  # the sign bit ORed in
+
+
+def test_nvfp4_element_rounding_arithmetic():
+    """The kernel's two E2M1 roundings against formats.grids.round_to_grid, in exact arithmetic: the fallback's
+    (e2m1_rne) everywhere, the fast path's (e2m1_rne_fast, |v| <= 7) wherever it does not flag the value, and it
+    flags every value whose distance from the grid exceeds the margin (rounding.py's rne_with_distance), on random
+    values and on values around every rounding midpoint and power of two, both signs."""
+    rng = np.random.default_rng(0)
+    vals = [*(rng.standard_normal(300) * 3), *rng.uniform(-7.0, 7.0, 300), 0.0, -0.0, 1e-30, -1e-30, 6.5, -6.9, 7.0]
+    for m in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0):
+        spacing = 0.5 if m < 2 else 1.0 if m < 4 else 2.0
+        for up in (np.float32(np.inf), np.float32(-np.inf)):
+            y = np.float32(m)
+            for _ in range(5):
+                y = np.nextafter(y, up)
+                vals += [float(y), -float(y)]
+        vals += [s * (m + t * spacing * 2.0**-k) for s in (1, -1) for t in (1, -1) for k in (17, 18, 19)]
+    vals = np.array(vals, dtype=np.float32)
+    want = round_to_grid(torch.from_numpy(vals), E2M1).numpy()
+    margin = Fraction(1, 2) - Fraction(1, 2**18)
+    same = lambda a, b: np.float32(a).view(np.uint32) == np.float32(b).view(np.uint32)  # noqa: E731
+    flagged = 0
+    for v, w in zip(vals.tolist(), want.tolist()):
+        assert same(_kernel_e2m1(v), w), (v, _kernel_e2m1(v), w)
+        if abs(v) > 7.0:
+            continue
+        got, near = _kernel_e2m1_fast(v)
+        a = min(abs(v), 6.0)
+        dist = abs(Fraction(a) - Fraction(abs(w))) / Fraction(0.5 if a < 2 else 1 if a < 4 else 2)
+        assert near > 0 or same(got, w), (v, got, w, near)
+        assert near > 0 or dist <= margin, (v, near, float(dist))
+        flagged += near > 0
+    assert 0 < flagged < len(vals) // 2
 
 
 def test_write_masks_are_cached_per_scheme_and_shape():
@@ -82,7 +178,7 @@ needs_nvrtc = pytest.mark.skipif(
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("fmt", [3, 4])
+@pytest.mark.parametrize("fmt", [3, 4, 5])
 @pytest.mark.parametrize(
     "buf,always,has_s0,qk",
     [
@@ -100,12 +196,21 @@ def test_source_compiles_for_sm90(fmt, buf, always, has_s0, qk):
     rc, log, _ = nvrtc_compile(source, [*kda_cuda.NVRTC_OPTIONS, "--ptxas-options=-v"])
     assert rc == 0, log
     usage = re.search(
-        r"Compiling entry function 'kda_emulate_8bit'.*?(\d+) bytes spill stores.*?Used (\d+) registers", log, re.S
+        r"Compiling entry function 'kda_emulate'.*?(\d+) bytes spill stores.*?Used (\d+) registers", log, re.S
     )
     if usage is None:  # the pinned dev wheel (13.0.88) prints ptxas's usage; the NVRTC of a GPU machine's torch may not
         pytest.skip(f"this NVRTC's log has no ptxas resource usage: {log[-200:]!r}")
     if buf == 0 and always:
         assert int(usage.group(1)) == 0, f"spills {usage.group(1)} bytes"
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("always", [True, False])
+def test_debug_states_build_compiles(always):
+    """The tests' build (DEBUG_STATES: the state before and after every write) and the NVFP4 write check kernel."""
+    source = kda_cuda.kernel_source(5, 0, always, True, torch.float32, torch.bfloat16, debug_states=True)
+    rc, log, _ = nvrtc_compile(source, [*kda_cuda.NVRTC_OPTIONS])
+    assert rc == 0, log
 
 
 # --- on a GPU ---------------------------------------------------------------------------------------------------------
@@ -164,7 +269,7 @@ def test_cuda_kernel_matches_naive_reference(case):
 def test_cuda_and_triton_kernels_agree(monkeypatch):
     """The two kernels on the same layer, within the tests' bound; the other variants stay in Triton."""
     inp = _full()
-    names = ELIGIBLE + ["nvfp4@conventional", "fp8_e4m3:sr@replay4"]
+    names = ELIGIBLE + ["nvfp4:head@conventional", "fp8_e4m3:sr@replay4"]
     cuda = emulate_triton(inp, parse_variants(names)).double().cpu().numpy()
     assert fused_kernels(inp, parse_variants(names)) == ["cuda"] * len(ELIGIBLE) + ["triton"] * 2
     monkeypatch.setenv("SSMQUANT_KDA_CUDA", "0")
@@ -177,3 +282,171 @@ def test_cuda_and_triton_kernels_agree(monkeypatch):
 def test_gdn_never_takes_the_kda_kernel():
     inp = gdn_inputs(batch=1, steps=4, key_heads=2, value_heads=4, dk=128, dv=128, device="cuda")
     assert fused_kernels(inp, parse_variants(["fp8_e4m3@conventional"])) == ["triton"]
+
+
+# --- NVFP4, bit for bit ----------------------------------------------------------------------------------------------
+
+NVFP4 = parse_variant("nvfp4").format
+MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # E2M1's rounding midpoints
+
+
+def nvfp4_reference(x: torch.Tensor) -> torch.Tensor:
+    """formats.codec's NVFP4 store and reload (per-row s2) of an fp32 state [..., rows, 128], on the CPU."""
+    x = x.detach().float().cpu()
+    return encode(NVFP4, x).decode(NVFP4)
+
+
+def _near_midpoints(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """x [rows, 128] with every element but each block's largest moved to within a few ulps of (or onto) an E2M1
+    rounding midpoint times its block's decode scale d (the row and block amax, so s2 and d, stay): every quotient
+    x / d lies within 2^-20 spacings of a midpoint, where the kernel's fast quotient cannot decide."""
+    enc = encode(NVFP4, x)
+    d = (enc.block_scale * enc.group_scale[..., None]).repeat_interleave(16, -1)  # [rows, 128]
+    mid = torch.tensor(MIDPOINTS)[torch.randint(len(MIDPOINTS), x.shape, generator=gen)]
+    y = mid * d  # FP32 products: within half an ulp of the midpoint times d
+    for _ in range(3):  # nudge some by an ulp or two either way
+        step = torch.randint(-1, 2, x.shape, generator=gen)
+        y = torch.where(step > 0, torch.nextafter(y, torch.full_like(y, math.inf)), y)
+        y = torch.where(step < 0, torch.nextafter(y, torch.zeros_like(y)), y)
+    y = y * torch.where(torch.rand(x.shape, generator=gen) < 0.5, -1.0, 1.0)
+    blocks = x.abs().reshape(x.shape[0], -1, 16)
+    keep = (blocks == blocks.amax(-1, keepdim=True)).reshape(x.shape)
+    return torch.where(keep, x, y)
+
+
+def crafted_nvfp4_states() -> list[tuple[str, torch.Tensor, bool | None]]:
+    """(name, state [16, 128] fp32 on the CPU, whether its warp must take the exact-division fallback: True, False
+    or None for either): random rows, rows near the E2M1 midpoints, zero rows and blocks, tiny and huge s2,
+    E4M3 block-scale ties, clamped block scales, values on the grid."""
+    gen = torch.Generator().manual_seed(7)
+    rnd = lambda: torch.randn(16, 128, generator=gen)  # noqa: E731
+    cases = [("gaussian", rnd(), None), ("gaussian x 1e-3", rnd() * 1e-3, None)]
+    cases.append(("near midpoints", _near_midpoints(rnd(), gen), True))
+    cases.append(("near midpoints x 1e20", _near_midpoints(rnd() * 1e20, gen), True))
+    zeros = rnd()
+    zeros[0] = 0.0  # amax 0: s2 = 1
+    zeros[1, 16:] = 0.0  # one nonzero block
+    zeros[2, :112] = 0.0
+    zeros[3] = 0.0
+    zeros[3, 77] = -3.0  # a single element
+    zeros[4:8, 32:64] = 0.0  # zero blocks beside nonzero ones
+    cases.append(("zero rows and blocks", zeros, None))
+    cases.append(("all zero", torch.zeros(16, 128), False))
+    cases.append(("tiny s2 (< 2^-116)", rnd() * 2.0**-110, True))  # row amax < 2^-105: s2 < 2^-116
+    cases.append(("s2 underflows to 0 (s2 = 1)", rnd() * 2.0**-142, None))
+    huge = rnd().clamp(-3.0, 3.0) * 2.0**126
+    huge[:, 5] = 2.0**127.75  # every row's amax > 2688 x 2^116
+    cases.append(("huge s2 (> 2^116)", huge, True))
+    cases.append(("large s2 (in range)", rnd() * 2.0**110, None))
+    ties = torch.rand(16, 128, generator=gen) * 2.0**-10
+    ties[:, 0] = 2688.0  # s2 = 1, 6 s2 = 6
+    ties[:, 16] = 6.0 * 1.0625  # bam / 6 on E4M3 midpoints (ties to even) ...
+    ties[:, 32] = 6.0 * 1.1875
+    ties[:, 48] = 6.0 * 1.5 * 2.0**-9  # ... also among its subnormals
+    ties[:, 64] = 6.0 * 2.5 * 2.0**-9
+    ties[:, 80] = 6.0 * (2.0**-6 + 2.0**-10)
+    ties[:, 96] = 6.0 * 240.0  # 232 / 248 ... 240 is on the grid: its neighbours' midpoint is not
+    ties[:, 112] = 6.0 * 232.0
+    cases.append(("E4M3 block-scale ties", ties, None))
+    clamp = rnd() * 1e-6
+    clamp[:, 0] = 1e3  # the other blocks' bam / (6 s2) < 2^-9: block scales clamp to E4M3's smallest
+    cases.append(("clamped block scales", clamp, None))
+    enc = encode(NVFP4, rnd())
+    d = (enc.block_scale * enc.group_scale[..., None]).repeat_interleave(16, -1)
+    cases.append(("on the grid", enc.values * d, None))
+    return cases
+
+
+@gpu_only
+def test_nvfp4_write_matches_codec_on_crafted_states():
+    """The kernel's NVFP4 write (`kda_cuda.nvfp4_write`, the main kernel's device code) against formats.codec, bit
+    for bit; the crafted states that must take the exact-division fallback take it."""
+    cases = crafted_nvfp4_states()
+    x = torch.cat([c[1] for c in cases]).float()
+    got, fallback = kda_cuda.nvfp4_write(x.cuda())
+    want = nvfp4_reference(x)
+    for i, (name, _, must) in enumerate(cases):
+        g, w = got[16 * i : 16 * i + 16].cpu(), want[16 * i : 16 * i + 16]
+        diff = (g.view(torch.int32) != w.view(torch.int32)).nonzero()
+        assert len(diff) == 0, (
+            f"{name}: {len(diff)} elements differ, first {diff[0].tolist()}: {g[tuple(diff[0])]} vs {w[tuple(diff[0])]}"
+        )
+        if must is not None:
+            assert bool(fallback[i]) is must, f"{name}: fallback {int(fallback[i])}"
+
+
+@gpu_only
+def test_nvfp4_write_matches_codec_on_random_states():
+    """4096 random rows per scale, from 2^-120 to 2^120 (s2 inside and outside the fast path's range): bit for
+    bit; at unit scale the fast path takes almost every warp (the fallback is the rare case)."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for scale in (1.0, 2.0**-120, 2.0**-60, 2.0**60, 2.0**120):
+        x = torch.randn(4096, 128, device="cuda", generator=gen) * scale
+        x[::7] *= torch.rand(x[::7].shape, device="cuda", generator=gen)  # uneven blocks
+        got, fallback = kda_cuda.nvfp4_write(x)
+        want = nvfp4_reference(x)
+        assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32)), f"scale {scale}"
+        if scale == 1.0:
+            assert float(fallback.float().mean()) < 0.05
+
+
+def _kernel_states(inp, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(metrics, states [T, 2, B, Hv, Dv, 128] on the CPU, write mask [B, T]) of variant `name` on inputs `inp`
+    from the DEBUG_STATES build; its metrics must be the production build's, bit for bit."""
+    v = parse_variant(name)
+    ops = delta_rule_operands(inp)
+    fmt, buf = kda_cuda.variant_config(v)
+    bsz, steps, hv, dv = ops["v"].shape
+    write, always = write_mask_on(v.scheme, bsz, steps, inp.device)
+    s0 = None if inp.initial_state is None else inp.initial_state.float().contiguous()
+    args = (ops["q"], ops["k"], ops["v"], ops["alpha"], ops["beta"], s0, write)
+    states = torch.full((steps, 2, bsz, hv, dv, 128), math.nan, device=inp.device)
+    metrics = kda_cuda.kda_cuda_launch(*args, fmt=fmt, buf=buf, always=always, states=states)
+    plain = kda_cuda.kda_cuda_launch(*args, fmt=fmt, buf=buf, always=always)
+    # the same bits (NaN where a huge crafted state overflows a metric)
+    torch.testing.assert_close(metrics, plain, rtol=0, atol=0, equal_nan=True, msg="the DEBUG_STATES build differs")
+    return metrics, states.cpu(), v.scheme.write_mask(bsz, steps)
+
+
+def _assert_writes_match_codec(states: torch.Tensor, mask: torch.Tensor, label: str) -> None:
+    """Every step's state after the write is the codec's store and reload of the state before it (write steps) or
+    that state unchanged (steps that do not write), bit for bit."""
+    pre, post = states[:, 0], states[:, 1]
+    assert bool(torch.isfinite(pre).all()), label
+    want = torch.where(mask.T[:, :, None, None, None], nvfp4_reference(pre), pre)
+    bad = (post.view(torch.int32) != want.view(torch.int32)).nonzero()
+    assert len(bad) == 0, f"{label}: {len(bad)} elements differ, first at [t, b, h, row, col] = {bad[0].tolist()}"
+
+
+@gpu_only
+@pytest.mark.parametrize("name", ["nvfp4@conventional", "nvfp4@replay4", "nvfp4@replay16:bf16"])
+@pytest.mark.parametrize("case", ["bf16", "fp32+s0"])
+def test_nvfp4_kernel_writes_match_codec(name, case):
+    """Every write of the kernel's own states (KDA steps on random inputs, conventional and replay, with and without
+    an initial state) rounds as formats.codec does, bit for bit."""
+    if case == "bf16":
+        inp = kda_inputs(batch=2, steps=40, key_heads=2, value_heads=4, dk=128, dv=64, device="cuda")
+    else:
+        inp = kda_inputs(
+            batch=2, steps=40, key_heads=2, value_heads=4, dk=128, dv=64, device="cuda", dtype=torch.float32
+        )
+        inp.initial_state = torch.randn(inp.state_shape, device="cuda") * 0.3
+    _, states, mask = _kernel_states(inp, name)
+    _assert_writes_match_codec(states, mask, f"{case} {name}")
+
+
+@gpu_only
+@pytest.mark.parametrize("name", ["nvfp4@conventional", "nvfp4@replay4"])
+def test_nvfp4_kernel_writes_crafted_initial_states(name):
+    """The crafted states as the initial state of a layer whose steps leave the state as it is (k = 0, decays 1):
+    the kernel's first write takes the exact-division fallback where they demand it; every write, bit for bit."""
+    cases = crafted_nvfp4_states()
+    s0 = torch.cat([c[1] for c in cases]).float()  # [rows, 128]
+    rows = s0.shape[0]
+    inp = kda_inputs(batch=1, steps=6, key_heads=1, value_heads=1, dk=128, dv=rows, device="cuda", dtype=torch.float32)
+    inp.k = torch.zeros_like(inp.k)
+    inp.g = torch.zeros_like(inp.g)  # decays exp(0) = 1
+    inp.initial_state = s0.reshape(inp.state_shape).cuda()
+    _, states, mask = _kernel_states(inp, name)
+    assert torch.equal(states[0, 0].reshape(rows, 128), s0), "the steps changed the state"
+    _assert_writes_match_codec(states, mask, name)
