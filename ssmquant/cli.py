@@ -248,6 +248,18 @@ _DEVICES_OPTION = click.option(
 )
 
 
+_PROMPT_OPTION = click.option(
+    "--prompt",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Prompt tokens before decoding: the first N tokens of each sequence are prefilled in FP32 and each format "
+    "stores the state they leave once (conventional: its state; replay: its first checkpoint), as an engine writes "
+    "its prefill's final state; errors count the decode steps after it. 0: every token is a decode step from an "
+    "empty state.",
+)
+
+
 def _devices(value: str | None) -> list[str] | str | None:
     """--devices: names, "all", or a count N (cuda:0 .. cuda:N-1), checked against the visible GPUs here so
     that a bad value is one line before any work (analysis.devices.parse_emulation_devices)."""
@@ -311,7 +323,8 @@ def _devices(value: str | None) -> list[str] | str | None:
     "--buffer-len", default=16, show_default=True, type=int, help="Replay buffer length L for a bare 'replay'."
 )
 @click.option("--rounding", default="rne", show_default=True, help="rne, sr or rne,sr.")
-@click.option("--steps", default=None, type=int, help=_default_help("analyze", "steps", "Decode steps (tokens per sequence)."))
+@click.option("--steps", default=None, type=int, help=_default_help("analyze", "steps", "Decode steps (after the prompt)."))
+@_PROMPT_OPTION
 @click.option("--batch", default=None, type=int, help=_default_help("analyze", "batch", "Sequences."))
 @click.option("--layers", default=None, help="Comma-separated decoder-layer indices of SSM layers (default: all).")
 @click.option("--device", default="auto", show_default=True, help="auto, cuda or cpu.")
@@ -366,6 +379,7 @@ def analyze_cmd(
     buffer_len,
     rounding,
     steps,
+    prompt,
     batch,
     layers,
     device,
@@ -401,6 +415,7 @@ def analyze_cmd(
         buffer_len=buffer_len,
         rounding=_csv(rounding, "--rounding"),
         steps=sizes["steps"],
+        prompt=prompt,
         batch=sizes["batch"],
         layers=_layers(layers),
         device=device,
@@ -433,6 +448,9 @@ def analyze_cmd(
     if not quiet:
         src = result.source
         click.echo(f"\n{src['model']} ({src['kind']} data: {src.get('note', '')})")
+        if cfg.prompt:
+            click.echo(f"after a prompt of {cfg.prompt} tokens (prefilled in FP32, stored once per format): errors "
+                       f"over the {cfg.steps} decode steps that follow")  # fmt: skip
         click.echo(summary_table(result.summary))
         click.echo("\n" + memory_text(result.memory))
         click.echo(f"\nwrote {path} in {result.elapsed_s:.1f} s")
@@ -514,7 +532,8 @@ def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, 
     "--buffer-len", default=16, show_default=True, type=int, help="Replay buffer length L for a bare 'replay'."
 )
 @click.option("--rounding", default=None, help="rne, sr or rne,sr. [default: rne]")
-@click.option("--steps", default=None, type=int, help=_default_help("eval", "steps", "Decode steps (tokens per sequence)."))
+@click.option("--steps", default=None, type=int, help=_default_help("eval", "steps", "Decode steps (after the prompt)."))
+@_PROMPT_OPTION
 @click.option("--batch", default=None, type=int, help=_default_help("eval", "batch", "Held-out sequences decoded together."))
 @click.option("--device", default="auto", show_default=True, help="auto, cuda, cuda:N or cpu.")
 @click.option(
@@ -549,6 +568,7 @@ def eval_cmd(
     buffer_len,
     rounding,
     steps,
+    prompt,
     batch,
     device,
     text,
@@ -592,7 +612,7 @@ def eval_cmd(
                 )
             cfg = EvalConfig(
                 model, chosen, steps=sizes["steps"], batch=sizes["batch"], seed=seed, device=device, text=text, fold=fold,
-                cudnn_attention=cudnn_attention,
+                cudnn_attention=cudnn_attention, prompt=prompt,
             )  # fmt: skip
             result = evaluate(
                 cfg,
@@ -648,8 +668,9 @@ class _BudgetNotMet(click.ClickException):
     "--horizon",
     default=None,
     type=int,
-    help=_default_help("calibrate", "horizon", "Decode steps; the budget holds over the last window."),
+    help=_default_help("calibrate", "horizon", "Decode steps (after the prompt); the budget holds over the last window."),
 )
+@_PROMPT_OPTION
 @click.option("--batch", default=None, type=int, help=_default_help("calibrate", "batch", "Calibration sequences."))
 @click.option("--heldout-batch", default=None, type=int, help="Held-out sequences for verification. [default: --batch]")
 @click.option("--candidates", default="fp8_e4m3,int8,nvfp4", show_default=True, help="Candidate formats.")
@@ -730,6 +751,7 @@ def calibrate_cmd(
     budget,
     metric,
     horizon,
+    prompt,
     batch,
     heldout_batch,
     candidates,
@@ -778,6 +800,7 @@ def calibrate_cmd(
         budget=budget,
         metric=metric,
         horizon=sizes["horizon"],
+        prompt=prompt,
         batch=sizes["batch"],
         heldout_batch=heldout_batch,
         candidates=_csv(candidates, "--candidates"),

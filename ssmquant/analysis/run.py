@@ -26,6 +26,7 @@ import torch
 from .. import __version__, kinds
 from ..engines.profiles import EngineError, check_variant
 from ..formats import Encoding, FormatError, parse
+from ..kinds import after_prompt, is_validated
 from ..provenance import environment
 from ..replay import Trace, cycle_window, parse_scheme
 from ..replay.schemes import SchemeError
@@ -78,7 +79,11 @@ class AnalyzeConfig:
     schemes: list[str] = field(default_factory=lambda: ["conventional", "replay"])
     buffer_len: int = 16
     rounding: list[str] = field(default_factory=lambda: ["rne"])
-    steps: int = 4096
+    steps: int = 4096  # decode steps (after the prompt)
+    # tokens prefilled before decoding (kinds.after_prompt): the first `prompt` captured tokens of each sequence run in
+    # FP32 and each variant stores the state they leave once, as an engine writes its prefill's final state; 0: every
+    # captured token is a decode step from an empty state
+    prompt: int = 0
     batch: int = 8
     layers: list[int] | None = None
     device: str = "auto"
@@ -172,6 +177,7 @@ class AnalysisResult:
             "summary": _records(self.summary),
             "memory": _records(self.memory),
             "budget": {"value": self.config.budget, "note": verdict_note(self.config.budget)},
+            "prompt": {"tokens": self.config.prompt, "note": prompt_note(self.config.prompt)},
             "verdict": verdicts(self.summary),
             # per scheme, the step of the first rounded state: the plots mark it without parsing schemes (which
             # imports torch: seconds in a plotting process that needs nothing else of it)
@@ -356,6 +362,17 @@ def verdicts(summary: pd.DataFrame) -> list[dict]:
     return out
 
 
+def prompt_note(prompt: int) -> str:
+    """What the step numbers of a run with this prompt length count."""
+    if not prompt:
+        return "no prompt: every captured token is a decode step, from an empty state"
+    return (
+        f"the first {prompt} tokens of each sequence are a prompt, prefilled in FP32; each variant stores the state "
+        "they leave once in its format (conventional: its stored state; replay: its first checkpoint) and the steps "
+        "count the decode steps after it"
+    )
+
+
 def verdict_note(budget: float) -> str:
     """What the verdict compares, for report.json and the terminal."""
     return (
@@ -438,6 +455,8 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
             f"--budget must lie in (0, {DIVERGED:g}): a relative output error, where {DIVERGED:g} is an error as large "
             f"as the signal; got {cfg.budget}"
         )
+    if isinstance(cfg.prompt, bool) or not isinstance(cfg.prompt, int) or cfg.prompt < 0:
+        raise AnalyzeError(f"--prompt must be a whole number of tokens >= 0 (0: no prompt), got {cfg.prompt!r}")
     if cfg.record_every is not None and cfg.record_every < 1:
         raise AnalyzeError(f"--record-every must be >= 1 (keep every k-th step), got {cfg.record_every}")
     variants = build_variants(cfg)
@@ -457,7 +476,7 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
         cfg.model,
         synthetic=cfg.synthetic,
         batch=cfg.batch,
-        steps=cfg.steps,
+        steps=cfg.prompt + cfg.steps,  # the prompt's tokens, then the decoded ones
         seed=cfg.seed,
         device=device,
         text_path=cfg.text,
@@ -501,6 +520,10 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
         inputs = inputs.to(dev)
         inputs.meta.setdefault("layer", layer)
         try:
+            if cfg.prompt:
+                if not is_validated(inputs):  # the prompt's steps too: a NaN there would surface as a NaN state
+                    inputs.validate()
+                inputs = after_prompt(inputs, cfg.prompt)
             pending = start_simulation(inputs, variants, backend=cfg.backend, record_every=record_every)
         except ValueError as err:
             raise AnalyzeError(f"layer {layer}: {err}") from err

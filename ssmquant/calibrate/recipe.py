@@ -248,7 +248,9 @@ def build_document(result) -> dict:
             "fp32_state_bytes_per_sequence_per_layer": fp32_bytes,
         },
         "data": {"calibration": result.source, "heldout": result.heldout_source},
-        "budget": {"metric": metric, "value": budget, "horizon": cfg.horizon, "definition": BUDGET_DEFINITION},
+        # prompt: tokens prefilled (FP32) before the horizon's decode steps, the state stored once per setting
+        "budget": {"metric": metric, "value": budget, "horizon": cfg.horizon, "prompt": cfg.prompt,
+                   "definition": BUDGET_DEFINITION},  # fmt: skip
         "engine_profile": engine_profile_doc(result),
         "search": {
             "candidates": list(cfg.candidates),
@@ -400,6 +402,9 @@ def validate_document(doc: dict) -> None:
         _fail(f"budget.value must be a finite number > 0, got {value}")
     if _need(budget, "horizon", int, "budget") < 1:
         _fail(f"budget.horizon must be >= 1, got {budget['horizon']}")
+    prompt = budget.get("prompt", 0)  # recipes written before prompts had none: no prompt
+    if isinstance(prompt, bool) or not isinstance(prompt, int) or prompt < 0:
+        _fail(f"budget.prompt must be a whole number of tokens >= 0, got {prompt!r}")
     count_buffer = _validate_search(doc.get("search"))
     _validate_engine_profile(doc.get("engine_profile"))
 

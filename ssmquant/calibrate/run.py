@@ -38,7 +38,7 @@ from ..engines.deployments import TARGETS, Target, deployments, describe_deploym
 from ..engines.facts import ENGINE_NAMES, EngineVersionError
 from ..engines.profiles import EngineError, check_engine
 from ..formats import FormatError
-from ..kinds import InputError
+from ..kinds import InputError, after_prompt, is_validated
 from ..models import get_preset
 from ..models.text import TextError
 from ..provenance import DEFAULT_PACKAGES, environment
@@ -87,7 +87,8 @@ class CalibrateConfig:
     text: str | None = None
     budget: float = 0.02
     metric: str = "out_rel_err"
-    horizon: int = 4096
+    horizon: int = 4096  # decode steps (after the prompt)
+    prompt: int = 0  # tokens prefilled before decoding (analysis.AnalyzeConfig.prompt)
     batch: int = 4
     heldout_batch: int | None = None  # None: batch
     candidates: list[str] = field(default_factory=lambda: ["fp8_e4m3", "int8", "nvfp4"])
@@ -135,6 +136,8 @@ class CalibrateConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise CalibrateError(f"--{name} must be an integer >= 1, got {v!r}")
+        if isinstance(self.prompt, bool) or not isinstance(self.prompt, int) or self.prompt < 0:
+            raise CalibrateError(f"--prompt must be a whole number of tokens >= 0 (0: no prompt), got {self.prompt!r}")
         if self.heldout_batch is not None and (not isinstance(self.heldout_batch, int) or self.heldout_batch < 1):
             raise CalibrateError(f"--heldout-batch must be an integer >= 1, got {self.heldout_batch!r}")
         if self.backend not in BACKENDS:
@@ -211,7 +214,7 @@ def _open(cfg: CalibrateConfig, device, split: str, batch: int, seed: int, loade
             cfg.model,
             synthetic=cfg.synthetic,
             batch=batch,
-            steps=cfg.horizon,
+            steps=cfg.prompt + cfg.horizon,  # the prompt's tokens, then the decoded ones
             seed=seed,
             device=device,
             text_path=cfg.text,
@@ -233,7 +236,7 @@ def _load(cfg: CalibrateConfig, device, devices):
     splits = [("calibration", cfg.batch)] + ([("heldout", cfg.heldout_batch or cfg.batch)] if cfg.verify else [])
     for split, batch in splits:
         try:
-            check_text(cfg.text, batch=batch, length=cfg.horizon, split=split)
+            check_text(cfg.text, batch=batch, length=cfg.prompt + cfg.horizon, split=split)
         except SourceError as err:
             hint = " (or lower --heldout-batch)" if split == "heldout" else ""
             raise CalibrateError(f"{split} data: {err}{hint}") from None
@@ -351,7 +354,7 @@ def calibrate(
             w0, c0 = time.perf_counter(), time.thread_time()
             inputs = inputs.to(dev)
             try:
-                inputs.validate()
+                inputs = after_prompt(inputs.validate(), cfg.prompt)
             except InputError as err:
                 raise InputError(f"layer {layer}: {err}") from None
             if inputs.steps != cfg.horizon:
@@ -439,6 +442,7 @@ def calibrate(
         "split": "calibration",
         "batch": cfg.batch,
         "horizon": cfg.horizon,
+        "prompt": cfg.prompt,
         "seed": cfg.seed,
     }
     ssm_layers, layer_kind = list(source.layers), source.layer_kind
@@ -517,7 +521,8 @@ def calibrate(
         if heldout_source is None:
             if cfg.synthetic:
                 heldout_source = synthetic_heldout_source(
-                    cfg.model, calibration_batch=cfg.batch, batch=hb, steps=cfg.horizon, seed=cfg.seed, device=device
+                    cfg.model, calibration_batch=cfg.batch, batch=hb, steps=cfg.prompt + cfg.horizon, seed=cfg.seed,
+                    device=device,
                 )
             else:  # the same model, held-out text
                 heldout_source = _open(cfg, device, "heldout", hb, cfg.seed, loaded)
@@ -532,6 +537,8 @@ def calibrate(
         def verify_one(layer, inputs, dev):
             w0, c0 = time.perf_counter(), time.thread_time()
             inputs = inputs.to(dev)
+            if cfg.prompt:
+                inputs = after_prompt(inputs if is_validated(inputs) else inputs.validate(), cfg.prompt)
             out = verify_layer(layer, inputs, decisions[layer], chosen_scales.get(layer), verify_uniform,
                                metric=cfg.metric, budget=cfg.budget, backend=cfg.backend, seed=cfg.seed,
                                engine=cfg.engine)  # fmt: skip

@@ -40,7 +40,7 @@ class Mamba2EngineStep:
         self.replay = v.scheme.kind is SchemeKind.REPLAY
         self.r, self.i = runner, i
         self.mask = runner.masks[i]  # [B, T]
-        self.s = runner.s0.clone()  # the state the metrics see
+        self.s = runner.s0_stored[i].clone()  # the state the metrics see: the initial state as stored
         enc = self.fmt.encoding
         self.eight = enc in (Encoding.INT8, Encoding.FP8_E4M3)
         self.sr = self.fmt.rounding is Rounding.SR
@@ -49,11 +49,11 @@ class Mamba2EngineStep:
             self.tab = flashinfer_tables(inp, self.mask, v.scheme.buffer_len)
             self.L = v.scheme.buffer_len
             # the checkpoint: code values and per-row decode scales (8-bit), or the stored values
-            if self.eight:
-                self.codes, self.dec = encode_rows_fast(self.s, _STORE_DTYPE[enc])
+            if self.eight:  # the engine's own encoding of the initial state, as its first checkpoint
+                self.codes, self.dec = encode_rows_fast(runner.s0, _STORE_DTYPE[enc])
                 self.s = self.codes * self.dec[..., None]
             else:
-                self.codes, self.dec = self._store_wide(self.s, -1), None
+                self.codes, self.dec = self.s.clone(), None  # the stored initial state
             self.pending = torch.zeros(inp.batch, inp.num_heads, inp.rows, device=inp.device)
 
     # -- stores ---------------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ class Mamba2EngineStep:
             codes, dec = encode_rows(s, torch.int16)
             return codes * dec[..., None]
         # fp16 SR under replay: the kernel's stream is not reproduced; ssmquant's own (statistically equal)
-        return self.r.stores[self.i](s, self.r.stores[self.i].key(t)) if t >= 0 else s.to(torch.float32)
+        return self.r.stores[self.i](s, self.r.stores[self.i].key(t))
 
     def _encode_8bit(self, s: torch.Tensor, call: int):
         chunk = None
@@ -159,7 +159,7 @@ class Mamba2SSUStep:
         v = runner.variants[i]
         self.r, self.i = runner, i
         self.mask = runner.masks[i]  # [B, T]
-        self.s = runner.s0.clone()
+        self.s = runner.s0_stored[i].clone()
         self.da = ssu_decays(runner.inputs.A, runner.inputs.dt, v.engine)  # [B, T, H]
 
     def step(self, t: int):

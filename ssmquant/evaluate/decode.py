@@ -33,23 +33,38 @@ def output_cache(out):
 
 
 class TeacherForced:
-    """One model run over ``ids`` [B, T + 1] (on the embedding's device), one token per forward.
+    """One model run over ``ids`` [B, P + T + 1] (on the embedding's device): a prompt of P tokens, then one token
+    per forward.
 
-    ``step(t)`` must be called for t = 0, 1, 2, ... in order; it returns FP32 logits [B, V] for the
-    position after token t. ``cache`` is the transformers cache after the last step (None before step 0).
+    With ``prompt`` P > 0, ``prefill()`` runs the first P tokens in one forward (the model's chunked path) and must
+    come first. ``step(t)`` must then be called for t = 0, 1, 2, ... in order; it feeds token P + t and returns
+    FP32 logits [B, V] for the position after it. ``cache`` is the transformers cache after the last forward (None
+    before the first).
     """
 
-    def __init__(self, net: torch.nn.Module, ids: torch.Tensor):
+    def __init__(self, net: torch.nn.Module, ids: torch.Tensor, prompt: int = 0):
         self.net = net
         self.ids = ids
+        self.prompt = prompt
         self.cache = None
         self.next_step = 0
         self._kw = cache_keyword(net)
 
+    def prefill(self) -> None:
+        """The prompt's forward (its logits are not decode steps: dropped)."""
+        if self.prompt < 1 or self.cache is not None:
+            raise RuntimeError("prefill runs once, first, and only with a prompt")
+        self._forward(self.ids[:, : self.prompt])
+
     def step(self, t: int) -> torch.Tensor:
-        if t != self.next_step:
-            raise RuntimeError(f"decode steps must run in order: expected step {self.next_step}, got {t}")
-        kwargs = {"input_ids": self.ids[:, t : t + 1], "use_cache": True}
+        if t != self.next_step or (self.prompt and self.cache is None):
+            raise RuntimeError(f"decode steps must run in order after the prefill: expected step {self.next_step}, got {t}")
+        out = self._forward(self.ids[:, self.prompt + t : self.prompt + t + 1])
+        self.next_step += 1
+        return out.logits[:, -1].float()
+
+    def _forward(self, input_ids: torch.Tensor):
+        kwargs = {"input_ids": input_ids, "use_cache": True}
         if self.cache is not None:
             kwargs[self._kw] = self.cache
         out = self.net(**kwargs)
@@ -57,8 +72,7 @@ class TeacherForced:
             self.cache = output_cache(out)
             if self.cache is None:
                 raise RuntimeError(f"{type(self.net).__name__} returned no cache with use_cache=True")
-        self.next_step += 1
-        return out.logits[:, -1].float()
+        return out
 
     def preallocate_kv(self) -> int:
         """Give every attention layer of the cache (a transformers ``DynamicLayer``) room for all of ``ids``'

@@ -186,41 +186,59 @@ def decode_pass(
     passes: int = 1,
     progress: Callable[[], None] | None = None,
     kv_buffer: bool = False,
+    prompt: int = 0,
 ) -> list[str]:
-    """Decode ``ids`` [B, T + 1] through every run of ``plan``; fill ``values`` [V, 3, B, T] (kl, top-1
+    """Decode ``ids`` [B, P + T + 1] through every run of ``plan``; fill ``values`` [V, 3, B, T] (kl, top-1
     agreement, delta nll in nats) for the pass's variants and, when given, ``ref_nll`` [B, T] (nats).
 
-    ``writers[i]`` stores variant i's slice after every forward. ``kv_buffer``: after the first step the attention
-    layers' KV caches get room for every step (``decode.KVBuffer``: no growing concatenation; the same values). Returns the notes of ``prepare_states`` for
-    the reference's cache. Raises EvalError when the reference's logits or a stored state are not finite.
+    ``prompt`` P > 0: the first P tokens are prefilled in one forward per run (FP32 states), after which every
+    variant's slice stores each state once (its writer's column 0, the prompt's state); decode step t then feeds
+    token P + t. ``writers[i]`` stores variant i's slice after every forward. ``kv_buffer``: after the first forward
+    the attention layers' KV caches get room for every step (``decode.KVBuffer``: no growing concatenation; the
+    same values). Returns the notes of ``prepare_states`` for the reference's cache. Raises EvalError when the
+    reference's logits or a stored state are not finite.
     """
-    batch, steps = ids.shape[0], ids.shape[1] - 1
-    runs = [TeacherForced(net, ids) for _ in plan.runs]
+    batch, steps = ids.shape[0], ids.shape[1] - 1 - prompt
+    runs = [TeacherForced(net, ids, prompt) for _ in plan.runs]
     notes: list[str] = []
+    shift = 1 if prompt else 0  # the writers' column of decode step t (column 0: the prompt's state)
+
+    def first_forward(r: int, slices: tuple[int, ...], run: TeacherForced) -> torch.Tensor | None:
+        """After a run's first forward (at ``batch``, the mixers' chunked path): the states checked, the cache
+        copied to every slice so that all slices start bit-identical; returns the fold index (None: one slice)."""
+        found = prepare_states(run.cache, layers, batch, state_shape)
+        notes.extend(found if r == 0 else [])
+        index = _fold_index(batch, len(slices), plan.row_multiple, ids.device)
+        if index is not None:
+            run.expand(index)
+        if kv_buffer:
+            run.preallocate_kv()
+        return index
+
+    if prompt:
+        for r, (slices, run) in enumerate(zip(plan.runs, runs)):
+            run.prefill()
+            first_forward(r, slices, run)
+            for j, s in enumerate(slices):
+                if s != REFERENCE:
+                    writers[s](run.cache, 0, j * batch)  # the prompt's state, stored once
     finite = torch.ones(steps, dtype=torch.bool, device=values.device)  # the reference's logits, per step
     for t in range(steps):
         sliced: dict[int, torch.Tensor] = {}
         for r, (slices, run) in enumerate(zip(plan.runs, runs)):
-            logits = run.step(t)  # [rows, vocab]; rows = batch at step 0, the folded batch after
-            if t == 0:
-                found = prepare_states(run.cache, layers, batch, state_shape)
-                notes += found if r == 0 else []
-                index = _fold_index(batch, len(slices), plan.row_multiple, ids.device)
+            logits = run.step(t)  # [rows, vocab]; rows = batch at a first forward, the folded batch after
+            if t == 0 and not prompt:
+                index = first_forward(r, slices, run)
                 if index is not None:
-                    # Step 0 (an empty cache: the mixers' chunked path) runs once at `batch`, as each run did on
-                    # its own; its cache is then copied to every slice, so all slices start bit-identical.
-                    run.expand(index)
                     logits = logits[index.to(logits.device)]  # the logits may sit on another GPU (device_map)
-                if kv_buffer:
-                    run.preallocate_kv()
             for j, s in enumerate(slices):
                 sliced[s] = logits[j * batch : (j + 1) * batch]
                 if s != REFERENCE:
-                    writers[s](run.cache, t, j * batch)
+                    writers[s](run.cache, t + shift, j * batch)
         for s in plan.aliases:
             sliced[s] = sliced[REFERENCE]
         ref_logits = sliced[REFERENCE]
-        target = ids[:, t + 1].to(ref_logits.device)
+        target = ids[:, prompt + t + 1].to(ref_logits.device)
         finite[t] = torch.isfinite(ref_logits).all()
         ref = reference_step(ref_logits, target)
         if ref_nll is not None:

@@ -59,6 +59,7 @@ class EvalSettings:
     steps: int
     batch: int
     seed: int = 0
+    prompt: int = 0
     device: str = "auto"
     text: str | None = None
     horizon_fraction: float = DEFAULT_HORIZON_FRACTION
@@ -120,8 +121,12 @@ class EvalResult:
                 "not_emulated": "the rounding of replay's buffered inputs to the buffer dtype (the per-layer "
                 "`ssmquant analyze` emulates it)",
                 "untouched": "conv states and the attention layers' KV cache",
-                "stochastic_rounding": "stream = decode step (0-based), seed = the variant's seed mixed with the "
-                "decoder-layer index",
+                "stochastic_rounding": "stream = decode step (0-based; the prompt's state: 2^32 - 1), seed = the variant's "
+                "seed mixed with the decoder-layer index",
+                "prompt": "no prompt: decoding starts from an empty state" if not self.config.prompt else
+                f"the first {self.config.prompt} tokens are prefilled in one forward (FP32 states); each variant then "
+                "stores every SSM state once in its format (replay: its first checkpoint) and positions count the "
+                "decode steps after the prompt",
             },
             "reference": self.reference,
             "summary": _records(self.summary),
@@ -240,7 +245,8 @@ def _source(loaded: LoadedModel, text_path, seed: int, batch: int, length: int) 
 
 
 def _heldout_text(text_path, steps: int, batch: int) -> str:
-    """The text, checked before any model loads: its held-out split must hold ``batch`` x (steps + 1) bytes.
+    """The text, checked before any model loads: its held-out split must hold ``batch`` x (steps + 1) bytes
+    (steps: the prompt's tokens and the decode steps).
 
     A token covers at least one byte, so too few bytes means too few tokens for any tokenizer; the exact
     check on tokens follows in ``select_sequences``.
@@ -268,11 +274,14 @@ class EvalConfig:
 
     model: str | LoadedModel = "tiny-nemotron"
     variants: list | str = field(default_factory=lambda: ["fp8_e4m3", "int8", "nvfp4"])
-    steps: int = 256
+    steps: int = 256  # decode steps (after the prompt)
     batch: int = 4
     seed: int = 0
     device: str = "auto"
     text: str | None = None  # text file whose held-out split is decoded (None: the shipped corpus)
+    # tokens prefilled before decoding: one forward of the model (its chunked path, FP32 state), after which every
+    # variant stores each SSM state once in its format (stream 2^32 - 1); metrics count the decode steps after it
+    prompt: int = 0
     horizon_fraction: float = DEFAULT_HORIZON_FRACTION
     threads: int | None = None
     fold: bool | None = None
@@ -332,12 +341,13 @@ def evaluate(
     horizon_fraction, threads, fold, fold_width = cfg.horizon_fraction, cfg.threads, cfg.fold, cfg.fold_width
     cuda_graphs, kv_buffer, cudnn_attention = cfg.cuda_graphs, cfg.kv_buffer, cfg.cudnn_attention
     steps = _check_int("steps", cfg.steps)
+    prompt = _check_int("prompt", cfg.prompt, 0)
     batch = _check_int("batch", cfg.batch)
     seed = _check_int("seed", seed, 0)
     if not 0.0 < float(horizon_fraction) <= 1.0:
         raise EvalError(f"horizon_fraction must lie in (0, 1], got {horizon_fraction!r}")
     vlist = parse_eval_variants(variants, seed=seed)
-    text = _heldout_text(text_path, steps, batch)
+    text = _heldout_text(text_path, prompt + steps, batch)
 
     if isinstance(model, LoadedModel):
         loaded = model
@@ -368,19 +378,22 @@ def evaluate(
     per_pass = None
     try:
         if fold and decoded:
-            per_pass = _fold_width(net, layout, batch, steps, decoded, loaded.device, False, fold_width)
+            per_pass = _fold_width(net, layout, batch, prompt + steps, decoded, loaded.device, False, fold_width)
         else:
-            est = _memory(net, layout, batch, steps, decoded, loaded.device, step_batch=batch, exact=len(exact) == len(vlist))
-            check_memory(est, batch=batch, steps=steps, free=free_bytes)
+            est = _memory(net, layout, batch, prompt + steps, decoded, loaded.device, step_batch=batch,
+                          exact=len(exact) == len(vlist))  # fmt: skip
+            check_memory(est, batch=batch, steps=prompt + steps, free=free_bytes)
     except SizingError as err:
         raise EvalError(str(err)) from None
 
     try:
-        ids = calibration_batch(batch, steps + 1, tokenizer=loaded.tokenizer, text=text, seed=seed, split="heldout")
+        ids = calibration_batch(
+            batch, prompt + steps + 1, tokenizer=loaded.tokenizer, text=text, seed=seed, split="heldout"
+        )
     except TextError as err:
         raise EvalError(
-            f"{steps} steps need {batch} held-out sequences of {steps + 1} tokens (the last token is only a "
-            f"target): {err}"
+            f"{prompt} prompt tokens and {steps} steps need {batch} held-out sequences of {prompt + steps + 1} tokens "
+            f"(the last token is only a target): {err}"
         ) from None
     embed = net.get_input_embeddings()
     ids = ids.to(embed.weight.device)
@@ -392,7 +405,7 @@ def evaluate(
         threads = 1 if (loaded.device.type == "cpu" and small) else torch.get_num_threads()
     threads = _check_int("threads", threads)
 
-    writers = {i: StateWriter(v, layers, batch, steps) for i, v in enumerate(vlist)}
+    writers = {i: StateWriter(v, layers, batch, steps, prompt=prompt > 0) for i, v in enumerate(vlist)}
     rows = CPU_ROW_MULTIPLE if loaded.device.type == "cpu" else 1
     plans = plan_passes(len(vlist), fold, per_pass, exact, rows)
     total = run_steps(plans, steps)
@@ -442,7 +455,7 @@ def evaluate(
                 notes += decode_pass(
                     net, ids, plan, writers, layers, state_shape, values, ref_nll if n == 0 else None, clock,
                     pass_no=n, passes=len(plans), progress=lambda slices=plan.slices: advance(slices),
-                    kv_buffer=kv_buffer,
+                    kv_buffer=kv_buffer, prompt=prompt,
                 )  # fmt: skip
     finally:
         net.train(was_training)
@@ -481,7 +494,7 @@ def evaluate(
                 "scheme": v.scheme.name,
                 "rounding": v.format.rounding.value,
                 "buffer_len": v.scheme.buffer_len,
-                "writes_per_seq": float(w.mask.sum(1).double().mean()),
+                "writes_per_seq": float(w.mask[:, int(w.prompt) :].sum(1).double().mean()),  # decode steps' writes
                 **row,
             }
             for (v, w), row in zip(zip(vlist, writers.values()), summary_rows(vals, window))
@@ -495,7 +508,7 @@ def evaluate(
         "horizon_window": window,
         "horizon_from": steps - window + 1,
     }
-    source = _source(loaded, text_path, seed, batch, steps + 1)
+    source = _source(loaded, text_path, seed, batch, prompt + steps + 1)
     source.update(ssm_layers=[layer.index for layer in layers], state_shape=list(state_shape))
     config = EvalSettings(
         model=loaded.source.name if isinstance(model, LoadedModel) else str(model),
@@ -503,6 +516,7 @@ def evaluate(
         steps=steps,
         batch=batch,
         seed=seed,
+        prompt=prompt,
         device=str(loaded.device) if isinstance(model, LoadedModel) else str(device),
         text=None if text_path is None else str(text_path),
         horizon_fraction=float(horizon_fraction),
@@ -612,7 +626,9 @@ def summary_text(result: EvalResult, max_rows: int = 60) -> str:
     ref = result.reference
     return (
         f"KL(p_fp32 || p_variant) in nats, top-1 agreement with the FP32-state model, and the change in loss "
-        f"({ref['loss_unit']}); horizon = positions {ref['horizon_from']}..{result.config.steps}. "
+        f"({ref['loss_unit']}); horizon = positions {ref['horizon_from']}..{result.config.steps}"
+        + (f" of the decode after a {result.config.prompt}-token prompt" if result.config.prompt else "")
+        + ". "
         f"FP32-state loss: {ref['loss_mean']:.4f} {ref['loss_unit']} (horizon {ref['loss_horizon']:.4f}).\n"
         f"{text}{more}"
     )

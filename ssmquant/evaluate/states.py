@@ -31,6 +31,7 @@ from ..formats import Rounding
 from ..formats.codec import element_index, encode
 from ..formats.random import MASK32, keyed_bits, stream_key, uniform_from_bits
 from ..models import find_ssm_mixers
+from ..replay.naive import INITIAL_STREAM
 from ..replay.variants import Variant
 
 
@@ -138,8 +139,9 @@ class StateWriter:
 
     ``write_mask``: bool [batch, steps] from ``variant.scheme.write_mask`` (True: the state is stored, and so
     rounded, after that step). Call ``writer(cache, step, offset)`` right after the model's forward of
-    ``step``: the variant's sequences are ``offset .. offset + batch`` of the cache's batch (a folded run
-    keeps the reference and several variants in one batch). Where the mask is set, their cached FP32 state
+    ``step`` (with ``prompt``: ``writer(cache, 0, offset)`` after the prompt's forward stores the prompt's state
+    once, stream 2^32 - 1 = ``replay.naive.INITIAL_STREAM``, and decode step t is column t + 1): the variant's
+    sequences are ``offset .. offset + batch`` of the cache's batch (a folded run keeps the reference and several variants in one batch). Where the mask is set, their cached FP32 state
     is replaced by ``format.fake_quant(state, seed=layer_seed, stream=step)`` computed on that slice alone;
     elsewhere it is left exactly as the model computed it, and the other sequences of the cache are never
     touched. The stochastic-rounding stream of the write after step t is t, as in ``replay.naive``; the seed
@@ -166,11 +168,18 @@ class StateWriter:
         steps: int,
         kernel: bool | None = None,
         in_place: bool = True,
+        prompt: bool = False,
     ):
         self.variant = variant
         self.layers = layers
         self.batch = batch
         self.mask = variant.scheme.write_mask(batch, steps)  # [B, T]
+        # the SR stream of each column: the decode step, after the prompt's store (INITIAL_STREAM) when there is one
+        self.streams = list(range(steps))
+        self.prompt = bool(prompt)
+        if self.prompt:
+            self.mask = torch.cat([torch.ones(batch, 1, dtype=torch.bool), self.mask], 1)  # [B, 1 + T]
+            self.streams = [INITIAL_STREAM, *self.streams]
         self.any = self.mask.any(0).tolist()
         self.all = self.mask.all(0).tolist()
         self.exact = variant.format.is_exact
@@ -217,13 +226,13 @@ class StateWriter:
             flags = self._flags(rows[0])  # [layers, B * H, 2]
             keep = None if self.all[step] else self._device_copy("keep", dev)[step]
             for i, (x, layer) in enumerate(zip(rows, self.layers)):
-                store_state_triton(fmt, x, flags[i], keep=keep, seed=layer_seed(self.variant.seed, layer.index), stream=step)
+                store_state_triton(fmt, x, flags[i], keep=keep, seed=layer_seed(self.variant.seed, layer.index), stream=self.streams[step])
             self.finite[step] = (flags == 0).all(1)
             return
         self.finite[step, :, 0] = torch.stack([torch.isfinite(x).all() for x in rows])
         keep = None if self.all[step] else self._device_copy("mask", rows[0].device)[:, step][:, None, None, None]
         for x, layer in zip(rows, self.layers):
-            stored = fake_quant_triton(fmt, x, seed=layer_seed(self.variant.seed, layer.index), stream=step)
+            stored = fake_quant_triton(fmt, x, seed=layer_seed(self.variant.seed, layer.index), stream=self.streams[step])
             x.copy_(stored if keep is None else torch.where(keep, stored, x))
         self.finite[step, :, 1] = torch.stack([torch.isfinite(x).all() for x in rows])
 
@@ -265,7 +274,7 @@ class StateWriter:
                 host = self.mask.T.contiguous().to(torch.int8)
             else:
                 seeds = [layer_seed(self.variant.seed, layer.index) for layer in self.layers]
-                keys = [[stream_key(s, t) if self.any[t] else 0 for s in seeds] for t in range(len(self.any))]
+                keys = [[stream_key(s, self.streams[t]) if self.any[t] else 0 for s in seeds] for t in range(len(self.any))]
                 host = torch.tensor(keys, dtype=torch.int64)
             got = self._on[(what, device)] = host.to(device)
         return got
@@ -278,7 +287,8 @@ class StateWriter:
             return None
         bad = ~self.finite.permute(0, 2, 1)  # [T, 2, layers]: at step t the input check comes before the stored one
         step, stored, i = (int(v) for v in bad.nonzero()[0])
-        where = f"variant {self.variant.name}, layer {self.layers[i].index}, decode step {step}"
+        when = "the prompt's state" if self.prompt and step == 0 else f"decode step {step - int(self.prompt)}"
+        where = f"variant {self.variant.name}, layer {self.layers[i].index}, {when}"
         if not stored:
             return f"{where}: cannot store the state: it contains NaN/Inf"
         return (

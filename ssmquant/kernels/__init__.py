@@ -22,6 +22,7 @@ import triton
 from ..engines.profiles import arithmetic
 from ..formats import Rounding, ScaleMode
 from ..kinds import LayerInputs
+from ..replay.naive import stored_initial_states
 from ..replay.trace import METRIC_BUFFER_BYTES
 from ..replay.variants import Variant
 from . import kda_cuda
@@ -146,9 +147,10 @@ def fused_kernels(inputs: LayerInputs, variants: list[Variant]) -> list[str]:
 
 
 def _kda_cuda_steps(
-    inputs: LayerInputs, variants: list[Variant], indices: list[int], shared: dict, s0, metric_budget: int
+    inputs: LayerInputs, variants: list[Variant], indices: list[int], shared: dict, s0, metric_budget: int, stored
 ):
-    """`emulate_triton_steps` for the variants at ``indices``, each in its own launch of `kda_cuda`'s kernel."""
+    """`emulate_triton_steps` for the variants at ``indices``, each in its own launch of `kda_cuda`'s kernel
+    (stored: each variant's initial state, s0 stored in its format, or None)."""
     bsz, steps, heads, rows = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows
     q, k = shared["q"], shared["k"]
     if q.dtype != k.dtype:  # the kernel reads both with one load
@@ -170,6 +172,7 @@ def _kda_cuda_steps(
                 fmt=fmt,
                 buf=buf,
                 always=always,
+                slot_s0=None if stored is None else stored[i][b0:b1].contiguous(),
             )
             yield i, b0, m.sum(3)  # row-block partial sums -> [T, b, H, 4]
 
@@ -195,16 +198,18 @@ def emulate_triton_steps(
     dev = inputs.device
     bsz, steps, heads, rows, sdim = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows, inputs.state_dim
     s0 = None if inputs.initial_state is None else inputs.initial_state.float().contiguous()
+    # each variant's own state before step 0: s0 stored in its format (replay.naive), None without s0
+    stored = stored_initial_states(inputs, variants)
     fused = kernel_of(inputs.kind)
     shared = fused.operands(inputs)
     launch, per_sequence = fused.launch, fused.per_sequence
     kernels = fused_kernels(inputs, variants)
     for i, variant in enumerate(variants):
         if kernels[i] == "engine":  # an engine profile: its own kernel (mamba2_engine.py)
-            yield from engine_steps(inputs, variant, i, shared, s0, metric_budget)
+            yield from engine_steps(inputs, variant, i, shared, s0, metric_budget, None if stored is None else stored[i])
     on_cuda = [i for i, name in enumerate(kernels) if name == "cuda"]
     if on_cuda:
-        yield from _kda_cuda_steps(inputs, variants, on_cuda, shared, s0, metric_budget)
+        yield from _kda_cuda_steps(inputs, variants, on_cuda, shared, s0, metric_budget, stored)
     rest = [i for i, name in enumerate(kernels) if name != "cuda"]
     for sub, (block_p, num_warps) in plan_launches([variants[i] for i in rest], rows, sdim, tiling, inputs.kind):
         idx = [rest[j] for j in sub]
@@ -223,6 +228,7 @@ def emulate_triton_steps(
         seeds = seeds_on(tuple(v.seed for v in group), dev)
         static = _static_rows(group, bsz, heads, rows, dev)
         blocks = triton.cdiv(rows, block_p)
+        group_s0 = None if stored is None else torch.stack([stored[i] for i in idx])  # [NV, B, H, rows, state_dim]
         for b0, b1 in batch_slices(bsz, len(group) * steps * heads * blocks * 4 * 4, metric_budget):
             args = [t[b0:b1] if name in per_sequence else t for name, t in shared.items()]
             m = launch(
@@ -235,6 +241,7 @@ def emulate_triton_steps(
                 block_p=block_p,
                 num_warps=num_warps,
                 batch_offset=b0,
+                slot_s0=None if group_s0 is None else group_s0[:, b0:b1].contiguous(),
             )
             sums = m.sum(4)  # row-block partial sums -> [NV, T, b, H, 4]
             for j, i in enumerate(idx):

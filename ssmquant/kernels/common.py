@@ -53,6 +53,17 @@ def slot_static_scale(scale_ptr, k, slot_stride, head_base, rows, row_ok, BLOCK_
 
 
 @triton.jit
+def slot_initial_state(sv0_ptr, k, slot_stride, offs, mask, s_ref, NV: tl.constexpr, HAS_SV0: tl.constexpr):
+    """Slot k's state tile before step 0: its own initial state from [NV, B, H, rows, state_dim] (the layer's
+    initial state stored once in the slot's format: ``replay.naive.stored_initial_states``), or the reference's
+    tile s_ref without one (no initial state, or slot k unused)."""
+    if HAS_SV0 and k < NV:
+        return tl.load(sv0_ptr + k * slot_stride + offs, mask=mask, other=0.0)
+    else:
+        return s_ref
+
+
+@triton.jit
 def slot_write(
     s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, BN: tl.constexpr, BR: tl.constexpr, SPEC: tl.constexpr
 ):

@@ -40,7 +40,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from .. import kinds
-from .common import slot_round_buffer, slot_static_scale, slot_write, store_slot_metrics
+from .common import slot_initial_state, slot_round_buffer, slot_static_scale, slot_write, store_slot_metrics
 from .registry import FusedKernel, register
 from .rounding import INTERPRETING, group_reduce_max
 
@@ -201,6 +201,7 @@ def _delta_rule_emulate_kernel(
     alpha_ptr,
     beta_ptr,
     s0_ptr,
+    sv0_ptr,
     write_ptr,
     seed_ptr,
     scale_ptr,
@@ -217,6 +218,7 @@ def _delta_rule_emulate_kernel(
     BLOCK_N: tl.constexpr,
     VEC_DECAY: tl.constexpr,
     HAS_S0: tl.constexpr,
+    HAS_SV0: tl.constexpr,
     FAST_ROUND: tl.constexpr,
     FP_FUSION: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -253,7 +255,13 @@ def _delta_rule_emulate_kernel(
         s_ref = tl.load(s0_ptr + state_offs, mask=tile_ok, other=0.0)
     else:
         s_ref = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
-    v0, v1, v2, v3, v4, v5 = s_ref, s_ref, s_ref, s_ref, s_ref, s_ref
+    sv0_stride = tl.cast(B, tl.int64) * HV * DV * DK  # one slot's initial state [B, HV, DV, DK]
+    v0 = slot_initial_state(sv0_ptr, 0, sv0_stride, state_offs, tile_ok, s_ref, NV, HAS_SV0)
+    v1 = slot_initial_state(sv0_ptr, 1, sv0_stride, state_offs, tile_ok, s_ref, NV, HAS_SV0)
+    v2 = slot_initial_state(sv0_ptr, 2, sv0_stride, state_offs, tile_ok, s_ref, NV, HAS_SV0)
+    v3 = slot_initial_state(sv0_ptr, 3, sv0_stride, state_offs, tile_ok, s_ref, NV, HAS_SV0)
+    v4 = slot_initial_state(sv0_ptr, 4, sv0_stride, state_offs, tile_ok, s_ref, NV, HAS_SV0)
+    v5 = slot_initial_state(sv0_ptr, 5, sv0_stride, state_offs, tile_ok, s_ref, NV, HAS_SV0)
     # stochastic rounding counts elements over the whole batch, so that a launch on a batch slice draws
     # the same bits as the torch reference does for those sequences
     sr_index = state_offs + (batch_offset * HV).to(tl.int64) * DV * DK
@@ -351,8 +359,13 @@ def delta_rule_launch(
     fp_fusion: bool = True,
     prefetch: bool = False,
     row_blocks_first: bool | None = None,
+    slot_s0: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, T, B, Hv, NPB, 4].
+
+    s0: [B, Hv, Dv, Dk] fp32, the reference's initial state, or None (zeros); slot_s0: [NV, B, Hv, Dv, Dk] fp32,
+    each slot's own initial state (s0 stored in its format), or None (each slot starts from s0; needs s0 when
+    given).
 
     alpha: [B, T, Hv] (GDN) or [B, T, Hv, Dk] (KDA, the decay per key channel); write: [NV, B, T] int8;
     seeds: [NV] int64; static_scale_rows: [NV, B, Hv, Dv] fp32 (ones for dynamic slots) or None when no
@@ -394,6 +407,7 @@ def delta_rule_launch(
         alpha,
         beta,
         s0 if s0 is not None else dummy,
+        slot_s0 if slot_s0 is not None else dummy,
         write,
         seeds,
         static_scale_rows if static_scale_rows is not None else dummy,
@@ -410,6 +424,7 @@ def delta_rule_launch(
         BLOCK_N=block_n,
         VEC_DECAY=alpha.dim() == 4,
         HAS_S0=s0 is not None,
+        HAS_SV0=slot_s0 is not None,
         FAST_ROUND=fast_round,
         FP_FUSION=fp_fusion,
         PREFETCH=prefetch and steps > 0,  # no step 0 to load ahead of the loop otherwise

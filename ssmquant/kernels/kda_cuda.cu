@@ -256,13 +256,13 @@ extern "C" __global__ void __launch_bounds__(32) nvfp4_write_check(const float* 
 #endif  // FMT == 5
 
 // q, k [B, T, Hk, DK]; v [B, T, Hv, DV]; alpha [B, T, Hv, DK] fp32; beta [B, T, Hv] fp32; s0 [B, Hv, DV, DK] fp32
-// (HAS_S0); write [B, T] int8 (not read when ALWAYS); metrics [T, B, Hv, DV / 16, 4]; states [T, 2, B, Hv, DV, DK]
+// (HAS_S0), the reference's initial state; sv0 the same shape (HAS_SV0), the variant's: s0 stored in its format; write [B, T] int8 (not read when ALWAYS); metrics [T, B, Hv, DV / 16, 4]; states [T, 2, B, Hv, DV, DK]
 // fp32, the variant's state before and after each step's write (DEBUG_STATES only, for the tests: not read
 // otherwise). Grid (DV / 16, B * Hv), 32 threads.
 extern "C" __global__ void __launch_bounds__(32) kda_emulate(
     const QK_T* __restrict__ q, const QK_T* __restrict__ k, const V_T* __restrict__ v,
     const float* __restrict__ alpha, const float* __restrict__ beta, const float* __restrict__ s0,
-    const signed char* __restrict__ write, float* __restrict__ metrics, float* __restrict__ states, int B, int T,
+    const float* __restrict__ sv0, const signed char* __restrict__ write, float* __restrict__ metrics, float* __restrict__ states, int B, int T,
     int HV, int HK, int DV)
 {
     __shared__ __align__(16) float sm[2][4][DK];  // [step parity][k, q, decay, k rounded to the buffer][DK]
@@ -291,8 +291,21 @@ extern "C" __global__ void __launch_bounds__(32) kda_emulate(
 #pragma unroll
     for (int i = 0; i < HALF; ++i) R[i] = 0.f;
 #endif
+#if HAS_SV0
+    {
+        const float* sp = sv0 + (((long long)b * HV + h) * DV + row) * DK + half * HALF;
+#pragma unroll
+        for (int i = 0; i < HALF; i += 4) {
+            float x[4];
+            ld4(sp + i, x);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) S[i + j] = x[j];
+        }
+    }
+#else
 #pragma unroll
     for (int i = 0; i < HALF; ++i) S[i] = R[i];
+#endif
     // per-step pointers, advanced by one step's stride (no 64-bit index arithmetic in the loop)
     const long long qk_step = (long long)HK * DK, a_step = (long long)HV * DK, v_step = (long long)HV * DV;
     const QK_T* kp = k + ((long long)b * T * HK + hk) * DK + lane * 4;

@@ -77,10 +77,12 @@ def kernel_source(
     qk_dtype: torch.dtype,
     v_dtype: torch.dtype,
     debug_states: bool = False,
+    has_sv0: bool = False,
 ) -> str:
     """The CUDA source of one configuration: fmt 3 (FP8 E4M3), 4 (INT8) or 5 (NVFP4); buf 0 / 1 / 2 (buffered k
     and u in fp32 / bf16 / fp16); always: every step writes (no write mask read); has_s0: an initial state;
-    debug_states: the kernel also stores its state before and after every step's write (tests only)."""
+    debug_states: the kernel also stores its state before and after every step's write (tests only); has_sv0: the
+    variant's own initial state (the initial state stored in its format)."""
     (qk_t, qk_load), (v_t, v_load) = _LOADS[qk_dtype], _LOADS[v_dtype]
     defs = {
         "FMT": str(fmt),
@@ -88,6 +90,7 @@ def kernel_source(
         "BUF": str(buf),
         "ALWAYS": str(int(always)),
         "HAS_S0": str(int(has_s0)),
+        "HAS_SV0": str(int(has_sv0)),
         "DEBUG_STATES": str(int(debug_states)),
         "QK_T": qk_t,
         "V_T": v_t,
@@ -179,11 +182,13 @@ def kda_cuda_launch(
     buf: int,
     always: bool,
     states: torch.Tensor | None = None,
+    slot_s0: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch on contiguous CUDA inputs; returns metrics [T, B, Hv, Dv / 16, 4] fp32 (row-block partial sums).
 
     q, k [B, T, Hk, 128]; v [B, T, Hv, Dv] (fp32, bf16 or fp16); alpha [B, T, Hv, 128] fp32 (the decays exp(g));
-    beta [B, T, Hv] fp32; s0 [B, Hv, Dv, 128] fp32 or None; write [B, T] int8 (ignored when always);
+    beta [B, T, Hv] fp32; s0 [B, Hv, Dv, 128] fp32 or None; slot_s0: the variant's state before step 0 (s0
+    stored in its format), same shape, or None (s0 itself; needs s0 when given); write [B, T] int8 (ignored when always);
     fmt 3 (FP8 E4M3) / 4 (INT8) / 5 (NVFP4); buf 0 / 1 / 2: buffered k and u in fp32 / bf16 / fp16.
     states: None, or fp32 [T, 2, B, Hv, Dv, 128] that receives the variant's state before and after each step's
     write (a separate build of the kernel, for the tests).
@@ -193,12 +198,14 @@ def kda_cuda_launch(
     npb = dv // ROWS_PER_WARP
     # NaN-filled: a metric the kernel fails to write stays NaN and fails every check downstream
     metrics = torch.full((steps, bsz, hv, npb, 4), float("nan"), device=v.device, dtype=torch.float32)
-    fn = _compiled("kda_emulate", fmt, buf, always, s0 is not None, q.dtype, v.dtype, states is not None)
-    # the decays and the initial state are read 16 bytes at a time: a contiguous view that starts off a 16-byte
+    fn = _compiled(
+        "kda_emulate", fmt, buf, always, s0 is not None, q.dtype, v.dtype, states is not None, slot_s0 is not None
+    )
+    # the decays and the initial states are read 16 bytes at a time: a contiguous view that starts off a 16-byte
     # boundary (a slice of a flat buffer) is copied to a fresh, aligned one
-    alpha, s0 = (t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in (alpha, s0))
-    dummy = alpha  # any CUDA pointer: not read without HAS_S0 / DEBUG_STATES
-    s0_arg, states_arg = (dummy if t is None else t for t in (s0, states))
-    args = [q, k, v, alpha, beta, s0_arg, write, metrics, states_arg, bsz, steps, hv, hk, dv]
+    alpha, s0, slot_s0 = (t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in (alpha, s0, slot_s0))
+    dummy = alpha  # any CUDA pointer: not read without HAS_S0 / HAS_SV0 / DEBUG_STATES
+    s0_arg, sv0_arg, states_arg = (dummy if t is None else t for t in (s0, slot_s0, states))
+    args = [q, k, v, alpha, beta, s0_arg, sv0_arg, write, metrics, states_arg, bsz, steps, hv, hk, dv]
     fn(grid=(npb, bsz * hv, 1), block=(32, 1, 1), args=args)
     return metrics

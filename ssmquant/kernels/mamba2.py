@@ -25,7 +25,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..kinds.mamba2 import mamba2_decays
-from .common import slot_round_buffer, slot_static_scale
+from .common import slot_initial_state, slot_round_buffer, slot_static_scale
 from .registry import FusedKernel, register
 from .rounding import INTERPRETING, fake_quant_tile, stream_key
 
@@ -115,6 +115,7 @@ def _mamba2_emulate_kernel(
     cm_ptr,
     d_ptr,
     s0_ptr,
+    sv0_ptr,
     write_ptr,
     seed_ptr,
     scale_ptr,
@@ -130,6 +131,7 @@ def _mamba2_emulate_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_S0: tl.constexpr,
+    HAS_SV0: tl.constexpr,
     NV: tl.constexpr,
     KMAJOR: tl.constexpr,
     SPEC0: tl.constexpr,
@@ -161,14 +163,20 @@ def _mamba2_emulate_kernel(
     b64 = b.to(tl.int64)
     head_base = (b64 * H + h) * P
     state_offs = (head_base + rows)[None, :] * N + cols[:, None]  # [BLOCK_N, BLOCK_P] flat indices
+    # N is contiguous in memory; told so, Triton lays the whole loop out along it (32 lanes over N, every
+    # per-row reduction crossing lanes: the slow tile). Hidden, the tile keeps the rows on the lanes.
+    s0_offs = (head_base + rows)[None, :] * N + tl.max_contiguous(cols, 1)[:, None]
     if HAS_S0:
-        # N is contiguous in memory; told so, Triton lays the whole loop out along it (32 lanes over N, every
-        # per-row reduction crossing lanes: the slow tile). Hidden, the tile keeps the rows on the lanes.
-        s0_offs = (head_base + rows)[None, :] * N + tl.max_contiguous(cols, 1)[:, None]
         s_ref = tl.load(s0_ptr + s0_offs, mask=tile_ok, other=0.0)
     else:
         s_ref = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
-    v0, v1, v2, v3, v4, v5 = s_ref, s_ref, s_ref, s_ref, s_ref, s_ref
+    sv0_stride = tl.cast(B, tl.int64) * H * P * N  # one slot's initial state [B, H, P, N]
+    v0 = slot_initial_state(sv0_ptr, 0, sv0_stride, s0_offs, tile_ok, s_ref, NV, HAS_SV0)
+    v1 = slot_initial_state(sv0_ptr, 1, sv0_stride, s0_offs, tile_ok, s_ref, NV, HAS_SV0)
+    v2 = slot_initial_state(sv0_ptr, 2, sv0_stride, s0_offs, tile_ok, s_ref, NV, HAS_SV0)
+    v3 = slot_initial_state(sv0_ptr, 3, sv0_stride, s0_offs, tile_ok, s_ref, NV, HAS_SV0)
+    v4 = slot_initial_state(sv0_ptr, 4, sv0_stride, s0_offs, tile_ok, s_ref, NV, HAS_SV0)
+    v5 = slot_initial_state(sv0_ptr, 5, sv0_stride, s0_offs, tile_ok, s_ref, NV, HAS_SV0)
     # stochastic rounding counts elements over the whole batch, so that a launch on a batch slice draws
     # the same bits as the torch reference does for those sequences
     sr_index = state_offs + (batch_offset * H).to(tl.int64) * P * N
@@ -242,8 +250,12 @@ def mamba2_launch(
     block_p: int,
     num_warps: int,
     batch_offset: int = 0,
+    slot_s0: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, T, B, H, NPB, 4].
+
+    s0: [B, H, P, N] fp32, the reference's initial state, or None (zeros); slot_s0: [NV, B, H, P, N] fp32, each
+    slot's own initial state (s0 stored in its format), or None (each slot starts from s0; needs s0 when given).
 
     write: [NV, B, T] int8 write masks; seeds: [NV] int64; static_scale_rows: [NV, B, H, P] fp32 decode
     scale of each row (ones for dynamic slots) or None when no slot is static; specs: `common.slot_spec`
@@ -266,6 +278,7 @@ def mamba2_launch(
         cm,
         d,
         s0 if s0 is not None else dummy,
+        slot_s0 if slot_s0 is not None else dummy,
         write,
         seeds,
         static_scale_rows if static_scale_rows is not None else dummy,
@@ -281,6 +294,7 @@ def mamba2_launch(
         BLOCK_P=block_p,
         BLOCK_N=block_n,
         HAS_S0=s0 is not None,
+        HAS_SV0=slot_s0 is not None,
         NV=nv,
         KMAJOR=block_n % 16 == 0,  # whole nvfp4 blocks per lane (see the kernel)
         SPEC0=padded[0],

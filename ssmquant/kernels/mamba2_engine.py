@@ -25,6 +25,7 @@ from ..engines.profiles import arithmetic, flashinfer_tables
 from ..engines.triton_ssu import ssu_decays
 from ..formats import Rounding
 from ..kinds.mamba2 import mamba2_decays
+from ..replay.naive import stored_initial_states
 from ..replay.schemes import SchemeKind
 from .common import BUFFER_CODES, round_buffer, store_metrics
 from .host import batch_slices
@@ -165,11 +166,12 @@ def _fingerprint(v, weight, ok, TILE: tl.constexpr):
 
 @triton.jit
 def _mamba2_engine_kernel(
-    x_ptr, dt_ptr, a_ptr, bm_ptr, cm_ptr, d_ptr, s0_ptr, write_ptr, metrics_ptr,
+    x_ptr, dt_ptr, a_ptr, bm_ptr, cm_ptr, d_ptr, s0_ptr, sv0_ptr, write_ptr, metrics_ptr,
     fac_ptr, cbn_ptr, cbo_ptr, coef_ptr, tdec_ptr, start_ptr, fcall_ptr, ae_ptr, rcp_ptr, probe_ptr, yout_ptr,
     B, T, H, P, N, HEADS_PER_GROUP, G, seed_hi, batch_offset, store_seed,
     L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FMT: tl.constexpr, REPLAY: tl.constexpr,
-    SR: tl.constexpr, BUF: tl.constexpr, HAS_S0: tl.constexpr, SSU: tl.constexpr, PROBE: tl.constexpr,
+    SR: tl.constexpr, BUF: tl.constexpr, HAS_S0: tl.constexpr, HAS_SV0: tl.constexpr, SSU: tl.constexpr,
+    PROBE: tl.constexpr,
 ):  # fmt: skip
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -193,9 +195,12 @@ def _mamba2_engine_kernel(
         s_ref = tl.load(s0_ptr + state_offs, mask=tile_ok, other=0.0)
     else:
         s_ref = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
-    s_var = s_ref
+    if HAS_SV0:  # the initial state stored in the variant's format (replay.naive.stored_initial_states)
+        s_var = tl.load(sv0_ptr + state_offs, mask=tile_ok, other=0.0)
+    else:
+        s_var = s_ref
     ones = tl.full([BLOCK_P], 1.0, tl.float32)
-    codes = s_ref  # the checkpoint: code values (8-bit) or stored values
+    codes = s_var  # the checkpoint: code values (8-bit: the engine's own encoding of s_ref, below) or stored values
     dec = ones
     if REPLAY and EIGHT:
         amax = tl.max(tl.abs(s_ref), axis=0)
@@ -344,9 +349,13 @@ COMPILE_OPTIONS = {"enable_fp_fusion": False, "enable_reflect_ftz": False}
 def mamba2_engine_launch(
     x, dt, a, bm, cm, d, s0, write, tables, *, fmt_code: int, replay: bool, sr: bool, seed: int, buf_code: int,
     block_p: int, num_warps: int, batch_offset: int = 0, a_engine: torch.Tensor | None = None,
-    probe: tuple[torch.Tensor, torch.Tensor] | None = None,
+    probe: tuple[torch.Tensor, torch.Tensor] | None = None, slot_s0: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Launch on contiguous inputs; returns per-step metrics [T, B, H, NPB, 4] (fp32).
+
+    s0: [B, H, P, N] fp32, the reference's initial state, or None (zeros); slot_s0: [B, H, P, N] fp32, the
+    variant's state before step 0 (s0 stored in its format), or None (s0 itself). An 8-bit replay checkpoint is
+    the engine's own encoding of s0 either way.
 
     tables: `FlashInferTables` sliced to this batch (replay), or None (conventional). a_engine: the vllm /
     trtllm conventional arithmetic with these decays [B, T, H] (`triton_ssu.ssu_decays`), None otherwise. seed: the variant's
@@ -377,12 +386,13 @@ def mamba2_engine_launch(
     if replay and fmt_code in (3, 4):  # the 8-bit checkpoint's scales go through MUFU.RCP
         rcp_tab = table_on("rcp_delta", x.device)
     _mamba2_engine_kernel[(bsz * heads, npb)](
-        x, dt, a, bm, cm, d, s0 if s0 is not None else dummy, write, metrics,
+        x, dt, a, bm, cm, d, s0 if s0 is not None else dummy, dummy if slot_s0 is None else slot_s0, write, metrics,
         fac, cbn, cbo, coef, tdec, start, fcall, dummy if a_engine is None else a_engine, rcp_tab,
         dummy if probe is None else probe[0], dummy if probe is None else probe[1],
         bsz, steps, heads, p, n, heads // groups, groups, engine_seed(seed, 0), batch_offset, seed,
         L=length, BLOCK_P=block_p, BLOCK_N=block_n, FMT=fmt_code, REPLAY=replay, SR=sr, BUF=buf_code,
-        HAS_S0=s0 is not None, SSU=a_engine is not None, PROBE=probe is not None, num_warps=num_warps,
+        HAS_S0=s0 is not None, HAS_SV0=slot_s0 is not None, SSU=a_engine is not None, PROBE=probe is not None,
+        num_warps=num_warps,
         **COMPILE_OPTIONS,
     )  # fmt: skip
     return metrics
@@ -415,11 +425,12 @@ def _launch_plan(inputs, variant):
     return write.to(torch.int8).contiguous(), tables, a_engine, kw
 
 
-def engine_steps(inputs, variant, index: int, shared: dict, s0, metric_budget: int):
+def engine_steps(inputs, variant, index: int, shared: dict, s0, metric_budget: int, slot_s0=None):
     """Yield (index, b0, metrics [T, b, H, 4]) of one engine-profile variant, batch slice by batch slice.
 
-    shared: the contiguous inputs `emulate_triton_steps` prepared (x, dt, a, bm, cm, d); metric_budget:
-    bytes of one launch's per-step metric buffer.
+    shared: the contiguous inputs `emulate_triton_steps` prepared (x, dt, a, bm, cm, d); s0 / slot_s0: the
+    reference's initial state and the variant's (stored), [B, H, P, N] fp32 or None; metric_budget: bytes of one
+    launch's per-step metric buffer.
     """
     write8, tables, a_engine, kw = _launch_plan(inputs, variant)
     per_sequence = {"x", "dt", "a", "bm", "cm"}
@@ -431,7 +442,8 @@ def engine_steps(inputs, variant, index: int, shared: dict, s0, metric_budget: i
             tab = type(tables)(*(getattr(tables, f)[b0:b1] for f in tables.__dataclass_fields__))
         m = mamba2_engine_launch(
             *args, None if s0 is None else s0[b0:b1], write8[b0:b1], tab, batch_offset=b0,
-            a_engine=None if a_engine is None else a_engine[b0:b1], **kw,
+            a_engine=None if a_engine is None else a_engine[b0:b1],
+            slot_s0=None if slot_s0 is None else slot_s0[b0:b1].contiguous(), **kw,
         )  # fmt: skip
         yield index, b0, m.sum(3)
 
@@ -449,9 +461,10 @@ def engine_probe(inputs, variant):
     fps = torch.zeros(steps, bsz, heads, npb, 3, dtype=torch.int64, device=inputs.device)
     ys = torch.full((steps, bsz, heads, rows), float("nan"), device=inputs.device)
     s0 = None if inputs.initial_state is None else inputs.initial_state.float().contiguous()
+    stored = stored_initial_states(inputs, [variant])
     m = mamba2_engine_launch(
         inputs.x.contiguous(), inputs.dt.float().contiguous(), mamba2_decays(inputs).contiguous(),
         inputs.B.contiguous(), inputs.C.contiguous(), inputs.D.float().contiguous(), s0, write8, tables,
-        a_engine=a_engine, probe=(fps, ys), **kw,
+        a_engine=a_engine, probe=(fps, ys), slot_s0=None if stored is None else stored[0].contiguous(), **kw,
     )  # fmt: skip
     return m.sum(3), fps.sum(3), ys

@@ -17,7 +17,8 @@ class FusedKernel:
 
     operands(inputs) -> the launch's per-layer operands in the launcher's order (a dict name -> tensor, contiguous,
     decays included); per_sequence: the operands cut with the batch; launch(*operands, s0, write, seeds,
-    static_scale_rows, *, specs, block_p, num_warps, batch_offset) -> metrics [NV, T, b, H, row blocks, 4]."""
+    static_scale_rows, *, specs, block_p, num_warps, batch_offset, slot_s0) -> metrics [NV, T, b, H, row blocks, 4]
+    (slot_s0: [NV, b, H, rows, state_dim], each slot's initial state as stored, or None)."""
 
     operands: Callable[[LayerInputs], dict[str, torch.Tensor]]
     per_sequence: frozenset[str]

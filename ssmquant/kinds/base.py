@@ -180,6 +180,29 @@ class LayerInputs:
         return _carry_valid(self, dataclasses.replace(self, **moved))
 
 
+def after_prompt(inputs: LayerInputs, prompt: int) -> LayerInputs:
+    """The decode inputs that follow a prompt of ``prompt`` steps, as an engine serves them.
+
+    An engine prefills the prompt (its chunked scan, full precision) and decodes from the state it leaves. Here the
+    prompt's steps [0, prompt) are run in the kind's FP32 recurrence (``reference_states``) from the inputs'
+    initial state, and the returned inputs hold steps [prompt, T) with that state [B, H, rows, state_dim] fp32 as
+    their ``initial_state`` (which each variant stores once in its format before it decodes: ``replay.naive``) and
+    ``meta["prompt"] = prompt``. prompt 0 returns ``inputs`` unchanged. ``inputs`` must be validated (the caller's
+    job, as for ``reference_states``); ValueError unless 0 <= prompt < T."""
+    if isinstance(prompt, bool) or not isinstance(prompt, int) or not 0 <= prompt < inputs.steps:
+        raise ValueError(
+            f"the prompt must be a whole number of steps in [0, {inputs.steps}) (the captured steps, of which at "
+            f"least one is decoded), got {prompt!r}"
+        )
+    if prompt == 0:
+        return inputs
+    state = None
+    for _, s in of(inputs).reference_states(inputs.slice_steps(0, prompt), every=prompt):
+        state = s.clone()
+    decode = inputs.slice_steps(prompt, inputs.steps)
+    return dataclasses.replace(decode, initial_state=state, meta={**decode.meta, "prompt": prompt})
+
+
 @dataclass(frozen=True)
 class LayerDims:
     """Sizes of one SSM layer that the bytes of its state, inputs and replay ring depend on.

@@ -10,6 +10,11 @@ Two forms, equal in exact arithmetic (tests prove they agree in FP32):
   buffered (u_j, k_j, g_j) at every step). The checkpoint is rewritten (and rounded) at write steps from the
   rebuilt state.
 
+A layer's initial state (the state a prompt leaves, ``kinds.after_prompt``, or one given with the inputs) is the
+reference's state before step 0; each variant starts from it stored once in its format (`stored_initial_states`:
+conventional decoding keeps that stored state, replay holds it as its first checkpoint), as an engine writes the
+prefill's final state into its cache.
+
 Conventional decoding is the state form with a write after every step and no buffer rounding. The output at
 step t is computed from the unrounded new state (a decode kernel computes y from the state in registers, then
 stores the state): rounding at step t affects outputs from step t+1 on.
@@ -69,6 +74,26 @@ class StateStore:
             bits = keyed_bits(key, self.index)
             uniform = uniform_from_bits(bits)
         return encode(self.fmt, x, static_scale=self.static, uniform=uniform, bits=bits).decode(self.fmt)
+
+
+# the stochastic-rounding stream of the store of the initial state, before step 0 (the write after step t is t):
+# the last stream, which no decode step of a run shorter than 2^32 - 1 steps draws
+INITIAL_STREAM = 0xFFFFFFFF
+
+
+def stored_initial_states(inputs: LayerInputs, variants: list[Variant]) -> list[torch.Tensor] | None:
+    """Each variant's state before step 0: the inputs' initial state [B, H, rows, state_dim] stored once in the
+    variant's format (its StateStore: scales, rounding, stream INITIAL_STREAM), FP32 values; None without an
+    initial state (every variant starts from zeros, which every format stores exactly)."""
+    init = inputs.initial_state
+    if init is None:
+        return None
+    s0 = init.float()
+    out = []
+    for v in variants:
+        store = StateStore(v.format, inputs.state_shape, inputs.device, v.seed, v.static_scale)
+        out.append(store(s0, store.key(INITIAL_STREAM)))
+    return out
 
 
 @dataclass
@@ -131,7 +156,8 @@ class Emulation:
 
     Engine step objects (``engine_steps``) read: ``inputs``, ``variants``, ``physics`` (the kind's prepared
     tensors), ``buffered[i]`` (variant i's buffered inputs), ``masks[i]`` ([B, T] write schedule),
-    ``stores[i]`` (its StateStore) and ``s0`` (the initial state)."""
+    ``stores[i]`` (its StateStore), ``s0`` (the reference's initial state) and ``s0_stored[i]`` (variant i's:
+    s0 stored in its format)."""
 
     def __init__(self, inputs: LayerInputs, variants: list[Variant], form: str, engine_steps=None):
         self.inputs, self.variants, self.form = inputs, variants, form
@@ -148,7 +174,9 @@ class Emulation:
         self.s_ref = self.s0.clone()
         # buffered inputs as each variant stores them (rounded to its buffer dtype)
         self.buffered = [self.physics.buffered(buffer_dtype(v)) for v in variants]
-        self.s_var = [self.s0.clone() for _ in variants]
+        stored = stored_initial_states(inputs, variants)
+        self.s0_stored = [self.s0] * len(variants) if stored is None else stored
+        self.s_var = [s.clone() for s in self.s0_stored]
         self.literal = None
         if form == "literal":
             cap = max(v.scheme.buffer_len for v in variants)

@@ -50,7 +50,9 @@ def subtitle(report: dict) -> str:
     if text and kind != "synthetic":
         data += f", text {pathlib.Path(str(text)).name}"
     return (
-        f"{report.get('model')} · {data} · batch {s.get('batch')}, {s.get('steps')} steps, "
+        f"{report.get('model')} · {data} · batch {s.get('batch')}, "
+        + (f"{s['prompt']}-token prompt, then " if s.get("prompt") else "")
+        + f"{s.get('steps')} decode steps, "
         f"L={s.get('buffer_len')}, seed {s.get('seed')}"
     )
 
