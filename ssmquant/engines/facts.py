@@ -505,14 +505,20 @@ FACTS: dict[str, Fact] = {
         Fact(
             "trtllm.kda",
             "trtllm",
-            "Kimi KDA: a float32-or-bfloat16 KDA state pool and a fused multi-token verify "
-            "(KDAReplayStateUpdateStrategy); how the pool dtype is chosen and the verify's window were not read, "
-            "so only a float32 conventional KDA state is exported",
+            "Kimi K3 KDA: the recurrent-state pool is float32 or bfloat16; with a bfloat16 pool the float32 kernels "
+            "(indexed prefill, fused decode) run on a staged float32 copy of the rows, which is rounded back into the "
+            "pool after every call (torch's .to: round to nearest even), prefill included; speculative decoding "
+            "verifies in a fused multi-token kernel (KDAReplayStateUpdateStrategy: V2 cache manager, float32 "
+            "copies of q/k/g, v and beta per draft, Philox seeds with stochastic rounding). Which setting selects "
+            "the bfloat16 pool, and the verify's window, were not read: only a float32 conventional KDA state is "
+            "exported",
             (
+                _trt("tensorrt_llm/_torch/modules/kimi_kda/kimi_kda_mixer.py", "0790edf"),
+                _trt("tensorrt_llm/_torch/modules/kimi_kda/cache_manager.py", "2829508"),
                 Source("NVIDIA/TensorRT-LLM", "tensorrt_llm/_torch/models/modeling_kimi_linear.py", "main, commit not recorded"),
-                _issue("kimi_kda/cache_manager.py, kimi_kda_mixer.py: KDAReplayStateUpdateStrategy, float32-or-bfloat16 pool"),
             ),
-            quote="a delta-rule recurrent slot of [num_heads, head_dim, head_dim] fp32",
+            quote="ssm_pool = layer_cache.temporal  # [slots, H, V, K] fp32 or bf16; "
+            "ssm_pool.index_copy_(0, slot_indices.long(), rows.to(ssm_pool.dtype))",
         ),
         Fact(
             "trtllm.spec_config",

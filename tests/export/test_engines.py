@@ -438,11 +438,15 @@ def test_issue26_2_vllm_kda_decode_backend_and_runtime_facts():
     assert runtime(kda_target("vllm", "0.29.0"), Setting.parse("fp32@conventional"), "kda").facts == ["vllm.kda_state_fp32"]
 
 
-def test_issue26_2_trtllm_kda_fp32_conventional_only_with_the_facts_marked_as_unread():
-    """TensorRT-LLM's KDAReplayStateUpdateStrategy and float32-or-bfloat16 pool (kimi_kda/cache_manager.py,
-    kimi_kda_mixer.py) are taken from issue 26's text: the citation says so, and neither is exported."""
-    cite = " ".join(str(x) for x in FACTS["trtllm.kda"].sources)
-    assert "(not read here)" in cite and "as stated in ssmquant issue 26" in cite
+def test_issue26_2_trtllm_kda_fp32_conventional_only_until_the_pool_selector_is_read():
+    """TensorRT-LLM main 0790edf tensorrt_llm/_torch/modules/kimi_kda/kimi_kda_mixer.py: "ssm_pool =
+    layer_cache.temporal  # [slots, H, V, K] fp32 or bf16" and the bf16 write-back "rows.to(ssm_pool.dtype)";
+    kimi_kda/cache_manager.py (2829508): KDAReplayStateUpdateStrategy. The setting that selects the bf16 pool was
+    not read, so neither the bf16 pool nor the fused verify is exported."""
+    fact = FACTS["trtllm.kda"]
+    cite = " ".join(str(x) for x in fact.sources)
+    assert "kimi_kda/kimi_kda_mixer.py" in cite and "0790edf" in cite and "(not read here)" not in cite
+    assert "rows.to(ssm_pool.dtype)" in fact.quote and "were not read" in fact.says
     t = kda_target("trtllm")
     assert "how it is chosen was not read" in rules(t, "bf16@conventional", "kda")["dtype"]
     assert "KDAReplayStateUpdateStrategy" in rules(t, "fp32@spec5x4:fp32", "kda")["layer_kind"]
