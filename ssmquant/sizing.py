@@ -118,6 +118,7 @@ def analyze_memory(
     workers: int = 1,
     lanes: int = 1,
     ahead: bool = False,
+    prompt: int = 0,
 ) -> MemoryEstimate:
     """Peak memory of emulating one layer at a time on ``device`` (``analyze``, ``calibrate``), with capture
     when ``prefill`` (``prefill_bytes_per_token``'s config) is given: the prefill runs on ``capture_device``
@@ -130,13 +131,15 @@ def analyze_memory(
     stream each, ``analysis.devices.run_on_devices``), so every per-layer part of the device counts that many
     times, plus the inputs of the next layer generated while they run. ``ahead``: synthetic inputs made ahead
     on another stream (``analysis.sources.made_ahead``): two more layers' inputs, one waiting and one being
-    drawn with its fp32 buffers (one sequence at a time, ``models.synthetic``)."""
+    drawn with its fp32 buffers (one sequence at a time, ``models.synthetic``). ``prompt``: tokens captured before
+    the ``steps`` decode steps (``kinds.after_prompt``): held and prefilled with them, not emulated."""
     device = torch.device(device)
     pool = _pool(device)
     est = MemoryEstimate(device)
-    tokens = batch * steps
+    tokens = batch * steps  # emulated
+    held_tokens = batch * (prompt + steps)  # captured: the prompt's and the decoded ones
     per_token = input_bytes_per_token(dims)
-    est.add("one layer's decode inputs", pool, tokens * per_token, per_token)
+    est.add("one layer's inputs (prompt and decode steps)", pool, held_tokens * per_token, per_token)
     if backend == "torch":
         em = emulation_bytes_per_token(dims, variants)
         est.add(f"torch emulation of {variants} variants (fp32 copies of the inputs)", pool, tokens * em, em)
@@ -162,24 +165,24 @@ def analyze_memory(
         one = est.total(pool)
         est.add(f"{lanes - 1} more layer(s) emulated at once on other streams", pool, (lanes - 1) * one,
                 (lanes - 1) * est.per_token.get(pool, 0))  # fmt: skip
-        est.add("the next layer's inputs, generated meanwhile", pool, tokens * per_token, per_token)
+        est.add("the next layer's inputs, generated meanwhile", pool, held_tokens * per_token, per_token)
     if ahead:
-        est.add("two more layers' inputs, made ahead", pool, 2 * tokens * per_token, 2 * per_token)
+        est.add("two more layers' inputs, made ahead", pool, 2 * held_tokens * per_token, 2 * per_token)
         # fp32 draws, the conv output and its activation of one sequence: ~3 fp32 copies of a step's inputs
-        est.add("drawing them (one sequence's fp32 buffers)", pool, steps * per_token * 6)
+        est.add("drawing them (one sequence's fp32 buffers)", pool, (prompt + steps) * per_token * 6)
     if prefill is not None:
         cap = torch.device(capture_device or device)
         pt = prefill_bytes_per_token(dims, prefill)
         # the capture prefills in micro-batches sized to the free memory (models.capture.auto_micro_batch),
         # down to one sequence: that is the part that must fit
-        est.add("prefill activations of the capture (one sequence)", _pool(cap), steps * pt)
+        est.add("prefill activations of the capture (one sequence)", _pool(cap), (prompt + steps) * pt)
         if pool != "host" or cap.type != "cpu":
             waiting = 2 if workers <= 1 else 2 + workers
             held = waiting * input_bytes_per_token(dims)
-            est.add(f"captured inputs waiting in host memory ({waiting} layers)", "host", tokens * held, held)
+            est.add(f"captured inputs waiting in host memory ({waiting} layers)", "host", held_tokens * held, held)
         else:
             held = input_bytes_per_token(dims)
-            est.add("the next layer's captured inputs", "host", tokens * held, held)
+            est.add("the next layer's captured inputs", "host", held_tokens * held, held)
     return est
 
 

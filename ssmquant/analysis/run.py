@@ -495,7 +495,7 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     # one GPU, one lane: synthetic inputs are drawn one layer ahead on their own stream while the kernels run
     ahead = source.can_make_ahead and cfg.devices is None and lanes == 1
     sizes = dict(steps=cfg.steps, batch=cfg.batch, backend=chosen_backend, recorded=cfg.steps // record_every,
-                 workers=len(emu_devices), lanes=lanes, ahead=ahead)  # fmt: skip
+                 workers=len(emu_devices), lanes=lanes, ahead=ahead, prompt=cfg.prompt)  # fmt: skip
     per_step = plan_layers(source, layers, variants, device=emu_devices[0], measure_time=notify is not None, **sizes)
     for dev in emu_devices[1:]:  # every emulation device holds one layer's emulation at a time
         plan_layers(source, layers, variants, device=dev, **sizes)

@@ -418,6 +418,7 @@ def plan_layers(
     ahead: bool = False,
     steps_option: str = "--steps",
     batch_note: str = "",
+    prompt: int = 0,
 ) -> float | None:
     """Check, before any layer runs, that emulating ``layers`` one at a time fits in memory.
 
@@ -426,7 +427,8 @@ def plan_layers(
     at once (each holds one more layer's inputs queued in host memory); ``lanes``: layers each device emulates
     at once (``analysis.devices.run_on_devices``); ``ahead``: the inputs are made ahead (``LayerSource.iter_layers``);
     ``steps_option``: the command's option for the steps, named in the refusal (calibrate's is --horizon);
-    ``batch_note``: what the batch is, where it is not the user's --batch (``sizing.check_memory``).
+    ``batch_note``: what the batch is, where it is not the user's --batch (``sizing.check_memory``); ``prompt``:
+    tokens captured before the decode steps (held, not emulated).
     When ``measure_time`` and the torch
     backend runs, returns the seconds per decode step of one layer for ``variants`` measured on this
     machine (``sizing.probe_step_seconds``); else None.
@@ -438,7 +440,7 @@ def plan_layers(
         return analyze_memory(
             dims, batch=batch, steps=n_steps, variants=at_once, recorded=max(1, recorded * n_steps // steps),
             device=device, backend=backend, prefill=source.prefill, capture_device=device, workers=workers,
-            lanes=lanes, ahead=ahead,
+            lanes=lanes, ahead=ahead, prompt=prompt,
         )  # fmt: skip
 
     check_memory(estimate(steps), batch=batch, steps=steps, at_steps=estimate, lower=f"{steps_option} or --batch",

@@ -659,7 +659,8 @@ def _plan(cfg: CalibrateConfig, source: LayerSource, layers, settings, keys, dev
     batch = max(cfg.batch, held)
     sizes = dict(steps=cfg.horizon, batch=batch, backend=backend, recorded=1, workers=len(devices),
                  variants_at_once=min(len(settings), MAX_VARIANTS_PER_CALL), steps_option="--horizon",
-                 batch_note="" if batch == cfg.batch else ", the calibration and held-out sequences together")  # fmt: skip
+                 batch_note="" if batch == cfg.batch else ", the calibration and held-out sequences together",
+                 prompt=cfg.prompt)  # fmt: skip
     for dev in devices:
         plan_layers(source, layers, dynamic, device=dev, **sizes)
     if not measure_time or backend != "torch" or not layers or not settings:

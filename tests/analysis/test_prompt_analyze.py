@@ -32,3 +32,19 @@ def test_a_negative_prompt_is_one_line():
         analyze(AnalyzeConfig(model="tiny-nemotron", steps=8, prompt=-1))
     res = CliRunner().invoke(main, ["analyze", "--model", "tiny-nemotron", "--prompt", "-5", "--out", "x"])
     assert res.exit_code == 2 and "--prompt" in res.output and "Traceback" not in res.output
+
+
+def test_the_memory_estimate_holds_the_prompt_but_emulates_only_the_decode_steps():
+    import torch
+
+    from ssmquant.kinds import LayerDims
+    from ssmquant.sizing import analyze_memory
+
+    dims = LayerDims("mamba2", heads=64, rows=64, state_dim=128, groups=8)
+    kw = dict(batch=8, steps=512, variants=6, recorded=32, device=torch.device("cpu"), backend="torch")
+    plain, prompted = analyze_memory(dims, **kw), analyze_memory(dims, prompt=8192, **kw)
+    assert prompted.total("host") > plain.total("host")
+    # the inputs grow with the prompt (8704 / 512 tokens); the torch emulation's copies do not
+    grow = prompted.total("host") - plain.total("host")
+    inputs = 8 * 8192 * (64 * 64 * 4 + 2 * 8 * 128 * 4 + 4 * 64)
+    assert grow == inputs, (grow, inputs)
