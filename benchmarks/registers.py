@@ -53,14 +53,17 @@ def compile_and_count(kind: str, nv: int, block_p: int, num_warps: int) -> dict:
     specs = (specs[:nv] + [0] * 6)[:6]
     if kind == "mamba2":
         fn = _mamba2_emulate_kernel
-        ptrs = dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
+        ptrs = dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
         ptrs.update(x_ptr="*bf16", bm_ptr="*bf16", cm_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
-        const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, NV=nv, KMAJOR=True)
+        const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, HAS_SV0=False, NV=nv, KMAJOR=True)
     else:
         fn = _delta_rule_emulate_kernel
-        ptrs = dict.fromkeys(["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
+        ptrs = dict.fromkeys(
+            ["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr"], "*fp32"
+        )
         ptrs.update(v_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
-        const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=kind == "kda", HAS_S0=False, NV=nv, FAST_ROUND=True,
+        const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=kind == "kda", HAS_S0=False, HAS_SV0=False, NV=nv,
+                     FAST_ROUND=True,
                      FP_FUSION=True, PREFETCH=False, ROW_BLOCKS_FIRST=False)  # the grid order changes no register
     const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
     names = list(inspect.signature(fn.fn).parameters)

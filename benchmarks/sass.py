@@ -175,9 +175,9 @@ def mamba2_sass(slots: list[tuple[int, int]], block_p: int) -> list[tuple[int, s
     from ssmquant.kernels.mamba2 import _mamba2_emulate_kernel
 
     specs = ([slot_spec(f, block_p, False, False, buf) for f, buf in slots] + [0] * 6)[:6]
-    ptrs = dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
+    ptrs = dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
     ptrs.update(x_ptr="*bf16", bm_ptr="*bf16", cm_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
-    const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, NV=len(slots), KMAJOR=True)  # as mamba2_launch
+    const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, HAS_SV0=False, NV=len(slots), KMAJOR=True)  # as mamba2_launch
     const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
     opts = {"num_warps": 1, "enable_fp_fusion": True, "enable_reflect_ftz": False}  # as mamba2_launch
     return sass_of(_mamba2_emulate_kernel, ptrs, const, opts)
@@ -189,10 +189,11 @@ def kda_sass(fmt: int, fast_round: bool, fp_fusion: bool, prefetch: bool, vec_de
     from ssmquant.kernels.common import slot_spec
     from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel
 
-    ptrs = dict.fromkeys(["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
+    ptrs = dict.fromkeys(["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
     ptrs.update(v_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
     specs = [slot_spec(fmt, 16, False, False, 0)] + [0] * 5
-    const = dict(BLOCK_P=16, BLOCK_N=128, VEC_DECAY=vec_decay, HAS_S0=False, FAST_ROUND=fast_round, FP_FUSION=fp_fusion,
+    const = dict(BLOCK_P=16, BLOCK_N=128, VEC_DECAY=vec_decay, HAS_S0=False, HAS_SV0=False, FAST_ROUND=fast_round,
+                 FP_FUSION=fp_fusion,
                  PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})  # fmt: skip
     opts = {"num_warps": 1, "enable_fp_fusion": fp_fusion, "enable_reflect_ftz": False}
     return sass_of(_delta_rule_emulate_kernel, ptrs, const, opts)

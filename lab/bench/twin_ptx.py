@@ -78,7 +78,8 @@ def twin_ptx(spec: str) -> str:
                  rcp_ptr="*i8", probe_ptr="*i64", seed_hi="i64", store_seed="i64")  # fmt: skip
     const = dict(
         L=v.scheme.buffer_len if kw["replay"] else 1, BLOCK_P=kw["block_p"], BLOCK_N=128, FMT=kw["fmt_code"],
-        REPLAY=kw["replay"], SR=kw["sr"], BUF=kw["buf_code"], HAS_S0=False, SSU=a_engine is not None, PROBE=False,
+        REPLAY=kw["replay"], SR=kw["sr"], BUF=kw["buf_code"], HAS_S0=False, HAS_SV0=False, SSU=a_engine is not None,
+        PROBE=False,
     )  # fmt: skip
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
     src = ASTSource(_mamba2_engine_kernel, sig, constexprs={(names.index(k),): c for k, c in const.items()})
