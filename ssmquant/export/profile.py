@@ -58,7 +58,9 @@ def profile_check(recipe, plan) -> dict:
     if target is not None and not matches:
         remeasure = (
             f"ssmquant calibrate --engine {target} --model {cfg['model'].get('name')} --budget "
-            f"{recipe.budget:g} --metric {recipe.metric} --horizon {cfg['budget']['horizon']} ..."
+            f"{recipe.budget:g} --metric {recipe.metric} --horizon {cfg['budget']['horizon']}"
+            + (f" --prompt {cfg['budget']['prompt']}" if cfg["budget"].get("prompt") else "")
+            + " ..."
         )
     src = "" if recorded else " (the recipe records no engine_profile: made before `calibrate --engine`, treated as ideal)"
     how = f"{plan.setting.name} on {plan.deployment.label if plan.deployment else plan.target}"

@@ -84,3 +84,17 @@ def test_bad_engine_profile_in_recipe_is_refused(recipes, tmp_path):
     (bad / CONFIG_NAME).write_text(json.dumps(doc))
     with pytest.raises(ExportError, match="engine_profile.name must be one of ideal, flashinfer, vllm, trtllm"):
         export(bad, "vllm", tmp_path / "e")
+
+
+def test_the_remeasuring_command_keeps_the_recipes_prompt(recipes, tmp_path):
+    """A recipe calibrated after a prompt (budget.prompt) is re-measured after the same prompt."""
+    src = tmp_path / "prompted"
+    src.mkdir()
+    for f in recipes["ideal"].iterdir():
+        (src / f.name).write_bytes(f.read_bytes())
+    doc = json.loads((src / CONFIG_NAME).read_text())
+    doc["budget"]["prompt"] = 2048
+    (src / CONFIG_NAME).write_text(json.dumps(doc))
+    prof = _report(export(src, "vllm", tmp_path / "v"))["engine_profile"]
+    assert " --prompt 2048 ..." in prof["remeasure"]
+    assert " --prompt" not in _report(export(recipes["ideal"], "vllm", tmp_path / "w"))["engine_profile"]["remeasure"]
