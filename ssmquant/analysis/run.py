@@ -26,7 +26,7 @@ import torch
 from .. import __version__, kinds
 from ..engines.profiles import EngineError, check_variant
 from ..formats import Encoding, FormatError, parse
-from ..kinds import after_prompt, is_validated
+from ..kinds import after_prompt
 from ..provenance import environment
 from ..replay import Trace, cycle_window, parse_scheme
 from ..replay.schemes import SchemeError
@@ -520,10 +520,7 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
         inputs = inputs.to(dev)
         inputs.meta.setdefault("layer", layer)
         try:
-            if cfg.prompt:
-                if not is_validated(inputs):  # the prompt's steps too: a NaN there would surface as a NaN state
-                    inputs.validate()
-                inputs = after_prompt(inputs, cfg.prompt)
+            inputs = after_prompt(inputs, cfg.prompt)  # validates the prompt's steps too
             pending = start_simulation(inputs, variants, backend=cfg.backend, record_every=record_every)
         except ValueError as err:
             raise AnalyzeError(f"layer {layer}: {err}") from err

@@ -38,7 +38,7 @@ from ..engines.deployments import TARGETS, Target, deployments, describe_deploym
 from ..engines.facts import ENGINE_NAMES, EngineVersionError
 from ..engines.profiles import EngineError, check_engine
 from ..formats import FormatError
-from ..kinds import InputError, after_prompt, is_validated
+from ..kinds import InputError, after_prompt
 from ..models import get_preset
 from ..models.text import TextError
 from ..provenance import DEFAULT_PACKAGES, environment
@@ -537,8 +537,7 @@ def calibrate(
         def verify_one(layer, inputs, dev):
             w0, c0 = time.perf_counter(), time.thread_time()
             inputs = inputs.to(dev)
-            if cfg.prompt:
-                inputs = after_prompt(inputs if is_validated(inputs) else inputs.validate(), cfg.prompt)
+            inputs = after_prompt(inputs, cfg.prompt)
             out = verify_layer(layer, inputs, decisions[layer], chosen_scales.get(layer), verify_uniform,
                                metric=cfg.metric, budget=cfg.budget, backend=cfg.backend, seed=cfg.seed,
                                engine=cfg.engine)  # fmt: skip

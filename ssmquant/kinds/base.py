@@ -187,8 +187,9 @@ def after_prompt(inputs: LayerInputs, prompt: int) -> LayerInputs:
     prompt's steps [0, prompt) are run in the kind's FP32 recurrence (``reference_states``) from the inputs'
     initial state, and the returned inputs hold steps [prompt, T) with that state [B, H, rows, state_dim] fp32 as
     their ``initial_state`` (which each variant stores once in its format before it decodes: ``replay.naive``) and
-    ``meta["prompt"] = prompt``. prompt 0 returns ``inputs`` unchanged. ``inputs`` must be validated (the caller's
-    job, as for ``reference_states``); ValueError unless 0 <= prompt < T."""
+    ``meta["prompt"] = prompt``. prompt 0 returns ``inputs`` unchanged. Inputs not validated yet (``is_validated``)
+    are validated here first, the prompt's steps with the rest (a NaN there would otherwise surface as a NaN
+    state); ValueError unless 0 <= prompt < T."""
     if isinstance(prompt, bool) or not isinstance(prompt, int) or not 0 <= prompt < inputs.steps:
         raise ValueError(
             f"the prompt must be a whole number of steps in [0, {inputs.steps}) (the captured steps, of which at "
@@ -196,6 +197,8 @@ def after_prompt(inputs: LayerInputs, prompt: int) -> LayerInputs:
         )
     if prompt == 0:
         return inputs
+    if not is_validated(inputs):
+        inputs.validate()
     state = None
     for _, s in of(inputs).reference_states(inputs.slice_steps(0, prompt), every=prompt):
         state = s.clone()

@@ -102,3 +102,10 @@ def test_fp32_state_after_a_prompt_has_no_error_and_8bit_has_one_from_the_first_
     err = tr.rel_err("state", per_head=True, per_batch=True)  # [V, R, B, H]
     assert float(err[0].max()) == 0.0 and float(err[1].max()) == 0.0
     assert float(err[2, 0].min()) > 0 and float(err[3, 0].min()) > 0  # every sequence and head, from step 1
+
+
+def test_a_nan_in_the_prompt_is_refused_before_it_becomes_a_nan_state():
+    inp = MAKERS["gdn"](batch=1, steps=12, dk=48)  # not validated
+    inp.v[0, 2, 0, 0] = float("nan")
+    with pytest.raises(kinds.InputError, match="v contains NaN/Inf"):
+        kinds.after_prompt(inp, 5)
