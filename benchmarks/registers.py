@@ -11,7 +11,6 @@ machine's may differ.
 
 from __future__ import annotations
 
-import inspect
 import os
 import pathlib
 import re
@@ -38,11 +37,9 @@ def ptxas_counts(text: str) -> dict:
 
 def compile_and_count(kind: str, nv: int, block_p: int, num_warps: int) -> dict:
     """ptxas -v of `kind`'s kernel carrying the first nv of the six default variants at (block_p, num_warps)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
-    from triton.compiler import ASTSource
 
+    from benchmarks.sass import DELTA_RULE_POINTERS, MAMBA2_POINTERS, NO_INITIAL_STATE, compile_ahead
     from ssmquant.kernels.common import slot_spec
     from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel
     from ssmquant.kernels.mamba2 import _mamba2_emulate_kernel
@@ -52,26 +49,16 @@ def compile_and_count(kind: str, nv: int, block_p: int, num_warps: int) -> dict:
     specs = [slot_spec(f, 1, False, False, buf) for f in (FMT_FP8, FMT_INT8, FMT_NVFP4) for buf in (0, 1)]
     specs = (specs[:nv] + [0] * 6)[:6]
     if kind == "mamba2":
-        fn = _mamba2_emulate_kernel
-        ptrs = dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
-        ptrs.update(x_ptr="*bf16", bm_ptr="*bf16", cm_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
-        const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, HAS_SV0=False, NV=nv, KMAJOR=True)
+        fn, ptrs = _mamba2_emulate_kernel, MAMBA2_POINTERS
+        const = dict(BLOCK_P=block_p, BLOCK_N=128, **NO_INITIAL_STATE, NV=nv, KMAJOR=True)
     else:
-        fn = _delta_rule_emulate_kernel
-        ptrs = dict.fromkeys(
-            ["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr"], "*fp32"
-        )
-        ptrs.update(v_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
-        const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=kind == "kda", HAS_S0=False, HAS_SV0=False, NV=nv,
-                     FAST_ROUND=True,
+        fn, ptrs = _delta_rule_emulate_kernel, DELTA_RULE_POINTERS
+        const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=kind == "kda", **NO_INITIAL_STATE, NV=nv, FAST_ROUND=True,
                      FP_FUSION=True, PREFETCH=False, ROW_BLOCKS_FIRST=False)  # the grid order changes no register
     const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
-    names = list(inspect.signature(fn.fn).parameters)
-    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}
-    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()})
     # the launchers' options: both contract multiply-adds and keep subnormals (no ftz)
     options = {"num_warps": num_warps, "enable_fp_fusion": True, "enable_reflect_ftz": False}
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    k = compile_ahead(fn, ptrs, const, options)
     with tempfile.TemporaryDirectory() as tmp:
         ptx = pathlib.Path(tmp) / "k.ptx"
         ptx.write_text(k.asm["ptx"])

@@ -150,9 +150,25 @@ def _triton_bin(tool: str) -> pathlib.Path:
     return pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / tool
 
 
-def sass_of(fn, ptrs: dict, const: dict, options: dict) -> list[tuple[int, str]]:
-    """(address, instruction) of Triton kernel `fn` compiled ahead of time for sm_90a: ptrs maps pointer arguments
-    to their types (other arguments i32), const the constexprs; options are triton.compile's (the launcher's)."""
+# Pointer arguments of the emulation kernels as their launchers pass them (mamba2_launch, delta_rule_launch); every
+# other non-constexpr argument is an i32. A pointer the table misses compiles as an integer and fails: keep both in
+# step with the kernels' signatures (registers.py compiles from them too).
+MAMBA2_POINTERS = {
+    **dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr"], "*fp32"),
+    **dict(x_ptr="*bf16", bm_ptr="*bf16", cm_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64"),
+}
+DELTA_RULE_POINTERS = {
+    **dict.fromkeys(["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr"], "*fp32"),
+    **dict(v_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64"),
+}
+# the compiled path starts from a zero state (no initial state, no per-slot stored one)
+NO_INITIAL_STATE = {"HAS_S0": False, "HAS_SV0": False}
+
+
+def compile_ahead(fn, ptrs: dict, const: dict, options: dict):
+    """Triton kernel `fn` compiled ahead of time for sm_90a (triton's CompiledKernel: `.asm["ptx"]`, `["cubin"]`):
+    ptrs maps pointer arguments to their types (other arguments i32), const the constexprs; options are
+    triton.compile's (the launcher's)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -160,7 +176,12 @@ def sass_of(fn, ptrs: dict, const: dict, options: dict) -> list[tuple[int, str]]
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}
     constexprs = {(names.index(k),): v for k, v in const.items()}
-    k = triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def sass_of(fn, ptrs: dict, const: dict, options: dict) -> list[tuple[int, str]]:
+    """(address, instruction) of Triton kernel `fn` compiled ahead of time (`compile_ahead`, same arguments)."""
+    k = compile_ahead(fn, ptrs, const, options)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = pathlib.Path(tmp) / "k.cubin"
         cubin.write_bytes(k.asm["cubin"])
@@ -175,12 +196,10 @@ def mamba2_sass(slots: list[tuple[int, int]], block_p: int) -> list[tuple[int, s
     from ssmquant.kernels.mamba2 import _mamba2_emulate_kernel
 
     specs = ([slot_spec(f, block_p, False, False, buf) for f, buf in slots] + [0] * 6)[:6]
-    ptrs = dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
-    ptrs.update(x_ptr="*bf16", bm_ptr="*bf16", cm_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
-    const = dict(BLOCK_P=block_p, BLOCK_N=128, HAS_S0=False, HAS_SV0=False, NV=len(slots), KMAJOR=True)  # as mamba2_launch
+    const = dict(BLOCK_P=block_p, BLOCK_N=128, **NO_INITIAL_STATE, NV=len(slots), KMAJOR=True)  # as mamba2_launch
     const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
     opts = {"num_warps": 1, "enable_fp_fusion": True, "enable_reflect_ftz": False}  # as mamba2_launch
-    return sass_of(_mamba2_emulate_kernel, ptrs, const, opts)
+    return sass_of(_mamba2_emulate_kernel, MAMBA2_POINTERS, const, opts)
 
 
 def kda_sass(fmt: int, fast_round: bool, fp_fusion: bool, prefetch: bool, vec_decay: bool = True) -> list[tuple[int, str]]:
@@ -189,14 +208,12 @@ def kda_sass(fmt: int, fast_round: bool, fp_fusion: bool, prefetch: bool, vec_de
     from ssmquant.kernels.common import slot_spec
     from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel
 
-    ptrs = dict.fromkeys(["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr"], "*fp32")
-    ptrs.update(v_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64")
     specs = [slot_spec(fmt, 16, False, False, 0)] + [0] * 5
-    const = dict(BLOCK_P=16, BLOCK_N=128, VEC_DECAY=vec_decay, HAS_S0=False, HAS_SV0=False, FAST_ROUND=fast_round,
+    const = dict(BLOCK_P=16, BLOCK_N=128, VEC_DECAY=vec_decay, **NO_INITIAL_STATE, FAST_ROUND=fast_round,
                  FP_FUSION=fp_fusion,
                  PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})  # fmt: skip
     opts = {"num_warps": 1, "enable_fp_fusion": fp_fusion, "enable_reflect_ftz": False}
-    return sass_of(_delta_rule_emulate_kernel, ptrs, const, opts)
+    return sass_of(_delta_rule_emulate_kernel, DELTA_RULE_POINTERS, const, opts)
 
 
 def kda_cuda_nvdisasm(fmt: int) -> str:
