@@ -13,10 +13,10 @@
   the next step's loads ahead (prefetch) and the previous default (both off); GDN at Qwen3.5-9B's head (Dk = Dv =
   128, one decay per head), the same launch, default path.
 - The KDA CUDA kernel (`ssmquant/kernels/kda_cuda.py`): compiled for sm_90 by NVRTC (the nvidia-cuda-nvrtc wheel,
-  a dev dependency), disassembled with Triton's nvdisasm; the time loop is the longest backward branch, counted
-  whole less the division slow-path calls (3 instructions each, not taken for normal scales) and less NVFP4's
-  exact-division fallback (a branch on a warp vote, taken about once in 10^3 writes). Conventional (every step
-  writes, no write-mask branch), fp32 q / k, bf16 v; fp8_e4m3, int8 and nvfp4.
+  a dev dependency), disassembled with Triton's nvdisasm; the time loop is the longest backward branch, walked
+  along its common path (`nvdisasm_loop`): the division slow paths (not taken for normal operands) and NVFP4's
+  exact-division fallback (a branch on a warp vote, taken only for states far outside the usual range) are not
+  counted. Conventional (every step writes, no write-mask branch), fp32 q / k, bf16 v; fp8_e4m3, int8 and nvfp4.
 
 Per element-step = per step / the elements of one state a thread holds (BLOCK_P x 128 / 32 lanes per warp; the
 CUDA kernel: 64). A static count of one thread's work, not a timing; the GPU machine's Triton may compile other code.
@@ -107,9 +107,12 @@ def step_path(ins: list[tuple[int, str]], conventional: list[bool]) -> collectio
 
 
 def nvdisasm_loop(text: str, function: str) -> collections.Counter:
-    """Opcodes of the longest loop (backward branch to a label) of `function` in `nvdisasm -c` output, less the
-    rare paths: the code that a branch on a warp vote (`VOTE.ANY Pn` ... `@!Pn BRA label`) skips when no lane asks
-    for it (the NVFP4 write's exact-division fallback) is not counted."""
+    """Opcodes on the common path through the longest loop (backward branch to a label) of `function` in
+    `nvdisasm -c` output: rare paths are not counted. A branch on a warp vote (`VOTE.ANY Pn`) is the NVFP4 write's
+    exact-division fallback: `@Pn BRA` to it is not taken, `@!Pn BRA` over it is. Another conditional forward
+    branch is taken where the code it skips calls a division's slow path (`..._slowpath`, not taken for normal
+    operands: `@P BRA` over it to the fast path, or `@!P BRA` past it), and falls through elsewhere; an
+    unconditional forward branch is followed (the common path jumping over a rare one)."""
     lines = text.splitlines()
     body = lines[next(i for i, line in enumerate(lines) if f".text.{function}" in line) :]
     labels = {line[:-1]: i for i, line in enumerate(body) if re.match(r"\.L_x_\d+:$", line)}
@@ -128,17 +131,27 @@ def nvdisasm_loop(text: str, function: str) -> collections.Counter:
             ops[opcode(re.sub(r"^\s*/\*[0-9a-f]+\*/\s*", "", line))] += 1
             if m := re.search(r"VOTE\.ANY (P\d)\b", line):
                 votes.add(m.group(1))
-            m = re.search(r"@!(P\d) BRA `\((\.L_x_\d+)\)", line)
-            if m and m.group(1) in votes and labels.get(m.group(2), -1) > i:
-                i = labels[m.group(2)]  # the vote found no lane to take the rare path
+            m = re.search(r"(@!?)(P\d) BRA `\((\.L_x_\d+)\)", line)
+            target = labels.get(m.group(3), -1) if m else -1
+            if m and target > i:
+                if m.group(2) in votes:
+                    if m.group(1) == "@!":  # over the fallback: taken when no lane asks for it
+                        i = target
+                        continue
+                elif any("slowpath" in body[j] for j in range(i + 1, target)):
+                    i = target  # past a division's slow path
+                    continue
+            m = re.match(r"\s*/\*[0-9a-f]+\*/\s*BRA `\((\.L_x_\d+)\)", line)
+            if m and labels.get(m.group(1), -1) > i:
+                i = labels[m.group(1)]
                 continue
         i += 1
     return ops
 
 
-def count_row(count: collections.Counter, elements: int, skip: int = 0, **label) -> dict:
-    """A table row: the label columns, instructions per step (less `skip`) and per element-step, the top opcodes."""
-    total = sum(count.values()) - skip
+def count_row(count: collections.Counter, elements: int, **label) -> dict:
+    """A table row: the label columns, instructions per step and per element-step, the top opcodes."""
+    total = sum(count.values())
     top = ", ".join(f"{k} {v}" for k, v in count.most_common(TOP))
     return {**label, "per step": total, "per element-step": round(total / elements, 2), "top opcodes": top}
 
@@ -195,7 +208,8 @@ def mamba2_sass(slots: list[tuple[int, int]], block_p: int) -> list[tuple[int, s
     from ssmquant.kernels.common import slot_spec
     from ssmquant.kernels.mamba2 import _mamba2_emulate_kernel
 
-    specs = ([slot_spec(f, block_p, False, False, buf) for f, buf in slots] + [0] * 6)[:6]
+    # one scale per row (GROUP 1), the formats' default granularity and what the emulation benchmark times
+    specs = ([slot_spec(f, 1, False, False, buf) for f, buf in slots] + [0] * 6)[:6]
     const = dict(BLOCK_P=block_p, BLOCK_N=128, **NO_INITIAL_STATE, NV=len(slots), KMAJOR=True)  # as mamba2_launch
     const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
     opts = {"num_warps": 1, "enable_fp_fusion": True, "enable_reflect_ftz": False}  # as mamba2_launch
@@ -208,7 +222,7 @@ def kda_sass(fmt: int, fast_round: bool, fp_fusion: bool, prefetch: bool, vec_de
     from ssmquant.kernels.common import slot_spec
     from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel
 
-    specs = [slot_spec(fmt, 16, False, False, 0)] + [0] * 5
+    specs = [slot_spec(fmt, 1, False, False, 0)] + [0] * 5  # per-row scales, the default granularity
     const = dict(BLOCK_P=16, BLOCK_N=128, VEC_DECAY=vec_decay, **NO_INITIAL_STATE, FAST_ROUND=fast_round,
                  FP_FUSION=fp_fusion,
                  PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})  # fmt: skip
@@ -304,10 +318,10 @@ def run(args) -> Result:
             rows = []
             for name, code in formats.items():
                 ops = nvdisasm_loop(kda_cuda_nvdisasm(code), "kda_emulate")
-                rows.append(count_row(ops, 64, skip=3 * ops["CALL"], format=name))
+                rows.append(count_row(ops, 64, format=name))
                 print(f"kda-cuda {name}: {rows[-1]['per element-step']} per element-step", flush=True)
             raw["kda-cuda"] = rows
-            body.append("KDA CUDA kernel (NVRTC, sm_90, conventional, fp32 q / k, bf16 v; division slow-path calls "
+            body.append("KDA CUDA kernel (NVRTC, sm_90, conventional, fp32 q / k, bf16 v; division slow paths "
                         "and NVFP4's exact-division fallback not counted):\n\n" + markdown_table(rows))  # fmt: skip
     from importlib.metadata import version
 
