@@ -1,8 +1,9 @@
 """NVFP4 in the KDA CUDA kernel (issue 28): its bit-exactness checks and a speed comparison, in one run on a GPU.
 
 1. Checks (the GPU tests of tests/kernels/test_kda_cuda.py, run here through pytest): the NVFP4 write against
-   formats.codec bit for bit on crafted states (near E2M1 midpoints, amax-0 rows, tiny / huge s2: the warps that
-   must take the exact-division fallback take it) and on random states; every write of the kernel's own states
+   formats.codec bit for bit (a zero's sign aside) on crafted states (near E2M1 midpoints, which the fast path
+   decides; amax-0 rows; s2 outside the fast range, blocks far below their row: the warps that must take the
+   exact-division fallback take it) and on random states; every write of the kernel's own states
    (DEBUG_STATES build) bit for bit, conventional and replay, with and without an initial state; the metrics
    against the torch reference and the Triton kernel within the tests' bound.
 2. The fast path's fallback rate on the kernel's own states at GLM-5.3-Flash's head (random KDA inputs).

@@ -87,25 +87,33 @@ __device__ __forceinline__ void e4m3_round2(float a, float b, float& ra, float& 
 
 #if FMT == 5
 
-// --- NVFP4 (FMT 5): the write of formats.codec.encode / rounding._nvfp4_tile, bit for bit -----------------------------
+// --- NVFP4 (FMT 5): the write of formats.codec.encode / rounding.nvfp4_blocks -------------------------------------
 // The reference divides each block amax by 6 s2 and each element by its block's decode scale d, correctly rounded.
-// Here the block scales keep the division (4 per lane and write), and the elements take x * rcp.approx(d) and are
-// rounded with their distance to the nearest rounding midpoint (rounding.nvfp4_rne_blocks' argument): the fast and
-// the correctly rounded quotient differ by < 1.5 * 2^-23 |x / d| < 2^-20.4 spacings (|x / d| < 4 spacings of its
-// binade, rcp.approx within 1 ulp), so they round alike unless one lies within E2M1_MARGIN of a midpoint. Where
-// any element of the warp does, a quotient exceeds 7 (e2m1_rne_fast's range), or s2 leaves the range where the bound
-// holds, the warp redoes its write with the reference's divisions from a copy of the state in shared memory
-// (warp-uniform: one vote, no divergence); the copy costs 16 shared stores per lane and write.
-#define E2M1_MARGIN (0.5f - 0x1p-18f)
-// s2 in [2^-116, 2^116] keeps every d = bs s2 (bs in [2^-9, 448]) in [2^-125, 2^125]: normal, and so is 1 / d
-#define S2_MIN 0x1p-116f
-#define S2_MAX 0x1p116f
-#define STASH_STRIDE 68  // floats per lane in the stash: 64 + 4, so that 8 lanes' 16-byte stores hit distinct banks
+// Here one correctly rounded reciprocal per lane (of 6 s2) and per block (of d) give the same quotients by
+// Markstein's correction (quotient_rn, as rounding.quotient_rn: exact while nothing leaves FP32's normal range),
+// and the elements are rounded by e2m1_rne_centred (rounding.rne_centered). Both are exact only where s2 lies in
+// [S2_MIN, S2_MAX], no block scale quotient underflows (TINY), and every quotient stays below 6.5 (e2m1_rne_centred
+// needs |v| < 7; the reference clamps at 6): the per-block and per-row values decide that before any element is
+// touched, and where a lane's row or block does not meet it, the warp takes the reference's divisions instead
+// (warp-uniform: one vote, no divergence). Rounding.py says where the bounds come from.
+#define S2_MIN 0x1p-68f
+#define S2_MAX 0x1p90f
+#define TINY 0x1p-100f
+#define STASH_STRIDE 68  // floats per lane in the fallback's stash: 64 + 4, so that 8 lanes' 16-byte stores hit distinct banks
 
-__device__ __forceinline__ float rcp_approx(float d) {  // MUFU.RCP: within 1 ulp of 1 / d for normal d
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
-    return r;
+// 1 / b correctly rounded, for |b| in [2^-120, 2^120]: the fast path of __frcp_rn without its range check
+// (rounding.reciprocal_rn): MUFU.RCP within one ulp, then one Newton-Raphson step with FMAs
+__device__ __forceinline__ float reciprocal_rn(float b) {
+    float y0;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y0) : "f"(b));
+    return __fmaf_rn(-__fmaf_rn(b, y0, -1.f), y0, y0);
+}
+
+// a / b correctly rounded from y = RN(1 / b): q = RN(a y), the exact residual a - b q, then q + r y rounded once
+__device__ __forceinline__ float quotient_rn(float a, float b, float y) {
+    const float q = __fmul_rn(a, y);
+    const float r = __fmaf_rn(-q, b, a);
+    return __fmaf_rn(r, y, q);
 }
 
 // E2M1 RNE (saturating at 6) of v, sign kept: the values of rounding.rne_with_distance(min(|v|, 6), 1, 0) with
@@ -119,67 +127,57 @@ __device__ __forceinline__ float e2m1_rne(float v) {
     return __uint_as_float(__float_as_uint(out) | (__float_as_uint(v) & 0x80000000u));
 }
 
-// The fast path's rounding of a quotient v with |v| <= 7, unclamped and signed (rounding.e2m1_rne_signed's
-// argument): with m = max(|v|, 1.5) and 2^E <= m < 2^(E + 1), the spacing about v is sp = 2^(E - 1) and c = 2^22 m
-// (exact) lies in [2^(E + 22), 2^(E + 23)), whose ulp is sp, so out = RN(v + c) - c (two FMAs, the second exact)
-// is v rounded to a multiple of sp, an E2M1 value for |v| <= 7 (6 for v in (6, 7), as the clamp gives), wherever
-// v + c stays in c's binade; where it does not (v within 2^-22 of a power of two) out is the right value or one a
-// spacing away, and ties may break either way (c's parity is arbitrary): both lie at a distance >= 1/2 spacing,
-// which `near` flags. near = |v - out| - E2M1_MARGIN x sp (v - out exact, one rounding: the sign is exact) is > 0
-// exactly where the distance in spacings exceeds the margin. The sign bit restores the -0 of a negative v that
-// rounds to zero (the reference keeps it).
-__device__ __forceinline__ float e2m1_rne_fast(float v, float& near) {
-    const float m = fmaxf(fabsf(v), 1.5f);
-    const float out = __fmaf_rn(-m, 0x1p22f, __fmaf_rn(m, 0x1p22f, v));
-    const float p = __uint_as_float(__float_as_uint(m) & 0x7f800000u);  // 2^E = 2 sp
-    near = __fmaf_rn(-p, 0.5f * E2M1_MARGIN, fabsf(__fsub_rn(v, out)));
-    return __uint_as_float(__float_as_uint(out) | (__float_as_uint(v) & 0x80000000u));
+// The fast path's E2M1 RNE of a quotient v with |v| < 7 (6 for v in (6, 7), as the reference's clamp gives):
+// rounding.rne_centered. With 2^E <= max(|v|, 1) < 2^(E + 1), c = 1.5 x 2^(E + 22) sits in the middle of a binade
+// whose ulp is the spacing 2^(E - 1), and v + c stays in it, so RN(v + c) - c (two FMAs, the second exact) is v
+// rounded to the grid, ties to even. A negative v that rounds to zero comes back +0 (the reference: -0, which no
+// metric and no nonzero value sees); NaN stays NaN.
+__device__ __forceinline__ float e2m1_rne_centred(float v) {
+    const float p = __uint_as_float(__float_as_uint(fmaxf(fabsf(v), 1.f)) & 0x7f800000u);
+    return __fmaf_rn(-p, 0x1.8p22f, __fmaf_rn(p, 0x1.8p22f, v));
 }
 
 // The store and reload of this lane's 64 key channels (4 blocks of 16) of one row, in place; bam: the 4 blocks'
 // amax. The row's other 64 channels are on lane ^ 16 (the row amax: one shuffle). stash: this lane's STASH_STRIDE
-// floats of shared memory (16-byte aligned), holding S for the fallback. Returns whether the warp took it.
+// floats of shared memory (16-byte aligned), used by the fallback only. Returns whether the warp took it.
 __device__ __forceinline__ bool nvfp4_write(float (&S)[HALF], const float (&bam)[4], float* stash) {
     float amax = fmaxf(fmaxf(bam[0], bam[1]), fmaxf(bam[2], bam[3]));
     amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 16));
     float s2 = __fdiv_rn(amax, QMAX);  // QMAX = 6 x 448
     s2 = s2 == 0.f ? 1.f : s2;
     const float den = __fmul_rn(6.f, s2);
-    float d[4], rd[4], vmax = 0.f;
+    const float rden = reciprocal_rn(den);
+    float d[4], rd[4];
+    bool bad = !(s2 >= S2_MIN && s2 <= S2_MAX);  // also NaN
 #pragma unroll
     for (int b = 0; b < 4; b += 2) {
-        float x0 = __fdiv_rn(bam[b], den), x1 = __fdiv_rn(bam[b + 1], den), b0, b1;
+        float x0 = quotient_rn(bam[b], den, rden), x1 = quotient_rn(bam[b + 1], den, rden), b0, b1;
+        bad |= (bam[b] > 0.f && x0 < TINY) || (bam[b + 1] > 0.f && x1 < TINY);
         x0 = fminf(fmaxf(x0 == 0.f ? 1.f : x0, 0x1p-9f), 448.f);
         x1 = fminf(fmaxf(x1 == 0.f ? 1.f : x1, 0x1p-9f), 448.f);
         e4m3_round2(x0, x1, b0, b1);
         d[b] = __fmul_rn(b0, s2);
         d[b + 1] = __fmul_rn(b1, s2);
-        rd[b] = rcp_approx(d[b]);
-        rd[b + 1] = rcp_approx(d[b + 1]);
-        // the largest quotient of each block (rounding is monotonic): > 7 only for a block scale in E4M3's
-        // subnormal range rounded far down (a block ~3 x 10^4 below the row's amax), which takes the fallback
-        vmax = fmaxf(vmax, fmaxf(__fmul_rn(bam[b], rd[b]), __fmul_rn(bam[b + 1], rd[b + 1])));
+        rd[b] = reciprocal_rn(d[b]);
+        rd[b + 1] = reciprocal_rn(d[b + 1]);
+        // the largest quotient of each block (RN(bamax rd) bounds every element's, within an ulp): above 6.5 only
+        // for a block scale in E4M3's subnormal range rounded far down (a block ~3 x 10^4 below the row's amax)
+        bad |= __fmul_rn(bam[b], rd[b]) > 6.5f || __fmul_rn(bam[b + 1], rd[b + 1]) > 6.5f;
     }
-#pragma unroll
-    for (int i = 0; i < HALF; i += 4) *reinterpret_cast<float4*>(stash + i) = make_float4(S[i], S[i + 1], S[i + 2], S[i + 3]);
-    float dm[4] = {-1.f, -1.f, -1.f, -1.f};  // max of `near` (<= 0 away from the midpoints)
-#pragma unroll
-    for (int i = 0; i < HALF; ++i) {
-        float near;
-        const float q = e2m1_rne_fast(__fmul_rn(S[i], rd[i >> 4]), near);
-        S[i] = __fmul_rn(q, d[i >> 4]);
-        dm[i & 3] = fmaxf(dm[i & 3], near);
-    }
-    const bool bad = !(s2 >= S2_MIN && s2 <= S2_MAX) || !(vmax <= 7.f) ||
-                     fmaxf(fmaxf(dm[0], dm[1]), fmaxf(dm[2], dm[3])) > 0.f;
     if (__any_sync(FULL_MASK, bad)) {
-        // rare: the reference's correctly rounded divisions, from the stash (a loop per block: little code)
+        // rare: the reference's correctly rounded divisions, through the stash (a loop per block: little code)
+#pragma unroll
+        for (int i = 0; i < HALF; i += 4) *reinterpret_cast<float4*>(stash + i) = make_float4(S[i], S[i + 1], S[i + 2], S[i + 3]);
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
+            float bs = __fdiv_rn(bam[b], den), unused;
+            bs = fminf(fmaxf(bs == 0.f ? 1.f : bs, 0x1p-9f), 448.f);
+            e4m3_round2(bs, 0.f, bs, unused);
+            const float db = __fmul_rn(bs, s2);
 #pragma unroll 1
             for (int e = 0; e < 16; ++e) {
                 const float x = stash[16 * b + e];
-                stash[16 * b + e] = __fmul_rn(e2m1_rne(__fdiv_rn(x, d[b])), d[b]);
+                stash[16 * b + e] = __fmul_rn(e2m1_rne(__fdiv_rn(x, db)), db);
             }
         }
 #pragma unroll
@@ -191,6 +189,8 @@ __device__ __forceinline__ bool nvfp4_write(float (&S)[HALF], const float (&bam)
         }
         return true;
     }
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) S[i] = __fmul_rn(e2m1_rne_centred(quotient_rn(S[i], d[i >> 4], rd[i >> 4])), d[i >> 4]);
     return false;
 }
 #endif  // FMT == 5

@@ -13,15 +13,16 @@ finite FP32 value |x| <= 448, tests/kernels/test_kda_cuda.py). 19.4 instructions
 (`python benchmarks/run.py sass`).
 
 NVFP4 writes (16-element blocks along Dk, E4M3 block scales, E2M1 elements, s2 = row amax / 2688, 1 where 0) give
-the bits of `formats.codec.encode` (the sign of a zero included), as `rounding._nvfp4_tile` computes them: a lane holds 4 whole blocks of its row, the row amax
-takes one shuffle; the 4 block scales are correctly rounded divisions, as the reference's; the elements are
-x * rcp.approx(d) rounded with their distance to the nearest rounding midpoint, the fast path of
-`rounding.nvfp4_rne_blocks` with its margin. Where an element of the warp falls within the margin, a quotient
-exceeds 7 or s2 leaves [2^-116, 2^116], the warp redoes the write with the reference's divisions from a copy of the state in shared
-memory (kda_cuda.cu says why that is exact). 27.0 instructions per element-step on the fast path (fp8 19.4, the
-Triton kernel's nvfp4 37.0). Tests: tests/kernels/test_kda_cuda.py, bit for bit against the codec on the kernel's own
-pre-write states (the DEBUG_STATES build) and on crafted states (`nvfp4_write`); lab/gpu/kda_cuda_nvfp4_check.py
-runs them with a speed comparison.
+the values of `formats.codec.encode` (a zero may come back +0 where the codec keeps -0), as `rounding.nvfp4_blocks`
+computes them: a lane holds 4 whole blocks of its row, the row amax takes one shuffle; the reference's correctly
+rounded divisions (block amax / 6 s2, element / d) come from one correctly rounded reciprocal per lane and block and
+Markstein's correction (three instructions per quotient, exact in FP32's normal range), and the elements are rounded
+by a centred magic-number addition. Where s2 leaves [2^-68, 2^90], a block scale quotient underflows or a block's
+largest quotient exceeds 6.5 (a block scale in E4M3's subnormal range rounded far down), which the per-row and
+per-block values tell before any element is touched, the warp takes the reference's divisions instead (kda_cuda.cu).
+24.3 instructions per element-step (fp8 19.3; `python benchmarks/run.py sass`). Tests:
+tests/kernels/test_kda_cuda.py, against the codec on the kernel's own pre-write states (the DEBUG_STATES build) and
+on crafted states (`nvfp4_write`); lab/gpu/kda_cuda_nvfp4_check.py runs them with a speed comparison.
 
 The kernel computes what `delta_rule.py` computes for these variants (its docstring: the reference
 `replay.naive.kda_advance` op for op, the rank-1 update and the dots as FMAs, the write's products rounded on

@@ -202,9 +202,9 @@ def fake_quant_tile(
         q = round_element(s * mult[None, :], u, bits, FMT, SR)
         return q * dec[None, :]
     elif KMAJOR:
-        return _nvfp4_tile(tl.reshape(s, [16, BN // 16, BR]), static_scale, u, bits, BN, BR, GROUP, STATIC, SR, 0)
+        return _nvfp4_tile(tl.reshape(s, [16, BN // 16, BR]), static_scale, u, BN, BR, GROUP, STATIC, SR, 0)
     else:
-        return _nvfp4_tile(tl.reshape(s, [BN // 16, 16, BR]), static_scale, u, bits, BN, BR, GROUP, STATIC, SR, 1)
+        return _nvfp4_tile(tl.reshape(s, [BN // 16, 16, BR]), static_scale, u, BN, BR, GROUP, STATIC, SR, 1)
 
 
 @triton.jit
@@ -212,7 +212,6 @@ def _nvfp4_tile(
     blocks,
     static_scale,
     u,
-    bits,
     BN: tl.constexpr,
     BR: tl.constexpr,
     GROUP: tl.constexpr,
@@ -236,35 +235,21 @@ def _nvfp4_tile(
             amax = tl.reshape(group_max(tl.reshape(amax, [BR]), BR, GROUP), [1, 1, BR])
         s2 = tl.math.div_rn(amax, tl.full([1, 1, BR], 2688.0, tl.float32))
         s2 = tl.where(s2 == 0.0, 1.0, s2)
-    if SR:  # the draw compares the exact quotient's fraction: only the correctly rounded one will do
-        bs = tl.math.div_rn(bamax, 6.0 * s2)
-        bs = tl.where(bs == 0.0, 1.0, bs)
-        bs = round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False)
-        d = bs * s2  # [NB, 1, BR] / [1, NB, BR]
-        v = tl.math.div_rn(blocks, d)
-        q = tl.reshape(round_element(tl.reshape(v, [BN, BR]), u, bits, 5, SR), blocks.shape)
-    else:
-        q, d = nvfp4_rne_blocks(blocks, bamax, s2, BR, BAXIS)
+    q, d = nvfp4_blocks(blocks, bamax, s2, u, BN, BR, BAXIS, STATIC, SR)
     return tl.reshape(q * d, [BN, BR])
 
 
-# The nvfp4 RNE write without one correctly rounded division per element (`nvfp4_rne_blocks`): quotients by
-# reciprocals, exact unless one lands near a rounding midpoint of its grid; margins in units of the grid spacing.
-# E2M1 (x / d by x * approx_reciprocal(d)): the fast and the correctly rounded quotient differ by
-# < 1.5 * 2^-22 |x / d| < 2^-19.4 spacings (|x / d| < 4 spacings of its binade); the margin keeps 2^-18 from a
-# midpoint (the distance itself is rounded once, by < 2^-25 spacings: still inside the margin).
-_E2M1_MARGIN = tl.constexpr(0.5 - 2.0**-18)
-# E4M3 block scales (bamax * RN(1 / (6 s2))): < 1.5 * 2^-23 relative, < 2^-18.4 spacings (16 spacings at most);
-# `rne_signed` measures their distance in quarter spacings (compared with a quarter of the margin).
-_E4M3_MARGIN = tl.constexpr(0.5 - 2.0**-17)
-# s2 in [2^-116, 2^116] keeps 6 s2 and every decode scale d = bs s2 (bs in [2^-9, 448]) in [2^-125, 2^125]:
-# their reciprocals are normal numbers and the error bounds above hold.
-_S2_MIN = tl.constexpr(2.0**-116)
-_S2_MAX = tl.constexpr(2.0**116)
-# A nonzero block scale quotient below this takes the exact path (it must not flush to zero on one path only).
+# The nvfp4 write divides every block amax by 6 s2 and every element by its block's decode scale d, correctly
+# rounded (`formats.codec.encode`). `nvfp4_blocks` gets the same quotients from one correctly rounded reciprocal
+# per row and per block (`quotient_rn`), exact while its intermediates stay in FP32's normal range; these bounds
+# keep them there. s2 in [2^-68, 2^90] puts every d = bs s2 (bs in [2^-9, 448]) in [2^-77, 2^99] and 6 s2 in
+# [2^-65, 2^93]: element quotients of magnitude >= 2^-26 (RNE only looks at those >= 0.25) and block scale quotients
+# >= 2^-9 (smaller ones are clamped to 2^-9) come back exact.
+_S2_MIN = tl.constexpr(2.0**-68)
+_S2_MAX = tl.constexpr(2.0**90)
+# A nonzero block amax whose scale quotient falls below this takes the exact path: a quotient that underflows
+# to zero becomes a block scale of 1, not 2^-9, so its zero must be the reference's.
 _TINY = tl.constexpr(2.0**-100)
-# `e2m1_rne_signed` without its clamp needs |quotient| <= 7 (checked per block, on its largest quotient)
-_E2M1_UNCLAMPED_MAX = tl.constexpr(7.0)
 
 
 @triton.jit
@@ -284,97 +269,113 @@ def rne_with_distance(a, MBITS: tl.constexpr, EMIN: tl.constexpr):
 
 
 @triton.jit
-def rne_signed(v, MBITS: tl.constexpr, EMIN: tl.constexpr):
-    """RNE of signed v to the float grid (MBITS, EMIN) without its clamp, for the fast paths of
-    `nvfp4_rne_blocks`: (rounded, distance), where distance is |v - rounded| in units of 2^(MBITS - 1) grid
-    spacings (E2M1: spacings; E4M3: quarter spacings), and rounded is v's grid value (nearest, unclamped)
-    wherever distance x 2^(MBITS - 1) is below 1/2 (the margins of `nvfp4_rne_blocks` stay 2^-18 or more
-    below). A zero comes back +0 (the reference keeps the sign of -0: no metric and no nonzero value sees it);
-    NaN stays NaN.
+def rne_centered(v, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """RNE of signed v to the float grid (MBITS, EMIN), |v| at most the grid's top value (callers clamp): the
+    values of `round_to_grid` in 4 instructions (sm_90) with no sign restore; a zero comes back +0 (the reference
+    keeps the sign of a -0, which no metric and no nonzero value sees); NaN stays NaN.
 
-    5 instructions per element (sm_90), against 7 for `rne_with_distance` on |v| plus the sign restore, and 3
-    more for its distance. With 2^E the power of two at or below m = max(|v|, 1.5 x 2^EMIN), the grid's spacing
-    about v is sp = 2^(E - MBITS), and c = m 2^(23 - MBITS) (exact) lies in [2^(E + 23 - MBITS), twice that),
-    whose ulp is sp. t = RN(v + c) (one FMA: m 2^(23 - MBITS) is exact) then rounds v to a multiple of sp, and
-    out = t - c (FMA, exact) is it, while v + c stays in c's binade:
-      - |v| < 1.5 x 2^EMIN: c = 1.5 x 2^(EMIN + 23 - MBITS), centred in its binade: always.
-      - v > 0: v + c = v (1 + 2^(MBITS - 23)) leaves it only when v's mantissa is within 2^(MBITS + 1) ulps of 2
-        (v within 2^(MBITS - 22) relative below 2^(E + 1)); t then rounds to 2 sp, and out is 2^(E + 1) (right)
-        or 2^(E + 1) - sp (as c / sp is even or odd; a distance of almost one spacing, flagged).
-      - v < 0: c - |v| = |v| (2^(23 - MBITS) - 1) drops below c's binade only when |v| is within 2^MBITS ulps
-        above 2^E; t rounds to sp / 2 there, and out = -2^E, the right value.
-    So out is v's nearest multiple of sp, or a value flagged by its distance; its ties may break either way (c's
-    mantissa is arbitrary), but a tie has distance 1/2 spacing and is flagged. A multiple of sp within half a
-    spacing of v is a grid value (the grid holds every multiple of sp in [2^E, 2^(E + 1)], and of 2^(EMIN -
-    MBITS) in [0, 2^EMIN]) below the grid's top binade's end: callers bound |v| (E2M1: <= 7; E4M3: <= 448).
-    v - out is exact (multiples of ulp(v), |v - out| <= sp); 2^(1 - E) comes from m's exponent bits.
+    With 2^E the power of two at or below m = max(|v|, 2^EMIN), the grid's spacing about v is sp = 2^(E - MBITS).
+    c = 1.5 x 2^(E + 23 - MBITS) (m's power of two times a constant: exact) sits in the middle of the binade
+    [2^(E + 23 - MBITS), 2^(E + 24 - MBITS)), whose ulp is sp, and v + c stays inside it for every |v| < 2^(E + 1)
+    (the distance to either end, 2^(E + 22 - MBITS), is at least 2^(E + 1) for MBITS <= 21). So t = RN(v + c)
+    (one FMA) is c plus v rounded to a multiple of sp, ties to an even multiple (c / sp is even), and t - c (FMA,
+    exact) is that multiple: v's nearest grid value (the grid holds every multiple of sp in [2^E, 2^(E + 1)], and
+    of 2^(EMIN - MBITS) below 2^EMIN), ties to the even mantissa.
     """
-    m = tl.maximum(tl.abs(v), 1.5 * 2.0**EMIN)
-    t = tl.fma(m, 2.0 ** (23 - MBITS), v)
-    out = tl.fma(m, -(2.0 ** (23 - MBITS)), t)
-    inv = ((m.to(tl.int32, bitcast=True) & 0x7F800000) ^ 0x7F800000).to(tl.float32, bitcast=True)  # 2^(1 - E)
-    return out, tl.abs(v - out) * inv
+    m = tl.maximum(tl.abs(v), 2.0**EMIN)
+    p = (m.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)  # 2^E
+    t = tl.fma(p, 1.5 * 2.0 ** (23 - MBITS), v)
+    return tl.fma(p, -1.5 * 2.0 ** (23 - MBITS), t)
 
 
 @triton.jit
-def e2m1_rne_signed(v, CLAMP: tl.constexpr):
-    """E2M1 RNE of signed quotients v (`rne_signed`; distance in spacings), clamped to [-6, 6] first under
-    CLAMP (one FMNMX); without CLAMP, |v| must be at most 7: v in (6, 7) rounds to 6 (spacing 2), as the
-    reference's clamp does, and v near 7 (a midpoint of spacing 2) is flagged. With the block amax, the quotient
-    and the decode, 10 instructions per element (sm_90) against 14 for `rne_with_distance` on |v|, clamped."""
-    if CLAMP:
-        v = tl.clamp(v, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL)
-    return rne_signed(v, 1, 0)
-
-
-@triton.jit
-def approx_reciprocal(d):
-    """1 / d within 2 ulps for |d| in [2^-126, 2^126]: PTX rcp.approx.ftz.f32, one MUFU.RCP; in the interpreter,
-    the correctly rounded 1 / d. The same bits as libdevice's fast_dividef(1, d) (div.approx.f32, within 2 ulps)
-    there: on sm_90 that is the same MUFU.RCP times 1.0 behind a range test and scaling (5 instructions), which
-    only act below 2^-126. Flushing subnormals changes nothing in that range (d and 1 / d are normal)."""
+def reciprocal_rn(b):
+    """1 / b correctly rounded, for |b| in [2^-120, 2^120]: the fast path of CUDA's __frcp_rn (its slow path takes
+    the ends of the exponent range only): y0 = rcp.approx.ftz.f32(b) (MUFU.RCP, within one ulp), then one
+    Newton-Raphson step with FMAs, y0 + y0 (1 - b y0), which rounds correctly. Three instructions (sm_90) against
+    about ten for `div_rn(1, b)` with its range check. In the interpreter, the division."""
     if INTERPRETING:
-        return 1.0 / d
+        return tl.math.div_rn(tl.full(b.shape, 1.0, tl.float32), b)
     else:
-        return tl.inline_asm_elementwise(
-            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [d], dtype=tl.float32, is_pure=True, pack=1
-        )
+        y0 = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [b], dtype=tl.float32, is_pure=True, pack=1)
+        return tl.fma(-tl.fma(b, y0, -1.0), y0, y0)
 
 
 @triton.jit
-def nvfp4_rne_blocks(blocks, bamax, s2, BR: tl.constexpr, BAXIS: tl.constexpr):
-    """NVFP4 RNE encode of 16-element blocks, as `formats.codec.encode`: (E2M1 values q shaped like blocks,
-    decode scales d [NB, 1, BR] / [1, NB, BR]) of blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR] (BAXIS = 0, the
-    elements of a block along axis 0), with block amax bamax shaped like d and second-level scales s2 [1, 1, BR].
+def quotient_rn(a, b, y):
+    """a / b correctly rounded, given y = RN(1 / b) (`reciprocal_rn`): three instructions instead of a division.
 
-    The reference divides every block amax by 6 s2 and every element by its block's d, correctly rounded.
-    Here one correctly rounded reciprocal per row and one approximate reciprocal per block replace those
-    divisions, and the quotients are rounded with their distance to the nearest rounding midpoint. The two
-    quotients (fast and correctly rounded) round alike unless a midpoint lies between them, which the margins
-    above exclude. Where any quotient of the tile comes within its margin of a midpoint (about one tile write
-    in 10^3 on Gaussian-like states), or a scale leaves the range where the bounds hold, the tile takes the
-    reference's divisions. Elements are rounded signed and unclamped (`e2m1_rne_signed`) unless a block's
-    largest quotient exceeds 7 (a static scale below the state's range, or a block scale in E4M3's subnormal
-    range rounded far down: the tile then clamps). Largest quotient: RN(bamax * rcp) bounds every RN(x * rcp)
-    of its block (rounding is monotonic). A NaN element comes back NaN.
+    Markstein's theorem (Handbook of Floating-Point Arithmetic, 2nd ed., section 4.7): with y within half an ulp
+    of 1 / b and q = RN(a y) within one ulp of a / b, the residual r = a - b q is exact (one FMA) and
+    RN(q + r y) = RN(a / b), provided nothing underflows or overflows. For normal b and y, the residual
+    (|r| ~ 2^-23 |a|, a multiple of ulp(q) ulp(b)) stays exact while ulp(q) ulp(b) >= 2^-149: for |a / b| >= 2^-26
+    when b >= 2^-77 (the bounds `nvfp4_blocks` checks). Smaller quotients are within a few ulps of a / b, their
+    sign and zero kept, except within a few ulps of FP32's underflow. In the interpreter (numpy: no fused
+    multiply-add), the division itself. tests/kernels/test_nvfp4_fast_round.py checks the sequence against exact
+    rational arithmetic at the midpoints that matter, and on the GPU against the division.
+    """
+    if INTERPRETING:
+        return tl.math.div_rn(a, b)
+    else:
+        q = a * y
+        r = tl.fma(-q, b, a)
+        return tl.fma(r, y, q)
+
+
+@triton.jit
+def nvfp4_blocks(
+    blocks,
+    bamax,
+    s2,
+    u,
+    BN: tl.constexpr,
+    BR: tl.constexpr,
+    BAXIS: tl.constexpr,
+    STATIC: tl.constexpr,
+    SR: tl.constexpr,
+):
+    """NVFP4 encode of 16-element blocks, as `formats.codec.encode`: (E2M1 values q shaped like blocks, decode
+    scales d [NB, 1, BR] / [1, NB, BR]) of blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR] (BAXIS = 0, the
+    elements of a block along axis 0), with block amax bamax shaped like d and second-level scales s2 [1, 1, BR];
+    u: SR's uniforms [BN, BR] in the tile's order (SR only); STATIC: s2 is a static scale.
+
+    The reference divides every block amax by 6 s2 and every element by its block's d, correctly rounded. For
+    RNE, one correctly rounded reciprocal per row (of 6 s2) and one per block (of d) give the same quotients
+    (`quotient_rn`), and the elements are rounded by `rne_centered`; no element's value decides a branch. The
+    reciprocals give exact quotients only within _S2_MIN.._S2_MAX and for block scale quotients above _TINY; a tile
+    where a row or block leaves those ranges (a row amax below about 10^-17 or above 10^30, a block 10^30 below its
+    row), or with dynamic scales a block quotient above 6.5, takes the reference's divisions instead. SR keeps the
+    reference's divisions: its draws compare every nonzero quotient's fraction, down to the underflow, where the
+    reciprocals' exactness would need a check per element; with them, Triton 3.9 took minutes to compile the
+    SR kernel with rows groups (`make_llir`). A NaN element comes back NaN.
     """
     den = 6.0 * s2  # [1, 1, BR]
-    r6 = tl.math.div_rn(tl.full([1, 1, BR], 1.0, tl.float32), den)
-    q6 = bamax * r6  # ~ div_rn(bamax, den)
-    bs = tl.minimum(tl.maximum(tl.where(q6 == 0.0, 1.0, q6), 0.001953125), 448.0)
-    bs, bs_dist = rne_signed(bs, 3, -6)  # bs_dist in quarter spacings
-    d = bs * s2
-    rcp = approx_reciprocal(d)
-    v = blocks * rcp
-    if tl.max(tl.max(tl.max((bamax * rcp > _E2M1_UNCLAMPED_MAX).to(tl.int32), axis=0), axis=0), axis=0) != 0:
-        q, dist = e2m1_rne_signed(v, True)
+    if SR:  # the reference's divisions (see above)
+        bs = tl.math.div_rn(bamax, den)
+        bs = tl.where(bs == 0.0, 1.0, bs)
+        bs = round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False)
+        d = bs * s2
+        v = tl.reshape(tl.math.div_rn(blocks, d), [BN, BR])
+        return tl.reshape(round_to_grid(v, u, 1, 0, 6.0, True, True), blocks.shape), d
+    bs = quotient_rn(bamax, den, reciprocal_rn(den))
+    bad = (bamax > 0.0) & (bs < _TINY)  # [NB, 1, BR] / [1, NB, BR]
+    bs = tl.minimum(tl.maximum(tl.where(bs == 0.0, 1.0, bs), 0.001953125), 448.0)
+    d = rne_centered(bs, 3, -6) * s2
+    rd = reciprocal_rn(d)
+    v = quotient_rn(blocks, d, rd)
+    if STATIC:  # a static scale below the state's range: quotients of any size, clamped as the reference does
+        q = rne_centered(tl.clamp(v, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL), 1, 0)
     else:
-        q, dist = e2m1_rne_signed(v, False)
-    # one test per row, then per tile; axis 0 first: inside each thread in both block views
-    blk_bad = (bs_dist > 0.25 * _E4M3_MARGIN) | ((bamax > 0.0) & (q6 < _TINY))
-    row_bad = tl.max(tl.max(blk_bad.to(tl.int32), axis=0, keep_dims=True), axis=1, keep_dims=True) != 0
+        # dynamic scales put every quotient at or below 6 (x 16/15 where the block scale rounds down), except for a
+        # block scale in E4M3's subnormal range rounded far down (a block ~3 x 10^4 below its row's amax): a block
+        # whose largest quotient (RN(bamax rd) bounds every element's, within an ulp) exceeds 6.5 takes the exact
+        # path, and the others need no clamp (`rne_centered` is exact for |v| < 7 and rounds (6, 7) to 6)
+        q = rne_centered(v, 1, 0)
+        bad = bad | (bamax * rd > 6.5)
+    # one flag per row, then per tile, from per-block and per-row values; axis 0 first: inside each thread in both
+    # block views
+    row_bad = tl.max(tl.max(bad.to(tl.int32), axis=0, keep_dims=True), axis=1, keep_dims=True) != 0
     row_bad = row_bad | ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # also NaN
-    row_bad = row_bad | (tl.max(tl.max(dist, axis=0, keep_dims=True), axis=1, keep_dims=True) > _E2M1_MARGIN)
     if tl.max(tl.max(tl.max(row_bad.to(tl.int32), axis=0), axis=0), axis=0) != 0:
         bs = tl.math.div_rn(bamax, den)
         bs = tl.where(bs == 0.0, 1.0, bs)

@@ -1,17 +1,23 @@
-"""The nvfp4 RNE write's signed roundings (`rounding.rne_signed`: E2M1 elements, E4M3 block scales) against
-`formats.grids`, bit for bit.
+"""The nvfp4 write's arithmetic (`rounding.nvfp4_blocks`) piece by piece, bit for bit.
 
-The fast path rounds quotients v = x * rcp(d) (and block scale quotients) signed and unclamped by one
-magic-number addition and returns each one's distance to a rounding midpoint; `nvfp4_rne_blocks` trusts a tile only where every distance stays
-within `_E2M1_MARGIN`, and takes the reference's divisions elsewhere. So two properties make it exact:
-- every unflagged value is the reference's E2M1 value of v (`grids.round_to_grid`, which clamps at 6);
-- every v within 2^-19 spacings of a midpoint of the reference grid is flagged (the fast and the correctly
-  rounded quotient differ by less than 2^-19.4 spacings, so only those could round differently).
-Both are checked on every FP32 value within 256 ulps of each E2M1 value, midpoint, binade edge (including the
-places where v + c leaves c's binade: mantissas next to 1 and 2) and of 6.5 and 7, on both signs, and on random
-values, for the unclamped path (|v| <= 7) and the clamped one (any v). Then whole tiles whose quotients exceed 7
-(the clamp branch): block scales in E4M3's subnormal range rounded far down, and static scales below the state.
+The write needs the reference's correctly rounded quotients (block amax / 6 s2, element / d) and their E4M3 /
+E2M1 roundings. It gets the quotients from one correctly rounded reciprocal per row and block by Markstein's
+correction (`quotient_rn`) and rounds them with a centred magic-number addition (`rne_centered`); no element's
+value decides a branch. Checked here:
+- `rne_centered` against `formats.grids.round_to_grid` on every FP32 value within 256 ulps of each grid value,
+  midpoint and binade edge of E2M1 and E4M3 (both signs), and on random values: equal everywhere (a -0 may come
+  back +0, which torch.equal, like every metric, does not tell apart);
+- the `quotient_rn` sequence (RN(a y), the residual FMA, the corrected FMA), computed in exact rational
+  arithmetic with one rounding to FP32 per operation, against the correctly rounded quotient, on quotients steered
+  onto every E2M1 and E4M3 rounding midpoint and 1-3 ulps beside them, for every E4M3 block scale at second-level
+  scales spanning the write's fast range, and on small quotients at the range's bottom;
+- the same sequence compiled for the GPU against torch's division (GPU only: the interpreter divides);
+- whole tiles through the paths that need more than the fast one: quotients above 6 (the clamp), static scales
+  far from the state, rows outside the fast range, blocks far below their row, SR on near-underflow quotients.
 """
+
+import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -22,38 +28,51 @@ from ssmquant import formats
 from ssmquant.formats.codec import encode, expand_groups
 from ssmquant.formats.grids import E2M1, E4M3, round_to_grid
 from ssmquant.kernels import fake_quant_triton
-from ssmquant.kernels.rounding import _E2M1_MARGIN, e2m1_rne_signed, rne_signed
+from ssmquant.kernels.rounding import quotient_rn, reciprocal_rn, rne_centered
 from ssmquant.simulate import triton_interpreting
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")]
 
-MARGIN = float(_E2M1_MARGIN.value if hasattr(_E2M1_MARGIN, "value") else _E2M1_MARGIN)
 MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 BLOCK = 4096
 
 
 @triton.jit
-def _round_kernel(v_ptr, out_ptr, dist_ptr, n, E4M3: tl.constexpr, CLAMP: tl.constexpr, BLOCK: tl.constexpr):
+def _round_kernel(v_ptr, out_ptr, n, E4M3: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     v = tl.load(v_ptr + offs, mask=ok, other=0.0)
     if E4M3:
-        out, dist = rne_signed(v, 3, -6)
-        dist = dist * 4.0  # in spacings
+        out = rne_centered(tl.clamp(v, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL), 3, -6)
     else:
-        out, dist = e2m1_rne_signed(v, CLAMP)
+        out = rne_centered(tl.clamp(v, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL), 1, 0)
     tl.store(out_ptr + offs, out, mask=ok)
-    tl.store(dist_ptr + offs, dist, mask=ok)
 
 
-def fast_round(v: torch.Tensor, clamp: bool, e4m3: bool = False):
-    """(rounded, distance in spacings) of the fast E2M1 rounding (clamped or not), or of E4M3's."""
+@triton.jit
+def _quotient_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    a = tl.load(a_ptr + offs, mask=ok, other=1.0)
+    b = tl.load(b_ptr + offs, mask=ok, other=1.0)
+    tl.store(out_ptr + offs, quotient_rn(a, b, reciprocal_rn(b)), mask=ok)
+
+
+@triton.jit
+def _reciprocal_kernel(b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    tl.store(out_ptr + offs, reciprocal_rn(tl.load(b_ptr + offs, mask=ok, other=1.0)), mask=ok)
+
+
+def centred_round(v: torch.Tensor, e4m3: bool = False) -> torch.Tensor:
+    """The kernels' rounding of v (clamped to the grid's top first, as the write does) to E2M1, or E4M3's."""
     v = v.contiguous().to(DEVICE)
-    out, dist = torch.empty_like(v), torch.empty_like(v)
-    _round_kernel[(triton.cdiv(v.numel(), BLOCK),)](v, out, dist, v.numel(), E4M3=e4m3, CLAMP=clamp, BLOCK=BLOCK)
-    return out.cpu(), dist.cpu()
+    out = torch.empty_like(v)
+    _round_kernel[(triton.cdiv(v.numel(), BLOCK),)](v, out, v.numel(), E4M3=e4m3, BLOCK=BLOCK)
+    return out.cpu()
 
 
 def neighbours(points, ulps=256) -> torch.Tensor:
@@ -64,43 +83,15 @@ def neighbours(points, ulps=256) -> torch.Tensor:
     return torch.cat([near, -near])
 
 
-def sample_values(limit: float) -> torch.Tensor:
+def e2m1_values() -> torch.Tensor:
     g = torch.Generator().manual_seed(1)
     grid = [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
-    edges = [2.0**k for k in range(-30, 3)] + [6.5, 7.0, 1.5 * 2**-1, 2.0**-126, 2.0**-149 * 300]
+    edges = [2.0**k for k in range(-30, 3)] + [6.5, 7.0, 2.0**-126, 2.0**-149 * 300]
     pts = neighbours(list(MIDPOINTS) + grid + edges)
     rand = torch.exp2(torch.rand(1 << 18, generator=g) * 34 - 31) * torch.where(torch.rand(1 << 18, generator=g) < 0.5, -1.0, 1.0)
     uni = (torch.rand(1 << 18, generator=g) * 2 - 1) * 7
-    special = torch.tensor([0.0, -0.0, 2.0**-149, -(2.0**-149), 1e-40, -1e-40])
-    v = torch.cat([pts, rand, uni, special])
-    return v[v.abs() <= limit]
-
-
-def near_midpoint(v: torch.Tensor) -> torch.Tensor:
-    """|v| within 2^-19 spacings of a midpoint of the E2M1 grid (float64, exact for FP32 v): more than the
-    quotients' error (2^-19.4 spacings) and the rounding of the distance (2^-25)."""
-    a = v.double().abs()
-    mids = torch.tensor(MIDPOINTS, dtype=torch.float64)
-    sp = torch.tensor([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 2.0], dtype=torch.float64)
-    return ((a[:, None] - mids).abs() <= 2.0**-19 * sp).any(-1)
-
-
-@pytest.mark.parametrize("clamp", [False, True])
-def test_e2m1_rne_signed_is_exact_or_flagged(clamp):
-    v = sample_values(3.0e38 if clamp else 7.0)
-    if clamp:
-        big = torch.tensor([6.0001, 7.5, 8.0, 1e3, 3.0e38, float("inf")])
-        v = torch.cat([v, big, -big])
-    out, dist = fast_round(v, clamp)
-    want = round_to_grid(v, E2M1)
-    trusted = dist <= MARGIN
-    assert torch.equal(out[trusted], want[trusted])
-    near = near_midpoint(v)
-    assert near.sum() > 500  # the neighbourhoods reached the midpoints
-    assert bool((dist[near] > MARGIN).all()), v[near & trusted][:8]
-    # the fast path is taken almost everywhere off the midpoints (random values: flagged about 2^-20 of them)
-    off = ~near & (v.abs() < 6.9)
-    assert float((dist[off] > MARGIN).float().mean()) < 2e-3
+    special = torch.tensor([0.0, -0.0, 2.0**-149, -(2.0**-149), 1e-40, -1e-40, 1e3, -3.0e38, float("inf"), -float("inf")])
+    return torch.cat([pts, rand, uni, special])
 
 
 def e4m3_values() -> torch.Tensor:
@@ -111,41 +102,168 @@ def e4m3_values() -> torch.Tensor:
     pts = [p for p in sub + normal if p <= 448.0] + [2.0**k for k in range(-30, 9)]
     g = torch.Generator().manual_seed(2)
     rand = torch.exp2(torch.rand(1 << 18, generator=g) * 40 - 31) * torch.where(torch.rand(1 << 18, generator=g) < 0.5, -1.0, 1.0)
-    v = torch.cat([neighbours(pts), rand, torch.tensor([0.0, -0.0, 2.0**-149, 1e-40])])
-    return v[v.abs() <= 448.0]
+    return torch.cat([neighbours(pts), rand, torch.tensor([0.0, -0.0, 2.0**-149, 1e-40, 500.0, -1e9])])
 
 
-def test_e4m3_rne_signed_is_exact_or_flagged():
-    """The block scales' rounding (positive there, both signs here), against E4M3's, near its midpoints."""
+def test_e2m1_centred_rounding_is_exact():
+    v = e2m1_values()
+    assert torch.equal(centred_round(v), round_to_grid(v, E2M1))
+
+
+def test_e4m3_centred_rounding_is_exact():
+    """The block scales' rounding (positive there, both signs here)."""
     v = e4m3_values()
-    out, dist = fast_round(v, False, e4m3=True)
-    want = round_to_grid(v, E4M3)
-    trusted = dist <= MARGIN
-    assert torch.equal(out[trusted], want[trusted])
-    a = v.double().abs()
-    e = torch.floor(torch.log2(a.clamp(min=2.0**-6)))
-    sp = torch.exp2(e - 3)
-    frac = a / sp - torch.floor(a / sp)
-    near = (frac - 0.5).abs() <= 2.0**-19
-    assert near.sum() > 500
-    assert bool((dist[near] > MARGIN).all()), v[near & trusted][:8]
-    # random block scale quotients are flagged rarely (the neighbourhoods above gather the rare cases: values
-    # near 2^k whose v + c leaves c's binade)
-    g = torch.Generator().manual_seed(4)
-    _, dist = fast_round(torch.exp2(torch.rand(1 << 18, generator=g) * 18 - 9), False, e4m3=True)
-    assert float((dist > MARGIN).float().mean()) < 1e-4
+    assert torch.equal(centred_round(v, e4m3=True), round_to_grid(v, E4M3))
 
 
-def test_e2m1_rne_signed_nan_stays_nan():
-    v = torch.tensor([float("nan"), 1.0, -float("nan")])
-    for clamp in (False, True):
-        out, _ = fast_round(v, clamp)
-        assert torch.isnan(out[0]) and torch.isnan(out[2]) and out[1] == 1.0
+def test_centred_rounding_keeps_nan():
+    out = centred_round(torch.tensor([float("nan"), 1.0, -float("nan")]))
+    assert torch.isnan(out[0]) and torch.isnan(out[2]) and out[1] == 1.0
 
 
+# -- quotient_rn's sequence in exact arithmetic ------------------------------------------------------------------------
+def rn32(x: Fraction) -> Fraction:
+    """x rounded to the nearest FP32 value, ties to even (normal and subnormal; no overflow here)."""
+    if x == 0:
+        return Fraction(0)
+    a = abs(x)
+    e = a.numerator.bit_length() - a.denominator.bit_length()  # 2^e <= a < 2^(e + 2)
+    if Fraction(2) ** e > a:
+        e -= 1
+    elif Fraction(2) ** (e + 1) <= a:
+        e += 1
+    quantum = Fraction(2) ** (max(e, -126) - 23)
+    n = a / quantum
+    k = math.floor(n)
+    rest = n - k
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and k % 2 == 1):
+        k += 1
+    return (k * quantum) if x > 0 else -(k * quantum)
+
+
+def markstein(a: float, b: float) -> Fraction:
+    """`quotient_rn`'s operations, each rounded once to FP32: y = RN(1 / b), q = RN(a y), r = RN(a - b q) (FMA),
+    RN(q + r y) (FMA)."""
+    fa, fb = Fraction(a), Fraction(b)
+    y = rn32(1 / fb)
+    q = rn32(fa * y)
+    r = rn32(fa - fb * q)
+    return rn32(q + r * y)
+
+
+def f32(x) -> float:
+    return float(torch.tensor(float(x), dtype=torch.float32))
+
+
+def steered_quotients(targets, divisors, ulps=3, seed=0):
+    """(a, b) pairs with a = RN(target x b) nudged by -ulps..ulps, for every target and divisor."""
+    out = []
+    for b in divisors:
+        for m in targets:
+            base = torch.tensor(f32(m * b), dtype=torch.float32).view(torch.int32)
+            for k in range(-ulps, ulps + 1):
+                out.append((float((base + k).view(torch.float32)), b))
+    return out
+
+
+def e4m3_scales():
+    sub = [k * 2.0**-9 for k in range(1, 8)]
+    return sub + [(1 + m / 8) * 2.0**e for e in range(-6, 9) for m in range(8) if (1 + m / 8) * 2.0**e <= 448.0]
+
+
+S2_SAMPLES = (2.0**-68 * 1.37, 3.1e-9, 0.77, 1.0 / 2688, 4.2e11, 2.0**90 * 0.93)
+
+
+def test_quotient_sequence_is_correctly_rounded_at_e2m1_midpoints():
+    """Element quotients x / d at every E2M1 midpoint, d = RN(bs s2) for every E4M3 block scale bs."""
+    divisors = [f32(bs * s2) for bs in e4m3_scales() for s2 in S2_SAMPLES]
+    pairs = steered_quotients(MIDPOINTS, divisors)
+    wrong = [(a, b) for a, b in pairs if markstein(a, b) != rn32(Fraction(a) / Fraction(b))]
+    assert not wrong, wrong[:5]
+    ties = sum(Fraction(a) / Fraction(b) in {Fraction(m) for m in MIDPOINTS} for a, b in pairs)
+    assert ties > 100  # the steering reached exact midpoints
+
+
+def test_quotient_sequence_is_correctly_rounded_at_e4m3_midpoints():
+    """Block scale quotients bamax / (6 s2) at every E4M3 midpoint in [2^-9, 448]."""
+    mids = [(k + 0.5) * 2.0**-9 for k in range(1, 8)]
+    mids += [(1 + (m + 0.5) / 8) * 2.0**e for e in range(-6, 9) for m in range(8)]
+    mids = [m for m in mids if m < 448.0]
+    pairs = steered_quotients(mids, [f32(6.0 * f32(s2)) for s2 in S2_SAMPLES])
+    wrong = [(a, b) for a, b in pairs if markstein(a, b) != rn32(Fraction(a) / Fraction(b))]
+    assert not wrong, wrong[:5]
+
+
+def test_quotient_sequence_is_correctly_rounded_for_small_quotients_at_the_bottom_of_the_range():
+    """|a / b| down to 2^-26 with b down to 2^-77 (s2 = 2^-68 and the smallest block scale): the residual stays exact."""
+    g = torch.Generator().manual_seed(8)
+    q = torch.exp2(torch.rand(4000, generator=g) * 26 - 26) * (1 + torch.rand(4000, generator=g))
+    b = torch.exp2(-77 + torch.rand(4000, generator=g) * 4)
+    pairs = [(f32(x * y), f32(y)) for x, y in zip(q.tolist(), b.tolist())]
+    wrong = [(a, bb) for a, bb in pairs if markstein(a, bb) != rn32(Fraction(a) / Fraction(bb))]
+    assert not wrong, wrong[:5]
+
+
+@pytest.mark.skipif(not GPU, reason="the interpreter's quotient_rn is the division itself")
+def test_compiled_quotient_equals_the_division():
+    g = torch.Generator().manual_seed(6)
+    n = 1 << 24
+    b = torch.tensor(e4m3_scales())[torch.randint(0, len(e4m3_scales()), (n,), generator=g)]
+    b = (b * torch.exp2(torch.rand(n, generator=g) * 158 - 68)).float()  # d = bs s2, s2 in the fast range
+    m = torch.tensor(MIDPOINTS)[torch.randint(0, len(MIDPOINTS), (n,), generator=g)]
+    a = (m * b).view(torch.int32) + torch.randint(-3, 4, (n,), generator=g, dtype=torch.int32)
+    a = torch.where(torch.rand(n, generator=g) < 0.5, a.view(torch.float32), torch.randn(n, generator=g) * b * 3)
+    a, b = a.cuda(), b.cuda()
+    out = torch.empty_like(a)
+    _quotient_kernel[(triton.cdiv(n, BLOCK),)](a, b, out, n, BLOCK=BLOCK)
+    assert torch.equal(out, a / b)
+
+
+def _rn32_of_f64_sum(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """RN32(hi + lo) for FP64 hi, lo whose exact sum FP64 may not hold: the FP64 sum rounded to FP32, exact unless
+    that sum lies within its own rounding error of an FP32 rounding midpoint (returned as NaN, for a closer look)."""
+    s = hi + lo
+    out = s.float()
+    mid = (out.double() + torch.nextafter(out, torch.where(s > out.double(), torch.inf, -torch.inf)).double()) / 2
+    return torch.where((s - mid).abs() <= s.abs() * 2.0**-52, torch.nan, out)
+
+
+def test_reciprocal_sequence_is_correctly_rounded_for_every_significand():
+    """`reciprocal_rn`'s GPU sequence on every FP32 significand m in [1, 2): MUFU.RCP as the H200 computes it
+    (`engines.mufu.rcp_sm90`, its measured table), then y0 - y0 (m y0 - 1) with each FMA rounded once, equals the
+    correctly rounded 1 / m. MUFU.RCP of m 2^e is its value for m times 2^-e and the Newton step scales with it, so
+    this covers every b in the write's range."""
+    from ssmquant.engines.mufu import ieee_rcp, rcp_sm90
+
+    m = (torch.arange(1 << 23, dtype=torch.int32) | (127 << 23)).view(torch.float32)
+    y0 = rcp_sm90(m)
+    e = (m.double() * y0.double() - 1.0).float()  # m y0 exact in FP64 (48 bits), minus 1 exact: one rounding
+    y = _rn32_of_f64_sum(y0.double(), -(e.double() * y0.double()))  # e y0 exact; the sum checked below
+    unsure = torch.isnan(y).nonzero().flatten().tolist()
+    for i in unsure:  # exact rational arithmetic where FP64 could not decide
+        y[i] = float(rn32(Fraction(y0[i].item()) - Fraction(e[i].item()) * Fraction(y0[i].item())))
+    assert len(unsure) < 1000
+    assert torch.equal(y, ieee_rcp(m))
+    assert int((y0 != ieee_rcp(m)).sum()) > 10**5  # MUFU.RCP alone is not correctly rounded: the step matters
+
+
+@pytest.mark.skipif(not GPU, reason="the interpreter's reciprocal_rn is the division itself")
+def test_compiled_reciprocal_is_correctly_rounded_for_every_mantissa():
+    """Every FP32 significand (2^23, both signs) at exponents across the write's range [2^-77, 2^99] and beyond."""
+    mant = torch.arange(1 << 23, dtype=torch.int32, device="cuda")
+    for e in (-120, -77, -66, -30, -1, 0, 1, 29, 64, 99, 120):
+        b = ((mant | ((e + 127) << 23)).view(torch.float32)).contiguous()
+        for sign in (1.0, -1.0):
+            x = b * sign
+            out = torch.empty_like(x)
+            _reciprocal_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), BLOCK=BLOCK)
+            assert torch.equal(out, torch.ones_like(x) / x), e
+
+
+# -- whole tiles ---------------------------------------------------------------------------------------------------------
 def subnormal_block_state(shape, seed):
     """Per-row nvfp4 states whose blocks after the first have amax q x 6 s2 with q in [2^-9, 2^-7) (E4M3's
-    subnormal block scales, rounded down by up to a third): quotients up to 9, the write's clamp branch."""
+    subnormal block scales, rounded down by up to a third): quotients up to 9, which the write clamps to 6."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g)
     amax = x.abs().amax(-1, keepdim=True)
@@ -170,7 +288,7 @@ def test_nvfp4_write_with_quotients_above_7_is_bit_exact(spec, kmajor):
     fmt = formats.parse(spec)
     shape = (4, 64, 128) if GPU else (2, 8, 64)
     x = subnormal_block_state(shape, seed=13)
-    assert max_quotient(formats.parse("nvfp4"), x) > 7.0  # the clamp branch is needed
+    assert max_quotient(formats.parse("nvfp4"), x) > 7.0  # the clamp is needed
     x = x.to(DEVICE)
     assert torch.equal(fake_quant_triton(fmt, x, kmajor=kmajor), fmt.fake_quant(x))
 
@@ -187,3 +305,30 @@ def test_nvfp4_static_scale_below_the_state_is_bit_exact(kmajor):
         assert max_quotient(fmt, x, scale) > 7.0
         got = fake_quant_triton(fmt, x.to(DEVICE), scale=scale.to(DEVICE), kmajor=kmajor)
         assert torch.equal(got, fmt.fake_quant(x.to(DEVICE), scale=scale.to(DEVICE))), exp
+
+
+@pytest.mark.parametrize("spec", ["nvfp4", "nvfp4:sr", "nvfp4:head"])
+def test_nvfp4_rows_outside_the_fast_range_are_bit_exact(spec):
+    """Rows whose amax puts s2 below 2^-68 or above 2^90 (the reference's divisions), beside ordinary rows."""
+    fmt = formats.parse(spec)
+    g = torch.Generator().manual_seed(19)
+    shape = (2, 8, 64)
+    x = torch.randn(shape, generator=g)
+    x[0, 1] *= 1e-19  # s2 ~ 2^-73
+    x[1, 3] *= 1e31  # s2 ~ 2^92
+    x[1, 5] *= 2.0**-140 / x[1, 5].abs().max()  # subnormal elements only
+    x = x.to(DEVICE)
+    assert torch.equal(fake_quant_triton(fmt, x, seed=3), fmt.fake_quant(x, seed=3))
+
+
+@pytest.mark.parametrize("spec", ["nvfp4", "nvfp4:sr"])
+def test_nvfp4_blocks_far_below_their_row_are_bit_exact(spec):
+    """A block 10^35 below its row's amax (its scale quotient under 2^-100), and SR quotients near underflow."""
+    fmt = formats.parse(spec)
+    g = torch.Generator().manual_seed(23)
+    shape = (2, 8, 64)
+    x = torch.randn(shape, generator=g)
+    x[0, 2, 16:32] *= 1e-35
+    x[1, 4, 40] = 3e-44  # one subnormal element in an ordinary block: its quotient ~ 2^-143
+    x = x.to(DEVICE)
+    assert torch.equal(fake_quant_triton(fmt, x, seed=5), fmt.fake_quant(x, seed=5))
