@@ -52,6 +52,9 @@ from ssmquant.replay import StateStore, parse_variant
 from ssmquant.simulate import simulate
 
 FORMATS = ["fp8_e4m3", "int8", "nvfp4"]
+# modifiers --formats may add to a format (nvfp4:sr, nvfp4:head, fp8_e4m3:head:sr): stochastic rounding, one scale
+# per head; such a row's "x fp8 time" is against fp8_e4m3 with the same modifiers when that ran too
+MODIFIERS = ("sr", "head")
 SCHEMES = ["conventional", "replay16"]
 KINDS = ("mamba2", "gdn", "kda")
 # torch.compile modes of the compiled peer; the CUDA-graph ones run the in-place loop (`compiled_peer_loop`).
@@ -63,24 +66,24 @@ LAYER_NAMES = {"mamba2": "Mamba-2 (Nemotron-3-Nano)", "gdn": "GDN (Qwen3.5-9B)",
 
 # Instructions per element-step of each kernel on a write step, for the floor (fp32 issue slots, integer ops).
 # Counted where `python benchmarks/run.py sass` counts them: SASS of the kernel's time loop on a conventional write
-# step, slow paths and fallbacks skipped (Triton 3.9 / NVRTC 13.0, sm_90a, BLOCK_P 16, one warp), all counted as
+# step, slow paths and fallbacks skipped (Triton 3.9 / NVRTC 13.0, sm_90a, BLOCK_P 16, one warp, per-row scales), all counted as
 # FP32 issue slots (one instruction issues per lane-clock whatever its pipe). Mamba-2 int8 is not counted there: its
 # entry is the earlier estimate (reference + variant update 3 + 3, two output dots 2 + 2, metrics 5, amax 2,
 # encode/decode ~9 fp + ~10 int at half rate).
 OPS_PER_ELEMENT_STEP = {
-    ("mamba2", "fp8_e4m3"): (25.2, 0),
+    ("mamba2", "fp8_e4m3"): (25.1, 0),
     ("mamba2", "int8"): (26, 10),
-    ("mamba2", "nvfp4"): (26.9, 0),
-    ("gdn", "fp8_e4m3"): (24.1, 0),
-    ("gdn", "int8"): (22.1, 0),
-    ("gdn", "nvfp4"): (30.5, 0),
-    ("kda", "fp8_e4m3"): (24.5, 0),
-    ("kda", "int8"): (22.5, 0),
-    ("kda", "nvfp4"): (30.9, 0),
+    ("mamba2", "nvfp4"): (25.4, 0),
+    ("gdn", "fp8_e4m3"): (23.9, 0),
+    ("gdn", "int8"): (21.9, 0),
+    ("gdn", "nvfp4"): (29.9, 0),
+    ("kda", "fp8_e4m3"): (24.4, 0),
+    ("kda", "int8"): (22.4, 0),
+    ("kda", "nvfp4"): (30.0, 0),
     # the KDA CUDA kernel (ssmquant/kernels/kda_cuda.py runs these on a GPU): fp32 q / k, bf16 v
-    ("kda", "fp8_e4m3", "cuda"): (19.4, 0),
-    ("kda", "int8", "cuda"): (19.4, 0),
-    ("kda", "nvfp4", "cuda"): (27.0, 0),
+    ("kda", "fp8_e4m3", "cuda"): (19.3, 0),
+    ("kda", "int8", "cuda"): (19.3, 0),
+    ("kda", "nvfp4", "cuda"): (24.3, 0),
 }
 # H200 SXM: 132 SMs x 128 FP32 lanes x ~1.98 GHz = 33.4 T FP32 instructions/s; integer ops ~half rate.
 FP32_INSTR_PER_S = 132 * 128 * 1.98e9
@@ -533,6 +536,11 @@ def add_arguments(ap) -> None:
     ap.add_argument("--profile-peers", action="store_true", help="also profile one run of each compiled peer")
 
 
+def _format_ok(spec: str) -> bool:
+    base, *mods = spec.split(":")
+    return base in FORMATS and all(m in MODIFIERS for m in mods) and len(set(mods)) == len(mods)
+
+
 def check_arguments(args) -> tuple[list[str], list[str], set[str]]:
     """(kinds, compile modes, variants whose compiled peer is timed) of the arguments; exits on a bad one."""
     if args.no_compile:
@@ -540,8 +548,9 @@ def check_arguments(args) -> tuple[list[str], list[str], set[str]]:
     if args.reps < MIN_REPS:
         sys.exit(f"--reps must be at least {MIN_REPS} (each time is a median with its spread), got {args.reps}")
     formats = [f for f in args.formats.split(",") if f]
-    if not formats or any(f not in FORMATS for f in formats):
-        sys.exit(f"--formats takes a comma-separated subset of {', '.join(FORMATS)}, got {args.formats!r}")
+    if not formats or not all(_format_ok(f) for f in formats):
+        sys.exit(f"--formats takes a comma-separated list of {', '.join(FORMATS)}, each with optional modifiers "
+                 f"among {', '.join(MODIFIERS)} (nvfp4:sr, nvfp4:head), got {args.formats!r}")  # fmt: skip
     names = [f"{fmt}@{scheme}" for fmt in formats for scheme in SCHEMES]
     compile_variants = set(names) if args.compile_variants == "all" else set(args.compile_variants.split(","))
     if not compile_variants <= set(names):
@@ -563,7 +572,7 @@ def variant_row(kind, inputs, variant, args, modes, compile_variants, json_rows)
     (and appends the variant's per-run measurements to json_rows)."""
     elems = math.prod(inputs.state_shape)
     work = elems * args.steps  # state element-steps of one kernel launch
-    fmt = variant.name.split("@")[0]  # one of FORMATS (default_variants)
+    fmt = variant.name.split("@")[0]  # one of FORMATS, perhaps with MODIFIERS (default_variants)
 
     def kernel_rate_of(x):
         return work / x / 1e9
@@ -599,8 +608,11 @@ def variant_row(kind, inputs, variant, args, modes, compile_variants, json_rows)
     ok = {m: t for m, t in timings.items() if t is not None}
     faster = min(ok, key=lambda m: ok[m].median) if ok else None  # the faster mode is the peer
     peer = ok.get(faster)
-    fp_ops, int_ops = OPS_PER_ELEMENT_STEP.get((kind, fmt, kernel), OPS_PER_ELEMENT_STEP[(kind, fmt)])
-    floor_rate = 1 / max(fp_ops / FP32_INSTR_PER_S, int_ops / INT_INSTR_PER_S) / 1e9
+    if fmt in FORMATS:  # counted for the plain formats only (RNE, per-row scales)
+        fp_ops, int_ops = OPS_PER_ELEMENT_STEP.get((kind, fmt, kernel), OPS_PER_ELEMENT_STEP[(kind, fmt)])
+        floor_rate = 1 / max(fp_ops / FP32_INSTR_PER_S, int_ops / INT_INSTR_PER_S) / 1e9
+    else:
+        floor_rate = None
     row = {
         "variant": variant.name,
         "kernel": kernel,
@@ -622,7 +634,7 @@ def variant_row(kind, inputs, variant, args, modes, compile_variants, json_rows)
         else f"{kernel_rate_of(t_kernel.slowest) / peer_rate_of(peer.fastest):.1f}-"
         f"{kernel_rate_of(t_kernel.fastest) / peer_rate_of(peer.slowest):.1f}",
         "floor G/s (est.)": floor_rate,
-        "% of floor": 100 * kernel_rate / floor_rate,
+        "% of floor": None if floor_rate is None else 100 * kernel_rate / floor_rate,
     }
     print(
         f"{kind} {variant.name}: kernel {kernel_rate:.0f} G/s ({spread(kernel_rate_of, t_kernel)}), eager "
@@ -634,13 +646,17 @@ def variant_row(kind, inputs, variant, args, modes, compile_variants, json_rows)
 
 
 def add_fp8_ratio(rows: list[dict], runs: dict[str, list[float]]) -> None:
-    """Each row's kernel time over fp8_e4m3's under the same scheme in the same run ("x fp8 time": the ratio of the
-    medians, above 1 is slower; its range: this kernel's slowest run against fp8's fastest .. its fastest against
-    fp8's slowest). runs: variant name -> the kernel's G/s of each timed run. Nothing when fp8_e4m3 was not run."""
+    """Each row's kernel time over fp8_e4m3's under the same scheme (and the same modifiers, where fp8_e4m3 ran with
+    them) in the same run ("x fp8 time": the ratio of the medians, above 1 is slower; its range: this kernel's
+    slowest run against fp8's fastest .. its fastest against fp8's slowest). runs: variant name -> the kernel's G/s
+    of each timed run. Nothing when fp8_e4m3 was not run."""
     for r in rows:
-        fp8 = f"fp8_e4m3@{r['variant'].split('@')[1]}"
-        if fp8 not in runs:
+        spec, scheme = r["variant"].split("@")
+        same = "".join(f":{m}" for m in spec.split(":")[1:])
+        fp8 = next((f for f in (f"fp8_e4m3{same}@{scheme}", f"fp8_e4m3@{scheme}") if f in runs), None)
+        if fp8 is None:
             continue
+        r["x fp8 of"] = fp8
         mine, ref = runs[r["variant"]], runs[fp8]
         r["x fp8 time"] = f"{statistics.median(ref) / statistics.median(mine):.2f}"
         r["x fp8 time (range)"] = f"{min(ref) / max(mine):.2f}-{max(ref) / min(mine):.2f}"
@@ -660,7 +676,8 @@ def kind_section(kind, rows, multi, args, modes) -> Section:
         f"{peers}; x compiled (range) = kernel slowest / peer fastest .. kernel fastest / peer slowest. Floor: "
         "the H200's FP32 issue rate over the kernel's instructions per element-step on a write step (OPS_PER_ELEMENT_STEP), "
         "an estimate, not a measurement; a replay16 step writes once in 16 steps, so its floor is low and can be passed. x fp8 time: the kernel's time over "
-        "fp8_e4m3's under the same scheme in this run (range: slowest against fastest runs).\n\n"
+        "that of x fp8 of (fp8_e4m3 under the same scheme, with the same modifiers where it ran with them) in this run (range: slowest against "
+        "fastest runs).\n\n"
         + markdown_table(rows)
         + ("\nAll variants in one launch (the FP32 reference shared: these ratios are not the bar):\n\n"
            + markdown_table(multi) if multi else "")  # fmt: skip

@@ -2,13 +2,15 @@
 
     python benchmarks/run.py list                      the registered benchmarks and a CPU check of each
     python benchmarks/run.py NAME [--update-results] [NAME's options]      (NAME --help for them)
+    python benchmarks/run.py file RAW.json [--results-file FILE]     file a finished run's raw JSON into RESULTS.md
 
 A run prints its tables (markdown) and writes everything it measured to benchmarks/results/NAME-<UTC time>.json
 (git-ignored; rewritten as the run goes, so a run cut short keeps what it measured). --update-results replaces the
 run's sections of benchmarks/RESULTS.md (between `<!-- results:KEY -->` and `<!-- /results:KEY -->`; a section not
 there yet is appended; nothing else in the file changes) with its tables, the exact command, the GPU, the versions
 and the date. A check of a script on the CPU (tiny shapes, Triton's interpreter) is no measurement: its sections are
-printed, never filed. History lives in git, not in files.
+printed, never filed. History lives in git, not in files. `file` files a run made elsewhere (a GPU machine whose
+copy of the repository is thrown away) from its raw JSON: the same sections, command, GPU, versions and date.
 
 A benchmark is a module of this folder with `add_arguments(parser)` and `run(args) -> common.Result`, registered in
 REGISTRY below with a one-line summary and the arguments of its CPU check.
@@ -133,6 +135,27 @@ def update_results(path: pathlib.Path, result: common.Result, header: str) -> li
     return list(result.sections)
 
 
+def file_raw(argv: list[str]) -> int:
+    """`file RAW.json [--results-file FILE]`: the sections of a complete measured run's raw JSON into RESULTS.md."""
+    ap = argparse.ArgumentParser(prog="python benchmarks/run.py file")
+    ap.add_argument("raw", type=pathlib.Path, help="a run's JSON (benchmarks/results/NAME-<UTC time>.json)")
+    ap.add_argument("--results-file", type=pathlib.Path, default=RESULTS_FILE, help="[default: benchmarks/RESULTS.md]")
+    args = ap.parse_args(argv)
+    doc = json.loads(args.raw.read_text())
+    if not doc.get("complete") or not doc.get("measurement") or doc.get("failed"):
+        why = "failed" if doc.get("failed") else "a check of the script" if doc.get("complete") else "cut short"
+        print(f"{args.raw}: not filed, the run was {why}", file=sys.stderr)
+        return 1
+    import datetime
+
+    when = datetime.datetime.fromisoformat(doc["utc"])
+    header = common.section_header(doc["command"], doc["environment"], doc.get("hardware"), when)
+    result = common.Result(sections={k: common.Section(**v) for k, v in doc["sections"].items()}, raw=doc["raw"])
+    keys = update_results(args.results_file, result, header)
+    print(f"updated {args.results_file}: {', '.join(keys)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -141,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "list":
         print(list_benchmarks())
         return 0
+    if argv[0] == "file":
+        return file_raw(argv[1:])
     bench = REGISTRY.get(argv[0])
     if bench is None:
         print(f"unknown benchmark {argv[0]!r}; registered: {', '.join(REGISTRY)} (python benchmarks/run.py list)",
