@@ -119,25 +119,42 @@ def test_the_step_path_takes_a_write_on_a_write_step_and_skips_slow_paths():
         sass.step_path(ins, [True, True])
 
 
-def test_the_cuda_loop_is_the_longest_backward_branch_and_calls_are_left_out():
+def test_the_cuda_loop_walks_its_common_path():
+    """The longest loop, along its common path: a division's slow path (`@!P BRA` past it, or `@P BRA` over it to
+    the fast path) and the fallback a warp vote guards (`@P BRA` to it, an unconditional `BRA` over it) are left out."""
     text = """
 \t.text.other:
         /*0000*/                   NOP ;
-\t.text.kda_emulate_8bit:
+\t.text.kda_emulate:
         /*0000*/                   MOV R1, c[0x0][0x28] ;
 .L_x_0:
         /*0010*/                   FFMA R2, R3, R4, R2 ;
-        /*0020*/                   CALL.REL.NOINC `(__internal_0) ;
-.L_x_1:
-        /*0030*/                   FMUL R5, R5, R5 ;
-        /*0040*/              @P1  BRA `(.L_x_1) ;
-        /*0050*/              @P0  BRA `(.L_x_0) ;
-        /*0060*/                   EXIT ;
+        /*0020*/              @!P2 BRA `(.L_x_2) ;
+        /*0030*/                   CALL.REL.NOINC `($__internal_1_$__cuda_sm3x_div_rn_noftz_f32_slowpath) ;
+.L_x_2:
+        /*0040*/              @P3 BRA `(.L_x_3) ;
+        /*0050*/                   MOV R3, R4 ;
+        /*0060*/                   CALL.REL.NOINC `($__internal_0_$__cuda_sm20_rcp_rn_f32_slowpath) ;
+        /*0070*/                   BRA `(.L_x_4) ;
+.L_x_3:
+        /*0080*/                   MUFU.RCP R9, R4 ;
+.L_x_4:
+        /*0090*/                   VOTE.ANY P0, P1 ;
+        /*00a0*/               @P0 BRA `(.L_x_5) ;
+        /*00b0*/                   FMUL R5, R5, R9 ;
+        /*00c0*/                   BRA `(.L_x_6) ;
+.L_x_5:
+        /*00d0*/                   FCHK P4, R5, R9 ;
+        /*00e0*/                   FADD R5, R5, R5 ;
+.L_x_6:
+        /*00f0*/              @P1  BRA `(.L_x_6) ;
+        /*0100*/              @P5  BRA `(.L_x_0) ;
+        /*0110*/                   EXIT ;
 """
-    ops = sass.nvdisasm_loop(text, "kda_emulate_8bit")
-    assert ops == collections.Counter({"FFMA": 1, "CALL": 1, "FMUL": 1, "BRA": 2})
-    row = sass.count_row(ops, 2, skip=1, format="fp8_e4m3")
-    assert row["format"] == "fp8_e4m3" and row["per step"] == 4 and row["per element-step"] == 2.0
+    ops = sass.nvdisasm_loop(text, "kda_emulate")
+    assert ops == collections.Counter({"FFMA": 1, "BRA": 6, "MUFU": 1, "VOTE": 1, "FMUL": 1})
+    row = sass.count_row(ops, 2, format="nvfp4")
+    assert row["format"] == "nvfp4" and row["per step"] == 10 and row["per element-step"] == 5.0
     assert sass.opcode("@!UP0 FFMA.FTZ R1, R2, R3, R4") == "FFMA"
 
 
@@ -170,3 +187,34 @@ def test_sass_counts_a_kernel_from_its_machine_code(tmp_path):
     (raw,) = tmp_path.glob("sass-*.json")
     (row,) = json.loads(raw.read_text())["raw"]["mamba2"]
     assert row["launch"] == "fp8_e4m3" and row["per step"] > 500 and row["per element-step"] == round(row["per step"] / 64, 2)
+
+
+def test_emulation_formats_take_modifiers_and_refuse_unknown_ones():
+    from benchmarks import emulation
+
+    assert all(emulation._format_ok(f) for f in ("nvfp4", "nvfp4:sr", "fp8_e4m3:head:sr", "int8:head"))
+    assert not any(emulation._format_ok(f) for f in ("nvfp5", "nvfp4:rows4", "nvfp4:sr:sr", "bf16:sr"))
+    rows = [{"variant": v} for v in ("nvfp4:sr@conventional", "nvfp4:head@conventional", "nvfp4@replay16")]
+    runs = {"fp8_e4m3:sr@conventional": [2.0, 2.0, 2.0], "fp8_e4m3@conventional": [4.0] * 3,
+            "fp8_e4m3@replay16": [3.0] * 3, "nvfp4:sr@conventional": [1.0] * 3, "nvfp4:head@conventional": [2.0] * 3,
+            "nvfp4@replay16": [3.0] * 3}  # fmt: skip
+    emulation.add_fp8_ratio(rows, runs)
+    assert [(r["x fp8 of"], r["x fp8 time"]) for r in rows] == [
+        ("fp8_e4m3:sr@conventional", "2.00"), ("fp8_e4m3@conventional", "2.00"), ("fp8_e4m3@replay16", "1.00")]
+
+
+def test_filing_a_raw_run_writes_its_sections_and_refuses_a_check(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Results\n")
+    doc = {"benchmark": "emulation", "command": "python benchmarks/run.py emulation --kinds kda",
+           "utc": "2026-12-02T01:30:14+00:00", "complete": True, "measurement": True, "hardware": None, "failed": None,
+           "environment": {"gpu": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0", "python": "3.12.3", "cpus": 16,
+                           "cpu": "x"},
+           "sections": {"emulation-kda": {"title": "Emulation throughput: KDA", "body": "| a |\n|---|\n| 1 |\n"}}, "raw": {}}  # fmt: skip
+    raw = tmp_path / "run.json"
+    raw.write_text(json.dumps(doc))
+    assert run.main(["file", str(raw), "--results-file", str(results)]) == 0
+    text = results.read_text()
+    assert "<!-- results:emulation-kda -->" in text and "NVIDIA H200; torch 2.11.0" in text and "2026-12-02 01:30" in text
+    raw.write_text(json.dumps({**doc, "measurement": False}))
+    assert run.main(["file", str(raw), "--results-file", str(results)]) == 1
