@@ -323,6 +323,15 @@ def quotient_rn(a, b, y):
 
 
 @triton.jit
+def _reference_decode_scales(bamax, den, s2):
+    """The blocks' decode scales d = bs s2 as `formats.codec.encode` computes them: the block scale bs is
+    bamax / den (den = 6 s2) correctly rounded, 1 where 0, clamped to [2^-9, 448] and rounded to E4M3."""
+    bs = tl.math.div_rn(bamax, den)
+    bs = tl.where(bs == 0.0, 1.0, bs)
+    return round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False) * s2
+
+
+@triton.jit
 def nvfp4_blocks(
     blocks,
     bamax,
@@ -351,10 +360,7 @@ def nvfp4_blocks(
     """
     den = 6.0 * s2  # [1, 1, BR]
     if SR:  # the reference's divisions (see above)
-        bs = tl.math.div_rn(bamax, den)
-        bs = tl.where(bs == 0.0, 1.0, bs)
-        bs = round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False)
-        d = bs * s2
+        d = _reference_decode_scales(bamax, den, s2)
         v = tl.reshape(tl.math.div_rn(blocks, d), [BN, BR])
         return tl.reshape(round_to_grid(v, u, 1, 0, 6.0, True, True), blocks.shape), d
     bs = quotient_rn(bamax, den, reciprocal_rn(den))
@@ -377,9 +383,6 @@ def nvfp4_blocks(
     row_bad = tl.max(tl.max(bad.to(tl.int32), axis=0, keep_dims=True), axis=1, keep_dims=True) != 0
     row_bad = row_bad | ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # also NaN
     if tl.max(tl.max(tl.max(row_bad.to(tl.int32), axis=0), axis=0), axis=0) != 0:
-        bs = tl.math.div_rn(bamax, den)
-        bs = tl.where(bs == 0.0, 1.0, bs)
-        bs = round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False)
-        d = bs * s2
+        d = _reference_decode_scales(bamax, den, s2)
         q = round_to_grid(tl.math.div_rn(blocks, d), 0.0, 1, 0, 6.0, True, False)
     return q, d
