@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import importlib
 import json
 import os
@@ -146,8 +147,6 @@ def file_raw(argv: list[str]) -> int:
         why = "failed" if doc.get("failed") else "a check of the script" if doc.get("complete") else "cut short"
         print(f"{args.raw}: not filed, the run was {why}", file=sys.stderr)
         return 1
-    import datetime
-
     when = datetime.datetime.fromisoformat(doc["utc"])
     header = common.section_header(doc["command"], doc["environment"], doc.get("hardware"), when)
     result = common.Result(sections={k: common.Section(**v) for k, v in doc["sections"].items()}, raw=doc["raw"])

@@ -24,6 +24,7 @@ from ssmquant.replay import parse_variant, parse_variants
 from ssmquant.simulate import simulate
 
 from ..replay.helpers import gdn_inputs, kda_inputs
+from .exact_fp32 import fma32, quotient_sequence, rn32
 from .nvrtc_offline import nvrtc_compile, nvrtc_library
 from .test_emulation_kernels import assert_metrics_close
 from .test_kda_kernel import REF_RTOL, SLACK
@@ -85,48 +86,23 @@ def test_format_codes_are_the_encodings_kernel_codes():
     assert "#define QMAX 2688.0f" in kda_cuda.kernel_source(5, 0, True, False, torch.float32, torch.float32)
 
 
-def _f32(x: Fraction) -> float:
-    """x rounded to FP32, half to even (exact rational arithmetic; |x| in FP32's normal range or 0)."""
-    if x == 0:
-        return 0.0
-    a = abs(x)
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    e += 1 if Fraction(2) ** (e + 1) <= a else 0
-    e -= 1 if Fraction(2) ** e > a else 0
-    ulp = Fraction(2) ** (max(e, -126) - 23)
-    n, r = divmod(a / ulp, 1)
-    n += 1 if r > Fraction(1, 2) or (r == Fraction(1, 2) and n % 2) else 0
-    return math.copysign(float(n * ulp), x)
-
-
 def _bits_f32(x: float, mask: int) -> float:
     """The FP32 value of x's bits and mask."""
     return float((np.array([x], np.float32).view(np.uint32) & np.uint32(mask)).view(np.float32)[0])
-
-
-def _fma(a: float, b: float, c: float) -> float:
-    return _f32(Fraction(a) * Fraction(b) + Fraction(c))
 
 
 def _kernel_e2m1(v: float) -> float:
     """kda_cuda.cu's e2m1_rne(v) (the fallback's), operation for operation."""
     a = min(abs(v), 6.0)
     p = _bits_f32(max(a, 1.0), 0x7F800000)
-    out = _fma(-p, 2.0**22, _fma(p, 2.0**22, a))
+    out = fma32(-p, 2.0**22, fma32(p, 2.0**22, a))
     return math.copysign(out, v)
 
 
 def _kernel_e2m1_centred(v: float) -> float:
     """kda_cuda.cu's e2m1_rne_centred(v) (the fast path's, |v| < 7), operation for operation (each FMA rounded once)."""
     p = _bits_f32(max(abs(v), 1.0), 0x7F800000)
-    return _fma(-p, 1.5 * 2.0**22, _fma(p, 1.5 * 2.0**22, v))
-
-
-def _kernel_quotient(a: float, b: float) -> float:
-    """kda_cuda.cu's quotient_rn(a, b, RN(1 / b)) (Markstein's correction), operation for operation."""
-    y = _f32(1 / Fraction(b))
-    q = _f32(Fraction(a) * Fraction(y))
-    return _fma(_fma(-q, b, a), y, q)
+    return fma32(-p, 1.5 * 2.0**22, fma32(p, 1.5 * 2.0**22, v))
 
 
 def test_nvfp4_element_rounding_arithmetic():
@@ -160,14 +136,14 @@ def test_nvfp4_quotient_arithmetic():
     wrong, ties = [], 0
     for s2 in (2.0**-68 * 1.37, 1.3e-9, 0.77, 5.1e22, 2.0**90 * 0.93):
         for bs in bs_values[::3]:
-            d = _f32(Fraction(bs) * Fraction(s2))
+            d = rn32(Fraction(bs) * Fraction(s2))
             for m in MIDPOINTS:
-                x0 = np.float32(_f32(Fraction(m) * Fraction(d)))
+                x0 = np.float32(rn32(Fraction(m) * Fraction(d)))
                 for x in (np.nextafter(np.nextafter(x0, np.float32(0)), np.float32(0)), np.nextafter(x0, np.float32(0)),
                           x0, np.nextafter(x0, np.float32(np.inf))):  # fmt: skip
-                    exact = _f32(Fraction(float(x)) / Fraction(d))
+                    exact = rn32(Fraction(float(x)) / Fraction(d))
                     ties += exact == m
-                    if _kernel_quotient(float(x), d) != exact:
+                    if quotient_sequence(float(x), d) != exact:
                         wrong.append((float(x), d))
     assert not wrong, wrong[:4]
     assert ties > 50

@@ -16,7 +16,6 @@ value decides a branch. Checked here:
   far from the state, rows outside the fast range, blocks far below their row, SR on near-underflow quotients.
 """
 
-import math
 from fractions import Fraction
 
 import pytest
@@ -30,6 +29,8 @@ from ssmquant.formats.grids import E2M1, E4M3, round_to_grid
 from ssmquant.kernels import fake_quant_triton
 from ssmquant.kernels.rounding import quotient_rn, reciprocal_rn, rne_centered
 from ssmquant.simulate import triton_interpreting
+
+from .exact_fp32 import quotient_sequence, rn32
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
@@ -122,45 +123,12 @@ def test_centred_rounding_keeps_nan():
 
 
 # -- quotient_rn's sequence in exact arithmetic ------------------------------------------------------------------------
-def rn32(x: Fraction) -> Fraction:
-    """x rounded to the nearest FP32 value, ties to even (normal and subnormal; no overflow here)."""
-    if x == 0:
-        return Fraction(0)
-    a = abs(x)
-    e = a.numerator.bit_length() - a.denominator.bit_length()  # 2^e <= a < 2^(e + 2)
-    if Fraction(2) ** e > a:
-        e -= 1
-    elif Fraction(2) ** (e + 1) <= a:
-        e += 1
-    quantum = Fraction(2) ** (max(e, -126) - 23)
-    n = a / quantum
-    k = math.floor(n)
-    rest = n - k
-    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and k % 2 == 1):
-        k += 1
-    return (k * quantum) if x > 0 else -(k * quantum)
-
-
-def markstein(a: float, b: float) -> Fraction:
-    """`quotient_rn`'s operations, each rounded once to FP32: y = RN(1 / b), q = RN(a y), r = RN(a - b q) (FMA),
-    RN(q + r y) (FMA)."""
-    fa, fb = Fraction(a), Fraction(b)
-    y = rn32(1 / fb)
-    q = rn32(fa * y)
-    r = rn32(fa - fb * q)
-    return rn32(q + r * y)
-
-
-def f32(x) -> float:
-    return float(torch.tensor(float(x), dtype=torch.float32))
-
-
 def steered_quotients(targets, divisors, ulps=3, seed=0):
     """(a, b) pairs with a = RN(target x b) nudged by -ulps..ulps, for every target and divisor."""
     out = []
     for b in divisors:
         for m in targets:
-            base = torch.tensor(f32(m * b), dtype=torch.float32).view(torch.int32)
+            base = torch.tensor(rn32(m * b), dtype=torch.float32).view(torch.int32)
             for k in range(-ulps, ulps + 1):
                 out.append((float((base + k).view(torch.float32)), b))
     return out
@@ -176,9 +144,9 @@ S2_SAMPLES = (2.0**-68 * 1.37, 3.1e-9, 0.77, 1.0 / 2688, 4.2e11, 2.0**90 * 0.93)
 
 def test_quotient_sequence_is_correctly_rounded_at_e2m1_midpoints():
     """Element quotients x / d at every E2M1 midpoint, d = RN(bs s2) for every E4M3 block scale bs."""
-    divisors = [f32(bs * s2) for bs in e4m3_scales() for s2 in S2_SAMPLES]
+    divisors = [rn32(bs * s2) for bs in e4m3_scales() for s2 in S2_SAMPLES]
     pairs = steered_quotients(MIDPOINTS, divisors)
-    wrong = [(a, b) for a, b in pairs if markstein(a, b) != rn32(Fraction(a) / Fraction(b))]
+    wrong = [(a, b) for a, b in pairs if quotient_sequence(a, b) != rn32(Fraction(a) / Fraction(b))]
     assert not wrong, wrong[:5]
     ties = sum(Fraction(a) / Fraction(b) in {Fraction(m) for m in MIDPOINTS} for a, b in pairs)
     assert ties > 100  # the steering reached exact midpoints
@@ -189,8 +157,8 @@ def test_quotient_sequence_is_correctly_rounded_at_e4m3_midpoints():
     mids = [(k + 0.5) * 2.0**-9 for k in range(1, 8)]
     mids += [(1 + (m + 0.5) / 8) * 2.0**e for e in range(-6, 9) for m in range(8)]
     mids = [m for m in mids if m < 448.0]
-    pairs = steered_quotients(mids, [f32(6.0 * f32(s2)) for s2 in S2_SAMPLES])
-    wrong = [(a, b) for a, b in pairs if markstein(a, b) != rn32(Fraction(a) / Fraction(b))]
+    pairs = steered_quotients(mids, [rn32(6.0 * rn32(s2)) for s2 in S2_SAMPLES])
+    wrong = [(a, b) for a, b in pairs if quotient_sequence(a, b) != rn32(Fraction(a) / Fraction(b))]
     assert not wrong, wrong[:5]
 
 
@@ -199,8 +167,8 @@ def test_quotient_sequence_is_correctly_rounded_for_small_quotients_at_the_botto
     g = torch.Generator().manual_seed(8)
     q = torch.exp2(torch.rand(4000, generator=g) * 26 - 26) * (1 + torch.rand(4000, generator=g))
     b = torch.exp2(-77 + torch.rand(4000, generator=g) * 4)
-    pairs = [(f32(x * y), f32(y)) for x, y in zip(q.tolist(), b.tolist())]
-    wrong = [(a, bb) for a, bb in pairs if markstein(a, bb) != rn32(Fraction(a) / Fraction(bb))]
+    pairs = [(rn32(x * y), rn32(y)) for x, y in zip(q.tolist(), b.tolist())]
+    wrong = [(a, bb) for a, bb in pairs if quotient_sequence(a, bb) != rn32(Fraction(a) / Fraction(bb))]
     assert not wrong, wrong[:5]
 
 
