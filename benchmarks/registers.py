@@ -54,7 +54,7 @@ def compile_and_count(kind: str, nv: int, block_p: int, num_warps: int) -> dict:
     else:
         fn, ptrs = _delta_rule_emulate_kernel, DELTA_RULE_POINTERS
         const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=kind == "kda", **NO_INITIAL_STATE, NV=nv, FAST_ROUND=True,
-                     FP_FUSION=True, PREFETCH=False, ROW_BLOCKS_FIRST=False)  # the grid order changes no register
+                     FP_FUSION=True, PREFETCH=False, ROW_BLOCKS_FIRST=False, KMAJOR=True)  # the grid order changes no register
     const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
     # the launchers' options: both contract multiply-adds and keep subnormals (no ftz)
     options = {"num_warps": num_warps, "enable_fp_fusion": True, "enable_reflect_ftz": False}

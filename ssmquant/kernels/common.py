@@ -65,13 +65,16 @@ def slot_initial_state(sv0_ptr, k, slot_stride, offs, mask, s_ref, NV: tl.conste
 
 @triton.jit
 def slot_write(
-    s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, BN: tl.constexpr, BR: tl.constexpr, SPEC: tl.constexpr
+    s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, BN: tl.constexpr, BR: tl.constexpr, SPEC: tl.constexpr,
+    KMAJOR: tl.constexpr = False
 ):
-    """Slot k's store-and-reload of its state tile at step t, if its write mask [NV, B, T] says so."""
+    """Slot k's store-and-reload of its state tile at step t, if its write mask [NV, B, T] says so (KMAJOR: the
+    tile's state dim in `fake_quant_tile`'s k-major order)."""
     if tl.load(write_ptr + k * BT + bt) != 0:
         key = stream_key(tl.load(seed_ptr + k), t)
         s = fake_quant_tile(
-            s, static_scale, sr_index, key, BN, BR, SPEC % 8, SPEC // 128, (SPEC // 16) % 2 == 1, (SPEC // 8) % 2 == 1
+            s, static_scale, sr_index, key, BN, BR, SPEC % 8, SPEC // 128, (SPEC // 16) % 2 == 1, (SPEC // 8) % 2 == 1,
+            KMAJOR,
         )
     return s
 

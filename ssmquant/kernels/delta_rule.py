@@ -23,6 +23,9 @@ squares are FMAs; the torch reference rounds each product, so the two differ by 
 the reduction order, which they differ in anyway (u_t feeds the state, so no KDA/GDN state is bit-exact to
 torch; the tests bound the difference). The writes must round exactly as the reference does: their scaled
 value s * mult is an explicit mul.rn (`_mul_rn`), which no later add can absorb into an FMA.
+The tile's key dim is held in k-major order (KMAJOR, as in mamba2.py): each lane holds whole 16-element nvfp4 blocks,
+where the channel order split every block over two lanes (GDN nvfp4: 29.9 -> 27.0 instructions per element-step,
+fp8 23.9; the Dk sums, and so u_t, move by FP32 noise).
 FP8 / INT8 RNE writes take `_fake_quant_8bit_rne` (magic-number rounding, 7 instructions per element instead
 of 13), whose values equal `rounding.fake_quant_tile`'s bit for bit (tests/kernels/test_delta_rule_paths.py,
 exhaustive over every FP32 input on a GPU). SASS of the time loop, fp8_e4m3 conventional at GLM-5.3-Flash
@@ -105,7 +108,7 @@ def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FM
 @triton.jit
 def _slot_write(
     s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, flag, BN: tl.constexpr, BR: tl.constexpr,
-    SPEC: tl.constexpr, FAST_ROUND: tl.constexpr
+    SPEC: tl.constexpr, FAST_ROUND: tl.constexpr, KMAJOR: tl.constexpr
 ):
     """`common.slot_write`, with FP8 / INT8 RNE slots rounded by `_fake_quant_8bit_rne` when FAST_ROUND; those
     take their write-mask byte `flag` from the caller (`_step_inputs`: loaded a step ahead under PREFETCH)."""
@@ -113,7 +116,7 @@ def _slot_write(
         if flag != 0:
             s = _fake_quant_8bit_rne(s, static_scale, BN, BR, SPEC % 8, SPEC // 128, (SPEC // 16) % 2 == 1)
     else:
-        s = slot_write(s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, BN, BR, SPEC)
+        s = slot_write(s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, BN, BR, SPEC, KMAJOR)
     return s
 
 
@@ -223,6 +226,7 @@ def _delta_rule_emulate_kernel(
     FP_FUSION: tl.constexpr,
     PREFETCH: tl.constexpr,
     ROW_BLOCKS_FIRST: tl.constexpr,
+    KMAJOR: tl.constexpr,
     NV: tl.constexpr,
     SPEC0: tl.constexpr,
     SPEC1: tl.constexpr,
@@ -243,7 +247,15 @@ def _delta_rule_emulate_kernel(
     h = pid_bh % HV
     hk = h // V_PER_K
     rows = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    cols = tl.arange(0, BLOCK_N)
+    if KMAJOR:
+        # tile position k * (BLOCK_N // 16) + i holds key channel 16 i + k (`rounding.fake_quant_tile`): the default
+        # layout spreads the tile's axis 0 over two lanes with a stride, so each lane holds whole 16-element nvfp4
+        # blocks (block maxima and scales without shuffles, each computed by one lane instead of two). The Dk sums
+        # run in another order than with channel order, which moves u_t by FP32 noise (module docstring).
+        pos = tl.arange(0, BLOCK_N)
+        cols = (pos % (BLOCK_N // 16)) * 16 + pos // (BLOCK_N // 16)
+    else:
+        cols = tl.arange(0, BLOCK_N)
     row_ok = rows < DV
     col_ok = cols < DK
     tile_ok = col_ok[:, None] & row_ok[None, :]
@@ -300,22 +312,22 @@ def _delta_rule_emulate_kernel(
         s_ref = _rank1(s_ref, kvec, u, FP_FUSION)
         y_ref = tl.sum(s_ref * qvec[:, None], axis=0)
         v0, y0 = _slot_update(v0, alpha, kvec, qvec, v, beta, SPEC0, FP_FUSION)
-        v0 = _slot_write(v0, 0, t, bt, BT, write_ptr, seed_ptr, c0, sr_index, w0, BLOCK_N, BLOCK_P, SPEC0, FAST_ROUND)
+        v0 = _slot_write(v0, 0, t, bt, BT, write_ptr, seed_ptr, c0, sr_index, w0, BLOCK_N, BLOCK_P, SPEC0, FAST_ROUND, KMAJOR)
         if NV > 1:
             v1, y1 = _slot_update(v1, alpha, kvec, qvec, v, beta, SPEC1, FP_FUSION)
-            v1 = _slot_write(v1, 1, t, bt, BT, write_ptr, seed_ptr, c1, sr_index, w1, BLOCK_N, BLOCK_P, SPEC1, FAST_ROUND)
+            v1 = _slot_write(v1, 1, t, bt, BT, write_ptr, seed_ptr, c1, sr_index, w1, BLOCK_N, BLOCK_P, SPEC1, FAST_ROUND, KMAJOR)
         if NV > 2:
             v2, y2 = _slot_update(v2, alpha, kvec, qvec, v, beta, SPEC2, FP_FUSION)
-            v2 = _slot_write(v2, 2, t, bt, BT, write_ptr, seed_ptr, c2, sr_index, w2, BLOCK_N, BLOCK_P, SPEC2, FAST_ROUND)
+            v2 = _slot_write(v2, 2, t, bt, BT, write_ptr, seed_ptr, c2, sr_index, w2, BLOCK_N, BLOCK_P, SPEC2, FAST_ROUND, KMAJOR)
         if NV > 3:
             v3, y3 = _slot_update(v3, alpha, kvec, qvec, v, beta, SPEC3, FP_FUSION)
-            v3 = _slot_write(v3, 3, t, bt, BT, write_ptr, seed_ptr, c3, sr_index, w3, BLOCK_N, BLOCK_P, SPEC3, FAST_ROUND)
+            v3 = _slot_write(v3, 3, t, bt, BT, write_ptr, seed_ptr, c3, sr_index, w3, BLOCK_N, BLOCK_P, SPEC3, FAST_ROUND, KMAJOR)
         if NV > 4:
             v4, y4 = _slot_update(v4, alpha, kvec, qvec, v, beta, SPEC4, FP_FUSION)
-            v4 = _slot_write(v4, 4, t, bt, BT, write_ptr, seed_ptr, c4, sr_index, w4, BLOCK_N, BLOCK_P, SPEC4, FAST_ROUND)
+            v4 = _slot_write(v4, 4, t, bt, BT, write_ptr, seed_ptr, c4, sr_index, w4, BLOCK_N, BLOCK_P, SPEC4, FAST_ROUND, KMAJOR)
         if NV > 5:
             v5, y5 = _slot_update(v5, alpha, kvec, qvec, v, beta, SPEC5, FP_FUSION)
-            v5 = _slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, w5, BLOCK_N, BLOCK_P, SPEC5, FAST_ROUND)
+            v5 = _slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, w5, BLOCK_N, BLOCK_P, SPEC5, FAST_ROUND, KMAJOR)
         rec = tl.cast(t, tl.int64)  # every step is recorded
         base = (((rec * B + b) * HV + h) * npb + pid_p) * 4
         ss = _tile_sum_sq(s_ref, BLOCK_N * BLOCK_P, FP_FUSION)
@@ -429,6 +441,7 @@ def delta_rule_launch(
         FP_FUSION=fp_fusion,
         PREFETCH=prefetch and steps > 0,  # no step 0 to load ahead of the loop otherwise
         ROW_BLOCKS_FIRST=row_blocks_first,
+        KMAJOR=block_n % 16 == 0,  # whole nvfp4 blocks per lane (see the kernel)
         NV=nv,
         SPEC0=padded[0],
         SPEC1=padded[1],
