@@ -92,13 +92,13 @@ __device__ __forceinline__ void e4m3_round2(float a, float b, float& ra, float& 
 // Here one correctly rounded reciprocal per lane (of 6 s2) and per block (of d) give the same quotients by
 // Markstein's correction (quotient_rn, as rounding.quotient_rn: exact while nothing leaves FP32's normal range),
 // and the elements are rounded by e2m1_rne_centred (rounding.rne_centered). Both are exact only where s2 lies in
-// [S2_MIN, S2_MAX], no block scale quotient underflows (TINY), and every quotient stays below 6.5 (e2m1_rne_centred
-// needs |v| < 7; the reference clamps at 6): the per-block and per-row values decide that before any element is
+// [S2_MIN, S2_MAX] and every quotient stays below 6.5 (e2m1_rne_centred needs |v| < 7; the reference clamps at 6;
+// a block scale quotient too small to be exact rounds every element of its block to 0 with either scale, see
+// rounding.py's _S2_MIN): the per-block and per-row values decide that before any element is
 // touched, and where a lane's row or block does not meet it, the warp takes the reference's divisions instead
 // (warp-uniform: one vote, no divergence). Rounding.py says where the bounds come from.
 #define S2_MIN 0x1p-68f
 #define S2_MAX 0x1p90f
-#define TINY 0x1p-100f
 #define STASH_STRIDE 68  // floats per lane in the fallback's stash: 64 + 4, so that 8 lanes' 16-byte stores hit distinct banks
 
 // 1 / b correctly rounded, for |b| in [2^-120, 2^120]: the fast path of __frcp_rn without its range check
@@ -151,10 +151,9 @@ __device__ __forceinline__ bool nvfp4_write(float (&S)[HALF], const float (&bam)
     bool bad = !(s2 >= S2_MIN && s2 <= S2_MAX);  // also NaN
 #pragma unroll
     for (int b = 0; b < 4; b += 2) {
-        float x0 = quotient_rn(bam[b], den, rden), x1 = quotient_rn(bam[b + 1], den, rden), b0, b1;
-        bad |= (bam[b] > 0.f && x0 < TINY) || (bam[b + 1] > 0.f && x1 < TINY);
-        x0 = fminf(fmaxf(x0 == 0.f ? 1.f : x0, 0x1p-9f), 448.f);
-        x1 = fminf(fmaxf(x1 == 0.f ? 1.f : x1, 0x1p-9f), 448.f);
+        // a zero quotient (zero block, underflow) clamps to 2^-9 where the reference takes 1: its elements are 0 either way
+        float x0 = fminf(fmaxf(quotient_rn(bam[b], den, rden), 0x1p-9f), 448.f), b0;
+        float x1 = fminf(fmaxf(quotient_rn(bam[b + 1], den, rden), 0x1p-9f), 448.f), b1;
         e4m3_round2(x0, x1, b0, b1);
         d[b] = __fmul_rn(b0, s2);
         d[b + 1] = __fmul_rn(b1, s2);

@@ -17,10 +17,12 @@ the values of `formats.codec.encode` (a zero may come back +0 where the codec ke
 computes them: a lane holds 4 whole blocks of its row, the row amax takes one shuffle; the reference's correctly
 rounded divisions (block amax / 6 s2, element / d) come from one correctly rounded reciprocal per lane and block and
 Markstein's correction (three instructions per quotient, exact in FP32's normal range), and the elements are rounded
-by a centred magic-number addition. Where s2 leaves [2^-68, 2^90], a block scale quotient underflows or a block's
-largest quotient exceeds 6.5 (a block scale in E4M3's subnormal range rounded far down), which the per-row and
-per-block values tell before any element is touched, the warp takes the reference's divisions instead (kda_cuda.cu).
-24.3 instructions per element-step (fp8 19.3; `python benchmarks/run.py sass`). Tests:
+by a centred magic-number addition. Where s2 leaves [2^-68, 2^90] or a block's largest quotient exceeds 6.5 (a
+block scale in E4M3's subnormal range rounded far down), which the per-row and per-block values tell before any
+element is touched, the warp takes the reference's divisions instead (kda_cuda.cu); a block scale quotient too small
+to be exact needs no check (its elements round to 0 with either scale: rounding.py). 24.0 instructions per
+element-step (fp8 19.3; `python benchmarks/run.py sass`); the element alone takes 8 (quotient 3, rounding 4,
+decode 1) where FP8 takes about 4 with the hardware conversion, which E2M1 lacks on sm_90. Tests:
 tests/kernels/test_kda_cuda.py, against the codec on the kernel's own pre-write states (the DEBUG_STATES build) and
 on crafted states (`nvfp4_write`); lab/gpu/kda_cuda_nvfp4_check.py runs them with a speed comparison.
 

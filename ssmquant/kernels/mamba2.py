@@ -92,6 +92,7 @@ def _slot_write(
             (SPEC // 16) % 2 == 1,
             (SPEC // 8) % 2 == 1,
             KMAJOR,
+            True,  # per-head nvfp4: one scalar s2, quotients clamped (`fake_quant_tile`)
         )
     return s
 

@@ -54,7 +54,8 @@ def _fake_quant_kernel(
     scale = tl.full([BLOCK_R], 1.0, tl.float32)
     if STATIC:
         scale = tl.load(scale_ptr + m * R + rows, mask=rows < R, other=1.0)
-    out = fake_quant_tile(s, scale, offs, key, BLOCK_N, BLOCK_R, FMT, GROUP, STATIC, SR, KMAJOR)
+    # the Mamba-2 kernel's tile (KMAJOR) takes per-head nvfp4 scales as one scalar, the delta-rule kernel's does not
+    out = fake_quant_tile(s, scale, offs, key, BLOCK_N, BLOCK_R, FMT, GROUP, STATIC, SR, KMAJOR, KMAJOR)
     tl.store(out_ptr + offs, out, mask=ok)
 
 

@@ -162,6 +162,7 @@ def fake_quant_tile(
     STATIC: tl.constexpr,
     SR: tl.constexpr,
     KMAJOR: tl.constexpr = False,
+    HEAD_SCALAR: tl.constexpr = False,
 ):
     """Store-and-reload of a state tile in format FMT: the FP32 values that come back.
 
@@ -173,6 +174,10 @@ def fake_quant_tile(
     KMAJOR: the tile's axis 0 holds state column 16 i + k at position k * (BN // 16) + i (nvfp4 block i,
     element k): with the default layout each thread then holds whole 16-element blocks (mamba2.py).
     Only nvfp4 looks at the order; every other format reduces over the whole state dim.
+    HEAD_SCALAR: an nvfp4 tile that is one scale group (GROUP = BR, per-head scales) takes its s2 as one scalar and
+    clamps its quotients instead of checking its blocks (`nvfp4_blocks`, ONE_S2). Measured on an H200 (dynamic
+    nvfp4:head, conventional, time against fp8_e4m3:head): the Mamba-2 tile (64 rows, 16 warps) 1.25x -> 1.05x; the
+    delta-rule tile (128 rows, 16 warps, spilling at either) 0.80x -> 1.07x, so the delta-rule kernel leaves it off.
     """
     if FMT == 0:
         return s
@@ -202,9 +207,13 @@ def fake_quant_tile(
         q = round_element(s * mult[None, :], u, bits, FMT, SR)
         return q * dec[None, :]
     elif KMAJOR:
-        return _nvfp4_tile(tl.reshape(s, [16, BN // 16, BR]), static_scale, u, BN, BR, GROUP, STATIC, SR, 0)
+        return _nvfp4_tile(
+            tl.reshape(s, [16, BN // 16, BR]), static_scale, u, BN, BR, GROUP, STATIC, SR, 0, HEAD_SCALAR
+        )
     else:
-        return _nvfp4_tile(tl.reshape(s, [BN // 16, 16, BR]), static_scale, u, BN, BR, GROUP, STATIC, SR, 1)
+        return _nvfp4_tile(
+            tl.reshape(s, [BN // 16, 16, BR]), static_scale, u, BN, BR, GROUP, STATIC, SR, 1, HEAD_SCALAR
+        )
 
 
 @triton.jit
@@ -218,6 +227,7 @@ def _nvfp4_tile(
     STATIC: tl.constexpr,
     SR: tl.constexpr,
     BAXIS: tl.constexpr,
+    HEAD_SCALAR: tl.constexpr,
 ):
     """`fake_quant_tile` for nvfp4 on the tile's block view, blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR]
     (BAXIS = 0): the FP32 values that come back, [BN, BR] in the tile's order.
@@ -229,13 +239,17 @@ def _nvfp4_tile(
     bamax = tl.max(tl.abs(blocks), axis=BAXIS, keep_dims=True)  # [NB, 1, BR] / [1, NB, BR]
     if STATIC:
         s2 = tl.reshape(static_scale, [1, 1, BR])
+    elif GROUP == BR and HEAD_SCALAR:  # one scale group per tile (a whole head): s2 is one scalar, every lane's
+        amax = tl.max(tl.max(tl.max(bamax, axis=0), axis=0), axis=0)
+        s2 = tl.math.div_rn(amax, 2688.0)
+        s2 = tl.where(s2 == 0.0, 1.0, s2)
     else:  # the row amax is the max of its blocks' (max is exact: the same bits as over the elements)
         amax = tl.max(bamax, axis=1 - BAXIS, keep_dims=True)  # [1, 1, BR]
         if GROUP > 1:
             amax = tl.reshape(group_max(tl.reshape(amax, [BR]), BR, GROUP), [1, 1, BR])
         s2 = tl.math.div_rn(amax, tl.full([1, 1, BR], 2688.0, tl.float32))
         s2 = tl.where(s2 == 0.0, 1.0, s2)
-    q, d = nvfp4_blocks(blocks, bamax, s2, u, BN, BR, BAXIS, STATIC, SR)
+    q, d = nvfp4_blocks(blocks, bamax, s2, u, BN, BR, BAXIS, STATIC, SR, GROUP == BR and HEAD_SCALAR and not STATIC)
     return tl.reshape(q * d, [BN, BR])
 
 
@@ -244,12 +258,11 @@ def _nvfp4_tile(
 # per row and per block (`quotient_rn`), exact while its intermediates stay in FP32's normal range; these bounds
 # keep them there. s2 in [2^-68, 2^90] puts every d = bs s2 (bs in [2^-9, 448]) in [2^-77, 2^99] and 6 s2 in
 # [2^-65, 2^93]: element quotients of magnitude >= 2^-26 (RNE only looks at those >= 0.25) and block scale quotients
-# >= 2^-9 (smaller ones are clamped to 2^-9) come back exact.
+# >= 2^-9 (smaller ones are clamped to 2^-9) come back exact. A block scale quotient below 2^-100 may come back
+# inexact or 0 (the reference turns an underflow to 0 into a block scale of 1, not 2^-9), but every element of such
+# a block is at most 6 x 2^9 x 2^-100 times its d either way and rounds to 0: the same values, so no check.
 _S2_MIN = tl.constexpr(2.0**-68)
 _S2_MAX = tl.constexpr(2.0**90)
-# A nonzero block amax whose scale quotient falls below this takes the exact path: a quotient that underflows
-# to zero becomes a block scale of 1, not 2^-9, so its zero must be the reference's.
-_TINY = tl.constexpr(2.0**-100)
 
 
 @triton.jit
@@ -342,47 +355,62 @@ def nvfp4_blocks(
     BAXIS: tl.constexpr,
     STATIC: tl.constexpr,
     SR: tl.constexpr,
+    ONE_S2: tl.constexpr = False,
 ):
     """NVFP4 encode of 16-element blocks, as `formats.codec.encode`: (E2M1 values q shaped like blocks, decode
     scales d [NB, 1, BR] / [1, NB, BR]) of blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR] (BAXIS = 0, the
-    elements of a block along axis 0), with block amax bamax shaped like d and second-level scales s2 [1, 1, BR];
-    u: SR's uniforms [BN, BR] in the tile's order (SR only); STATIC: s2 is a static scale.
+    elements of a block along axis 0), with block amax bamax shaped like d and second-level scales s2 [1, 1, BR]
+    (ONE_S2: one dynamic scalar s2 for the whole tile); u: SR's uniforms [BN, BR] in the tile's order (SR only);
+    STATIC: s2 is a static scale.
 
     The reference divides every block amax by 6 s2 and every element by its block's d, correctly rounded. For
     RNE, one correctly rounded reciprocal per row (of 6 s2) and one per block (of d) give the same quotients
     (`quotient_rn`), and the elements are rounded by `rne_centered`; no element's value decides a branch. The
-    reciprocals give exact quotients only within _S2_MIN.._S2_MAX and for block scale quotients above _TINY; a tile
-    where a row or block leaves those ranges (a row amax below about 10^-17 or above 10^30, a block 10^30 below its
-    row), or with dynamic scales a block quotient above 6.5, takes the reference's divisions instead. SR keeps the
+    reciprocals give exact quotients only within _S2_MIN.._S2_MAX; a tile where a row leaves that range (a row amax
+    below about 10^-17 or above 10^30), or with dynamic scales a block quotient above 6.5, takes the reference's
+    divisions instead. With ONE_S2 (per-head scales: the tile is one group) the quotients are clamped to 6 as the
+    reference does (two instructions per element) instead of checked per block, so that the branch waits on the
+    scalar s2 alone rather than on a second reduction across the warps of the head. SR keeps the
     reference's divisions: its draws compare every nonzero quotient's fraction, down to the underflow, where the
     reciprocals' exactness would need a check per element; with them, Triton 3.9 took minutes to compile the
     SR kernel with rows groups (`make_llir`). A NaN element comes back NaN.
     """
+    if ONE_S2:  # the scalar decides the branch; the arithmetic takes it splat to the tile's rows
+        take_exact = ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # also NaN
+        s2 = tl.broadcast_to(s2, [1, 1, BR])
     den = 6.0 * s2  # [1, 1, BR]
     if SR:  # the reference's divisions (see above)
         d = _reference_decode_scales(bamax, den, s2)
         v = tl.reshape(tl.math.div_rn(blocks, d), [BN, BR])
         return tl.reshape(round_to_grid(v, u, 1, 0, 6.0, True, True), blocks.shape), d
-    bs = quotient_rn(bamax, den, reciprocal_rn(den))
-    bad = (bamax > 0.0) & (bs < _TINY)  # [NB, 1, BR] / [1, NB, BR]
-    bs = tl.minimum(tl.maximum(tl.where(bs == 0.0, 1.0, bs), 0.001953125), 448.0)
+    # a zero quotient (a zero block, or an underflow) is clamped to 2^-9 like a tiny one, where the reference takes 1:
+    # every element of such a block rounds to 0 with either scale (see _S2_MIN), and q d is 0 either way
+    bs = tl.minimum(tl.maximum(quotient_rn(bamax, den, reciprocal_rn(den)), 0.001953125), 448.0)
     d = rne_centered(bs, 3, -6) * s2
     rd = reciprocal_rn(d)
-    v = quotient_rn(blocks, d, rd)
-    if STATIC:  # a static scale below the state's range: quotients of any size, clamped as the reference does
-        q = rne_centered(tl.clamp(v, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL), 1, 0)
+    bad = ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # [1, 1, BR]; also NaN
+    if ONE_S2:
+        pass  # decided above
+    elif STATIC:
+        take_exact = tl.max(tl.max(tl.max(bad.to(tl.int32), axis=0), axis=0), axis=0) != 0
     else:
         # dynamic scales put every quotient at or below 6 (x 16/15 where the block scale rounds down), except for a
         # block scale in E4M3's subnormal range rounded far down (a block ~3 x 10^4 below its row's amax): a block
         # whose largest quotient (RN(bamax rd) bounds every element's, within an ulp) exceeds 6.5 takes the exact
         # path, and the others need no clamp (`rne_centered` is exact for |v| < 7 and rounds (6, 7) to 6)
-        q = rne_centered(v, 1, 0)
-        bad = bad | (bamax * rd > 6.5)
-    # one flag per row, then per tile, from per-block and per-row values; axis 0 first: inside each thread in both
-    # block views
-    row_bad = tl.max(tl.max(bad.to(tl.int32), axis=0, keep_dims=True), axis=1, keep_dims=True) != 0
-    row_bad = row_bad | ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # also NaN
-    if tl.max(tl.max(tl.max(row_bad.to(tl.int32), axis=0), axis=0), axis=0) != 0:
+        bad = bad | (bamax * rd > 6.5)  # [NB, 1, BR] / [1, NB, BR]
+        take_exact = tl.max(tl.max(tl.max(bad.to(tl.int32), axis=0), axis=0), axis=0) != 0
+    # one flag per tile from per-block and per-row values (axis 0 first: inside each thread in both block views),
+    # decided before any element is divided: each branch turns the blocks into q in place, where computing q first
+    # and the exact path after kept both alive (64 more registers per thread at the Mamba-2 tiling: 247 against
+    # fp8's 214, one warp fewer per SM)
+    if take_exact:
         d = _reference_decode_scales(bamax, den, s2)
         q = round_to_grid(tl.math.div_rn(blocks, d), 0.0, 1, 0, 6.0, True, False)
+    else:
+        quotients = quotient_rn(blocks, d, rd)
+        if STATIC or ONE_S2:  # quotients of any size (a static scale below the state's range), clamped as the reference
+            q = rne_centered(tl.clamp(quotients, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL), 1, 0)
+        else:
+            q = rne_centered(quotients, 1, 0)
     return q, d

@@ -331,8 +331,12 @@ def crafted_nvfp4_states() -> list[tuple[str, torch.Tensor, bool | None]]:
     cases.append(("huge s2 (> 2^90)", huge, True))
     cases.append(("large s2 (in range)", rnd() * 2.0**85, False))
     far = rnd()
-    far[:, 16:32] *= 1e-35  # a block whose scale quotient bam / (6 s2) < 2^-100
-    cases.append(("block 10^35 below its row", far, True))
+    far[:, 16:32] *= 1e-35  # a block whose scale quotient bam / (6 s2) < 2^-100: its elements round to 0 either way
+    cases.append(("block 10^35 below its row", far, False))
+    gone = rnd() * 1e29  # s2 ~ 10^26, inside the fast range
+    gone[:, 16:32] = rnd()[:, 16:32] * 1e-44  # subnormal blocks: their scale quotient underflows to 0 (the reference's
+    # block scale: 1, the fast path's: 2^-9)
+    cases.append(("block scale quotient underflows to 0", gone, False))
     sub = rnd().clamp(-2.9, 2.9)
     sub[:, 0] = 3.0  # the row amax: s2 = 3 / 2688
     # block amax / (6 s2) = 2.45 x 2^-9, an E4M3 subnormal that rounds down to 2 x 2^-9: quotients up to 7.35

@@ -289,14 +289,32 @@ def test_nvfp4_rows_outside_the_fast_range_are_bit_exact(spec):
     assert torch.equal(fake_quant_triton(fmt, x, seed=3), fmt.fake_quant(x, seed=3))
 
 
+@pytest.mark.parametrize("kmajor", [False, True])
+@pytest.mark.parametrize("spec", ["nvfp4:head", "nvfp4:head:sr"])
+@pytest.mark.parametrize("scale", [1e-19, 1e31])
+def test_nvfp4_heads_outside_the_fast_range_are_bit_exact(spec, scale, kmajor):
+    """A whole head whose amax puts its s2 outside [2^-68, 2^90] beside ordinary heads (kmajor: the Mamba-2 tile,
+    whose per-head write decides on that scalar alone)."""
+    fmt = formats.parse(spec)
+    g = torch.Generator().manual_seed(29)
+    x = torch.randn((3, 8, 64), generator=g)
+    x[1] *= scale
+    x = x.to(DEVICE)
+    assert torch.equal(fake_quant_triton(fmt, x, seed=3, kmajor=kmajor), fmt.fake_quant(x, seed=3))
+
+
 @pytest.mark.parametrize("spec", ["nvfp4", "nvfp4:sr"])
 def test_nvfp4_blocks_far_below_their_row_are_bit_exact(spec):
-    """A block 10^35 below its row's amax (its scale quotient under 2^-100), and SR quotients near underflow."""
+    """A block 10^35 below its row's amax (its scale quotient under 2^-100), a block whose scale quotient underflows
+    to 0 (the reference's block scale is then 1, the fast path's 2^-9: both round its elements to 0), and SR
+    quotients near underflow."""
     fmt = formats.parse(spec)
     g = torch.Generator().manual_seed(23)
     shape = (2, 8, 64)
     x = torch.randn(shape, generator=g)
     x[0, 2, 16:32] *= 1e-35
+    x[0, 5] *= 1e29  # s2 ~ 10^26, inside the fast range
+    x[0, 5, 32:48] = torch.randn(16, generator=g) * 1e-44  # subnormals: bamax / (6 s2) underflows to 0
     x[1, 4, 40] = 3e-44  # one subnormal element in an ordinary block: its quotient ~ 2^-143
     x = x.to(DEVICE)
     assert torch.equal(fake_quant_triton(fmt, x, seed=5), fmt.fake_quant(x, seed=5))
