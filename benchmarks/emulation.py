@@ -73,17 +73,19 @@ LAYER_NAMES = {"mamba2": "Mamba-2 (Nemotron-3-Nano)", "gdn": "GDN (Qwen3.5-9B)",
 OPS_PER_ELEMENT_STEP = {
     ("mamba2", "fp8_e4m3"): (25.1, 0),
     ("mamba2", "int8"): (26, 10),
-    ("mamba2", "nvfp4"): (25.4, 0),
+    ("mamba2", "nvfp4"): (25.1, 0),
+    ("mamba2", "fp8_e4m3:sr"): (54.8, 0),
+    ("mamba2", "nvfp4:sr"): (73.8, 0),
     ("gdn", "fp8_e4m3"): (23.9, 0),
     ("gdn", "int8"): (21.9, 0),
-    ("gdn", "nvfp4"): (29.9, 0),
+    ("gdn", "nvfp4"): (26.9, 0),
     ("kda", "fp8_e4m3"): (24.4, 0),
     ("kda", "int8"): (22.4, 0),
-    ("kda", "nvfp4"): (30.0, 0),
+    ("kda", "nvfp4"): (27.4, 0),
     # the KDA CUDA kernel (ssmquant/kernels/kda_cuda.py runs these on a GPU): fp32 q / k, bf16 v
     ("kda", "fp8_e4m3", "cuda"): (19.3, 0),
     ("kda", "int8", "cuda"): (19.3, 0),
-    ("kda", "nvfp4", "cuda"): (24.3, 0),
+    ("kda", "nvfp4", "cuda"): (24.0, 0),
 }
 # H200 SXM: 132 SMs x 128 FP32 lanes x ~1.98 GHz = 33.4 T FP32 instructions/s; integer ops ~half rate.
 FP32_INSTR_PER_S = 132 * 128 * 1.98e9
@@ -608,8 +610,9 @@ def variant_row(kind, inputs, variant, args, modes, compile_variants, json_rows)
     ok = {m: t for m, t in timings.items() if t is not None}
     faster = min(ok, key=lambda m: ok[m].median) if ok else None  # the faster mode is the peer
     peer = ok.get(faster)
-    if fmt in FORMATS:  # counted for the plain formats only (RNE, per-row scales)
-        fp_ops, int_ops = OPS_PER_ELEMENT_STEP.get((kind, fmt, kernel), OPS_PER_ELEMENT_STEP[(kind, fmt)])
+    counted = OPS_PER_ELEMENT_STEP.get((kind, fmt, kernel), OPS_PER_ELEMENT_STEP.get((kind, fmt)))
+    if counted is not None:  # the plain formats (RNE, per-row scales) and Mamba-2's :sr are counted
+        fp_ops, int_ops = counted
         floor_rate = 1 / max(fp_ops / FP32_INSTR_PER_S, int_ops / INT_INSTR_PER_S) / 1e9
     else:
         floor_rate = None
