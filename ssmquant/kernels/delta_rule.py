@@ -24,7 +24,7 @@ the reduction order, which they differ in anyway (u_t feeds the state, so no KDA
 torch; the tests bound the difference). The writes must round exactly as the reference does: their scaled
 value s * mult is an explicit mul.rn (`_mul_rn`), which no later add can absorb into an FMA.
 The tile's key dim is held in k-major order (KMAJOR, as in mamba2.py): each lane holds whole 16-element nvfp4 blocks,
-where the channel order split every block over two lanes (GDN nvfp4: 29.9 -> 27.0 instructions per element-step,
+where the channel order split every block over two lanes (GDN nvfp4: 29.9 -> 27.2 instructions per element-step,
 fp8 23.9; the Dk sums, and so u_t, move by FP32 noise).
 FP8 / INT8 RNE writes take `_fake_quant_8bit_rne` (magic-number rounding, 7 instructions per element instead
 of 13), whose values equal `rounding.fake_quant_tile`'s bit for bit (tests/kernels/test_delta_rule_paths.py,
@@ -45,7 +45,7 @@ from triton.language.extra import libdevice
 from .. import kinds
 from .common import slot_initial_state, slot_round_buffer, slot_static_scale, slot_write, store_slot_metrics
 from .registry import FusedKernel, register
-from .rounding import INTERPRETING, group_reduce_max
+from .rounding import INTERPRETING, group_reduce_max, tile_columns
 
 _E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
 _E4M3_MAGIC_SCALE = tl.constexpr(1.5 * 2.0**20)  # 1.5 * 2^(e + 20) has an FP32 ulp of 2^(e - 3), E4M3's spacing
@@ -247,15 +247,10 @@ def _delta_rule_emulate_kernel(
     h = pid_bh % HV
     hk = h // V_PER_K
     rows = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    if KMAJOR:
-        # tile position k * (BLOCK_N // 16) + i holds key channel 16 i + k (`rounding.fake_quant_tile`): the default
-        # layout spreads the tile's axis 0 over two lanes with a stride, so each lane holds whole 16-element nvfp4
-        # blocks (block maxima and scales without shuffles, each computed by one lane instead of two). The Dk sums
-        # run in another order than with channel order, which moves u_t by FP32 noise (module docstring).
-        pos = tl.arange(0, BLOCK_N)
-        cols = (pos % (BLOCK_N // 16)) * 16 + pos // (BLOCK_N // 16)
-    else:
-        cols = tl.arange(0, BLOCK_N)
+    # KMAJOR: the default layout spreads the tile's axis 0 over two lanes with a stride, so in k-major order each lane
+    # holds whole 16-element nvfp4 blocks (block maxima and scales without shuffles, each computed by one lane instead
+    # of two). The Dk sums run in another order than with channel order, which moves u_t by FP32 noise (docstring).
+    cols = tile_columns(BLOCK_N, KMAJOR)
     row_ok = rows < DV
     col_ok = cols < DK
     tile_ok = col_ok[:, None] & row_ok[None, :]

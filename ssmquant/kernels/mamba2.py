@@ -27,7 +27,7 @@ from triton.language.extra import libdevice
 from ..kinds.mamba2 import mamba2_decays
 from .common import slot_initial_state, slot_round_buffer, slot_static_scale
 from .registry import FusedKernel, register
-from .rounding import INTERPRETING, fake_quant_tile, stream_key
+from .rounding import INTERPRETING, fake_quant_tile, stream_key, tile_columns
 
 
 @triton.jit
@@ -149,14 +149,10 @@ def _mamba2_emulate_kernel(
     h = pid_bh % H
     g = h // HEADS_PER_GROUP
     rows = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    if KMAJOR:
-        # tile position k * (BLOCK_N // 16) + i holds state column 16 i + k: the default layout spreads the tile's
-        # axis 0 over lanes with a stride, so each lane holds whole 16-element blocks (nvfp4 block maxima and
-        # scales without shuffles, each computed by one lane instead of all); every other use is order-free
-        pos = tl.arange(0, BLOCK_N)
-        cols = (pos % (BLOCK_N // 16)) * 16 + pos // (BLOCK_N // 16)
-    else:
-        cols = tl.arange(0, BLOCK_N)
+    # KMAJOR: the default layout spreads the tile's axis 0 over lanes with a stride, so in k-major order each lane
+    # holds whole 16-element blocks (nvfp4 block maxima and scales without shuffles, each computed by one lane
+    # instead of all); every other use is order-free
+    cols = tile_columns(BLOCK_N, KMAJOR)
     row_ok = rows < P
     col_ok = cols < N
     tile_ok = col_ok[:, None] & row_ok[None, :]

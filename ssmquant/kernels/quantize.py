@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ..formats import Rounding, ScaleMode, StateFormat
 from ..formats.random import check_seed
-from .rounding import FORMAT_CODES, fake_quant_tile, stream_key
+from .rounding import FORMAT_CODES, fake_quant_tile, stream_key, tile_columns
 
 
 @triton.jit
@@ -22,11 +22,7 @@ def _state_tile(s_ptr, R, N, seed, stream, BLOCK_R: tl.constexpr, BLOCK_N: tl.co
     outside, the stochastic-rounding key of (seed, stream)). The offsets are the element counters of SR."""
     m = tl.program_id(0).to(tl.int64)
     rows = tl.arange(0, BLOCK_R)
-    if KMAJOR:  # the Mamba-2 kernel's tile order: position k * (BLOCK_N // 16) + i holds column 16 i + k
-        pos = tl.arange(0, BLOCK_N)
-        cols = (pos % (BLOCK_N // 16)) * 16 + pos // (BLOCK_N // 16)
-    else:
-        cols = tl.arange(0, BLOCK_N)
+    cols = tile_columns(BLOCK_N, KMAJOR)
     ok = (cols < N)[:, None] & (rows < R)[None, :]
     offs = (m * R + rows)[None, :] * N + cols[:, None]  # the kernels' transposed tile [BLOCK_N, BLOCK_R]
     s = tl.load(s_ptr + offs, mask=ok, other=0.0)

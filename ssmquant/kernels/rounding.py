@@ -150,6 +150,17 @@ def group_reduce_max(a, BN: tl.constexpr, BR: tl.constexpr, GROUP: tl.constexpr)
 
 
 @triton.jit
+def tile_columns(BN: tl.constexpr, KMAJOR: tl.constexpr):
+    """The state column each position of a tile's axis 0 holds [BN]: 0..BN-1, or with KMAJOR column 16 i + k at
+    position k * (BN // 16) + i (nvfp4 block i, element k: `fake_quant_tile`)."""
+    pos = tl.arange(0, BN)
+    if KMAJOR:
+        return (pos % (BN // 16)) * 16 + pos // (BN // 16)
+    else:
+        return pos
+
+
+@triton.jit
 def fake_quant_tile(
     s,
     static_scale,
@@ -240,17 +251,21 @@ def _nvfp4_tile(
     if STATIC:
         s2 = tl.reshape(static_scale, [1, 1, BR])
     elif GROUP == BR and HEAD_SCALAR:  # one scale group per tile (a whole head): s2 is one scalar, every lane's
-        amax = tl.max(tl.max(tl.max(bamax, axis=0), axis=0), axis=0)
-        s2 = tl.math.div_rn(amax, 2688.0)
-        s2 = tl.where(s2 == 0.0, 1.0, s2)
+        s2 = _second_level_scale(tl.max(tl.max(tl.max(bamax, axis=0), axis=0), axis=0))
     else:  # the row amax is the max of its blocks' (max is exact: the same bits as over the elements)
         amax = tl.max(bamax, axis=1 - BAXIS, keep_dims=True)  # [1, 1, BR]
         if GROUP > 1:
             amax = tl.reshape(group_max(tl.reshape(amax, [BR]), BR, GROUP), [1, 1, BR])
-        s2 = tl.math.div_rn(amax, tl.full([1, 1, BR], 2688.0, tl.float32))
-        s2 = tl.where(s2 == 0.0, 1.0, s2)
+        s2 = _second_level_scale(amax)
     q, d = nvfp4_blocks(blocks, bamax, s2, u, BN, BR, BAXIS, STATIC, SR, GROUP == BR and HEAD_SCALAR and not STATIC)
     return tl.reshape(q * d, [BN, BR])
+
+
+@triton.jit
+def _second_level_scale(amax):
+    """NVFP4's second-level scale of a group amax (any shape): amax / (6 x 448) correctly rounded, 1 where 0."""
+    s2 = tl.math.div_rn(amax, tl.zeros_like(amax) + 2688.0)
+    return tl.where(s2 == 0.0, 1.0, s2)
 
 
 # The nvfp4 write divides every block amax by 6 s2 and every element by its block's decode scale d, correctly
@@ -388,17 +403,14 @@ def nvfp4_blocks(
     bs = tl.minimum(tl.maximum(quotient_rn(bamax, den, reciprocal_rn(den)), 0.001953125), 448.0)
     d = rne_centered(bs, 3, -6) * s2
     rd = reciprocal_rn(d)
-    bad = ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # [1, 1, BR]; also NaN
-    if ONE_S2:
-        pass  # decided above
-    elif STATIC:
-        take_exact = tl.max(tl.max(tl.max(bad.to(tl.int32), axis=0), axis=0), axis=0) != 0
-    else:
-        # dynamic scales put every quotient at or below 6 (x 16/15 where the block scale rounds down), except for a
-        # block scale in E4M3's subnormal range rounded far down (a block ~3 x 10^4 below its row's amax): a block
-        # whose largest quotient (RN(bamax rd) bounds every element's, within an ulp) exceeds 6.5 takes the exact
-        # path, and the others need no clamp (`rne_centered` is exact for |v| < 7 and rounds (6, 7) to 6)
-        bad = bad | (bamax * rd > 6.5)  # [NB, 1, BR] / [1, NB, BR]
+    if not ONE_S2:
+        bad = ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # [1, 1, BR]; also NaN
+        if not STATIC:
+            # dynamic scales put every quotient at or below 6 (x 16/15 where the block scale rounds down), except for
+            # a block scale in E4M3's subnormal range rounded far down (a block ~3 x 10^4 below its row's amax): a
+            # block whose largest quotient (RN(bamax rd) bounds every element's, within an ulp) exceeds 6.5 takes the
+            # exact path, and the others need no clamp (`rne_centered` is exact for |v| < 7, rounds (6, 7) to 6)
+            bad = bad | (bamax * rd > 6.5)  # [NB, 1, BR] / [1, NB, BR]
         take_exact = tl.max(tl.max(tl.max(bad.to(tl.int32), axis=0), axis=0), axis=0) != 0
     # one flag per tile from per-block and per-row values (axis 0 first: inside each thread in both block views),
     # decided before any element is divided: each branch turns the blocks into q in place, where computing q first
