@@ -79,9 +79,13 @@ OPS_PER_ELEMENT_STEP = {
     ("gdn", "fp8_e4m3"): (23.9, 0),
     ("gdn", "int8"): (21.9, 0),
     ("gdn", "nvfp4"): (26.9, 0),
+    ("gdn", "fp8_e4m3:sr"): (56.6, 0),
+    ("gdn", "nvfp4:sr"): (79.3, 0),
     ("kda", "fp8_e4m3"): (24.4, 0),
     ("kda", "int8"): (22.4, 0),
     ("kda", "nvfp4"): (27.4, 0),
+    ("kda", "fp8_e4m3:sr"): (57.2, 0),
+    ("kda", "nvfp4:sr"): (78.8, 0),
     # the KDA CUDA kernel (ssmquant/kernels/kda_cuda.py runs these on a GPU): fp32 q / k, bf16 v
     ("kda", "fp8_e4m3", "cuda"): (19.3, 0),
     ("kda", "int8", "cuda"): (19.3, 0),

@@ -11,7 +11,8 @@
   in one launch (BLOCK_P 4); KDA at GLM-5.3-Flash's head (Dk = Dv = 128), one conventional variant at BLOCK_P 16, one
   warp, for each arithmetic path of `delta_rule_launch`: the default (fast_round and fp_fusion on), the default with
   the next step's loads ahead (prefetch) and the previous default (both off); GDN at Qwen3.5-9B's head (Dk = Dv =
-  128, one decay per head), the same launch, default path.
+  128, one decay per head), the same launch, default path. Mamba-2, GDN and KDA also count fp8_e4m3 and nvfp4 with
+  stochastic rounding (:sr; the delta-rule kernel: default path).
 - The KDA CUDA kernel (`ssmquant/kernels/kda_cuda.py`): compiled for sm_90 by NVRTC (the nvidia-cuda-nvrtc wheel,
   a dev dependency), disassembled with Triton's nvdisasm; the time loop is the longest backward branch, walked
   along its common path (`nvdisasm_loop`): the division slow paths (not taken for normal operands) and NVFP4's
@@ -217,13 +218,15 @@ def mamba2_sass(slots: list[tuple[int, int]], block_p: int, sr: bool = False) ->
     return sass_of(_mamba2_emulate_kernel, MAMBA2_POINTERS, const, opts)
 
 
-def kda_sass(fmt: int, fast_round: bool, fp_fusion: bool, prefetch: bool, vec_decay: bool = True) -> list[tuple[int, str]]:
+def kda_sass(
+    fmt: int, fast_round: bool, fp_fusion: bool, prefetch: bool, vec_decay: bool = True, sr: bool = False
+) -> list[tuple[int, str]]:
     """The KDA kernel (GDN's without vec_decay: one decay per head), one conventional slot of format code fmt at
-    BLOCK_P 16, as delta_rule_launch builds it."""
+    BLOCK_P 16 (sr: rounding stochastically), as delta_rule_launch builds it."""
     from ssmquant.kernels.common import slot_spec
     from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel
 
-    specs = [slot_spec(fmt, 1, False, False, 0)] + [0] * 5  # per-row scales, the default granularity
+    specs = [slot_spec(fmt, 1, False, sr, 0)] + [0] * 5  # per-row scales, the default granularity
     const = dict(BLOCK_P=16, BLOCK_N=128, VEC_DECAY=vec_decay, **NO_INITIAL_STATE, FAST_ROUND=fast_round,
                  FP_FUSION=fp_fusion,
                  PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, KMAJOR=True, NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})  # fmt: skip
@@ -286,30 +289,37 @@ def run(args) -> Result:
                     "the six-variant launch holds 16 elements of each of its 7 states per thread; :sr the stochastic "
                     "rounding path, the division's slow path not counted):\n\n"
                     + markdown_table(rows))  # fmt: skip
+    # (format code, SR) of the delta-rule rows: RNE for every format, SR for fp8_e4m3 and nvfp4
+    delta_rule_formats = {"fp8_e4m3": (FMT_FP8, False), "int8": (FMT_INT8, False), "nvfp4": (FMT_NVFP4, False),
+                          "fp8_e4m3:sr": (FMT_FP8, True), "nvfp4:sr": (FMT_NVFP4, True)}  # fmt: skip
     if "gdn" in parts:
-        formats = {"fp8_e4m3": FMT_FP8} if args.quick else {"fp8_e4m3": FMT_FP8, "int8": FMT_INT8, "nvfp4": FMT_NVFP4}
+        formats = {"fp8_e4m3": (FMT_FP8, False)} if args.quick else delta_rule_formats
         rows = []
-        for name, code in formats.items():
-            rows.append(count_row(step_path(kda_sass(code, True, True, False, vec_decay=False), [True]),
+        for name, (code, sr) in formats.items():
+            rows.append(count_row(step_path(kda_sass(code, True, True, False, vec_decay=False, sr=sr), [True]),
                                   16 * 128 // 32, format=name, path="default"))  # fmt: skip
             print(f"gdn {name}: {rows[-1]['per element-step']} per element-step", flush=True)
         raw["gdn"] = rows
-        body.append("GDN Triton kernel (Dk = Dv = 128, one decay per head, BLOCK_P 16, one warp, conventional):\n\n"
+        body.append("GDN Triton kernel (Dk = Dv = 128, one decay per head, BLOCK_P 16, one warp, conventional; :sr "
+                    "the stochastic rounding path, the division's slow path not counted):\n\n"
                     + markdown_table(rows))  # fmt: skip
     if "kda" in parts:
-        formats = {"fp8_e4m3": FMT_FP8, "int8": FMT_INT8, "nvfp4": FMT_NVFP4}
+        formats = delta_rule_formats
         paths = {"default": (True, True, False), "default + prefetch": (True, True, True),
                  "previous (fast_round, fp_fusion off)": (False, False, False)}  # fmt: skip
         if args.quick:
-            formats, paths = {"fp8_e4m3": FMT_FP8}, {"default": paths["default"]}
+            formats, paths = {"fp8_e4m3": (FMT_FP8, False)}, {"default": paths["default"]}
         rows = []
-        for name, code in formats.items():
+        for name, (code, sr) in formats.items():
             for label, flags in paths.items():
-                rows.append(count_row(step_path(kda_sass(code, *flags), [True]), 16 * 128 // 32, format=name,
-                                      path=label))  # fmt: skip
+                if sr and label != "default":  # SR: the default path alone
+                    continue
+                rows.append(count_row(step_path(kda_sass(code, *flags, sr=sr), [True]), 16 * 128 // 32,
+                                      format=name, path=label))  # fmt: skip
                 print(f"kda {name} {label}: {rows[-1]['per element-step']} per element-step", flush=True)
         raw["kda"] = rows
-        body.append("KDA Triton kernel (Dk = Dv = 128, BLOCK_P 16, one warp, conventional):\n\n" + markdown_table(rows))
+        body.append("KDA Triton kernel (Dk = Dv = 128, BLOCK_P 16, one warp, conventional; :sr the stochastic rounding "
+                    "path, the division's slow path not counted):\n\n" + markdown_table(rows))
     if "kda-cuda" in parts:
         from tests.kernels.nvrtc_offline import nvrtc_library
 
