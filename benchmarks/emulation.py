@@ -615,7 +615,7 @@ def variant_row(kind, inputs, variant, args, modes, compile_variants, json_rows)
     faster = min(ok, key=lambda m: ok[m].median) if ok else None  # the faster mode is the peer
     peer = ok.get(faster)
     counted = OPS_PER_ELEMENT_STEP.get((kind, fmt, kernel), OPS_PER_ELEMENT_STEP.get((kind, fmt)))
-    if counted is not None:  # the plain formats (RNE, per-row scales) and Mamba-2's :sr are counted
+    if counted is not None:  # the plain formats (RNE, per-row scales) and fp8_e4m3:sr / nvfp4:sr are counted
         fp_ops, int_ops = counted
         floor_rate = 1 / max(fp_ops / FP32_INSTR_PER_S, int_ops / INT_INSTR_PER_S) / 1e9
     else:
