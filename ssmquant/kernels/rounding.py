@@ -192,6 +192,15 @@ def fake_quant_tile(
     """
     if FMT == 0:
         return s
+    if FMT == 5:  # nvfp4 draws its SR bits where it rounds (`nvfp4_blocks`)
+        if KMAJOR:
+            return _nvfp4_tile(
+                tl.reshape(s, [16, BN // 16, BR]), static_scale, index, key, BN, BR, GROUP, STATIC, SR, 0, HEAD_SCALAR
+            )
+        else:
+            return _nvfp4_tile(
+                tl.reshape(s, [BN // 16, 16, BR]), static_scale, index, key, BN, BR, GROUP, STATIC, SR, 1, HEAD_SCALAR
+            )
     u = 0.0
     bits = 0
     if SR:
@@ -217,21 +226,16 @@ def fake_quant_tile(
             dec = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), mult)
         q = round_element(s * mult[None, :], u, bits, FMT, SR)
         return q * dec[None, :]
-    elif KMAJOR:
-        return _nvfp4_tile(
-            tl.reshape(s, [16, BN // 16, BR]), static_scale, u, BN, BR, GROUP, STATIC, SR, 0, HEAD_SCALAR
-        )
     else:
-        return _nvfp4_tile(
-            tl.reshape(s, [BN // 16, 16, BR]), static_scale, u, BN, BR, GROUP, STATIC, SR, 1, HEAD_SCALAR
-        )
+        return s
 
 
 @triton.jit
 def _nvfp4_tile(
     blocks,
     static_scale,
-    u,
+    index,
+    key,
     BN: tl.constexpr,
     BR: tl.constexpr,
     GROUP: tl.constexpr,
@@ -257,7 +261,9 @@ def _nvfp4_tile(
         if GROUP > 1:
             amax = tl.reshape(group_max(tl.reshape(amax, [BR]), BR, GROUP), [1, 1, BR])
         s2 = _second_level_scale(amax)
-    q, d = nvfp4_blocks(blocks, bamax, s2, u, BN, BR, BAXIS, STATIC, SR, GROUP == BR and HEAD_SCALAR and not STATIC)
+    q, d = nvfp4_blocks(
+        blocks, bamax, s2, index, key, BN, BR, BAXIS, STATIC, SR, GROUP == BR and HEAD_SCALAR and not STATIC
+    )
     return tl.reshape(q * d, [BN, BR])
 
 
@@ -351,6 +357,15 @@ def quotient_rn(a, b, y):
 
 
 @triton.jit
+def _sr_e2m1(quotients, index, key, BN: tl.constexpr, BR: tl.constexpr):
+    """Quotients in a block view rounded to E2M1 stochastically (saturating at 6), each element with its draw from
+    its counter in index [BN, BR] (the tile's order) and the write's key; the draws are made here, where they are
+    used, so that they are not held beside the tile through the write."""
+    u = uniform_from_bits(keyed_bits(key, index))
+    return tl.reshape(round_to_grid(tl.reshape(quotients, [BN, BR]), u, 1, 0, 6.0, True, True), quotients.shape)
+
+
+@triton.jit
 def _reference_decode_scales(bamax, den, s2):
     """The blocks' decode scales d = bs s2 as `formats.codec.encode` computes them: the block scale bs is
     bamax / den (den = 6 s2) correctly rounded, 1 where 0, clamped to [2^-9, 448] and rounded to E4M3."""
@@ -364,7 +379,8 @@ def nvfp4_blocks(
     blocks,
     bamax,
     s2,
-    u,
+    index,
+    key,
     BN: tl.constexpr,
     BR: tl.constexpr,
     BAXIS: tl.constexpr,
@@ -375,29 +391,28 @@ def nvfp4_blocks(
     """NVFP4 encode of 16-element blocks, as `formats.codec.encode`: (E2M1 values q shaped like blocks, decode
     scales d [NB, 1, BR] / [1, NB, BR]) of blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR] (BAXIS = 0, the
     elements of a block along axis 0), with block amax bamax shaped like d and second-level scales s2 [1, 1, BR]
-    (ONE_S2: one dynamic scalar s2 for the whole tile); u: SR's uniforms [BN, BR] in the tile's order (SR only);
-    STATIC: s2 is a static scale.
+    (ONE_S2: one dynamic scalar s2 for the whole tile); index [BN, BR], key: SR's element counters in the tile's order
+    and stream key (`keyed_bits`; SR only: the uniforms are drawn where the quotients are rounded, so that they are
+    not held beside the tile through the write); STATIC: s2 is a static scale.
 
-    The reference divides every block amax by 6 s2 and every element by its block's d, correctly rounded. For
-    RNE, one correctly rounded reciprocal per row (of 6 s2) and one per block (of d) give the same quotients
-    (`quotient_rn`), and the elements are rounded by `rne_centered`; no element's value decides a branch. The
-    reciprocals give exact quotients only within _S2_MIN.._S2_MAX; a tile where a row leaves that range (a row amax
-    below about 10^-17 or above 10^30), or with dynamic scales a block quotient above 6.5, takes the reference's
-    divisions instead. With ONE_S2 (per-head scales: the tile is one group) the quotients are clamped to 6 as the
-    reference does (two instructions per element) instead of checked per block, so that the branch waits on the
-    scalar s2 alone rather than on a second reduction across the warps of the head. SR keeps the
-    reference's divisions: its draws compare every nonzero quotient's fraction, down to the underflow, where the
-    reciprocals' exactness would need a check per element; with them, Triton 3.9 took minutes to compile the
-    SR kernel with rows groups (`make_llir`). A NaN element comes back NaN.
+    The reference divides every block amax by 6 s2 and every element by its block's d, correctly rounded. Here one
+    correctly rounded reciprocal per row (of 6 s2) and one per block (of d) give the same quotients (`quotient_rn`);
+    RNE rounds them by `rne_centered`, SR by `round_to_grid` with the element's draw. The reciprocals give exact
+    quotients only within _S2_MIN.._S2_MAX; a tile where a row leaves that range (a row amax below about 10^-17 or
+    above 10^30) takes the reference's divisions instead, and so does, with dynamic RNE scales, a tile with a block
+    quotient above 6.5 (`rne_centered` needs |v| < 7; SR and static scales clamp at 6 as the reference does). SR
+    also compares quotients far below the first grid step with its draw, where only whether a quotient is 0 counts
+    (a draw of 0 rounds any nonzero one up): the fast quotient keeps that except within a few ulps of FP32's
+    underflow, so a tile with a nonzero element below d 2^-126 takes the reference's divisions too. With ONE_S2
+    (per-head scales: the tile is one group) RNE clamps its quotients too (two instructions per element) instead of
+    checking blocks, so that the branch waits on the scalar s2 alone rather than on a second reduction across the
+    warps of the head. Every check reads per-row, per-block or per-element values before any quotient is taken, and
+    each branch turns the blocks into q in place. A NaN element comes back NaN.
     """
     if ONE_S2:  # the scalar decides the branch; the arithmetic takes it splat to the tile's rows
         take_exact = ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # also NaN
         s2 = tl.broadcast_to(s2, [1, 1, BR])
     den = 6.0 * s2  # [1, 1, BR]
-    if SR:  # the reference's divisions (see above)
-        d = _reference_decode_scales(bamax, den, s2)
-        v = tl.reshape(tl.math.div_rn(blocks, d), [BN, BR])
-        return tl.reshape(round_to_grid(v, u, 1, 0, 6.0, True, True), blocks.shape), d
     # a zero quotient (a zero block, or an underflow) is clamped to 2^-9 like a tiny one, where the reference takes 1:
     # every element of such a block rounds to 0 with either scale (see _S2_MIN), and q d is 0 either way
     bs = tl.minimum(tl.maximum(quotient_rn(bamax, den, reciprocal_rn(den)), 0.001953125), 448.0)
@@ -405,23 +420,35 @@ def nvfp4_blocks(
     rd = reciprocal_rn(d)
     if not ONE_S2:
         bad = ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # [1, 1, BR]; also NaN
-        if not STATIC:
+        if not STATIC and not SR:
             # dynamic scales put every quotient at or below 6 (x 16/15 where the block scale rounds down), except for
             # a block scale in E4M3's subnormal range rounded far down (a block ~3 x 10^4 below its row's amax): a
             # block whose largest quotient (RN(bamax rd) bounds every element's, within an ulp) exceeds 6.5 takes the
-            # exact path, and the others need no clamp (`rne_centered` is exact for |v| < 7, rounds (6, 7) to 6)
+            # exact path, and the others need no clamp (`rne_centered` is exact for |v| < 7, rounds (6, 7) to 6);
+            # SR clamps every quotient as the reference does
             bad = bad | (bamax * rd > 6.5)  # [NB, 1, BR] / [1, NB, BR]
         take_exact = tl.max(tl.max(tl.max(bad.to(tl.int32), axis=0), axis=0), axis=0) != 0
+    if SR:
+        # SR rounds a quotient in (0, 2^-25) up to 0.5 exactly when its draw is 0, so there only whether it is 0
+        # counts, which the fast quotient keeps unless |x / d| is within a few ulps of FP32's underflow: a nonzero
+        # element below d 2^-126 (its quotient under 2^-126) takes the exact path
+        tiny = (tl.abs(blocks) < d * 2.0**-126) & (blocks != 0.0)
+        take_exact = take_exact | (tl.max(tl.max(tl.max(tiny.to(tl.int32), axis=0), axis=0), axis=0) != 0)
     # one flag per tile from per-block and per-row values (axis 0 first: inside each thread in both block views),
     # decided before any element is divided: each branch turns the blocks into q in place, where computing q first
     # and the exact path after kept both alive (64 more registers per thread at the Mamba-2 tiling: 247 against
     # fp8's 214, one warp fewer per SM)
     if take_exact:
         d = _reference_decode_scales(bamax, den, s2)
-        q = round_to_grid(tl.math.div_rn(blocks, d), 0.0, 1, 0, 6.0, True, False)
+        if SR:
+            q = _sr_e2m1(tl.math.div_rn(blocks, d), index, key, BN, BR)
+        else:
+            q = round_to_grid(tl.math.div_rn(blocks, d), 0.0, 1, 0, 6.0, True, False)
     else:
         quotients = quotient_rn(blocks, d, rd)
-        if STATIC or ONE_S2:  # quotients of any size (a static scale below the state's range), clamped as the reference
+        if SR:
+            q = _sr_e2m1(quotients, index, key, BN, BR)
+        elif STATIC or ONE_S2:  # quotients of any size (a static scale below the state's range), clamped as the reference
             q = rne_centered(tl.clamp(quotients, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL), 1, 0)
         else:
             q = rne_centered(quotients, 1, 0)

@@ -16,6 +16,8 @@ value decides a branch. Checked here:
   far from the state, rows outside the fast range, blocks far below their row, SR on near-underflow quotients.
 """
 
+import functools
+import math
 from fractions import Fraction
 
 import pytest
@@ -24,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ssmquant import formats
+from ssmquant.formats import random
 from ssmquant.formats.codec import encode, expand_groups
 from ssmquant.formats.grids import E2M1, E4M3, round_to_grid
 from ssmquant.kernels import fake_quant_triton
@@ -301,6 +304,42 @@ def test_nvfp4_heads_outside_the_fast_range_are_bit_exact(spec, scale, kmajor):
     x[1] *= scale
     x = x.to(DEVICE)
     assert torch.equal(fake_quant_triton(fmt, x, seed=3, kmajor=kmajor), fmt.fake_quant(x, seed=3))
+
+
+@functools.cache
+def _zero_draw(shape: tuple[int, ...], seed: int) -> tuple[int, int]:
+    """(stream, flat index) of an element of a state of this shape whose SR draw is 0 (its top 24 random bits are 0,
+    one element in 2^24): there SR rounds any nonzero quotient below the first grid step up, and a zero one not."""
+    index = torch.arange(math.prod(shape), dtype=torch.int64)
+    for stream in range(1 << 16):
+        hits = ((random.random_bits(seed, stream, index) >> 8) == 0).nonzero()
+        if len(hits):
+            return stream, int(hits[0])
+    raise AssertionError("no zero draw in 2^16 streams")
+
+
+@pytest.mark.parametrize("kmajor", [False, True])
+@pytest.mark.parametrize("quotient", [2.0**-148, 2.0**-100])
+def test_nvfp4_sr_quotient_near_underflow_with_a_zero_draw(quotient, kmajor):
+    """SR's fast quotient is exact down to 2^-26 and keeps a quotient's zero-ness except within a few ulps of FP32's
+    underflow, which only a zero draw sees: an element whose quotient is ~2^-148 (a nonzero element below d 2^-126:
+    the exact path) and one whose quotient is ~2^-100 (the fast path), each at an element whose draw is 0, in a row
+    scaled so that its block scales are ~10^19."""
+    fmt = formats.parse("nvfp4:sr")
+    shape = (2, 8, 64)
+    stream, flat = _zero_draw(shape, seed=5)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(31))
+    m, r, n = flat // (8 * 64), (flat // 64) % 8, flat % 64
+    x[m, r] *= 1e20
+    block = slice(n - n % 16, n - n % 16 + 16)
+    d = float(x[m, r, block].abs().amax()) / 6.0  # the block's decode scale, within a few percent
+    x[m, r, n] = quotient * d
+    assert x[m, r, n] != 0
+    x = x.to(DEVICE)
+    got = fake_quant_triton(fmt, x, seed=5, stream=stream, kmajor=kmajor)
+    want = fmt.fake_quant(x, seed=5, stream=stream)
+    assert want[m, r, n] != 0  # the zero draw rounds the nonzero quotient up
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("spec", ["nvfp4", "nvfp4:sr"])
