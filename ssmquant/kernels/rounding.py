@@ -430,9 +430,15 @@ def nvfp4_blocks(
         take_exact = tl.max(tl.max(tl.max(bad.to(tl.int32), axis=0), axis=0), axis=0) != 0
     if SR:
         # SR rounds a quotient in (0, 2^-25) up to 0.5 exactly when its draw is 0, so there only whether it is 0
-        # counts, which the fast quotient keeps unless |x / d| is within a few ulps of FP32's underflow: a nonzero
-        # element below d 2^-126 (its quotient under 2^-126) takes the exact path
-        tiny = (tl.abs(blocks) < d * 2.0**-126) & (blocks != 0.0)
+        # counts, which the fast quotient keeps except near 2^-150, where RN(x / d) turns 0: a block with a nonzero
+        # element below t = d 2^-126 (its quotient under 2^-126) takes the exact path. One unsigned compare per block
+        # of per-element values that cost one integer add each: 2 bits(x) - 1 (the sign shifted out, a zero wrapping
+        # to the top) is ordered as |x| is, and below 2 bits(t) - 1 exactly when 0 < |x| < t (t's bits at least 1:
+        # a t that underflows to 0 admits no x)
+        xb = blocks.to(tl.uint32, bitcast=True)
+        lowest = tl.min(xb + xb - 1, axis=BAXIS, keep_dims=True)  # shaped like d
+        tb = tl.maximum((d * 2.0**-126).to(tl.uint32, bitcast=True), 1)
+        tiny = lowest < tb + tb - 1
         take_exact = take_exact | (tl.max(tl.max(tl.max(tiny.to(tl.int32), axis=0), axis=0), axis=0) != 0)
     # one flag per tile from per-block and per-row values (axis 0 first: inside each thread in both block views),
     # decided before any element is divided: each branch turns the blocks into q in place, where computing q first

@@ -318,27 +318,62 @@ def _zero_draw(shape: tuple[int, ...], seed: int) -> tuple[int, int]:
     raise AssertionError("no zero draw in 2^16 streams")
 
 
+def _decode_scale(row: torch.Tensor, block: slice) -> float:
+    """The reference's decode scale d = bs s2 of one block of a row (`formats.codec.encode`: each step rounded to
+    FP32; torch's CPU division and product are correctly rounded)."""
+    s2 = row.abs().amax() / 2688.0
+    bs = round_to_grid(row[block].abs().amax() / (6.0 * s2), E4M3)
+    return float(bs * s2)
+
+
+def _fast_quotient_misses_zero(d: float) -> float | None:
+    """An element x (FP32) whose quotient x / d lies beside 2^-150, where the fast quotient (`quotient_sequence`)
+    and the correctly rounded one disagree on being 0 (the case the exact path exists for), or None where none of
+    the 16 FP32 values nearest 2^-150 d does (whether one does depends on d). It takes a subnormal x (d < 2^24):
+    then the residual x - q d rounds to FP32's subnormal grid."""
+    x = torch.tensor(rn32(Fraction(2) ** -150 * Fraction(d)), dtype=torch.float32)
+    for _ in range(8):
+        x = torch.nextafter(x, torch.tensor(0.0))
+    for _ in range(16):
+        v = float(x)
+        if v != 0 and (quotient_sequence(v, d) == 0) != (rn32(Fraction(v) / Fraction(d)) == 0):
+            return v
+        x = torch.nextafter(x, torch.tensor(1.0))
+    return None
+
+
 @pytest.mark.parametrize("kmajor", [False, True])
-@pytest.mark.parametrize("quotient", [2.0**-148, 2.0**-100])
+@pytest.mark.parametrize("quotient", ["beside 2^-150", 2.0**-148, 2.0**-100])
 def test_nvfp4_sr_quotient_near_underflow_with_a_zero_draw(quotient, kmajor):
-    """SR's fast quotient is exact down to 2^-26 and keeps a quotient's zero-ness except within a few ulps of FP32's
-    underflow, which only a zero draw sees: an element whose quotient is ~2^-148 (a nonzero element below d 2^-126:
-    the exact path) and one whose quotient is ~2^-100 (the fast path), each at an element whose draw is 0, in a row
-    scaled so that its block scales are ~10^19."""
+    """SR rounds a quotient below the first grid step up when its draw is 0 and it is nonzero, so only a zero draw
+    sees how a tiny quotient was computed. The fast quotient is exact down to 2^-25 and keeps a quotient's zero-ness
+    except beside 2^-150, where the correctly rounded one turns 0: there a block with a nonzero element below
+    d 2^-126 takes the exact path. At an element whose draw is 0: a subnormal element whose fast quotient gets its
+    zero-ness wrong (found with exact arithmetic; block scales ~10^2), and in a row scaled so that its block scales
+    are ~10^19, one whose quotient is ~2^-148 (both: the exact path) and one at ~2^-100 (the fast path)."""
     fmt = formats.parse("nvfp4:sr")
     shape = (2, 8, 64)
     stream, flat = _zero_draw(shape, seed=5)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(31))
     m, r, n = flat // (8 * 64), (flat // 64) % 8, flat % 64
-    x[m, r] *= 1e20
     block = slice(n - n % 16, n - n % 16 + 16)
-    d = float(x[m, r, block].abs().amax()) / 6.0  # the block's decode scale, within a few percent
-    x[m, r, n] = quotient * d
-    assert x[m, r, n] != 0
+    x[m, r, n] = 0.0  # the block's scales without the element (too small to change them)
+    row = x[m, r].clone()
+    beside = quotient == "beside 2^-150"
+    for step in range(64):  # row scales until one gives a d for which some element beside 2^-150 d misses
+        x[m, r] = row * ((1e3 if beside else 1e20) * (1 + step / 64))
+        d = _decode_scale(x[m, r], block)
+        value = _fast_quotient_misses_zero(d) if beside else quotient * d
+        if value is not None:
+            break
+    assert value is not None, "no row scale gave an element whose fast quotient misses zero-ness"
+    x[m, r, n] = value
+    assert x[m, r, n] != 0 and _decode_scale(x[m, r], block) == d
     x = x.to(DEVICE)
     got = fake_quant_triton(fmt, x, seed=5, stream=stream, kmajor=kmajor)
     want = fmt.fake_quant(x, seed=5, stream=stream)
-    assert want[m, r, n] != 0  # the zero draw rounds the nonzero quotient up
+    if not beside:
+        assert want[m, r, n] != 0  # the zero draw rounds the nonzero quotient up
     assert torch.equal(got, want)
 
 
