@@ -350,7 +350,9 @@ def test_nvfp4_sr_quotient_near_underflow_with_a_zero_draw(quotient, kmajor):
     except beside 2^-150, where the correctly rounded one turns 0: there a block with a nonzero element below
     d 2^-126 takes the exact path. At an element whose draw is 0: a subnormal element whose fast quotient gets its
     zero-ness wrong (found with exact arithmetic; block scales ~10^2), and in a row scaled so that its block scales
-    are ~10^19, one whose quotient is ~2^-148 (both: the exact path) and one at ~2^-100 (the fast path)."""
+    are ~10^19, one whose quotient is ~2^-148 (both: the exact path) and one at ~2^-100 (the fast path). Triton's
+    interpreter rounds tl.fma's product before its sum, so on the CPU the first case passes with or without the
+    check; compiled for a GPU it fails without it."""
     fmt = formats.parse("nvfp4:sr")
     shape = (2, 8, 64)
     stream, flat = _zero_draw(shape, seed=5)
