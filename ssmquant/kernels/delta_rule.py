@@ -161,12 +161,8 @@ def _rank1(s, k, u, FP_FUSION: tl.constexpr):
 @triton.jit
 def _slot_update(s, s_ref, y_ref, alpha, kvec, qvec, v, beta, SPEC: tl.constexpr, FP_FUSION: tl.constexpr):
     """One variant's step: decay, the delta rule with its buffered k and u in its buffer dtype, output. An FP32 slot
-    with FP32 buffers (format code 0, buffer code 0) takes the reference's step (s_ref, y_ref, already advanced) as
-    its own: it computes the same arithmetic from the same state, and computing it twice left the two to the
-    compiler's choice of which products to contract into FMAs, made per expression (on the H200, Triton 3.6, a KDA
-    launch with SR nvfp4 slots beside it gave the FP32 slot squared errors of 1e-14 to 1e-12), where the FP32
-    variant's error must be 0 by definition."""
-    if SPEC % 8 == 0 and (SPEC // 32) % 4 == 0:
+    with FP32 buffers takes the reference's step (s_ref, y_ref, already advanced) as its own (`common.slot_spec`)."""
+    if SPEC % 8 == 0 and (SPEC // 32) % 4 == 0:  # format code 0 (fp32), buffer code 0 (fp32)
         return s_ref, y_ref
     kb = slot_round_buffer(kvec, SPEC)
     s = alpha * s
