@@ -208,7 +208,7 @@ def fake_quant_tile(
         u = uniform_from_bits(bits)
     if FMT == 1 or FMT == 2:
         return round_element(s, u, bits, FMT, SR)
-    elif FMT == 3 or FMT == 4 or FMT == 6:
+    else:  # FMT 3, 4, 6: FP8 E4M3, INT8, INT16 with one scale per row group
         if STATIC:
             dec = static_scale
             mult = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), dec)
@@ -226,8 +226,6 @@ def fake_quant_tile(
             dec = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), mult)
         q = round_element(s * mult[None, :], u, bits, FMT, SR)
         return q * dec[None, :]
-    else:
-        return s
 
 
 @triton.jit
