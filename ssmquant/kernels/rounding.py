@@ -256,11 +256,17 @@ def _nvfp4_tile(
         s2 = _second_level_scale(tl.max(tl.max(tl.max(bamax, axis=0), axis=0), axis=0))
     else:  # the row amax is the max of its blocks' (max is exact: the same bits as over the elements)
         amax = tl.max(bamax, axis=1 - BAXIS, keep_dims=True)  # [1, 1, BR]
-        if GROUP > 1:
+        if GROUP == BR:  # the tile is one group: its amax splat to the rows, no reshape
+            amax = tl.broadcast_to(tl.max(tl.max(tl.max(amax, axis=0), axis=0), axis=0), [1, 1, BR])
+        elif GROUP > 1:
             amax = tl.reshape(group_max(tl.reshape(amax, [BR]), BR, GROUP), [1, 1, BR])
         s2 = _second_level_scale(amax)
+    # SR with rows groups smaller than the tile takes the reference's divisions: with the fast quotients beside
+    # group_max's reshapes, Triton (3.6 and 3.9) laid the block view out whole in every thread (make_llir ran for
+    # minutes); whole-tile groups reduce without a reshape and keep them
+    exact_sr = SR and not STATIC and GROUP > 1 and GROUP < BR
     q, d = nvfp4_blocks(
-        blocks, bamax, s2, index, key, BN, BR, BAXIS, STATIC, SR, GROUP == BR and HEAD_SCALAR and not STATIC
+        blocks, bamax, s2, index, key, BN, BR, BAXIS, STATIC, SR, GROUP == BR and HEAD_SCALAR and not STATIC, exact_sr
     )
     return tl.reshape(q * d, [BN, BR])
 
@@ -355,12 +361,13 @@ def quotient_rn(a, b, y):
 
 
 @triton.jit
-def _sr_e2m1(quotients, index, key, BN: tl.constexpr, BR: tl.constexpr):
+def _sr_e2m1(quotients, index, key):
     """Quotients in a block view rounded to E2M1 stochastically (saturating at 6), each element with its draw from
-    its counter in index [BN, BR] (the tile's order) and the write's key; the draws are made here, where they are
-    used, so that they are not held beside the tile through the write."""
-    u = uniform_from_bits(keyed_bits(key, index))
-    return tl.reshape(round_to_grid(tl.reshape(quotients, [BN, BR]), u, 1, 0, 6.0, True, True), quotients.shape)
+    its counter in index [BN, BR] (the tile's order, reshaped to the block view as the tile was) and the write's key.
+    The draws are made here, where they are used, so that they are not held beside the tile through the write, and
+    in the block view, so that the quotients are not reshaped back and forth for them."""
+    u = uniform_from_bits(keyed_bits(key, tl.reshape(index, quotients.shape)))
+    return round_to_grid(quotients, u, 1, 0, 6.0, True, True)
 
 
 @triton.jit
@@ -385,13 +392,15 @@ def nvfp4_blocks(
     STATIC: tl.constexpr,
     SR: tl.constexpr,
     ONE_S2: tl.constexpr = False,
+    EXACT_SR: tl.constexpr = False,
 ):
     """NVFP4 encode of 16-element blocks, as `formats.codec.encode`: (E2M1 values q shaped like blocks, decode
     scales d [NB, 1, BR] / [1, NB, BR]) of blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR] (BAXIS = 0, the
     elements of a block along axis 0), with block amax bamax shaped like d and second-level scales s2 [1, 1, BR]
     (ONE_S2: one dynamic scalar s2 for the whole tile); index [BN, BR], key: SR's element counters in the tile's order
     and stream key (`keyed_bits`; SR only: the uniforms are drawn where the quotients are rounded, so that they are
-    not held beside the tile through the write); STATIC: s2 is a static scale.
+    not held beside the tile through the write); STATIC: s2 is a static scale; EXACT_SR: SR by the reference's
+    divisions alone (see `_nvfp4_tile`).
 
     The reference divides every block amax by 6 s2 and every element by its block's d, correctly rounded. Here one
     correctly rounded reciprocal per row (of 6 s2) and one per block (of d) give the same quotients (`quotient_rn`);
@@ -411,6 +420,9 @@ def nvfp4_blocks(
         take_exact = ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # also NaN
         s2 = tl.broadcast_to(s2, [1, 1, BR])
     den = 6.0 * s2  # [1, 1, BR]
+    if EXACT_SR:
+        d = _reference_decode_scales(bamax, den, s2)
+        return _sr_e2m1(tl.math.div_rn(blocks, d), index, key), d
     # a zero quotient (a zero block, or an underflow) is clamped to 2^-9 like a tiny one, where the reference takes 1:
     # every element of such a block rounds to 0 with either scale (see _S2_MIN), and q d is 0 either way
     bs = tl.minimum(tl.maximum(quotient_rn(bamax, den, reciprocal_rn(den)), 0.001953125), 448.0)
@@ -445,13 +457,13 @@ def nvfp4_blocks(
     if take_exact:
         d = _reference_decode_scales(bamax, den, s2)
         if SR:
-            q = _sr_e2m1(tl.math.div_rn(blocks, d), index, key, BN, BR)
+            q = _sr_e2m1(tl.math.div_rn(blocks, d), index, key)
         else:
             q = round_to_grid(tl.math.div_rn(blocks, d), 0.0, 1, 0, 6.0, True, False)
     else:
         quotients = quotient_rn(blocks, d, rd)
         if SR:
-            q = _sr_e2m1(quotients, index, key, BN, BR)
+            q = _sr_e2m1(quotients, index, key)
         elif STATIC or ONE_S2:  # quotients of any size (a static scale below the state's range), clamped as the reference
             q = rne_centered(tl.clamp(quotients, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL), 1, 0)
         else:
