@@ -285,7 +285,8 @@ def _second_level_scale(amax):
 # [2^-65, 2^93]: element quotients of magnitude >= 2^-26 (RNE only looks at those >= 0.25) and block scale quotients
 # >= 2^-9 (smaller ones are clamped to 2^-9) come back exact. A block scale quotient below 2^-100 may come back
 # inexact or 0 (the reference turns an underflow to 0 into a block scale of 1, not 2^-9), but every element of such
-# a block is at most 6 x 2^9 x 2^-100 times its d either way and rounds to 0: the same values, so no check.
+# a block is at most 6 x 2^9 x 2^-100 times its d either way and rounds to 0 under RNE: the same values, so no check
+# (under SR a zero draw tells them apart; `nvfp4_blocks`' SR check covers those elements).
 _S2_MIN = tl.constexpr(2.0**-68)
 _S2_MAX = tl.constexpr(2.0**90)
 
@@ -409,8 +410,9 @@ def nvfp4_blocks(
     above 10^30) takes the reference's divisions instead, and so does, with dynamic RNE scales, a tile with a block
     quotient above 6.5 (`rne_centered` needs |v| < 7; SR and static scales clamp at 6 as the reference does). SR
     also compares quotients far below the first grid step with its draw, where only whether a quotient is 0 counts
-    (a draw of 0 rounds any nonzero one up): the fast quotient keeps that except within a few ulps of FP32's
-    underflow, so a tile with a nonzero element below d 2^-126 takes the reference's divisions too. With ONE_S2
+    (a draw of 0 rounds any nonzero one up): the fast quotient keeps that except beside FP32's underflow, so a tile
+    with a nonzero element below d 2^-126 (a quotient in FP32's subnormal range) takes the reference's divisions too;
+    that also covers a block whose scale quotient underflows (its elements are below 6 s2 2^-150). With ONE_S2
     (per-head scales: the tile is one group) RNE clamps its quotients too (two instructions per element) instead of
     checking blocks, so that the branch waits on the scalar s2 alone rather than on a second reduction across the
     warps of the head. Every check reads per-row, per-block or per-element values before any quotient is taken, and
@@ -424,7 +426,9 @@ def nvfp4_blocks(
         d = _reference_decode_scales(bamax, den, s2)
         return _sr_e2m1(tl.math.div_rn(blocks, d), index, key), d
     # a zero quotient (a zero block, or an underflow) is clamped to 2^-9 like a tiny one, where the reference takes 1:
-    # every element of such a block rounds to 0 with either scale (see _S2_MIN), and q d is 0 either way
+    # under RNE every element of such a block rounds to 0 with either scale (see _S2_MIN), and q d is 0 either way;
+    # under SR a zero draw rounds a nonzero element up to 0.5 d, which differs, but such an element (at most
+    # 6 s2 2^-150) lies below d 2^-126 with either d, so the SR check below sends its tile to the exact path
     bs = tl.minimum(tl.maximum(quotient_rn(bamax, den, reciprocal_rn(den)), 0.001953125), 448.0)
     d = rne_centered(bs, 3, -6) * s2
     rd = reciprocal_rn(d)

@@ -2,8 +2,9 @@
 
 The write needs the reference's correctly rounded quotients (block amax / 6 s2, element / d) and their E4M3 /
 E2M1 roundings. It gets the quotients from one correctly rounded reciprocal per row and block by Markstein's
-correction (`quotient_rn`) and rounds them with a centred magic-number addition (`rne_centered`); no element's
-value decides a branch. Checked here:
+correction (`quotient_rn`) and rounds them with a centred magic-number addition (`rne_centered`) or with SR's draws;
+under RNE no element's value decides a branch (under SR one check per block of its elements' magnitudes does).
+Checked here:
 - `rne_centered` against `formats.grids.round_to_grid` on every FP32 value within 256 ulps of each grid value,
   midpoint and binade edge of E2M1 and E4M3 (both signs), and on random values: equal everywhere (a -0 may come
   back +0, which torch.equal, like every metric, does not tell apart);
@@ -13,7 +14,8 @@ value decides a branch. Checked here:
   scales spanning the write's fast range, and on small quotients at the range's bottom;
 - the same sequence compiled for the GPU against torch's division (GPU only: the interpreter divides);
 - whole tiles through the paths that need more than the fast one: quotients above 6 (the clamp), static scales
-  far from the state, rows outside the fast range, blocks far below their row, SR on near-underflow quotients.
+  far from the state, rows outside the fast range, blocks far below their row, SR on near-underflow quotients and
+  on a block whose scale quotient underflows, each at a zero draw.
 """
 
 import functools
@@ -350,9 +352,10 @@ def test_nvfp4_sr_quotient_near_underflow_with_a_zero_draw(quotient, kmajor):
     except beside 2^-150, where the correctly rounded one turns 0: there a block with a nonzero element below
     d 2^-126 takes the exact path. At an element whose draw is 0: a subnormal element whose fast quotient gets its
     zero-ness wrong (found with exact arithmetic; block scales ~10^2), and in a row scaled so that its block scales
-    are ~10^19, one whose quotient is ~2^-148 (both: the exact path) and one at ~2^-100 (the fast path). Triton's
-    interpreter rounds tl.fma's product before its sum, so on the CPU the first case passes with or without the
-    check; compiled for a GPU it fails without it."""
+    are ~10^19, one whose quotient is ~2^-148 (below d 2^-126: the exact path; its fast quotient would be right too)
+    and one at ~2^-100 (the fast path). Triton's interpreter divides instead of taking the reciprocals
+    (`quotient_rn`), so on the CPU the first case passes with or without the check; compiled for a GPU it fails
+    without it."""
     fmt = formats.parse("nvfp4:sr")
     shape = (2, 8, 64)
     stream, flat = _zero_draw(shape, seed=5)
@@ -377,6 +380,29 @@ def test_nvfp4_sr_quotient_near_underflow_with_a_zero_draw(quotient, kmajor):
     if not beside:
         assert want[m, r, n] != 0  # the zero draw rounds the nonzero quotient up
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kmajor", [False, True])
+@pytest.mark.parametrize("spec", ["nvfp4:sr", "nvfp4:head:sr"])
+def test_nvfp4_sr_block_whose_scale_underflows_with_a_zero_draw(spec, kmajor):
+    """A block holding one subnormal element, 3 x 2^-149, in a row (and head) of amax 2688, so s2 = 1: the block amax
+    over 6 s2 underflows to 0, the reference takes a block scale of 1 and its zero draw rounds the element up to 0.5;
+    the fast path's block scale is clamped to 2^-9, which would give 2^-10. The SR check (an element below d 2^-126)
+    sends the tile to the reference's divisions. The fast path's clamp runs in the interpreter too, so this fails on
+    the CPU as well without the check (kmajor with per-head scales: the Mamba-2 tile's one scalar s2)."""
+    fmt = formats.parse(spec)
+    shape = (2, 8, 64)
+    stream, flat = _zero_draw(shape, seed=5)
+    m, r, n = flat // (8 * 64), (flat // 64) % 8, flat % 64
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(37))
+    start = n - n % 16
+    x[m, r, start : start + 16] = 0.0
+    x[m, r, n] = 3 * 2.0**-149
+    x[m, r, (start + 16) % 64] = 2688.0  # in another block of the row: the row's and the head's amax, s2 = 1
+    x = x.to(DEVICE)
+    want = fmt.fake_quant(x, seed=5, stream=stream)
+    assert float(want[m, r, n]) == 0.5  # the reference's block scale 1, the element rounded up by its zero draw
+    assert torch.equal(fake_quant_triton(fmt, x, seed=5, stream=stream, kmajor=kmajor), want)
 
 
 @pytest.mark.parametrize("spec", ["nvfp4", "nvfp4:sr"])
