@@ -309,14 +309,14 @@ def test_nvfp4_heads_outside_the_fast_range_are_bit_exact(spec, scale, kmajor):
 
 
 @functools.cache
-def _zero_draw(shape: tuple[int, ...], seed: int) -> tuple[int, int]:
-    """(stream, flat index) of an element of a state of this shape whose SR draw is 0 (its top 24 random bits are 0,
+def _zero_draw(shape: tuple[int, ...], seed: int) -> tuple[int, tuple[int, ...]]:
+    """(stream, index into a state of this shape) of an element whose SR draw is 0 (its top 24 random bits are 0,
     one element in 2^24): there SR rounds any nonzero quotient below the first grid step up, and a zero one not."""
     index = torch.arange(math.prod(shape), dtype=torch.int64)
     for stream in range(1 << 16):
         hits = ((random.random_bits(seed, stream, index) >> 8) == 0).nonzero()
         if len(hits):
-            return stream, int(hits[0])
+            return stream, tuple(int(i) for i in torch.unravel_index(hits[0, 0], shape))
     raise AssertionError("no zero draw in 2^16 streams")
 
 
@@ -358,9 +358,8 @@ def test_nvfp4_sr_quotient_near_underflow_with_a_zero_draw(quotient, kmajor):
     without it."""
     fmt = formats.parse("nvfp4:sr")
     shape = (2, 8, 64)
-    stream, flat = _zero_draw(shape, seed=5)
+    stream, (m, r, n) = _zero_draw(shape, seed=5)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(31))
-    m, r, n = flat // (8 * 64), (flat // 64) % 8, flat % 64
     block = slice(n - n % 16, n - n % 16 + 16)
     x[m, r, n] = 0.0  # the block's scales without the element (too small to change them)
     row = x[m, r].clone()
@@ -392,8 +391,7 @@ def test_nvfp4_sr_block_whose_scale_underflows_with_a_zero_draw(spec, kmajor):
     the CPU as well without the check (kmajor with per-head scales: the Mamba-2 tile's one scalar s2)."""
     fmt = formats.parse(spec)
     shape = (2, 8, 64)
-    stream, flat = _zero_draw(shape, seed=5)
-    m, r, n = flat // (8 * 64), (flat // 64) % 8, flat % 64
+    stream, (m, r, n) = _zero_draw(shape, seed=5)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(37))
     start = n - n % 16
     x[m, r, start : start + 16] = 0.0
