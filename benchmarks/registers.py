@@ -3,8 +3,8 @@
 Compiles each Triton kernel ahead of time for an H100/H200 (sm_90a) with the installed Triton and runs its bundled
 ptxas with -v, which prints registers per thread and spill bytes. It checks the register-budget rule of
 `ssmquant.kernels.plan_blocks` (NV + 1 states x 128 / (NV + 1) elements per thread) at 1, 2 and 6 variants, and the
-tiling one size up (twice the rows), which should spill. Triton and ptxas versions change the numbers; the GPU
-machine's may differ.
+tiling one size up (twice the rows), which should spill; and per-head SR (fp8_e4m3:head:sr, nvfp4:head:sr), a whole
+head per program, at its planned tiling. Triton and ptxas versions change the numbers; the GPU machine's may differ.
 
     python benchmarks/run.py registers [--kinds mamba2,gdn,kda] [--variants 1,2,6] [--update-results]
 """
@@ -35,20 +35,21 @@ def ptxas_counts(text: str) -> dict:
     return out
 
 
-def compile_and_count(kind: str, nv: int, block_p: int, num_warps: int, first: int = 0) -> dict:
-    """ptxas -v of `kind`'s kernel carrying nv of the six default variants from the first-th on at (block_p,
-    num_warps)."""
+def compile_and_count(kind: str, carried: list[str], block_p: int, num_warps: int) -> dict:
+    """ptxas -v of `kind`'s kernel carrying the variants `carried` (names) at (block_p, num_warps), their slot specs
+    as the launch builds them."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     from benchmarks.sass import DELTA_RULE_POINTERS, MAMBA2_POINTERS, NO_INITIAL_STATE, compile_ahead
-    from ssmquant.kernels.common import slot_spec
+    from ssmquant.kernels import variant_slot_spec
+    from ssmquant.kernels.common import register_cap
     from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel
     from ssmquant.kernels.mamba2 import _mamba2_emulate_kernel
-    from ssmquant.kernels.rounding import FMT_FP8, FMT_INT8, FMT_NVFP4
+    from ssmquant.replay import parse_variants
 
-    # the six default variants: fp8_e4m3, int8, nvfp4 x conventional (fp32 buffer code 0), replay16 (bf16 ring, 1)
-    specs = [slot_spec(f, 1, False, False, buf) for f in (FMT_FP8, FMT_INT8, FMT_NVFP4) for buf in (0, 1)]
-    specs = (specs[first : first + nv] + [0] * 6)[:6]
+    nv = len(carried)
+    specs = [variant_slot_spec(v, SHAPES[kind][0], block_p) for v in parse_variants(carried)]
+    specs = (specs + [0] * 6)[:6]
     if kind == "mamba2":
         fn, ptrs = _mamba2_emulate_kernel, MAMBA2_POINTERS
         const = dict(BLOCK_P=block_p, BLOCK_N=128, **NO_INITIAL_STATE, NV=nv, KMAJOR=True)
@@ -57,8 +58,11 @@ def compile_and_count(kind: str, nv: int, block_p: int, num_warps: int, first: i
         const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=kind == "kda", **NO_INITIAL_STATE, NV=nv, FAST_ROUND=True,
                      FP_FUSION=True, PREFETCH=False, ROW_BLOCKS_FIRST=False, KMAJOR=True)  # the grid order changes no register
     const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
-    # the launchers' options: both contract multiply-adds and keep subnormals (no ftz)
+    # the launchers' options: both contract multiply-adds and keep subnormals (no ftz); the delta-rule kernel's
+    # register cap
     options = {"num_warps": num_warps, "enable_fp_fusion": True, "enable_reflect_ftz": False}
+    if kind != "mamba2":
+        options["maxnreg"] = register_cap(num_warps)
     k = compile_ahead(fn, ptrs, const, options)
     with tempfile.TemporaryDirectory() as tmp:
         ptx = pathlib.Path(tmp) / "k.ptx"
@@ -92,22 +96,25 @@ def run(args) -> Result:
     counts = [int(n) for n in args.variants.split(",") if n]
     if not counts or any(not 1 <= n <= 6 for n in counts):
         sys.exit(f"--variants takes numbers 1..6, got {args.variants!r}")
-    # launches: (first of the six, how many); one variant alone also as nvfp4, whose write holds more live values
-    launches = [(0, nv) for nv in counts] + ([(SIX.index("nvfp4"), 1)] if 1 in counts else [])
+    # launches: the first nv of the six; one variant alone also as nvfp4, whose write holds more live values; and
+    # per-head SR, a whole head per program (the delta-rule kinds: 128 rows over 8 warps), at its planned tiling only
+    launches = [SIX[:nv] for nv in counts] + ([["nvfp4"]] if 1 in counts else [])
+    per_head = [["fp8_e4m3:head:sr"], ["nvfp4:head:sr"]] if 1 in counts else []
     rows = []
     for kind in kind_names:
         rows_dim, sdim = SHAPES[kind]
-        for first, nv in launches:
-            carried = SIX[first : first + nv]
+        for carried in launches + per_head:
             ((_, (block_p, warps)),) = plan_launches(parse_variants(carried), rows_dim, sdim, None, kind)
-            for bp, label in ((block_p, "planned"), (2 * block_p, "2x rows")):
-                row = {"kind": kind, "variants": carried[0] if nv == 1 else f"{nv} of the six", "BLOCK_P": bp,
-                       "warps": warps, "tiling": label, **compile_and_count(kind, nv, bp, warps, first)}  # fmt: skip
+            tilings = ((block_p, "planned"),) if carried in per_head else ((block_p, "planned"), (2 * block_p, "2x rows"))
+            for bp, label in tilings:
+                row = {"kind": kind, "variants": carried[0] if len(carried) == 1 else f"{len(carried)} of the six",
+                       "BLOCK_P": bp, "warps": warps, "tiling": label, **compile_and_count(kind, carried, bp, warps)}  # fmt: skip
                 rows.append(row)
                 print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     ptxas = get_ptxas(90)
-    body = (f"ptxas {ptxas.version} (Triton's) -v for sm_90a, per thread; the planned tilings should not spill, twice "
-            "the rows should.\n\n" + markdown_table(rows))  # fmt: skip
+    body = (f"ptxas {ptxas.version} (Triton's) -v for sm_90a, per thread; the planned tilings of per-row variants should "
+            "not spill, twice the rows should. Per-head SR holds a whole head per program and spills on the delta-rule "
+            "kinds (their register cap: `kernels.common.register_cap`).\n\n" + markdown_table(rows))  # fmt: skip
     quick = kind_names != list(SHAPES) or counts != [1, 2, 6]
     return Result({"registers": Section("Registers and spills at the planned tilings (sm_90a)", body)}, {"rows": rows},
                   measurement=not quick, hardware="No GPU: compiled offline for sm_90a")  # fmt: skip

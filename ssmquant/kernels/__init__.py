@@ -117,6 +117,19 @@ def plan_launches(
     return out
 
 
+def variant_slot_spec(variant: Variant, rows: int, block_p: int) -> int:
+    """`common.slot_spec` of an ideal variant in a launch of block_p rows per program on heads of `rows` rows (a
+    per-head scale group is the program's rows)."""
+    fmt = variant.format
+    return slot_spec(
+        FORMAT_CODES[fmt.encoding],
+        block_p if fmt.granularity.rows is None else group_rows_for_kernel(fmt, rows, block_p),
+        fmt.scale_mode is ScaleMode.STATIC,
+        fmt.rounding is Rounding.SR,
+        BUFFER_CODES[variant.scheme.buffer_dtype] if variant.scheme.rounds_buffer else 0,
+    )
+
+
 def _static_rows(variants: list[Variant], bsz: int, heads: int, rows: int, device) -> torch.Tensor | None:
     """The static variants' decode scales expanded to one per row, ones for the others: [NV, B, H, rows]
     fp32, or None when no variant is static."""
@@ -214,16 +227,7 @@ def emulate_triton_steps(
     for sub, (block_p, num_warps) in plan_launches([variants[i] for i in rest], rows, sdim, tiling, inputs.kind):
         idx = [rest[j] for j in sub]
         group = [variants[i] for i in idx]
-        specs = tuple(
-            slot_spec(
-                FORMAT_CODES[v.format.encoding],
-                block_p if v.format.granularity.rows is None else group_rows_for_kernel(v.format, rows, block_p),
-                v.format.scale_mode is ScaleMode.STATIC,
-                v.format.rounding is Rounding.SR,
-                BUFFER_CODES[v.scheme.buffer_dtype] if v.scheme.rounds_buffer else 0,
-            )
-            for v in group
-        )
+        specs = tuple(variant_slot_spec(v, rows, block_p) for v in group)
         write = torch.stack([write_mask_on(v.scheme, bsz, steps, dev)[0] for v in group])
         seeds = seeds_on(tuple(v.seed for v in group), dev)
         static = _static_rows(group, bsz, heads, rows, dev)

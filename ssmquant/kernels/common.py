@@ -17,6 +17,19 @@ from .rounding import fake_quant_tile, round_to_bf16, round_to_grid, stream_key
 # Variants carried by one launch. Six is the default variant list of `analyze` (fp8_e4m3, int8 and nvfp4
 # under conventional and replay16 decoding); the register budget (`plan_launches`) sets the tile.
 MAX_SLOTS = 6
+MAX_REGISTERS = 255  # per thread, sm_90
+
+
+def register_cap(num_warps: int) -> int | None:
+    """ptxas's register cap (.maxnreg) for a delta-rule launch of num_warps warps: the architecture's maximum for
+    several warps, none for one. Without it ptxas, told the block size (.reqntid) and facing more live values than
+    the register file holds, may trade registers for occupancy: the GDN kernel at the per-head tiling (BLOCK_P 128,
+    8 warps) with an SR slot got 32 registers per thread, a 3256 B stack frame and 11 KB of spill loads (Triton
+    3.6's ptxas 12.8, sm_90a); with the cap 255 registers and 3 KB. One-warp launches (the planned per-row tilings)
+    do not spill, and the cap moved their allocation (168 -> 189 registers for two Mamba-2 variants): left alone."""
+    return MAX_REGISTERS if num_warps > 1 else None
+
+
 # constexpr codes of a replay buffer's dtype (a scheme's buffer_dtype)
 BUFFER_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
 

@@ -43,7 +43,14 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from .. import kinds
-from .common import slot_initial_state, slot_round_buffer, slot_static_scale, slot_write, store_slot_metrics
+from .common import (
+    register_cap,
+    slot_initial_state,
+    slot_round_buffer,
+    slot_static_scale,
+    slot_write,
+    store_slot_metrics,
+)
 from .registry import FusedKernel, register
 from .rounding import INTERPRETING, group_reduce_max, tile_columns
 
@@ -450,6 +457,7 @@ def delta_rule_launch(
         num_warps=num_warps,
         enable_fp_fusion=fp_fusion,
         enable_reflect_ftz=False,  # libdevice's mul_rn (the write's product) keeps subnormals, as a plain multiply
+        maxnreg=register_cap(num_warps),
     )
     return metrics
 
