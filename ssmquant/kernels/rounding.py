@@ -408,7 +408,8 @@ def nvfp4_blocks(
     RNE rounds them by `rne_centered`, SR by `round_to_grid` with the element's draw. The reciprocals give exact
     quotients only within _S2_MIN.._S2_MAX; a tile where a row leaves that range (a row amax below about 10^-17 or
     above 10^30) takes the reference's divisions instead, and so does, with dynamic RNE scales, a tile with a block
-    quotient above 6.5 (`rne_centered` needs |v| < 7; SR and static scales clamp at 6 as the reference does). SR
+    quotient above 6.5 (`rne_centered` needs |v| < 7; SR and static scales clamp at 6 as the reference does), and
+    with static scales one with a block quotient above 2^126 (near FP32's overflow the fast quotient is NaN). SR
     also compares quotients far below the first grid step with its draw, where only whether a quotient is 0 counts
     (a draw of 0 rounds any nonzero one up): the fast quotient keeps that except beside FP32's underflow, so a tile
     with a nonzero element below d 2^-126 (a quotient in FP32's subnormal range) takes the reference's divisions too;
@@ -441,6 +442,11 @@ def nvfp4_blocks(
             # exact path, and the others need no clamp (`rne_centered` is exact for |v| < 7, rounds (6, 7) to 6);
             # SR clamps every quotient as the reference does
             bad = bad | (bamax * rd > 6.5)  # [NB, 1, BR] / [1, NB, BR]
+        if STATIC:
+            # a static scale far below the state can put a quotient beyond FP32's range: the reference's division
+            # gives inf, clamped to 6, where RN(x y) = inf makes the corrected quotient inf - inf = NaN; such blocks
+            # (RN(bamax rd) above 2^126, every quotient of the block within an ulp of it or below) divide
+            bad = bad | (bamax * rd > 2.0**126)
         take_exact = tl.max(tl.max(tl.max(bad.to(tl.int32), axis=0), axis=0), axis=0) != 0
     if SR:
         # SR rounds a quotient in (0, 2^-25) up to 0.5 exactly when its draw is 0, so there only whether it is 0

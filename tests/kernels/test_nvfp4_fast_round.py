@@ -280,6 +280,24 @@ def test_nvfp4_static_scale_below_the_state_is_bit_exact(kmajor):
         assert torch.equal(got, fmt.fake_quant(x.to(DEVICE), scale=scale.to(DEVICE))), exp
 
 
+@pytest.mark.parametrize("kmajor", [False, True])
+@pytest.mark.parametrize("spec", ["nvfp4:static", "nvfp4:static:sr"])
+def test_nvfp4_static_quotients_beyond_fp32_are_bit_exact(spec, kmajor):
+    """A static scale 2^-60 (inside the fast range) under elements up to 10^24: block scales saturate at 448 and
+    x / d reaches 2.6 x 10^39, beyond FP32 (the reference's division gives inf, clamped to 6). The fast quotient would
+    give NaN there (RN(x y) = inf, then inf - inf); such blocks divide. GPU only in effect: the interpreter divides."""
+    fmt = formats.parse(spec)
+    g = torch.Generator().manual_seed(41)
+    x = torch.randn((2, 8, 64), generator=g)
+    x[0, 3, 5] = -1e24
+    x[1, 6, 40] = 3e38
+    scale = torch.full((2, 8), 2.0**-60)
+    x, scale = x.to(DEVICE), scale.to(DEVICE)
+    want = fmt.fake_quant(x, scale=scale, seed=3)
+    assert float(want[0, 3, 5]) == -6 * 448 * 2.0**-60  # saturated, the sign kept
+    assert torch.equal(fake_quant_triton(fmt, x, scale=scale, seed=3, kmajor=kmajor), want)
+
+
 @pytest.mark.parametrize("spec", ["nvfp4", "nvfp4:sr", "nvfp4:head"])
 def test_nvfp4_rows_outside_the_fast_range_are_bit_exact(spec):
     """Rows whose amax puts s2 below 2^-68 or above 2^90 (the reference's divisions), beside ordinary rows."""
