@@ -253,11 +253,11 @@ def _nvfp4_tile(
     if STATIC:
         s2 = tl.reshape(static_scale, [1, 1, BR])
     elif GROUP == BR and HEAD_SCALAR:  # one scale group per tile (a whole head): s2 is one scalar, every lane's
-        s2 = _second_level_scale(tl.max(tl.max(tl.max(bamax, axis=0), axis=0), axis=0))
+        s2 = _second_level_scale(_tile_max(bamax))
     else:  # the row amax is the max of its blocks' (max is exact: the same bits as over the elements)
         amax = tl.max(bamax, axis=1 - BAXIS, keep_dims=True)  # [1, 1, BR]
         if GROUP == BR:  # the tile is one group: its amax splat to the rows, no reshape
-            amax = tl.broadcast_to(tl.max(tl.max(tl.max(amax, axis=0), axis=0), axis=0), [1, 1, BR])
+            amax = tl.broadcast_to(_tile_max(amax), [1, 1, BR])
         elif GROUP > 1:
             amax = tl.reshape(group_max(tl.reshape(amax, [BR]), BR, GROUP), [1, 1, BR])
         s2 = _second_level_scale(amax)
@@ -269,6 +269,13 @@ def _nvfp4_tile(
         blocks, bamax, s2, index, key, BN, BR, BAXIS, STATIC, SR, GROUP == BR and HEAD_SCALAR and not STATIC, exact_sr
     )
     return tl.reshape(q * d, [BN, BR])
+
+
+@triton.jit
+def _tile_max(x):
+    """The max of a block-view value (rank 3: blocks, per-block or per-row values) over all its axes, a scalar;
+    axis 0 first, which lies inside each thread in both block views."""
+    return tl.max(tl.max(tl.max(x, axis=0), axis=0), axis=0)
 
 
 @triton.jit
@@ -447,7 +454,7 @@ def nvfp4_blocks(
             # gives inf, clamped to 6, where RN(x y) = inf makes the corrected quotient inf - inf = NaN; such blocks
             # (RN(bamax rd) above 2^126, every quotient of the block within an ulp of it or below) divide
             bad = bad | (bamax * rd > 2.0**126)
-        take_exact = tl.max(tl.max(tl.max(bad.to(tl.int32), axis=0), axis=0), axis=0) != 0
+        take_exact = _tile_max(bad.to(tl.int32)) != 0
     if SR:
         # SR rounds a quotient in (0, 2^-25) up to 0.5 exactly when its draw is 0, so there only whether it is 0
         # counts, which the fast quotient keeps except near 2^-150, where RN(x / d) turns 0: a block with a nonzero
@@ -459,7 +466,7 @@ def nvfp4_blocks(
         lowest = tl.min(xb + xb - 1, axis=BAXIS, keep_dims=True)  # shaped like d
         tb = tl.maximum((d * 2.0**-126).to(tl.uint32, bitcast=True), 1)
         tiny = lowest < tb + tb - 1
-        take_exact = take_exact | (tl.max(tl.max(tl.max(tiny.to(tl.int32), axis=0), axis=0), axis=0) != 0)
+        take_exact = take_exact | (_tile_max(tiny.to(tl.int32)) != 0)
     # one flag per tile from per-block and per-row values (axis 0 first: inside each thread in both block views),
     # decided before any element is divided: each branch turns the blocks into q in place, where computing q first
     # and the exact path after kept both alive (64 more registers per thread at the Mamba-2 tiling: 247 against
