@@ -13,6 +13,7 @@ import torch
 
 from ssmquant import formats
 from ssmquant.kernels import MAX_SLOTS, emulate_triton, emulate_triton_steps, plan_launches
+from ssmquant.kernels.common import MAX_REGISTERS, REGISTER_FILE, REGISTER_GRANULE, register_cap
 from ssmquant.replay import Variant, parse_variant, parse_variants, reference_decode
 from ssmquant.simulate import triton_interpreting
 
@@ -140,3 +141,21 @@ def test_engine_variants_are_left_to_their_kernel_and_a_too_small_tiling_is_refu
     assert plan_launches(vs, 64, 128) == [([0], (16, 1))]
     with pytest.raises(ValueError, match="smaller than the scale group of int8:head"):
         plan_launches(parse_variants(["int8:head"]), 64, 128, tiling=(16, 1))
+
+
+def test_the_register_cap_of_every_planned_launch_fits_its_block_in_the_register_file():
+    # a cap above what the block can hold fails the launch (Triton: "out of resource: threads, Required: 512,
+    # Hardware limit: 256" at 16 warps capped at 255): each planned tiling, whole-head ones up to 16 warps included
+    plans = [t for rows in (64, 128) for nv in range(1, MAX_SLOTS + 1)
+             for _, t in plan_launches(parse_variants([f"fp8_e4m3:head@replay{2 ** i}" for i in range(nv)]), rows, 128)]
+    plans += [t for rows in (64, 128) for _, t in plan_launches(parse_variants(DEFAULTS), rows, 128)]
+    warps = sorted({w for _, w in plans} | {2, 4, 32})
+    assert 16 in warps and 1 in warps
+    for w in warps:
+        cap = register_cap(w)
+        if w == 1:
+            assert cap is None  # one warp: ptxas's own choice (the per-row tilings do not spill)
+            continue
+        assert cap % REGISTER_GRANULE == 0 or cap == MAX_REGISTERS
+        assert cap * 32 * w <= REGISTER_FILE and cap <= MAX_REGISTERS
+    assert register_cap(8) == 255 and register_cap(16) == 128 and register_cap(32) == 64

@@ -1,0 +1,86 @@
+"""A/B of the delta-rule launch's register cap (`ssmquant.kernels.common.register_cap`) on the GPU, in one process:
+each variant alone at its planned tiling, timed with the cap and without it (ptxas's own choice), the two
+alternating rep by rep so that clock and thermal drift fall on both.
+
+    python lab/gpu/register_cap_ab.py [--kinds gdn,kda] [--formats fp8_e4m3:head:sr,nvfp4:head:sr,fp8_e4m3:head]
+        [--steps 1024] [--batch 16] [--reps 5] [--out FILE.json]
+
+Prints, per kind and variant, G elem-steps/s median (slowest-fastest) with the cap and without, and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.emulation import drain, layer_inputs  # noqa: E402
+from ssmquant.kernels import delta_rule, emulate_triton_steps  # noqa: E402
+from ssmquant.kernels.common import register_cap  # noqa: E402
+from ssmquant.replay import parse_variant  # noqa: E402
+
+
+def timed(fn) -> float:
+    """Seconds of one run of fn() between CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kinds", default="gdn,kda")
+    ap.add_argument("--formats", default="fp8_e4m3:head:sr,nvfp4:head:sr,fp8_e4m3:head")
+    ap.add_argument("--steps", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=None, help="JSON of every run's rate")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("register_cap_ab times GPU launches: no CUDA device here")
+    caps = {"cap": register_cap, "no cap": lambda num_warps: None}
+    out = []
+    for kind in args.kinds.split(","):
+        inputs = layer_inputs(kind, args.batch, args.steps, "cuda")
+        elems = math.prod(inputs.state_shape) * args.steps
+        for fmt in args.formats.split(","):
+            variants = [parse_variant(fmt)]
+            rates = {name: [] for name in caps}
+
+            def run(inputs=inputs, variants=variants) -> None:
+                drain(emulate_triton_steps(inputs, variants))
+
+            for cap in caps.values():  # warm-up (and compile) each
+                delta_rule.register_cap = cap
+                run()
+            torch.cuda.synchronize()
+            for _ in range(args.reps):
+                for name, cap in caps.items():
+                    delta_rule.register_cap = cap
+                    rates[name].append(elems / timed(run) / 1e9)
+            delta_rule.register_cap = register_cap
+            med = {n: sorted(r)[len(r) // 2] for n, r in rates.items()}
+            print(
+                f"{kind} {fmt}: cap {med['cap']:.1f} G/s ({min(rates['cap']):.1f}-{max(rates['cap']):.1f}), "
+                f"no cap {med['no cap']:.1f} ({min(rates['no cap']):.1f}-{max(rates['no cap']):.1f}), "
+                f"cap / no cap {med['cap'] / med['no cap']:.2f}",
+                flush=True,
+            )
+            out.append({"kind": kind, "format": fmt, "rates": rates})
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                                      "runs": out}, indent=1))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
