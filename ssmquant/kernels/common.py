@@ -52,6 +52,13 @@ def slot_spec(fmt_code: int, group_rows: int, static: bool, sr: bool, buf_code: 
     return fmt_code | (int(sr) << 3) | (int(static) << 4) | (buf_code << 5) | (group_rows << 7)
 
 
+@triton.constexpr_function
+def slot_takes_reference_step(spec):
+    """Whether the slot of this spec (`slot_spec`) is format code 0 (fp32) with buffer code 0 (fp32), so that the
+    kernels give it the reference's step as its own (a compile-time bool)."""
+    return spec % 8 == 0 and (spec // 32) % 4 == 0
+
+
 @triton.jit
 def round_buffer(v, BUF: tl.constexpr):
     """Buffered inputs stored in the buffer dtype: 0 fp32 (as is), 1 bf16, 2 fp16 (RNE)."""

@@ -48,6 +48,7 @@ from .common import (
     slot_initial_state,
     slot_round_buffer,
     slot_static_scale,
+    slot_takes_reference_step,
     slot_write,
     store_slot_metrics,
 )
@@ -169,7 +170,7 @@ def _rank1(s, k, u, FP_FUSION: tl.constexpr):
 def _slot_update(s, s_ref, y_ref, alpha, kvec, qvec, v, beta, SPEC: tl.constexpr, FP_FUSION: tl.constexpr):
     """One variant's step: decay, the delta rule with its buffered k and u in its buffer dtype, output. An FP32 slot
     with FP32 buffers takes the reference's step (s_ref, y_ref, already advanced) as its own (`common.slot_spec`)."""
-    if SPEC % 8 == 0 and (SPEC // 32) % 4 == 0:  # format code 0 (fp32), buffer code 0 (fp32)
+    if slot_takes_reference_step(SPEC):
         return s_ref, y_ref
     kb = slot_round_buffer(kvec, SPEC)
     s = alpha * s

@@ -25,7 +25,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..kinds.mamba2 import mamba2_decays
-from .common import slot_initial_state, slot_round_buffer, slot_static_scale
+from .common import slot_initial_state, slot_round_buffer, slot_static_scale, slot_takes_reference_step
 from .registry import FusedKernel, register
 from .rounding import INTERPRETING, fake_quant_tile, stream_key, tile_columns
 
@@ -101,7 +101,7 @@ def _slot_write(
 def _slot_update(s, s_ref, y_ref, a, dt, x, bvec, cvec, d, SPEC: tl.constexpr):
     """One variant's step: the buffered inputs in its buffer dtype, then the update and the output. An FP32 slot
     with FP32 buffers takes the reference's step (s_ref, y_ref, already advanced) as its own (`common.slot_spec`)."""
-    if SPEC % 8 == 0 and (SPEC // 32) % 4 == 0:  # format code 0 (fp32), buffer code 0 (fp32)
+    if slot_takes_reference_step(SPEC):
         return s_ref, y_ref
     xb = slot_round_buffer(x, SPEC)
     bb = slot_round_buffer(bvec, SPEC)
