@@ -114,6 +114,16 @@ def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FM
 
 
 @triton.jit
+def _per_step(x, t):
+    """x through a move that depends on the time step t (the same values): values computed from it are computed in
+    each step, where LLVM would hoist loop invariants out of the time loop and hold them in registers throughout."""
+    if INTERPRETING:
+        return x
+    else:
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [x, t], dtype=x.dtype, is_pure=True, pack=1)
+
+
+@triton.jit
 def _slot_write(
     s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, flag, BN: tl.constexpr, BR: tl.constexpr,
     SPEC: tl.constexpr, FAST_ROUND: tl.constexpr, KMAJOR: tl.constexpr
@@ -282,7 +292,8 @@ def _delta_rule_emulate_kernel(
     v5 = slot_initial_state(sv0_ptr, 5, sv0_stride, state_offs, tile_ok, s_ref, NV, HAS_SV0)
     # stochastic rounding counts elements over the whole batch, so that a launch on a batch slice draws
     # the same bits as the torch reference does for those sequences
-    sr_index = state_offs + (batch_offset * HV).to(tl.int64) * DV * DK
+    sr_base = (((head_base + pid_p * BLOCK_P) * DK + (batch_offset * HV).to(tl.int64) * DV * DK).to(tl.uint32)
+               + (tl.arange(0, BLOCK_P) * DK).to(tl.uint32))
     BT = B * T  # one slot's write mask [B, T]
     rows_stride = B * HV * DV  # one slot's static scales [B, Hv, Dv]
     c0 = slot_static_scale(scale_ptr, 0, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC0)
@@ -302,16 +313,18 @@ def _delta_rule_emulate_kernel(
         )
     for t in range(T):
         bt = b64 * T + t
+        cols_t = _per_step(cols, t)
+        sr_index = sr_base[None, :] + cols_t.to(tl.uint32)[:, None]
         if PREFETCH:
             kvec, qvec, v, alpha, beta, w0, w1, w2, w3, w4, w5 = nk, nq, nvec, na, nb, nw0, nw1, nw2, nw3, nw4, nw5
             nk, nq, nvec, na, nb, nw0, nw1, nw2, nw3, nw4, nw5 = _step_inputs(
                 q_ptr, k_ptr, v_ptr, alpha_ptr, beta_ptr, write_ptr, b64 * T + tl.minimum(t + 1, T - 1), BT, HV,
-                HK, h, hk, DV, DK, rows, cols, row_ok, col_ok, VEC_DECAY, NV
+                HK, h, hk, DV, DK, rows, cols_t, row_ok, col_ok, VEC_DECAY, NV
             )
         else:
             kvec, qvec, v, alpha, beta, w0, w1, w2, w3, w4, w5 = _step_inputs(
                 q_ptr, k_ptr, v_ptr, alpha_ptr, beta_ptr, write_ptr, bt, BT, HV, HK, h, hk, DV, DK, rows,
-                cols, row_ok, col_ok, VEC_DECAY, NV
+                cols_t, row_ok, col_ok, VEC_DECAY, NV
             )
         s_ref = alpha * s_ref
         u = beta * (v - tl.sum(s_ref * kvec[:, None], axis=0))
