@@ -43,7 +43,7 @@ def compile_and_count(kind: str, carried: list[str], block_p: int, num_warps: in
     from benchmarks.sass import DELTA_RULE_POINTERS, MAMBA2_POINTERS, NO_INITIAL_STATE, compile_ahead
     from ssmquant.kernels import variant_slot_spec
     from ssmquant.kernels.common import register_cap
-    from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel
+    from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel, per_step_offsets
     from ssmquant.kernels.mamba2 import _mamba2_emulate_kernel
     from ssmquant.replay import parse_variants
 
@@ -56,7 +56,8 @@ def compile_and_count(kind: str, carried: list[str], block_p: int, num_warps: in
     else:
         fn, ptrs = _delta_rule_emulate_kernel, DELTA_RULE_POINTERS
         const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=kind == "kda", **NO_INITIAL_STATE, NV=nv, FAST_ROUND=True,
-                     FP_FUSION=True, PREFETCH=False, ROW_BLOCKS_FIRST=False, KMAJOR=True)  # the grid order changes no register
+                     FP_FUSION=True, PREFETCH=False, ROW_BLOCKS_FIRST=False, KMAJOR=True,
+                     PER_STEP_OFFSETS=per_step_offsets(num_warps))  # the grid order changes no register
     const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
     # the launchers' options: both contract multiply-adds and keep subnormals (no ftz); the delta-rule kernel's
     # register cap

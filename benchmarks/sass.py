@@ -224,12 +224,12 @@ def kda_sass(
     """The KDA kernel (GDN's without vec_decay: one decay per head), one conventional slot of format code fmt at
     BLOCK_P 16 (sr: rounding stochastically), as delta_rule_launch builds it."""
     from ssmquant.kernels.common import slot_spec
-    from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel
+    from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel, per_step_offsets
 
     specs = [slot_spec(fmt, 1, False, sr, 0)] + [0] * 5  # per-row scales, the default granularity
     const = dict(BLOCK_P=16, BLOCK_N=128, VEC_DECAY=vec_decay, **NO_INITIAL_STATE, FAST_ROUND=fast_round,
                  FP_FUSION=fp_fusion,
-                 PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, KMAJOR=True, NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})  # fmt: skip
+                 PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, KMAJOR=True, PER_STEP_OFFSETS=per_step_offsets(1), NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})  # fmt: skip
     opts = {"num_warps": 1, "enable_fp_fusion": fp_fusion, "enable_reflect_ftz": False}
     return sass_of(_delta_rule_emulate_kernel, DELTA_RULE_POINTERS, const, opts)
 

@@ -113,6 +113,14 @@ def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FM
     return ((x + m) - m) * dec[None, :]
 
 
+def per_step_offsets(num_warps: int) -> bool:
+    """Whether a launch of num_warps warps computes its input and SR offsets per step (`_per_step`): the several-warp
+    launches, whose whole-head tiles (128 rows x 8 warps: the reference's and a slot's states are 128 of the 255
+    registers per thread) spilled the state tiles every step while the hoisted offsets stayed in registers; the
+    one-warp per-row tilings fit, where the per-step offsets add an instruction or two per element-step."""
+    return num_warps > 1
+
+
 @triton.jit
 def _per_step(x, t):
     """x through a move that depends on the time step t (the same values): values computed from it are computed in
@@ -248,6 +256,7 @@ def _delta_rule_emulate_kernel(
     PREFETCH: tl.constexpr,
     ROW_BLOCKS_FIRST: tl.constexpr,
     KMAJOR: tl.constexpr,
+    PER_STEP_OFFSETS: tl.constexpr,
     NV: tl.constexpr,
     SPEC0: tl.constexpr,
     SPEC1: tl.constexpr,
@@ -313,7 +322,10 @@ def _delta_rule_emulate_kernel(
         )
     for t in range(T):
         bt = b64 * T + t
-        cols_t = _per_step(cols, t)
+        if PER_STEP_OFFSETS:
+            cols_t = _per_step(cols, t)
+        else:
+            cols_t = cols
         sr_index = sr_base[None, :] + cols_t.to(tl.uint32)[:, None]
         if PREFETCH:
             kvec, qvec, v, alpha, beta, w0, w1, w2, w3, w4, w5 = nk, nq, nvec, na, nb, nw0, nw1, nw2, nw3, nw4, nw5
@@ -450,7 +462,7 @@ def delta_rule_launch(
         dv,
         dk,
         hv // hk,
-            batch_offset,
+        batch_offset,
         BLOCK_P=block_p,
         BLOCK_N=block_n,
         VEC_DECAY=alpha.dim() == 4,
@@ -461,6 +473,7 @@ def delta_rule_launch(
         PREFETCH=prefetch and steps > 0,  # no step 0 to load ahead of the loop otherwise
         ROW_BLOCKS_FIRST=row_blocks_first,
         KMAJOR=block_n % 16 == 0,  # whole nvfp4 blocks per lane (see the kernel)
+        PER_STEP_OFFSETS=per_step_offsets(num_warps),
         NV=nv,
         SPEC0=padded[0],
         SPEC1=padded[1],
