@@ -57,7 +57,7 @@ def compile_and_count(kind: str, carried: list[str], block_p: int, num_warps: in
         fn, ptrs = _delta_rule_emulate_kernel, DELTA_RULE_POINTERS
         const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=kind == "kda", **NO_INITIAL_STATE, NV=nv, FAST_ROUND=True,
                      FP_FUSION=True, PREFETCH=False, ROW_BLOCKS_FIRST=False, KMAJOR=True,
-                     PER_STEP_OFFSETS=per_step_offsets(num_warps))  # the grid order changes no register
+                     PER_STEP_OFFSETS=per_step_offsets(num_warps, tuple(specs[:nv])))  # the grid order changes no register
     const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
     # the launchers' options: both contract multiply-adds and keep subnormals (no ftz); the delta-rule kernel's
     # register cap

@@ -229,7 +229,7 @@ def kda_sass(
     specs = [slot_spec(fmt, 1, False, sr, 0)] + [0] * 5  # per-row scales, the default granularity
     const = dict(BLOCK_P=16, BLOCK_N=128, VEC_DECAY=vec_decay, **NO_INITIAL_STATE, FAST_ROUND=fast_round,
                  FP_FUSION=fp_fusion,
-                 PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, KMAJOR=True, PER_STEP_OFFSETS=per_step_offsets(1), NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})  # fmt: skip
+                 PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, KMAJOR=True, PER_STEP_OFFSETS=per_step_offsets(1, tuple(specs[:1])), NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})  # fmt: skip
     opts = {"num_warps": 1, "enable_fp_fusion": fp_fusion, "enable_reflect_ftz": False}
     return sass_of(_delta_rule_emulate_kernel, DELTA_RULE_POINTERS, const, opts)
 

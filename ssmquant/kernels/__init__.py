@@ -88,8 +88,8 @@ def plan_launches(
     """Group the ideal (non-engine) variants into launches: [(variant indices, (BLOCK_P, num_warps))].
 
     Variants whose scale groups need the same rows per program (at the smallest tile of a full launch)
-    share launches of at most MAX_SLOTS, in their given order; a group needing more rows than the register
-    budget leaves to _MAX_WARPS warps carries fewer variants. tiling: one (BLOCK_P, num_warps) for every
+    share launches of at most MAX_SLOTS, in their given order; variants needing several warps even alone (a whole
+    head per program) launch one at a time. tiling: one (BLOCK_P, num_warps) for every
     launch (benchmark sweeps and tests), which must hold every variant's scale group. kind: the layer kind
     (an engine profile whose arithmetic on it is the ideal one, `profiles.arithmetic`, launches here too).
     """
@@ -111,6 +111,12 @@ def plan_launches(
         size = MAX_SLOTS
         while size > 1 and min(need, triton.next_power_of_2(rows)) > _MAX_WARPS * _rows_per_warp(size, state_dim):
             size -= 1
+        if plan_blocks([variants[idx[0]]], rows, state_dim)[1] > 1:
+            # several warps even alone (a whole head per program): shared launches of such variants ran slower than
+            # their separate launches (H200, the per-head fp8_e4m3 / nvfp4 x RNE / SR x two schemes: 2.5x the
+            # time on Mamba-2, 1.7x on GDN and KDA; lab/gpu/whole_head_sharing.py), the reference's saving lost to
+            # the registers of the extra states
+            size = 1
         for j in range(0, len(idx), size):
             chunk = idx[j : j + size]
             out.append((chunk, plan_blocks([variants[i] for i in chunk], rows, state_dim)))

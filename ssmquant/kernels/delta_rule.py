@@ -53,7 +53,7 @@ from .common import (
     store_slot_metrics,
 )
 from .registry import FusedKernel, register
-from .rounding import INTERPRETING, group_reduce_max, tile_columns
+from .rounding import FMT_NVFP4, INTERPRETING, group_reduce_max, tile_columns
 
 _E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
 _E4M3_MAGIC_SCALE = tl.constexpr(1.5 * 2.0**20)  # 1.5 * 2^(e + 20) has an FP32 ulp of 2^(e - 3), E4M3's spacing
@@ -113,12 +113,16 @@ def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FM
     return ((x + m) - m) * dec[None, :]
 
 
-def per_step_offsets(num_warps: int) -> bool:
-    """Whether a launch of num_warps warps computes its input and SR offsets per step (`_per_step`): the several-warp
-    launches, whose whole-head tiles (128 rows x 8 warps: the reference's and a slot's states are 128 of the 255
-    registers per thread) spilled the state tiles every step while the hoisted offsets stayed in registers; the
-    one-warp per-row tilings fit, where the per-step offsets add an instruction or two per element-step."""
-    return num_warps > 1
+def per_step_offsets(num_warps: int, specs: tuple[int, ...]) -> bool:
+    """Whether a launch of num_warps warps carrying slots `specs` (`common.slot_spec`) computes its input and SR
+    offsets per step (`_per_step`) instead of letting LLVM hoist them out of the time loop. The several-warp launches
+    do: at their whole-head tiles (128 rows x 8 warps, the reference's and a slot's states 128 of the 255 registers per
+    thread) ptxas spilled the state tiles every step while the hoisted offsets stayed in registers (GDN per-head SR 53
+    against 245 G elem-steps/s on an H200). So do one-warp launches whose every slot is nvfp4, whose write holds more
+    live values (H200, one variant per launch, per-step against hoisted: GDN nvfp4:sr 300 against 282 G/s, KDA 306
+    against 296, nvfp4 RNE 756 / 744 and 1044 / 1043), while the other one-warp launches hoist (fp8_e4m3 867 against
+    823 and fp8_e4m3:sr 322 / 321 on GDN, 1232 / 1236 and 333 / 322 on KDA; `lab/gpu/launch_option_ab.py`)."""
+    return num_warps > 1 or all(spec % 8 == FMT_NVFP4 for spec in specs)
 
 
 @triton.jit
@@ -473,7 +477,7 @@ def delta_rule_launch(
         PREFETCH=prefetch and steps > 0,  # no step 0 to load ahead of the loop otherwise
         ROW_BLOCKS_FIRST=row_blocks_first,
         KMAJOR=block_n % 16 == 0,  # whole nvfp4 blocks per lane (see the kernel)
-        PER_STEP_OFFSETS=per_step_offsets(num_warps),
+        PER_STEP_OFFSETS=per_step_offsets(num_warps, specs),
         NV=nv,
         SPEC0=padded[0],
         SPEC1=padded[1],
