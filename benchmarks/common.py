@@ -77,15 +77,19 @@ def cuda_times(fn, reps: int) -> Timing:
             times.append(time.perf_counter() - t0)
         return Timing(sorted(times))
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return Timing(sorted(times))
+    return Timing(sorted(cuda_seconds(fn) for _ in range(reps)))
+
+
+def cuda_seconds(fn) -> float:
+    """Seconds of one run of fn() between CUDA events (no warm-up: for A/B runs that alternate their arms)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3
 
 
 def fmt_cell(v) -> str:

@@ -23,6 +23,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import cuda_seconds  # noqa: E402
 from benchmarks.emulation import drain, layer_inputs  # noqa: E402
 from ssmquant.kernels import delta_rule, emulate_triton_steps  # noqa: E402
 from ssmquant.kernels.common import register_cap  # noqa: E402
@@ -35,16 +36,6 @@ OPTIONS = {
     "per_step_offsets": (_shipped_offsets, lambda num_warps, specs: not _shipped_offsets(num_warps, specs)),
 }
 from ssmquant.replay import parse_variant  # noqa: E402
-
-
-def timed(fn) -> float:
-    """Seconds of one run of fn() between CUDA events."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3
 
 
 def main() -> None:
@@ -79,7 +70,7 @@ def main() -> None:
             for _ in range(args.reps):
                 for name, rule in rules.items():
                     setattr(delta_rule, args.option, rule)
-                    rates[name].append(elems / timed(run) / 1e9)
+                    rates[name].append(elems / cuda_seconds(run) / 1e9)
             setattr(delta_rule, args.option, shipped)
             med = {n: sorted(r)[len(r) // 2] for n, r in rates.items()}
             print(

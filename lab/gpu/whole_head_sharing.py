@@ -21,21 +21,12 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import cuda_seconds  # noqa: E402
 from benchmarks.emulation import drain, layer_inputs  # noqa: E402
 from ssmquant.kernels import emulate_triton_steps, plan_launches  # noqa: E402
 from ssmquant.replay import parse_variant  # noqa: E402
 
 HEAD_FORMATS = "fp8_e4m3:head,nvfp4:head,fp8_e4m3:head:sr,nvfp4:head:sr"
-
-
-def timed(fn) -> float:
-    """Seconds of one run of fn() between CUDA events."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3
 
 
 def main() -> None:
@@ -65,8 +56,8 @@ def main() -> None:
         shared(), separate()
         t = {"shared": [], "separate": []}
         for _ in range(args.reps):
-            t["shared"].append(timed(shared))
-            t["separate"].append(timed(separate))
+            t["shared"].append(cuda_seconds(shared))
+            t["separate"].append(cuda_seconds(separate))
         med = {k: statistics.median(v) for k, v in t.items()}
         print(
             f"{kind}: planned {[(len(i), tiling) for i, tiling in plan]}: shared {med['shared'] * 1e3:.1f} ms "
