@@ -12,14 +12,16 @@
   warp, for each arithmetic path of `delta_rule_launch`: the default (fast_round and fp_fusion on), the default with
   the next step's loads ahead (prefetch) and the previous default (both off); GDN at Qwen3.5-9B's head (Dk = Dv =
   128, one decay per head), the same launch, default path. Mamba-2, GDN and KDA also count fp8_e4m3 and nvfp4 with
-  stochastic rounding (:sr; the delta-rule kernel: default path).
+  stochastic rounding (:sr; the delta-rule kernel: default path), and both with per-head scales, RNE and SR, at the
+  whole-head tilings `plan_launches` picks (Mamba-2 64 rows over 4 warps, GDN / KDA 128 over 8: 64 elements of a
+  state per thread), with the launch's register cap and per-step offsets.
 - The KDA CUDA kernel (`ssmquant/kernels/kda_cuda.py`): compiled for sm_90 by NVRTC (the nvidia-cuda-nvrtc wheel,
   a dev dependency), disassembled with Triton's nvdisasm; the time loop is the longest backward branch, walked
   along its common path (`nvdisasm_loop`): the division slow paths (not taken for normal operands) and NVFP4's
   exact-division fallback (a branch on a warp vote, taken only for states far outside the usual range) are not
   counted. Conventional (every step writes, no write-mask branch), fp32 q / k, bf16 v; fp8_e4m3, int8 and nvfp4.
 
-Per element-step = per step / the elements of one state a thread holds (BLOCK_P x 128 / 32 lanes per warp; the
+Per element-step = per step / the elements of one state a thread holds (BLOCK_P x 128 / (32 lanes x warps); the
 CUDA kernel: 64). A static count of one thread's work, not a timing; the GPU machine's Triton may compile other code.
 
     python benchmarks/run.py sass [--parts mamba2,gdn,kda,kda-cuda] [--quick] [--update-results]
@@ -59,19 +61,26 @@ def write_branches(ins: list[tuple[int, str]], head: int, end: int) -> set[int]:
     """Indices of the branches on a write mask: a byte loaded by LDG.E.U8 (in the loop, or a step ahead and carried
     into it through PRMT / MOV copies, as the KDA kernel's PREFETCH does) is tested by the first ISETP or LOP3 in
     the loop after its load that reads it (or a copy) and sets a predicate; the next branch on that predicate skips
-    the slot's write."""
-    copies: dict[str, str] = {}  # register -> the byte register it copies (PRMT dst, src, 0x7610 / MOV dst, src)
+    the slot's write. Copies: PRMT dst, src, 0x7610, MOV dst, src, and a spill (STL to a stack slot, LDL back), of
+    copies too (the whole-head tilings spill the byte)."""
+    copies: dict[str, set[str]] = collections.defaultdict(set)  # register -> the registers it may copy
+    spilled: dict[str, set[str]] = collections.defaultdict(set)  # stack slot -> the registers stored there
     for _, t in ins:
-        m = re.match(r"(?:PRMT (R\d+), (R\d+), 0x7610|MOV (R\d+), (R\d+)\b)", t)
-        if m:
+        if m := re.match(r"STL(?:\.\w+)* \[(R1(?:\+0x[0-9a-f]+)?)\], (R\d+)", t):
+            spilled[m.group(1)].add(m.group(2))
+    for _, t in ins:
+        if m := re.match(r"(?:PRMT (R\d+), (R\d+), 0x7610|MOV (R\d+), (R\d+)\b)", t):
             dst, src = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-            copies.setdefault(dst, src)
+            copies[dst].add(src)
+        elif m := re.match(r"LDL(?:\.\w+)* (R\d+), \[(R1(?:\+0x[0-9a-f]+)?)\]", t):
+            copies[m.group(1)] |= spilled[m.group(2)]
     out = set()
     for j, (_, t) in enumerate(ins):
         if "LDG.E.U8" not in t:
             continue
         regs = {t.split("LDG.E.U8")[1].split(",")[0].strip()}
-        regs |= {dst for dst, src in copies.items() if src in regs}
+        while grown := {dst for dst, srcs in copies.items() if srcs & regs} - regs:  # copies of copies
+            regs |= grown
         for k in list(range(max(j + 1, head), end)) + (list(range(head, j)) if head <= j < end else []):
             m = re.match(r"(?:ISETP\S*|LOP3\.LUT) (P\d), (?:PT|RZ), (R\d+)\b", ins[k][1])
             if m and m.group(2) in regs:
@@ -204,33 +213,44 @@ def sass_of(fn, ptrs: dict, const: dict, options: dict) -> list[tuple[int, str]]
     return parse_cuobjdump(out.stdout)
 
 
-def mamba2_sass(slots: list[tuple[int, int]], block_p: int, sr: bool = False) -> list[tuple[int, str]]:
-    """The Mamba-2 kernel for slots [(format code, buffer code)] at BLOCK_P rows, one warp, as mamba2_launch builds it
-    (sr: every slot rounds stochastically)."""
+def mamba2_sass(
+    slots: list[tuple[int, int]], block_p: int, sr: bool = False, num_warps: int = 1, group: int = 1
+) -> list[tuple[int, str]]:
+    """The Mamba-2 kernel for slots [(format code, buffer code)] at BLOCK_P rows over num_warps warps, as mamba2_launch
+    builds it (sr: every slot rounds stochastically; group: rows per scale, 1 per row, BLOCK_P per head)."""
     from ssmquant.kernels.common import slot_spec
     from ssmquant.kernels.mamba2 import _mamba2_emulate_kernel
 
-    # one scale per row (GROUP 1), the formats' default granularity and what the emulation benchmark times
-    specs = ([slot_spec(f, 1, False, sr, buf) for f, buf in slots] + [0] * 6)[:6]
+    specs = ([slot_spec(f, group, False, sr, buf) for f, buf in slots] + [0] * 6)[:6]
     const = dict(BLOCK_P=block_p, BLOCK_N=128, **NO_INITIAL_STATE, NV=len(slots), KMAJOR=True)  # as mamba2_launch
     const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
-    opts = {"num_warps": 1, "enable_fp_fusion": True, "enable_reflect_ftz": False}  # as mamba2_launch
+    opts = {"num_warps": num_warps, "enable_fp_fusion": True, "enable_reflect_ftz": False}  # as mamba2_launch
     return sass_of(_mamba2_emulate_kernel, MAMBA2_POINTERS, const, opts)
 
 
 def kda_sass(
-    fmt: int, fast_round: bool, fp_fusion: bool, prefetch: bool, vec_decay: bool = True, sr: bool = False
+    fmt: int,
+    fast_round: bool,
+    fp_fusion: bool,
+    prefetch: bool,
+    vec_decay: bool = True,
+    sr: bool = False,
+    block_p: int = 16,
+    num_warps: int = 1,
+    group: int = 1,
 ) -> list[tuple[int, str]]:
     """The KDA kernel (GDN's without vec_decay: one decay per head), one conventional slot of format code fmt at
-    BLOCK_P 16 (sr: rounding stochastically), as delta_rule_launch builds it."""
-    from ssmquant.kernels.common import slot_spec
+    BLOCK_P rows over num_warps warps (sr: rounding stochastically; group: rows per scale, 1 per row, BLOCK_P per
+    head), as delta_rule_launch builds it."""
+    from ssmquant.kernels.common import register_cap, slot_spec
     from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel, per_step_offsets
 
-    specs = [slot_spec(fmt, 1, False, sr, 0)] + [0] * 5  # per-row scales, the default granularity
-    const = dict(BLOCK_P=16, BLOCK_N=128, VEC_DECAY=vec_decay, **NO_INITIAL_STATE, FAST_ROUND=fast_round,
+    specs = [slot_spec(fmt, group, False, sr, 0)] + [0] * 5
+    const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=vec_decay, **NO_INITIAL_STATE, FAST_ROUND=fast_round,
                  FP_FUSION=fp_fusion,
-                 PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, KMAJOR=True, PER_STEP_OFFSETS=per_step_offsets(1, tuple(specs[:1])), NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})  # fmt: skip
-    opts = {"num_warps": 1, "enable_fp_fusion": fp_fusion, "enable_reflect_ftz": False}
+                 PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, KMAJOR=True, PER_STEP_OFFSETS=per_step_offsets(num_warps, tuple(specs[:1])), NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})  # fmt: skip
+    opts = {"num_warps": num_warps, "enable_fp_fusion": fp_fusion, "enable_reflect_ftz": False,
+            "maxnreg": register_cap(num_warps)}  # fmt: skip
     return sass_of(_delta_rule_emulate_kernel, DELTA_RULE_POINTERS, const, opts)
 
 
@@ -253,6 +273,19 @@ def kda_cuda_nvdisasm(fmt: int) -> str:
 
 
 # -- the benchmark --------------------------------------------------------------------------------------------------
+def delta_rule_per_head(kind: str, formats: dict, raw: dict) -> str:
+    """The delta-rule kernel's per-head rows of `kind` (formats: name -> (format code, SR)) at the planned whole-head
+    tiling (128 rows, 8 warps, 64 elements of a state per thread), kept in raw; the table's paragraph."""
+    rows = []
+    for name, (code, sr) in formats.items():
+        sass = kda_sass(code, True, True, False, vec_decay=kind == "kda", sr=sr, block_p=128, num_warps=8, group=128)
+        rows.append(count_row(step_path(sass, [True]), 128 * 128 // (32 * 8), format=name, BLOCK_P=128, warps=8))
+        print(f"{kind} {name}: {rows[-1]['per element-step']} per element-step", flush=True)
+    raw[f"{kind} per head"] = rows
+    return (f"{kind.upper()}, per-head scales (a whole head per program, 8 warps, 64 elements of a state per thread; "
+            "LDL / STL: the spills):\n\n" + markdown_table(rows))  # fmt: skip
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated among {', '.join(PARTS)}")
     ap.add_argument("--quick", action="store_true", help="fp8_e4m3 alone, default path (a check of the script)")
@@ -269,6 +302,9 @@ def run(args) -> Result:
     from ssmquant.kernels.rounding import FMT_FP8, FMT_INT8, FMT_NVFP4
 
     raw, body, notes = {}, [], []
+    # per-head scales (one per head; the whole head in one program, over several warps: `plan_launches`), RNE and SR
+    per_head = {"fp8_e4m3:head": (FMT_FP8, False), "nvfp4:head": (FMT_NVFP4, False),
+                "fp8_e4m3:head:sr": (FMT_FP8, True), "nvfp4:head:sr": (FMT_NVFP4, True)}  # fmt: skip
     if "mamba2" in parts:
         cases = {
             "fp8_e4m3": ([(FMT_FP8, 0)], 16, False),
@@ -289,6 +325,15 @@ def run(args) -> Result:
                     "the six-variant launch holds 16 elements of each of its 7 states per thread; :sr the stochastic "
                     "rounding path, the division's slow path not counted):\n\n"
                     + markdown_table(rows))  # fmt: skip
+        if not args.quick:
+            rows = []
+            for name, (code, sr) in per_head.items():
+                count = step_path(mamba2_sass([(code, 0)], 64, sr, num_warps=4, group=64), [True])
+                rows.append(count_row(count, 64 * 128 // (32 * 4), format=name, BLOCK_P=64, warps=4))
+                print(f"mamba2 {name}: {rows[-1]['per element-step']} per element-step", flush=True)
+            raw["mamba2 per head"] = rows
+            body.append("Mamba-2, per-head scales (a whole head per program, 4 warps, 64 elements of a state per "
+                        "thread):\n\n" + markdown_table(rows))  # fmt: skip
     # (format code, SR) of the delta-rule rows: RNE for every format, SR for fp8_e4m3 and nvfp4
     delta_rule_formats = {"fp8_e4m3": (FMT_FP8, False), "int8": (FMT_INT8, False), "nvfp4": (FMT_NVFP4, False),
                           "fp8_e4m3:sr": (FMT_FP8, True), "nvfp4:sr": (FMT_NVFP4, True)}  # fmt: skip
@@ -303,6 +348,8 @@ def run(args) -> Result:
         body.append("GDN Triton kernel (Dk = Dv = 128, one decay per head, BLOCK_P 16, one warp, conventional; :sr "
                     "the stochastic rounding path, the division's slow path not counted):\n\n"
                     + markdown_table(rows))  # fmt: skip
+        if not args.quick:
+            body.append(delta_rule_per_head("gdn", per_head, raw))
     if "kda" in parts:
         formats = delta_rule_formats
         paths = {"default": (True, True, False), "default + prefetch": (True, True, True),
@@ -320,6 +367,8 @@ def run(args) -> Result:
         raw["kda"] = rows
         body.append("KDA Triton kernel (Dk = Dv = 128, BLOCK_P 16, one warp, conventional; :sr the stochastic rounding "
                     "path, the division's slow path not counted):\n\n" + markdown_table(rows))
+        if not args.quick:
+            body.append(delta_rule_per_head("kda", per_head, raw))
     if "kda-cuda" in parts:
         from tests.kernels.nvrtc_offline import nvrtc_library
 
