@@ -7,7 +7,9 @@ that clock and thermal drift fall on both.
     python lab/gpu/launch_option_ab.py --option register_cap|per_step_offsets [--kinds gdn,kda]
         [--formats fp8_e4m3:head:sr,nvfp4:head:sr,fp8_e4m3:head] [--steps 1024] [--batch 16] [--reps 5] [--out FILE.json]
 
-Prints, per kind and variant, G elem-steps/s median (slowest-fastest) on and off, and their ratio.
+Prints, per kind and variant, G elem-steps/s median (slowest-fastest) on and off, and their ratio. Both rules are
+the delta-rule Triton kernel's (GDN, KDA), so the KDA CUDA kernel is turned off here (SSMQUANT_KDA_CUDA=0): it would
+take KDA's per-row RNE variants, and both arms would time the same code.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import pathlib
 import sys
 
@@ -48,6 +51,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=None, help="JSON of every run's rate")
     args = ap.parse_args()
+    if set(args.kinds.split(",")) - {"gdn", "kda"}:
+        sys.exit(f"--kinds takes gdn and / or kda (the delta-rule kernel's rules), got {args.kinds!r}")
+    os.environ["SSMQUANT_KDA_CUDA"] = "0"  # every variant in the Triton kernel, whose rules are compared
     if not torch.cuda.is_available():
         sys.exit("launch_option_ab times GPU launches: no CUDA device here")
     shipped, alternative = OPTIONS[args.option]

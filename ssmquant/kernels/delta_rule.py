@@ -119,9 +119,10 @@ def per_step_offsets(num_warps: int, specs: tuple[int, ...]) -> bool:
     do: at their whole-head tiles (128 rows x 8 warps, the reference's and a slot's states 128 of the 255 registers per
     thread) ptxas spilled the state tiles every step while the hoisted offsets stayed in registers (GDN per-head SR 53
     against 245 G elem-steps/s on an H200). So do one-warp launches whose every slot is nvfp4, whose write holds more
-    live values (H200, one variant per launch, per-step against hoisted: GDN nvfp4:sr 300 against 282 G/s, KDA 306
-    against 296, nvfp4 RNE 756 / 744 and 1044 / 1043), while the other one-warp launches hoist (fp8_e4m3 867 against
-    823 and fp8_e4m3:sr 322 / 321 on GDN, 1232 / 1236 and 333 / 322 on KDA; `lab/gpu/launch_option_ab.py`)."""
+    live values (H200, one variant per launch, per-step against hoisted: nvfp4:sr 300 against 282 G/s on GDN, 306
+    against 296 on KDA; GDN nvfp4 RNE 756 against 743, within the runs' spread), while the other one-warp launches
+    hoist (GDN fp8_e4m3 867 against 823, fp8_e4m3:sr 322 / 321; KDA fp8_e4m3:sr 333 / 322;
+    `lab/gpu/launch_option_ab.py`; KDA's per-row RNE runs in its CUDA kernel where that is available)."""
     return num_warps > 1 or all(spec % 8 == FMT_NVFP4 for spec in specs)
 
 
