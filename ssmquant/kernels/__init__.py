@@ -107,16 +107,13 @@ def plan_launches(
     for i in ideal:
         buckets.setdefault(max(smallest, _rows_needed(variants[i], rows)), []).append(i)
     out = []
-    for need, idx in buckets.items():
-        size = MAX_SLOTS
-        while size > 1 and min(need, triton.next_power_of_2(rows)) > _MAX_WARPS * _rows_per_warp(size, state_dim):
-            size -= 1
-        if plan_blocks([variants[idx[0]]], rows, state_dim)[1] > 1:
-            # several warps even alone (a whole head per program): shared launches of such variants ran slower than
-            # their separate launches (H200, the per-head fp8_e4m3 / nvfp4 x RNE / SR x two schemes: 2.5x the
-            # time on Mamba-2, 1.7x on GDN and KDA; lab/gpu/whole_head_sharing.py), the reference's saving lost to
-            # the registers of the extra states
-            size = 1
+    for idx in buckets.values():
+        # a group that needs several warps even alone (a whole head per program) launches one variant at a time:
+        # shared launches of such variants ran slower than their separate launches (H200, the per-head fp8_e4m3 /
+        # nvfp4 x RNE / SR x two schemes: 2.5x the time on Mamba-2, 1.7x on GDN and KDA;
+        # lab/gpu/whole_head_sharing.py), the reference's saving lost to the registers of the extra states. The
+        # others fit MAX_SLOTS variants in one warp's rows.
+        size = 1 if plan_blocks([variants[idx[0]]], rows, state_dim)[1] > 1 else MAX_SLOTS
         for j in range(0, len(idx), size):
             chunk = idx[j : j + size]
             out.append((chunk, plan_blocks([variants[i] for i in chunk], rows, state_dim)))
