@@ -40,30 +40,19 @@ def compile_and_count(kind: str, carried: list[str], block_p: int, num_warps: in
     as the launch builds them."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    from benchmarks.sass import DELTA_RULE_POINTERS, MAMBA2_POINTERS, NO_INITIAL_STATE, compile_ahead
+    from benchmarks.sass import DELTA_RULE_POINTERS, MAMBA2_POINTERS, compile_ahead, delta_rule_build, mamba2_build
     from ssmquant.kernels import variant_slot_spec
-    from ssmquant.kernels.common import register_cap
-    from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel, per_step_offsets
+    from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel
     from ssmquant.kernels.mamba2 import _mamba2_emulate_kernel
     from ssmquant.replay import parse_variants
 
-    nv = len(carried)
     specs = [variant_slot_spec(v, SHAPES[kind][0], block_p) for v in parse_variants(carried)]
-    specs = (specs + [0] * 6)[:6]
     if kind == "mamba2":
         fn, ptrs = _mamba2_emulate_kernel, MAMBA2_POINTERS
-        const = dict(BLOCK_P=block_p, BLOCK_N=128, **NO_INITIAL_STATE, NV=nv, KMAJOR=True)
+        const, options = mamba2_build(specs, block_p, num_warps)
     else:
         fn, ptrs = _delta_rule_emulate_kernel, DELTA_RULE_POINTERS
-        const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=kind == "kda", **NO_INITIAL_STATE, NV=nv, FAST_ROUND=True,
-                     FP_FUSION=True, PREFETCH=False, ROW_BLOCKS_FIRST=False, KMAJOR=True,
-                     PER_STEP_OFFSETS=per_step_offsets(num_warps, tuple(specs[:nv])))  # the grid order changes no register
-    const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
-    # the launchers' options: both contract multiply-adds and keep subnormals (no ftz); the delta-rule kernel's
-    # register cap
-    options = {"num_warps": num_warps, "enable_fp_fusion": True, "enable_reflect_ftz": False}
-    if kind != "mamba2":
-        options["maxnreg"] = register_cap(num_warps)
+        const, options = delta_rule_build(specs, block_p, num_warps, vec_decay=kind == "kda")
     k = compile_ahead(fn, ptrs, const, options)
     with tempfile.TemporaryDirectory() as tmp:
         ptx = pathlib.Path(tmp) / "k.ptx"

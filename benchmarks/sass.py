@@ -213,6 +213,38 @@ def sass_of(fn, ptrs: dict, const: dict, options: dict) -> list[tuple[int, str]]
     return parse_cuobjdump(out.stdout)
 
 
+def mamba2_build(specs: list[int], block_p: int, num_warps: int) -> tuple[dict, dict]:
+    """(constexprs, compile options) of the Mamba-2 kernel carrying slots `specs` (`common.slot_spec`) at BLOCK_P
+    rows over num_warps warps, as mamba2_launch builds them."""
+    const = dict(BLOCK_P=block_p, BLOCK_N=128, **NO_INITIAL_STATE, NV=len(specs), KMAJOR=True)
+    const.update({f"SPEC{i}": s for i, s in enumerate((list(specs) + [0] * 6)[:6])})
+    return const, {"num_warps": num_warps, "enable_fp_fusion": True, "enable_reflect_ftz": False}
+
+
+def delta_rule_build(
+    specs: list[int],
+    block_p: int,
+    num_warps: int,
+    vec_decay: bool,
+    fast_round: bool = True,
+    fp_fusion: bool = True,
+    prefetch: bool = False,
+) -> tuple[dict, dict]:
+    """(constexprs, compile options) of the delta-rule kernel (KDA's; GDN's without vec_decay, one decay per head)
+    carrying slots `specs` at BLOCK_P rows over num_warps warps, as delta_rule_launch builds them: its per-step
+    offsets and register cap included (the grid order changes no instruction of a thread's step)."""
+    from ssmquant.kernels.common import register_cap
+    from ssmquant.kernels.delta_rule import per_step_offsets
+
+    const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=vec_decay, **NO_INITIAL_STATE, FAST_ROUND=fast_round,
+                 FP_FUSION=fp_fusion, PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, KMAJOR=True,
+                 PER_STEP_OFFSETS=per_step_offsets(num_warps, tuple(specs)), NV=len(specs))  # fmt: skip
+    const.update({f"SPEC{i}": s for i, s in enumerate((list(specs) + [0] * 6)[:6])})
+    options = {"num_warps": num_warps, "enable_fp_fusion": fp_fusion, "enable_reflect_ftz": False,
+               "maxnreg": register_cap(num_warps)}  # fmt: skip
+    return const, options
+
+
 def mamba2_sass(
     slots: list[tuple[int, int]], block_p: int, sr: bool = False, num_warps: int = 1, group: int = 1
 ) -> list[tuple[int, str]]:
@@ -221,10 +253,7 @@ def mamba2_sass(
     from ssmquant.kernels.common import slot_spec
     from ssmquant.kernels.mamba2 import _mamba2_emulate_kernel
 
-    specs = ([slot_spec(f, group, False, sr, buf) for f, buf in slots] + [0] * 6)[:6]
-    const = dict(BLOCK_P=block_p, BLOCK_N=128, **NO_INITIAL_STATE, NV=len(slots), KMAJOR=True)  # as mamba2_launch
-    const.update({f"SPEC{i}": s for i, s in enumerate(specs)})
-    opts = {"num_warps": num_warps, "enable_fp_fusion": True, "enable_reflect_ftz": False}  # as mamba2_launch
+    const, opts = mamba2_build([slot_spec(f, group, False, sr, buf) for f, buf in slots], block_p, num_warps)
     return sass_of(_mamba2_emulate_kernel, MAMBA2_POINTERS, const, opts)
 
 
@@ -242,15 +271,12 @@ def kda_sass(
     """The KDA kernel (GDN's without vec_decay: one decay per head), one conventional slot of format code fmt at
     BLOCK_P rows over num_warps warps (sr: rounding stochastically; group: rows per scale, 1 per row, BLOCK_P per
     head), as delta_rule_launch builds it."""
-    from ssmquant.kernels.common import register_cap, slot_spec
-    from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel, per_step_offsets
+    from ssmquant.kernels.common import slot_spec
+    from ssmquant.kernels.delta_rule import _delta_rule_emulate_kernel
 
-    specs = [slot_spec(fmt, group, False, sr, 0)] + [0] * 5
-    const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=vec_decay, **NO_INITIAL_STATE, FAST_ROUND=fast_round,
-                 FP_FUSION=fp_fusion,
-                 PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, KMAJOR=True, PER_STEP_OFFSETS=per_step_offsets(num_warps, tuple(specs[:1])), NV=1, **{f"SPEC{i}": s for i, s in enumerate(specs)})  # fmt: skip
-    opts = {"num_warps": num_warps, "enable_fp_fusion": fp_fusion, "enable_reflect_ftz": False,
-            "maxnreg": register_cap(num_warps)}  # fmt: skip
+    const, opts = delta_rule_build(
+        [slot_spec(fmt, group, False, sr, 0)], block_p, num_warps, vec_decay, fast_round, fp_fusion, prefetch
+    )
     return sass_of(_delta_rule_emulate_kernel, DELTA_RULE_POINTERS, const, opts)
 
 
