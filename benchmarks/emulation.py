@@ -101,9 +101,9 @@ OPS_PER_ELEMENT_STEP = {
     ("kda", "fp8_e4m3:head:sr"): (77.1, 0),
     ("kda", "nvfp4:head:sr"): (83.2, 0),
     # the KDA CUDA kernel (ssmquant/kernels/kda_cuda.py runs these on a GPU): fp32 q / k, bf16 v
-    ("kda", "fp8_e4m3", "cuda"): (19.3, 0),
-    ("kda", "int8", "cuda"): (19.3, 0),
-    ("kda", "nvfp4", "cuda"): (24.0, 0),
+    ("kda", "fp8_e4m3", "cuda"): (19.2, 0),
+    ("kda", "int8", "cuda"): (19.2, 0),
+    ("kda", "nvfp4", "cuda"): (23.9, 0),
 }
 # H200 SXM: 132 SMs x 128 FP32 lanes x ~1.98 GHz = 33.4 T FP32 instructions/s; integer ops ~half rate.
 FP32_INSTR_PER_S = 132 * 128 * 1.98e9

@@ -1,11 +1,14 @@
 // Fused KDA decode emulation, one RNE variant with dynamic per-row scales (FP8 E4M3, INT8 or NVFP4) beside the FP32
 // reference, all T steps in one launch. Compiled at run time by NVRTC from ssmquant/kernels/kda_cuda.py, which
-// prepends the configuration's #defines (FMT, QMAX, BUF, ALWAYS, HAS_S0, DEBUG_STATES, QK_T, V_T, LOAD_QK, LOAD_V)
-// and says what the kernel computes and why it is written this way.
+// prepends the configuration's #defines (FMT, QMAX, BUF, ALWAYS, HAS_S0, DEBUG_STATES, QK_T, QK_F32, V_T, LOAD_QK,
+// LOAD_V) and says what the kernel computes and why it is written this way.
 
 #define DK 128
 #define HALF 64
 #define BLOCK_P 16
+// the step's vectors by cp.async straight into shared memory where they need no conversion (fp32 k and q, no
+// buffered copy of k), else through registers
+#define ASYNC_LOADS (QK_F32 && BUF == 0)
 
 __device__ __forceinline__ float bf16_rne(float x) {
     unsigned short h;
@@ -64,6 +67,18 @@ __device__ __forceinline__ void load_step(const QK_T* kp, const QK_T* qp, const 
     }
     ld4(ap, pa);
 }
+
+#if ASYNC_LOADS
+// one step's k, q (fp32) and decays of this lane (16 bytes each) into buf's rows 0, 1, 2 by cp.async: no registers
+// held while they travel (the kernel's state takes nearly all of them); waited for by cp.async.wait_all
+__device__ __forceinline__ void copy_step(float* buf, const float* kp, const float* qp, const float* ap, int lane) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(buf + lane * 4);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(kp) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s + 4 * DK), "l"(qp) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s + 8 * DK), "l"(ap) : "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+#endif
 
 // dd[c] += (s - r)^2 for two elements, into chain c and c + 1
 __device__ __forceinline__ void add_sq_diffs(float (&dd)[4], int c, float s0, float r0, float s1, float r1) {
@@ -151,17 +166,20 @@ __device__ __forceinline__ bool nvfp4_write(float (&S)[HALF], const float (&bam)
     bool bad = !(s2 >= S2_MIN && s2 <= S2_MAX);  // also NaN
 #pragma unroll
     for (int b = 0; b < 4; b += 2) {
-        // a zero quotient (zero block, underflow) clamps to 2^-9 where the reference takes 1: its elements are 0 either way
-        float x0 = fminf(fmaxf(quotient_rn(bam[b], den, rden), 0x1p-9f), 448.f), b0;
-        float x1 = fminf(fmaxf(quotient_rn(bam[b + 1], den, rden), 0x1p-9f), 448.f), b1;
+        // a zero quotient (zero block, underflow) clamps to 2^-9 where the reference takes 1: its elements are 0
+        // either way; above, the clamp at 448 is the conversion's (satfinite: RN(x) > 448 saturates to 448, the
+        // reference's RN(min(x, 448)))
+        float x0 = fmaxf(quotient_rn(bam[b], den, rden), 0x1p-9f), b0;
+        float x1 = fmaxf(quotient_rn(bam[b + 1], den, rden), 0x1p-9f), b1;
         e4m3_round2(x0, x1, b0, b1);
         d[b] = __fmul_rn(b0, s2);
         d[b + 1] = __fmul_rn(b1, s2);
         rd[b] = reciprocal_rn(d[b]);
         rd[b + 1] = reciprocal_rn(d[b + 1]);
-        // the largest quotient of each block (RN(bamax rd) bounds every element's, within an ulp): above 6.5 only
-        // for a block scale in E4M3's subnormal range rounded far down (a block ~3 x 10^4 below the row's amax)
-        bad |= __fmul_rn(bam[b], rd[b]) > 6.5f || __fmul_rn(bam[b + 1], rd[b + 1]) > 6.5f;
+        // a quotient above 6.5 (bamax > 6.5 d: the sign of bamax - 6.5 d, exact in one FMA, which need not wait for
+        // the reciprocal): only for a block scale in E4M3's subnormal range rounded far down (a block ~3 x 10^4
+        // below the row's amax)
+        bad |= __fmaf_rn(-6.5f, d[b], bam[b]) > 0.f || __fmaf_rn(-6.5f, d[b + 1], bam[b + 1]) > 0.f;
     }
     if (__any_sync(FULL_MASK, bad)) {
         // rare: the reference's correctly rounded divisions, through the stash (a loop per block: little code)
@@ -315,12 +333,19 @@ extern "C" __global__ void __launch_bounds__(32) kda_emulate(
     const signed char* wp = write + (long long)b * T;
     float* mp = metrics + (((long long)b * HV + h) * npb + pid_p) * 4;
     const long long metric_step = (long long)B * HV * npb * 4;
+#if ASYNC_LOADS
+    copy_step(&sm[0][0][0], kp, qp, ap, lane);
+#else
     float pk[4], pq[4], pa[4];
     load_step(kp, qp, ap, pk, pq, pa);
+#endif
     float pm0 = 0.f, pm1 = 0.f, pm2 = 0.f, pm3 = 0.f;  // the previous step's metric partial sums
     float* pmp = mp;
     for (int t = 0; t < T; ++t) {
         float* buf = &sm[t & 1][0][0];
+#if ASYNC_LOADS
+        asm volatile("cp.async.wait_all;" ::: "memory");  // this lane's copies of this step's vectors
+#else
         *reinterpret_cast<float4*>(buf + 0 * DK + lane * 4) = make_float4(pk[0], pk[1], pk[2], pk[3]);
         *reinterpret_cast<float4*>(buf + 1 * DK + lane * 4) = make_float4(pq[0], pq[1], pq[2], pq[3]);
         *reinterpret_cast<float4*>(buf + 2 * DK + lane * 4) = make_float4(pa[0], pa[1], pa[2], pa[3]);
@@ -328,6 +353,7 @@ extern "C" __global__ void __launch_bounds__(32) kda_emulate(
         *reinterpret_cast<float4*>(buf + 3 * DK + lane * 4) =
             make_float4(ROUND_BUF(pk[0]), ROUND_BUF(pk[1]), ROUND_BUF(pk[2]), ROUND_BUF(pk[3]));
 #endif
+#endif  // ASYNC_LOADS
         const float vv = LOAD_V(vp);
         const float bb = *bp;
 #if !ALWAYS
@@ -336,13 +362,23 @@ extern "C" __global__ void __launch_bounds__(32) kda_emulate(
         vp += v_step;
         bp += HV;
         wp += 1;
+#if !ASYNC_LOADS
         if (t + 1 < T) {  // the next step's vectors
             kp += qk_step;
             qp += qk_step;
             ap += a_step;
             load_step(kp, qp, ap, pk, pq, pa);
         }
-        __syncwarp();
+#endif
+        __syncwarp();  // every lane's vectors of this step in shared memory; every lane done with the other buffer
+#if ASYNC_LOADS
+        if (t + 1 < T) {  // the next step's vectors, into the other buffer
+            kp += qk_step;
+            qp += qk_step;
+            ap += a_step;
+            copy_step(&sm[(t + 1) & 1][0][0], kp, qp, ap, lane);
+        }
+#endif
         store_metrics(pmp, pm0, pm1, pm2, pm3, lane, t > 0);
         const float* kk = buf + 0 * DK + half * HALF;
         const float* qq = buf + 1 * DK + half * HALF;

@@ -9,7 +9,7 @@ interpreter's float8 casts are wrong). Here each sum is four FMA chains, the ste
 reduce-scatter over the warp issued at the top of the next step (their shuffles overlap that step's arithmetic),
 the write of a conventional variant has no branch, and FP8 E4M3 rounds by the hardware conversion
 (cvt.rn.satfinite.e4m3x2.f32, then back through f16x2: exact, and equal to torch's float8_e4m3fn cast over every
-finite FP32 value |x| <= 448, tests/kernels/test_kda_cuda.py). 19.4 instructions per element-step
+finite FP32 value |x| <= 448, tests/kernels/test_kda_cuda.py). 19.2 instructions per element-step
 (`python benchmarks/run.py sass`).
 
 NVFP4 writes (16-element blocks along Dk, E4M3 block scales, E2M1 elements, s2 = row amax / 2688, 1 where 0) give
@@ -20,8 +20,8 @@ Markstein's correction (three instructions per quotient, exact in FP32's normal 
 by a centred magic-number addition. Where s2 leaves [2^-68, 2^90] or a block's largest quotient exceeds 6.5 (a
 block scale in E4M3's subnormal range rounded far down), which the per-row and per-block values tell before any
 element is touched, the warp takes the reference's divisions instead (kda_cuda.cu); a block scale quotient too small
-to be exact needs no check (its elements round to 0 with either scale: rounding.py). 24.0 instructions per
-element-step (fp8 19.3; `python benchmarks/run.py sass`); the element alone takes 8 (quotient 3, rounding 4,
+to be exact needs no check (its elements round to 0 with either scale: rounding.py). 23.9 instructions per
+element-step (fp8 19.2; `python benchmarks/run.py sass`); the element alone takes 8 (quotient 3, rounding 4,
 decode 1) where FP8 takes about 4 with the hardware conversion, which E2M1 lacks on sm_90. Tests:
 tests/kernels/test_kda_cuda.py, against the codec on the kernel's own pre-write states (the DEBUG_STATES build) and
 on crafted states (`nvfp4_write`); lab/gpu/kda_cuda_nvfp4_check.py runs them with a speed comparison.
@@ -33,7 +33,10 @@ to the same bound against the torch reference.
 
 Layout: one warp per (batch, value head, 16 value rows); lane l holds row l % 16 and key channels
 [64 (l // 16), 64 (l // 16) + 64) of both states (64 + 64 registers), so every Dk sum is 64 in-lane FMAs and one
-shuffle. Each step's k, q and decay vectors are loaded a step ahead into registers and staged through shared memory.
+shuffle. Each step's k, q and decay vectors are loaded a step ahead and staged through shared memory: by cp.async
+straight into it where they need no conversion (fp32 q and k, no buffered copy of k: ASYNC_LOADS), so that no
+registers hold them in flight (the states take nearly all 255; on an H200 fp8_e4m3 ran 2.5% faster than through
+registers, nvfp4 alike, lab/gpu/kda_cuda_source_ab.py), else into registers.
 
 Covers (`eligible`): KDA with Dk = 128 and Dv a multiple of 16; FP8 E4M3, INT8 or NVFP4, RNE, dynamic scales per
 row (NVFP4: its second-level scale per row; per-head or static scales and stochastic rounding stay in the Triton
@@ -96,6 +99,7 @@ def kernel_source(
         "HAS_SV0": str(int(has_sv0)),
         "DEBUG_STATES": str(int(debug_states)),
         "QK_T": qk_t,
+        "QK_F32": str(int(qk_dtype == torch.float32)),
         "V_T": v_t,
         "LOAD_QK(p)": f"{qk_load}(p)",
         "LOAD_V(p)": f"{v_load}(p)",

@@ -196,6 +196,32 @@ def test_source_compiles_for_sm90(fmt, buf, always, has_s0, qk):
 
 
 @needs_nvrtc
+@pytest.mark.parametrize(
+    "buf,qk,is_async", [(0, torch.float32, True), (1, torch.float32, False), (0, torch.bfloat16, False)]
+)
+def test_step_vectors_load_by_cp_async_where_they_need_no_conversion(buf, qk, is_async):
+    """fp32 q and k without a buffered copy of k travel to shared memory by cp.async (LDGSTS: no registers held in
+    flight); otherwise through registers (their conversion on the way), in the machine code."""
+    import subprocess
+    import tempfile
+
+    from benchmarks.sass import _triton_bin
+
+    nvdisasm = _triton_bin("nvdisasm")
+    if not nvdisasm.exists():
+        pytest.skip(f"no nvdisasm beside Triton ({nvdisasm})")
+    rc, log, cubin = nvrtc_compile(kda_cuda.kernel_source(5, buf, True, False, qk, torch.bfloat16),
+                                   list(kda_cuda.NVRTC_OPTIONS))  # fmt: skip
+    assert rc == 0, log
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout
+    body = sass[sass.index(".text.kda_emulate") :]
+    assert ("LDGSTS" in body) is is_async
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("always", [True, False])
 def test_debug_states_build_compiles(always):
     """The tests' build (DEBUG_STATES: the state before and after every write) and the NVFP4 write check kernel."""
