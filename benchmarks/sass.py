@@ -280,14 +280,16 @@ def kda_sass(
     return sass_of(_delta_rule_emulate_kernel, DELTA_RULE_POINTERS, const, opts)
 
 
-def kda_cuda_nvdisasm(fmt: int) -> str:
-    """nvdisasm of the KDA CUDA kernel for format code fmt (conventional, fp32 q / k, bf16 v), NVRTC for sm_90."""
+def kda_cuda_nvdisasm(fmt: int, buf: int = 0, qk_dtype=None) -> str:
+    """nvdisasm of the KDA CUDA kernel for format code fmt (conventional, bf16 v; buf: the buffered-k code, qk_dtype:
+    q / k's dtype, fp32 by default), NVRTC for sm_90."""
     import torch
 
     from ssmquant.kernels import kda_cuda
     from tests.kernels.nvrtc_offline import nvrtc_compile
 
-    rc, log, cubin = nvrtc_compile(kda_cuda.kernel_source(fmt, 0, True, False, torch.float32, torch.bfloat16),
+    qk_dtype = torch.float32 if qk_dtype is None else qk_dtype
+    rc, log, cubin = nvrtc_compile(kda_cuda.kernel_source(fmt, buf, True, False, qk_dtype, torch.bfloat16),
                                    list(kda_cuda.NVRTC_OPTIONS))  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"NVRTC failed:\n{log}")
