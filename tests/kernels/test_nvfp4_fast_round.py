@@ -436,3 +436,40 @@ def test_nvfp4_blocks_far_below_their_row_are_bit_exact(spec):
     x[1, 4, 40] = 3e-44  # one subnormal element in an ordinary block: its quotient ~ 2^-143
     x = x.to(DEVICE)
     assert torch.equal(fake_quant_triton(fmt, x, seed=5), fmt.fake_quant(x, seed=5))
+
+
+@pytest.mark.parametrize("kmajor", [False, True])
+def test_nvfp4_head_blocks_beside_the_check_threshold_are_bit_exact(kmajor):
+    """Per-head scales (the delta-rule tile's whole-head path, and the Mamba-2 tile's with kmajor), one head per case:
+    blocks whose scale quotient bamax / (6 s2) sits at, just above or just below 2^-6, E4M3's lowest normal (above
+    it a block scale rounds down by at most 1/16, so every quotient stays under 6.4 and takes the fast path; below
+    it the block is checked), a head of zero blocks beside ordinary ones, and subnormal block scales rounded down
+    (quotients above 7: the exact path or the clamp). Every block's elements include its amax and E2M1 midpoints
+    times its scale, negated."""
+    fmt = formats.parse("nvfp4:head")
+    g = torch.Generator().manual_seed(29)
+    heads, rows, n = 6, 8, 64
+    x = torch.randn((heads, rows, n), generator=g)
+    amax = 100.0
+    x[:, 0, 0] = amax  # every head's amax (the first block of each head keeps ordinary values)
+    s2 = torch.tensor(amax / 2688.0, dtype=torch.float32)
+    den = float(6.0 * s2)
+    ratios = {
+        1: 2.0**-6 * 1.0624,  # E4M3 normal, rounded down by almost 1/16: quotients up to 6.37
+        2: 2.0**-6,  # exactly at the bound
+        3: 2.0**-6 * (1 - 2.0**-20),  # just below it: the blocks are checked (none needs the exact path)
+        4: 2.0**-8 * 1.24,  # E4M3 subnormal 2.48 x 2^-9 rounded to 2 x 2^-9: quotients up to 7.44, exact path
+    }
+    midpoints = torch.tensor(MIDPOINTS)
+    for h, r in ratios.items():
+        bamax = r * den
+        blocks = x[h, :, 16:].reshape(rows, -1, 16)
+        blocks /= blocks.abs().amax(-1, keepdim=True)
+        blocks *= bamax * 0.9
+        blocks[..., 0] = bamax  # the block amax, once per block
+        blocks[..., 1:8] = -midpoints * (bamax / 6.0)  # near the midpoints of the quotient grid
+        x[h, :, 16:] = blocks.reshape(rows, -1)
+    x[5, :, 16:] = 0.0  # zero blocks: no block scale to check
+    assert max_quotient(fmt, x[4:5]) > 7.0 and max_quotient(fmt, x[1:4]) < 6.5
+    x = x.to(DEVICE)
+    assert torch.equal(fake_quant_triton(fmt, x, kmajor=kmajor), fmt.fake_quant(x))
