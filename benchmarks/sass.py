@@ -202,15 +202,30 @@ def compile_ahead(fn, ptrs: dict, const: dict, options: dict):
     return triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def cubin_tool(tool: str, cubin: bytes, *args: str) -> str:
+    """The output of Triton's bundled CUDA binary utility `tool` (cuobjdump, nvdisasm) run on a cubin with `args`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = pathlib.Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run([str(_triton_bin(tool)), *args, str(path)], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+
+
+def cubin_resources(cubin: bytes, function: str) -> dict[str, int]:
+    """`function`'s resource usage in a cubin as `cuobjdump -res-usage` reads it from the machine code ({"REG": ...,
+    "STACK": ..., "LOCAL": ...}: registers, stack frame bytes, which hold any spill, and local memory bytes). Read from
+    the cubin rather than from NVRTC's `--ptxas-options=-v` log, which the GPU machine's NVRTC left empty on repeated
+    compiles."""
+    out = cubin_tool("cuobjdump", cubin, "-res-usage")
+    found = re.search(rf"Function {re.escape(function)}:\s*\n\s*(.*)", out)
+    if found is None:
+        raise ValueError(f"no function {function!r} in the cubin's resource usage:\n{out}")
+    return {k: int(v) for k, v in re.findall(r"(\w+):(\d+)", found.group(1))}
+
+
 def sass_of(fn, ptrs: dict, const: dict, options: dict) -> list[tuple[int, str]]:
     """(address, instruction) of Triton kernel `fn` compiled ahead of time (`compile_ahead`, same arguments)."""
-    k = compile_ahead(fn, ptrs, const, options)
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = pathlib.Path(tmp) / "k.cubin"
-        cubin.write_bytes(k.asm["cubin"])
-        out = subprocess.run([str(_triton_bin("cuobjdump")), "-sass", str(cubin)], capture_output=True, text=True,
-                             check=True)  # fmt: skip
-    return parse_cuobjdump(out.stdout)
+    return parse_cuobjdump(cubin_tool("cuobjdump", compile_ahead(fn, ptrs, const, options).asm["cubin"], "-sass"))
 
 
 def mamba2_build(specs: list[int], block_p: int, num_warps: int) -> tuple[dict, dict]:
@@ -293,11 +308,7 @@ def kda_cuda_nvdisasm(fmt: int, buf: int = 0, qk_dtype=None) -> str:
                                    list(kda_cuda.NVRTC_OPTIONS))  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"NVRTC failed:\n{log}")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([str(_triton_bin("nvdisasm")), "-c", f.name], capture_output=True, text=True,
-                              check=True).stdout  # fmt: skip
+    return cubin_tool("nvdisasm", cubin, "-c")
 
 
 # -- the benchmark --------------------------------------------------------------------------------------------------

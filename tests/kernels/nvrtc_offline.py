@@ -1,6 +1,6 @@
 """CUDA source compiled without a GPU: NVRTC from the nvidia-cuda-nvrtc wheel (a dev dependency), through ctypes.
 
-Used by tests/kernels/test_kda_cuda.py (the kernel compiles for sm_90 without spilling: `cubin_resources`) and
+Used by tests/kernels/test_kda_cuda.py (the kernel compiles for sm_90 without spilling) and
 benchmarks/sass.py (its machine code, to count instructions).
 """
 
@@ -10,9 +10,6 @@ import ctypes
 import functools
 import importlib.util
 import pathlib
-import re
-import subprocess
-import tempfile
 
 
 @functools.cache
@@ -50,22 +47,3 @@ def nvrtc_compile(source: str, options: list[str], arch: str = "sm_90") -> tuple
         cubin = out.raw
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
     return rc, log.value.decode(), cubin
-
-
-def cubin_resources(cubin: bytes, function: str) -> dict[str, int] | None:
-    """`function`'s resource usage in a cubin as `cuobjdump -res-usage` reads it from the machine code ({"REG": ...,
-    "STACK": ..., "LOCAL": ...}: registers, stack frame bytes, which hold any spill, and local memory bytes), or None
-    without Triton's cuobjdump. Read from the cubin rather than from NVRTC's log, which NVRTC may leave empty."""
-    import triton
-
-    tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not tool.exists():
-        return None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    found = re.search(rf"Function {re.escape(function)}:\s*\n\s*(.*)", out)
-    if found is None:
-        raise ValueError(f"no function {function!r} in the cubin's resource usage:\n{out}")
-    return {k: int(v) for k, v in re.findall(r"(\w+):(\d+)", found.group(1))}

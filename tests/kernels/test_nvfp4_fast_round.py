@@ -439,13 +439,13 @@ def test_nvfp4_blocks_far_below_their_row_are_bit_exact(spec):
 
 
 @pytest.mark.parametrize("kmajor", [False, True])
-def test_nvfp4_head_blocks_beside_the_check_threshold_are_bit_exact(kmajor):
+def test_nvfp4_head_blocks_beside_e4m3s_lowest_normal_block_scale_are_bit_exact(kmajor):
     """Per-head scales (the delta-rule tile's whole-head path, and the Mamba-2 tile's with kmajor), one head per case:
-    blocks whose scale quotient bamax / (6 s2) sits at, just above or just below 2^-6, E4M3's lowest normal (above
-    it a block scale rounds down by at most 1/16, so every quotient stays under 6.4 and takes the fast path; below
-    it the block is checked), a head of zero blocks beside ordinary ones, and subnormal block scales rounded down
-    (quotients above 7: the exact path or the clamp). Every block's elements include its amax and E2M1 midpoints
-    times its scale, negated."""
+    blocks whose scale quotient bamax / (6 s2) sits at, just above or just below 2^-6, E4M3's lowest normal (at or
+    above it a block scale rounds down by at most 1/16, so every quotient stays under 6.4 and passes the write's
+    per-block "above 6.5" check; only below it can a block fail that check), a head of zero blocks beside ordinary
+    ones, and subnormal block scales rounded down (quotients above 7: the exact path, or with kmajor the clamp).
+    Every block's elements include its amax and E2M1 midpoints times its scale, negated."""
     fmt = formats.parse("nvfp4:head")
     g = torch.Generator().manual_seed(29)
     heads, rows, n = 6, 8, 64
@@ -457,7 +457,7 @@ def test_nvfp4_head_blocks_beside_the_check_threshold_are_bit_exact(kmajor):
     ratios = {
         1: 2.0**-6 * 1.0624,  # E4M3 normal, rounded down by almost 1/16: quotients up to 6.37
         2: 2.0**-6,  # exactly at the bound
-        3: 2.0**-6 * (1 - 2.0**-20),  # just below it: the blocks are checked (none needs the exact path)
+        3: 2.0**-6 * (1 - 2.0**-20),  # just below it: E4M3 subnormal, rounded up to 2^-6 (quotients under 6)
         4: 2.0**-8 * 1.24,  # E4M3 subnormal 2.48 x 2^-9 rounded to 2 x 2^-9: quotients up to 7.44, exact path
     }
     midpoints = torch.tensor(MIDPOINTS)
