@@ -29,6 +29,26 @@ def _one_line(err: click.UsageError) -> click.ClickException:
     return _UsageError(err.format_message() + where)
 
 
+def _version_warnings_as_lines() -> None:
+    """Print the library's UntestedVersionWarning (``models.compat``) as one `Warning:` line on stderr, not Python's
+    two-line warning with a source path. Matched by class name: importing ssmquant.models here would load torch
+    before every command."""
+    import warnings
+
+    if getattr(warnings.showwarning, "_ssmquant", False):
+        return
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__name__ == "UntestedVersionWarning":
+            click.echo(f"Warning: {message}", err=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    show._ssmquant = True
+    warnings.showwarning = show
+
+
 class _Group(click.Group):
     """Ctrl-C ends a command with status 130 (as the shell reports a SIGINT), not click's 1 ("Aborted!").
     Outputs are written atomically, so an interrupted run leaves no output directory behind. A usage error is
@@ -41,6 +61,7 @@ class _Group(click.Group):
             raise _one_line(err) from None
 
     def invoke(self, ctx):
+        _version_warnings_as_lines()
         try:
             return super().invoke(ctx)
         except click.UsageError as err:

@@ -1,30 +1,18 @@
-"""Capture the per-layer SSM decode inputs of a real model from its prefill.
+"""Capture the per-layer SSM decode inputs of a real model from its prefill, verified against the layer itself.
 
-Interception points (transformers 5.x, see README): every supported mixer hands its recurrence
-inputs to one module-level function of its modeling file, and computes nothing after that call
-except the gated norm and out_proj:
+Capture reads each SSM mixer through torch's module hooks on its public submodules (``taps``): forward hooks
+record the outputs of its input projections (and KDA's forget gate), and a forward pre-hook on its gated norm
+receives the layer's own scan output. At that point the tap derives what the recurrence consumes, in the form the
+kernels take: x, B, C, q, k, v after the causal conv and activation; dt = clamp(softplus(dt_raw + dt_bias),
+time_step_limit) in fp32; g and beta as the mixer computes them; q = l2norm(q) / sqrt(Dk), k = l2norm(k) (each
+family's own l2norm formula: GDN x * rsqrt(sum x^2 + eps), KDA x / sqrt(sum x^2 + eps)). Nothing of the model is
+replaced: it computes what it always computes, with whatever scan transformers picked (mamba_ssm / FLA / hub
+kernels / the torch reference).
 
-- NemotronH (``modeling_nemotron_h.py``): ``NemotronHMamba2Mixer.forward`` calls
-  ``mamba2_chunk_scan(x, dt_raw, A, B, C, chunk_size, D=..., dt_bias=..., dt_softplus=True,
-  dt_limit=..., initial_states=...)`` with x, B, C after the conv and SiLU and A = -exp(A_log);
-- Qwen3.5, Qwen3.5-MoE, Qwen3-Next (``modeling_qwen3_5.py``, ``modeling_qwen3_5_moe.py``,
-  ``modeling_qwen3_next.py``): ``*GatedDeltaNet.forward`` calls ``torch_chunk_gated_delta_rule(q, k, v,
-  g=g, beta=beta, initial_state=..., use_qk_l2norm_in_kernel=True)`` with q, k, v after the conv and
-  SiLU, g = -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b);
-- GLM-5.3-Flash and Kimi-Linear (``modeling_glm5_next.py``, ``modeling_kimi_linear.py``, 5.24):
-  ``Glm5NextTextLinearAttention.forward`` / ``KimiLinearDeltaAttention.forward`` call
-  ``chunk_kimi_delta_attention(q, k, v, g=g, beta=beta, initial_state=..., use_qk_l2norm_in_kernel=True)``
-  with q, k, v after the conv and SiLU, g the per-key-channel log decays of the forget gate (fp32) and
-  beta = sigmoid(b).
-
-Capture replaces that module-global name for the duration of a prefill with a wrapper that records the
-arguments and then calls the original. The original is whatever transformers picked
-(``use_kernel_func_from_hub_with_fallback``: mamba_ssm / FLA when installed, else the torch
-reference), so capture works with or without those packages and never changes what the model computes.
-From the arguments the wrapper derives exactly what the recurrence consumes, in fp32 as the kernels
-do: dt = clamp(softplus(dt_raw + dt_bias), dt_limit); q = l2norm(q) / sqrt(Dk), k = l2norm(k) (each family's own
-l2norm formula: GDN x * rsqrt(sum x^2 + eps), KDA x / sqrt(sum x^2 + eps)).
-Forward pre-hooks on the mixers tell the wrapper which layer is running.
+Every capture is verified: the FP32 recurrence (``replay.reference_decode``) on the first ``VERIFY_STEPS``
+derived steps must reproduce the layer's own scan output within ``VERIFY_TOLERANCE`` (relative L2 error, by the
+model's activation dtype). A transformers release that lays a mixer out differently fails there with a
+``CaptureVerificationError`` naming the layer and the transformers version, never with wrong numbers.
 
 Memory stays bounded: each layer's inputs are handed to a callback (``capture_inputs``) or yielded
 (``iter_capture``) as soon as the layer has run, moved to ``device`` (CPU by default); nothing else is
@@ -40,32 +28,38 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import inspect
 import queue
-import sys
 import threading
 from collections.abc import Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 
-from ..kinds import GDNInputs, InputError, KDAInputs, Mamba2Inputs
+from ..kinds import GDNInputs, InputError, KDAInputs, Mamba2Inputs, remember_valid
 from ..memory import free_bytes
+from ..replay.reference import reference_decode
+from .compat import tested_range, transformers_version, untested_transformers_note, warn_if_untested_transformers
 from .loading import LoadedModel
 from .mixers import CaptureError, SSMMixer, find_ssm_mixers
-from .qk_norm import kda_l2norm, l2norm
+from .taps import MixerTap, expected_layouts, tap_for
 from .text import CORPUS_PATH, calibration_batch
-from .torch_path import use_torch_path_on_cpu
+from .torch_path import quiet_cpu_fallback_notices, use_torch_path_on_cpu
 
 LayerInputs = Mamba2Inputs | GDNInputs | KDAInputs
 
-# The module-level functions the mixers call, per layer kind.
-INTERCEPTED_FUNCTIONS = {
-    "mamba2": "mamba2_chunk_scan",
-    "gdn": "torch_chunk_gated_delta_rule",
-    "kda": "chunk_kimi_delta_attention",
-}
+# Steps of every captured layer that verification decodes: two of Mamba-2's 128-token chunks, four of the delta
+# rules' 64-token ones, so that a chunk boundary of the model's scan lies inside the check.
+VERIFY_STEPS = 256
+# Relative L2 error allowed between the FP32 recurrence on the captured inputs and the layer's own scan output, by
+# the model's activation dtype. fp32: the two differ by summation order (chunked scan against a step loop); 16-bit:
+# by the scan's own 16-bit rounding and by the conv, which a fused kernel may round differently from the torch path
+# capture recomputes. A layout or formula that changed is off by tens of percent.
+VERIFY_TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-3, torch.bfloat16: 3e-2, torch.float16: 3e-2}
+
+
+class CaptureVerificationError(CaptureError):
+    """The recurrence on the captured inputs does not reproduce the layer's own output; the message names the
+    layer, the error against the tolerance and the transformers version."""
+
 
 _CAPTURE_LOCK = threading.Lock()
 
@@ -78,62 +72,6 @@ class _ConsumerClosed(Exception):
     """The consumer of ``iter_capture`` stopped reading: abort the prefill."""
 
 
-def _mamba2_inputs(a: dict) -> dict:
-    """Recurrence inputs from the arguments of ``mamba2_chunk_scan``."""
-    dt = a["dt"].float()
-    if a.get("dt_bias") is not None:
-        dt = dt + a["dt_bias"].float()
-    if a.get("dt_softplus"):
-        dt = F.softplus(dt)
-    lo, hi = a.get("dt_limit") or (0.0, float("inf"))
-    dt = dt.clamp(min=lo, max=hi)
-    x = a["hidden_states"]
-    heads = x.shape[2]
-    d = a.get("D")
-    d = torch.zeros(heads, device=x.device) if d is None else d.float()
-    init = a.get("initial_states")
-    return {
-        "x": x,
-        "dt": dt,
-        "B": a["B"],
-        "C": a["C"],
-        "A": a["A"].float(),
-        "D": d.reshape(heads),
-        "initial_state": None if init is None else init.float(),
-    }
-
-
-def _delta_rule_inputs(a: dict, norm) -> dict:
-    """Recurrence inputs from the arguments of a delta-rule torch path: q / k in fp32, L2-normalised by ``norm``
-    when the call asks for it, q scaled by 1 / sqrt(Dk); the initial state from transformers' [B, H, Dk, Dv] to
-    the inputs' [B, H, Dv, Dk]."""
-    q, k = a["query"].float(), a["key"].float()
-    if a.get("use_qk_l2norm_in_kernel"):
-        q, k = norm(q), norm(k)
-    q = q * q.shape[-1] ** -0.5
-    init = a.get("initial_state")
-    return {
-        "q": q,
-        "k": k,
-        "v": a["value"],
-        "g": a["g"],
-        "beta": a["beta"],
-        "initial_state": None if init is None else init.float().transpose(-1, -2),
-    }
-
-
-def _gdn_inputs(a: dict) -> dict:
-    """Recurrence inputs from the arguments of ``torch_chunk_gated_delta_rule``."""
-    return _delta_rule_inputs(a, l2norm)
-
-
-def _kda_inputs(a: dict) -> dict:
-    """Recurrence inputs from the arguments of ``chunk_kimi_delta_attention`` (its g is fp32-cast there too)."""
-    out = _delta_rule_inputs(a, kda_l2norm)
-    out["g"] = out["g"].float()
-    return out
-
-
 _PER_STEP = {
     "mamba2": ("x", "dt", "B", "C"),
     "gdn": ("q", "k", "v", "g", "beta"),
@@ -142,23 +80,55 @@ _PER_STEP = {
 _INPUT_CLASSES = {"mamba2": Mamba2Inputs, "gdn": GDNInputs, "kda": KDAInputs}
 
 
-def _finish(kind: str, t: dict, steps: int, device, dtype, meta: dict) -> LayerInputs:
-    out = {}
-    for name, v in t.items():
-        if v is None:
-            out[name] = None
-            continue
-        if name in _PER_STEP[kind]:
-            v = v[:, :steps]
-            v = v.to(device=device, dtype=dtype or v.dtype, copy=True)
-        else:
-            v = v.to(device=device, copy=True)
-        out[name] = v
-    cls = _INPUT_CLASSES[kind]
+def _build(kind: str, raw: dict, steps: int, meta: dict) -> LayerInputs:
+    """The validated inputs of the first ``steps`` steps, on the model's device and in its dtypes (views, no copy)."""
+    fields = {n: (v[:, :steps] if v is not None and n in _PER_STEP[kind] else v) for n, v in raw.items()}
     try:
-        return cls(**out, meta=dict(meta)).validate()
+        return _INPUT_CLASSES[kind](**fields, meta=dict(meta)).validate()
     except InputError as exc:  # e.g. an overflow in a low-precision model: say which layer
         raise CaptureError(f"layer {meta.get('layer')}: the captured inputs are invalid: {exc}") from exc
+
+
+def _deliver(inputs: LayerInputs, device, dtype) -> LayerInputs:
+    """Copies on ``device`` (the model's tensors are not kept alive); ``dtype`` casts the per-step tensors."""
+    out = {}
+    for f in dataclasses.fields(inputs):
+        v = getattr(inputs, f.name)
+        if isinstance(v, torch.Tensor):
+            cast = dtype if dtype is not None and f.name in _PER_STEP[inputs.kind] else v.dtype
+            v = v.to(device=device, dtype=cast, copy=True)
+        out[f.name] = v
+    delivered = dataclasses.replace(inputs, **out)
+    if dtype is not None:
+        return delivered.validate()
+    remember_valid(delivered)  # the same values as the validated ``inputs``
+    return delivered
+
+
+def _verify(inputs: LayerInputs, scan_output: torch.Tensor, mixer: SSMMixer, tap: MixerTap) -> float:
+    """Relative L2 error of the FP32 recurrence on the first ``VERIFY_STEPS`` captured steps against the layer's own
+    scan output (the gated norm's input, any layout that flattens to [B, T, H, rows]); CaptureVerificationError
+    above ``VERIFY_TOLERANCE``."""
+    n = min(inputs.steps, VERIFY_STEPS)
+    y_ref, _, _ = reference_decode(inputs.slice_steps(0, n))
+    y_model = scan_output.detach().reshape(inputs.batch, -1, inputs.num_heads, inputs.rows)[:, :n].float()
+    act = (inputs.x if inputs.kind == "mamba2" else inputs.v).dtype
+    tol = VERIFY_TOLERANCE.get(act, VERIFY_TOLERANCE[torch.bfloat16])
+    err = float((y_ref - y_model).norm() / y_model.norm().clamp_min(torch.finfo(torch.float32).tiny))
+    if not err <= tol:  # NaN fails too
+        version = transformers_version()
+        advice = untested_transformers_note(version)
+        advice = (
+            f"ssmquant is tested with {tested_range()}: install a tested release"
+            if advice
+            else "this release is among the tested ones: please report it with the model's config"
+        )
+        raise CaptureVerificationError(
+            f"layer {mixer.layer} ({type(mixer.module).__name__}): the FP32 recurrence on the captured inputs does "
+            f"not reproduce the layer's own output (relative error {err:.3g} over {n} steps, tolerance {tol:g}) "
+            f"with transformers {version}, read as the {tap.family} layout; {advice}"
+        )
+    return err
 
 
 def _concat_batch(kind: str, parts: list[LayerInputs], meta: dict) -> LayerInputs:
@@ -205,7 +175,6 @@ class _State:
     def __init__(self, wanted, on_layer, steps, device, dtype, meta, stop_early):
         self.wanted = set(wanted)
         self.done: set[int] = set()
-        self.current: int | None = None
         self.on_layer = on_layer
         self.steps = steps
         self.device = device
@@ -214,62 +183,59 @@ class _State:
         self.stop_early = stop_early
 
 
-def _make_wrapper(original: Callable, kind: str, state: _State) -> Callable:
-    sig = inspect.signature(original)  # follows functools.wraps to the torch reference's signature
-    build = {"mamba2": _mamba2_inputs, "gdn": _gdn_inputs, "kda": _kda_inputs}[kind]
-
-    @functools.wraps(original)
-    def wrapper(*args, **kwargs):
-        layer = state.current
-        if layer is not None and layer in state.wanted and layer not in state.done:
-            bound = sig.bind(*args, **kwargs)
-            bound.apply_defaults()
-            arguments = dict(bound.arguments)
-            arguments.update(arguments.pop("kwargs", {}) or {})
-            meta = dict(state.meta, layer=layer, kind=kind)
-            inputs = _finish(kind, build(arguments), state.steps, state.device, state.dtype, meta)
-            state.done.add(layer)
-            state.on_layer(layer, inputs)
-            if state.stop_early and state.done >= state.wanted:
-                raise _AllLayersCaptured
-        return original(*args, **kwargs)
-
-    wrapper._ssmquant_capture = True
-    return wrapper
+def _taps(mixers: dict[int, SSMMixer]) -> dict[int, MixerTap]:
+    """The tap of every mixer; CaptureError naming the first mixer whose layout capture does not know."""
+    out = {}
+    for layer, mixer in mixers.items():
+        tap = tap_for(mixer.kind, mixer.module)
+        if tap is None:
+            raise CaptureError(
+                f"layer {layer} ({type(mixer.module).__name__}): capture knows no layout of this {mixer.kind} mixer "
+                f"under transformers {transformers_version()}; it reads {expected_layouts(mixer.kind)}. ssmquant is "
+                f"tested with {tested_range()}"
+            )
+        out[layer] = tap
+    return out
 
 
 @contextlib.contextmanager
-def _intercept(mixers: dict[int, SSMMixer], state: _State):
-    patched: list[tuple[object, str, Callable]] = []
+def _hooked(mixers: dict[int, SSMMixer], taps: dict[int, MixerTap], state: _State):
+    """Forward hooks on each mixer's recorded submodules and a pre-hook on its gated norm, for one prefill pass."""
     handles = []
     try:
-        for mixer in mixers.values():
-            mod = sys.modules[type(mixer.module).__module__]
-            fname = INTERCEPTED_FUNCTIONS[mixer.kind]
-            if not any(m is mod and f == fname for m, f, _ in patched):
-                original = getattr(mod, fname, None)
-                if original is None:
+        for layer, mixer in mixers.items():
+            tap, recorded = taps[layer], {}
+            for name in tap.recorded:
+
+                def record(_m, _args, output, name=name, recorded=recorded):
+                    recorded[name] = output
+
+                handles.append(getattr(mixer.module, name).register_forward_hook(record))
+
+            def at_norm(_m, args, layer=layer, mixer=mixer, tap=tap, recorded=recorded):
+                if layer in state.done:
+                    return
+                missing = [n for n in tap.recorded if n not in recorded]
+                if missing or not args:
                     raise CaptureError(
-                        f"{mod.__name__} has no {fname}: this transformers version is not supported by capture"
+                        f"layer {layer} ({type(mixer.module).__name__}): its gated norm ran before {', '.join(missing)} "
+                        f"(transformers {transformers_version()} computes this mixer in another order than the "
+                        f"{tap.family} layout capture reads; tested: {tested_range()})"
                     )
-                patched.append((mod, fname, original))
-                setattr(mod, fname, _make_wrapper(original, mixer.kind, state))
+                meta = dict(state.meta, layer=layer, kind=tap.kind)
+                native = _build(tap.kind, tap.derive(mixer.module, recorded), state.steps, meta)
+                native.meta["capture_error"] = _verify(native, args[0], mixer, tap)
+                recorded.clear()
+                state.done.add(layer)
+                state.on_layer(layer, _deliver(native, state.device, state.dtype))
+                if state.stop_early and state.done >= state.wanted:
+                    raise _AllLayersCaptured
 
-            def pre(_m, _args, layer=mixer.layer):
-                state.current = layer
-
-            def post(_m, _args, _out):
-                state.current = None
-
-            handles.append(mixer.module.register_forward_pre_hook(pre))
-            handles.append(mixer.module.register_forward_hook(post))
+            handles.append(getattr(mixer.module, tap.norm).register_forward_pre_hook(at_norm))
         yield
     finally:
         for h in handles:
             h.remove()
-        for mod, fname, original in reversed(patched):
-            setattr(mod, fname, original)
-        state.current = None
 
 
 def _unpack(model) -> tuple[torch.nn.Module, dict]:
@@ -309,9 +275,11 @@ def capture_inputs(
     "layer", "tokens"). ``micro_batch``: sequences per prefill pass (default: as many as fit, see
     ``auto_micro_batch``); with several passes each layer is handed on after the last pass reaches it, its
     parts joined along the batch (host memory then holds the earlier passes' inputs of every layer).
+    Every layer is verified before it is handed on (module docstring): the relative error of each pass is in
+    ``meta["capture_error"]`` of the inputs (the largest over the passes).
     Returns the captured layer indices in order.
-    Raises CaptureError for more steps than tokens (both numbers), unknown layers, or layers whose
-    inputs were never intercepted.
+    Raises CaptureError for more steps than tokens (both numbers), unknown layers, mixers of a layout capture does
+    not know, or layers whose inputs were never seen; CaptureVerificationError where a layer's verification fails.
     """
     net, base_meta = _unpack(model)
     if (
@@ -343,6 +311,9 @@ def capture_inputs(
     unknown = [i for i in wanted if i not in mixers]
     if unknown:
         raise CaptureError(f"layers {unknown} are not SSM layers of this model; its SSM layers are {list(mixers)}")
+    chosen = {i: mixers[i] for i in wanted}
+    taps = _taps(chosen)
+    warn_if_untested_transformers()
     order: list[int] = []
 
     def record(layer, inputs):
@@ -355,6 +326,8 @@ def capture_inputs(
     body = getattr(net, "base_model", net)
     embed = net.get_input_embeddings() if hasattr(net, "get_input_embeddings") else None
     ids = input_ids.to(embed.weight.device) if embed is not None else input_ids
+    if ids.device.type == "cpu":
+        quiet_cpu_fallback_notices()
     if micro_batch is None:
         micro_batch = auto_micro_batch(net, batch, tokens, ids.device)
     if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
@@ -367,7 +340,9 @@ def capture_inputs(
         held[layer].append(inputs)
 
     def last_pass(layer, inputs):
-        record(layer, _concat_batch(kinds[layer], [*held.pop(layer), inputs], dict(inputs.meta, batch=batch)))
+        parts = [*held.pop(layer), inputs]
+        worst = max(p.meta["capture_error"] for p in parts)
+        record(layer, _concat_batch(kinds[layer], parts, dict(inputs.meta, batch=batch, capture_error=worst)))
 
     if not _CAPTURE_LOCK.acquire(blocking=False):
         raise CaptureError("another capture is running in this process; captures cannot overlap")
@@ -376,8 +351,10 @@ def capture_inputs(
         net.eval()  # NemotronH takes a fused training-only path otherwise
         for start in starts:
             last = start == starts[-1]
-            state = _State(wanted, last_pass if last else hold, steps, torch.device(device), dtype, full_meta, stop_early)
-            with torch.no_grad(), _intercept({i: mixers[i] for i in wanted}, state):
+            state = _State(
+                wanted, last_pass if last else hold, steps, torch.device(device), dtype, full_meta, stop_early
+            )
+            with torch.no_grad(), _hooked(chosen, taps, state):
                 try:
                     body(input_ids=ids[start : start + micro_batch], use_cache=False)
                 except _AllLayersCaptured:
@@ -389,9 +366,9 @@ def capture_inputs(
         _CAPTURE_LOCK.release()
     missing = [i for i in wanted if i not in state.done]
     if missing:
-        fnames = sorted({INTERCEPTED_FUNCTIONS[mixers[i].kind] for i in missing})
+        norms = sorted({f"{type(mixers[i].module).__name__}.{taps[i].norm}" for i in missing})
         raise CaptureError(
-            f"no SSM inputs were intercepted for layers {missing}: the mixers did not call {', '.join(fnames)} "
+            f"no SSM inputs were captured for layers {missing}: the prefill never called {', '.join(norms)} "
             "(a hub kernel replacing the whole mixer, e.g. a model loaded with use_kernels=True, bypasses it); "
             "load the model without hub kernels"
         )

@@ -28,11 +28,12 @@ from pathlib import Path
 
 import torch
 
+from .compat import warn_if_untested_transformers
 from .mixers import KNOWN_LAYER_KINDS
 from .placement import DEFAULT_HEADROOM_GIB, balanced_plan, device_room, model_units
 from .presets import Preset, PresetError, get_preset, list_presets
 from .text import ByteTokenizer
-from .torch_path import use_torch_path_on_cpu
+from .torch_path import quiet_cpu_fallback_notices, use_torch_path_on_cpu
 
 # name -> checkpoint directory relative to the ``ssmquant`` package (e.g. "assets/tiny-nemotron-h").
 # Entries whose directory is absent are not offered (see ``available_shipped_models``).
@@ -605,7 +606,10 @@ def load_model(
         ) from exc
     if device_map is None and dev.type != "cpu":
         model.to(dev)
+    warn_if_untested_transformers()
     use_torch_path_on_cpu(model)  # fla & co. may be importable without a GPU: CPU tensors take the torch path
+    if dev.type == "cpu":
+        quiet_cpu_fallback_notices()
     model.eval()
     tokenizer = load_tokenizer(source, config, local_files_only=local_files_only) if with_tokenizer else None
     return LoadedModel(model, tokenizer, config, arch, source, dev, dt, notes)

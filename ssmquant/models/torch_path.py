@@ -9,6 +9,11 @@ imports on a machine without a GPU (it is Python and Triton; transformers' own
 ``is_flash_linear_attention_available`` checks for CUDA, this decorator does not), and its Triton kernels
 then fail on CPU tensors with "0 active drivers ([]). There should only be one."
 
+transformers 5.25 routes CPU inputs to the torch reference itself (its ``_PACKAGE_SUPPORTED_DEVICES``), and logs
+once per function that it "is falling back to its reference PyTorch implementation": on CPU, where those packages
+cannot run, that notice is noise, and ``quiet_cpu_fallback_notices`` drops it through a logging filter on
+transformers' hub-kernels logger (on a GPU it stays: there it says what to install for speed).
+
 ``use_torch_path_on_cpu(model)`` replaces each such function in the modeling modules of ``model`` by a
 dispatcher: CPU tensors go to the torch reference (what transformers computes without the package),
 anything else to the implementation transformers bound, so GPU runs are unchanged. Going straight to the
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import sys
 
 import torch
@@ -63,6 +69,23 @@ def _dispatcher(bound, reference):
     return dispatch
 
 
+_HUB_KERNELS_LOGGER = "transformers.integrations.hub_kernels"
+_FALLBACK_NOTICE = "is falling back to its reference PyTorch implementation"
+
+
+class _CpuFallbackNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _FALLBACK_NOTICE not in record.getMessage()
+
+
+def quiet_cpu_fallback_notices() -> None:
+    """Drop transformers' "falling back to its reference PyTorch implementation" notices (idempotent): call it for
+    models that compute on the CPU, where the kernel packages the notice recommends cannot run."""
+    logger = logging.getLogger(_HUB_KERNELS_LOGGER)
+    if not any(isinstance(f, _CpuFallbackNotice) for f in logger.filters):
+        logger.addFilter(_CpuFallbackNotice())
+
+
 def use_torch_path_on_cpu(model: torch.nn.Module) -> list[str]:
     """Make the modeling modules of ``model`` compute CPU tensors with transformers' torch references.
 
@@ -83,4 +106,4 @@ def use_torch_path_on_cpu(model: torch.nn.Module) -> list[str]:
     return replaced
 
 
-__all__ = ["use_torch_path_on_cpu"]
+__all__ = ["quiet_cpu_fallback_notices", "use_torch_path_on_cpu"]

@@ -42,7 +42,6 @@ import argparse
 import contextlib
 import hashlib
 import importlib.util
-import inspect
 import json
 import math
 import platform
@@ -488,37 +487,31 @@ def capture_decays(model):
 
     Mamba-2: ln a_t = clamp(softplus(dt_raw + dt_bias), dt_limit) * A_h; GDN: ln a_t = g_t; KDA: ln a_t = g_t
     per key channel. Yields a dict layer -> list of ln a_t tensors [tokens, heads] (KDA: [tokens, heads x
-    key channels], head-major) (float64, CPU), one per call.
+    key channels], head-major) (float64, CPU), one per call. Read through ssmquant's capture taps (torch hooks on
+    the mixers' projections, derived at their gated norm), so the model computes exactly what it would without.
     """
-    mod, name = ssm_function_site(model)
-    current = {"layer": None}
+    from ssmquant.models import find_ssm_mixers
+    from ssmquant.models.taps import tap_for
+
     acc: dict[int, list[torch.Tensor]] = {}
-    orig = getattr(mod, name)
-    sig = inspect.signature(orig)
-    nemotron = family(model) == "nemotron_h"
-
-    def recorder(*args, **kwargs):
-        a = sig.bind_partial(*args, **kwargs).arguments
-        if nemotron:
-            dt = a["dt"].float()
-            if a.get("dt_bias") is not None:
-                dt = dt + a["dt_bias"].float()
-            if a.get("dt_softplus", False):
-                dt = F.softplus(dt)
-            lo, hi = a.get("dt_limit", (0.0, float("inf")))
-            log_a = torch.clamp(dt, min=lo, max=hi) * a["A"].float()  # [b, T, H]
-        else:
-            log_a = a["g"].float()  # GDN [b, T, Hv]; KDA [b, T, H, Dk] -> flattened to H * Dk channels
-            log_a = log_a.reshape(*log_a.shape[:2], -1)
-        acc.setdefault(current["layer"], []).append(log_a.reshape(-1, log_a.shape[-1]).double().cpu())
-        return orig(*args, **kwargs)
-
     hooks = []
-    for i, m in ssm_mixers(model).items():
-        hooks.append(m.register_forward_pre_hook(lambda _m, _a, i=i: current.__setitem__("layer", i)))
+    for i, mixer in find_ssm_mixers(model).items():
+        tap, recorded = tap_for(mixer.kind, mixer.module), {}
+        for name in tap.recorded:
+            hooks.append(getattr(mixer.module, name).register_forward_hook(
+                lambda _m, _a, out, name=name, recorded=recorded: recorded.__setitem__(name, out)))
+
+        def at_norm(_m, _args, i=i, module=mixer.module, tap=tap, recorded=recorded):
+            with torch.no_grad():
+                raw = tap.derive(module, recorded)
+            log_a = raw["dt"] * raw["A"] if tap.kind == "mamba2" else raw["g"].float()  # [b, T, H] / [b, T, H(, Dk)]
+            log_a = log_a.reshape(*log_a.shape[:2], -1)
+            acc.setdefault(i, []).append(log_a.reshape(-1, log_a.shape[-1]).double().cpu())
+            recorded.clear()
+
+        hooks.append(getattr(mixer.module, tap.norm).register_forward_pre_hook(at_norm))
     try:
-        with patched(mod, name, recorder):
-            yield acc
+        yield acc
     finally:
         for h in hooks:
             h.remove()

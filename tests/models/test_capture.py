@@ -3,8 +3,6 @@ reproduce the mixer's own SSM output (the input of its gated norm) and the final
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -89,13 +87,18 @@ def test_captured_inputs_reproduce_the_mixer(request, fixture, kind, arch, steps
 
 
 def test_mamba2_dt_is_after_softplus_and_the_models_clamp(nemotron_dir):
+    """dt is clamped to whatever the mixer applies: transformers 5.24 clamps below at time_step_min, 5.25 at
+    config.time_step_limit (0 by default), as the engines do."""
     loaded = load_cpu(nemotron_dir)
     caps = capture_all(loaded, torch.randint(0, VOCAB, (2, STEPS)))
-    lo = loaded.model.config.time_step_min
-    for inputs in caps.values():
+    mixers = find_ssm_mixers(loaded.model)
+    for layer, inputs in caps.items():
         assert isinstance(inputs, Mamba2Inputs)
         assert inputs.dt.dtype == torch.float32 and inputs.A.dtype == torch.float32
-        assert float(inputs.dt.min()) == pytest.approx(lo)  # some steps are clamped
+        lo, _ = mixers[layer].module.time_step_limit
+        assert float(inputs.dt.min()) >= lo
+        if lo > 0:
+            assert float(inputs.dt.min()) == pytest.approx(lo)  # some steps are clamped
         assert (inputs.A < 0).all()
 
 
@@ -111,25 +114,91 @@ def test_gdn_q_k_are_normalised_and_q_scaled(qwen35_dir):
         assert (inputs.g <= 0).all() and ((inputs.beta > 0) & (inputs.beta < 1)).all()
 
 
-def test_capture_goes_through_whatever_implementation_transformers_picked(nemotron_dir, monkeypatch):
-    """mamba_ssm / FLA replace the function body but keep the signature (functools.wraps): capture must
-    record the arguments and still call the implementation in place."""
-    import transformers.models.nemotron_h.modeling_nemotron_h as mod
+def _hook_count(model) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
-    torch_fn = mod.mamba2_chunk_scan
-    calls = []
 
-    @functools.wraps(torch_fn)
-    def stand_in_kernel(*args, **kwargs):
-        calls.append(1)
-        return torch_fn(*args, **kwargs)
-
-    monkeypatch.setattr(mod, "mamba2_chunk_scan", stand_in_kernel)
+def test_capture_changes_nothing_the_model_computes_and_leaves_no_hook(nemotron_dir):
+    """Capture only listens (torch module hooks): the model's logits are bit-identical with and without it, and
+    every hook is gone afterwards, also when the prefill stops early."""
     loaded = load_cpu(nemotron_dir)
     ids = torch.randint(0, VOCAB, (1, 12))
-    caps = capture_all(loaded, ids, stop_early=False)
-    assert len(calls) == 3 and sorted(caps) == [0, 2, 4]
-    assert mod.mamba2_chunk_scan is stand_in_kernel  # restored after the capture
+    before = _hook_count(loaded.model)
+    with torch.no_grad():
+        plain = loaded.model(input_ids=ids).logits
+    seen = {}
+
+    def during(layer, inputs):
+        with torch.no_grad():
+            seen[layer] = True
+
+    capture_inputs(loaded, ids, during, stop_early=False)
+    with torch.no_grad():
+        after = loaded.model(input_ids=ids).logits
+    torch.testing.assert_close(after, plain, rtol=0, atol=0)
+    assert sorted(seen) == [0, 2, 4] and _hook_count(loaded.model) == before
+    capture_all(loaded, ids, layers=[2])  # stops after layer 2
+    assert _hook_count(loaded.model) == before
+
+
+@pytest.mark.parametrize("fixture,kind,arch,steps", CHECKPOINTS, ids=[c[0] for c in CHECKPOINTS])
+def test_every_capture_is_verified_and_says_how_close(request, fixture, kind, arch, steps):
+    """meta["capture_error"]: the verification's relative error, far below the fp32 tolerance."""
+    from ssmquant.models.capture import VERIFY_TOLERANCE
+
+    caps = capture_all(load_cpu(request.getfixturevalue(fixture)), torch.randint(0, VOCAB, (2, steps)))
+    for inputs in caps.values():
+        assert 0 <= inputs.meta["capture_error"] < VERIFY_TOLERANCE[torch.float32] / 10
+
+
+def _perturbed_taps(monkeypatch, family: str, field: str, factor: float):
+    """Make the tap of ``family`` hand on ``field`` scaled by ``factor`` (a derivation gone wrong)."""
+    import dataclasses
+
+    from ssmquant.models import taps
+
+    def perturb(tap):
+        def derive(mixer, recorded):
+            raw = tap.derive(mixer, recorded)
+            return dict(raw, **{field: raw[field] * factor})
+
+        return dataclasses.replace(tap, derive=derive) if tap.family == family else tap
+
+    monkeypatch.setattr(taps, "TAPS", tuple(perturb(t) for t in taps.TAPS))
+
+
+@pytest.mark.parametrize(
+    "fixture,family,field",
+    [("nemotron_dir", "nemotron_h", "dt"), ("qwen35_dir", "qwen3_5", "beta"), ("kimi_linear_dir", "kimi_delta", "g")],
+)
+def test_a_capture_that_does_not_reproduce_its_layer_names_the_layer_and_version(
+    request, monkeypatch, fixture, family, field
+):
+    import transformers
+
+    from ssmquant.models.capture import CaptureVerificationError
+
+    loaded = load_cpu(request.getfixturevalue(fixture))
+    _perturbed_taps(monkeypatch, family, field, 1.05)
+    first = min(find_ssm_mixers(loaded.model))
+    pattern = (
+        rf"layer {first} \(\w+\): the FP32 recurrence on the captured inputs does not reproduce the layer's own "
+        rf"output \(relative error .* tolerance 0.001\) with transformers {transformers.__version__}, read as the "
+        rf"{family} layout"
+    )
+    with pytest.raises(CaptureVerificationError, match=pattern):
+        capture_all(loaded, torch.randint(0, VOCAB, (2, 20)))
+
+
+def test_a_mixer_of_an_unknown_layout_is_refused_by_name(nemotron_dir):
+    loaded = load_cpu(nemotron_dir)
+    mixer = find_ssm_mixers(loaded.model)[2].module
+    mixer.in_projection = mixer.in_proj
+    del mixer.in_proj
+    with pytest.raises(
+        CaptureError, match=r"layer 2 \(NemotronHMamba2Mixer\): capture knows no layout.*nemotron_h \(in_proj, norm\)"
+    ):
+        capture_all(loaded, torch.randint(0, VOCAB, (1, 8)))
 
 
 def test_iter_capture_streams_layers_in_order(qwen35_dir):
@@ -253,6 +322,24 @@ def test_a_linear_attention_layer_of_unknown_kind_is_refused_by_name(kimi_linear
 
     loaded = load_cpu(kimi_linear_dir)
     loaded.model.model.layers[1].self_attn = MysteryLinearAttention(1)
-    pattern = r"layer 1 is a linear-attention layer .*MysteryLinearAttention.*known kinds: mamba2: .*; gdn: .*; kda: Kimi"
+    pattern = (
+        r"layer 1 is a linear-attention layer .*MysteryLinearAttention.*known kinds: mamba2: .*; gdn: .*; kda: Kimi"
+    )
     with pytest.raises(CaptureError, match=pattern):
         find_ssm_mixers(loaded.model)
+
+
+@pytest.mark.slow
+def test_full_size_random_init_slice_is_verified_on_the_cpu():
+    """A real model's shapes (Nemotron-3-Nano's first Mamba-2 layers, transformers' own random initialisation,
+    fp32 on the CPU): the capture of every layer verified."""
+    from ssmquant.models.build import build_random_model
+    from ssmquant.models.capture import VERIFY_TOLERANCE
+
+    loaded = build_random_model(
+        "nemotron-3-nano", devices="cpu", dtype="float32", num_layers=3, progress=lambda _: None
+    )
+    caps = capture_all(loaded, torch.randint(0, 256, (1, 160), generator=torch.Generator().manual_seed(0)))
+    assert sorted(caps) == [0, 2]
+    for inputs in caps.values():
+        assert inputs.meta["capture_error"] < VERIFY_TOLERANCE[torch.float32] / 10

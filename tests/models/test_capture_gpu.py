@@ -33,3 +33,27 @@ def test_gpu_bf16_capture(request, fixture, kind, arch, steps):
         state_model = states[layer] if kind == "mamba2" else states[layer].transpose(-1, -2)
         assert relerr(y, outs[layer].reshape(y.shape)) < BF16_TOL, layer
         assert relerr(final, state_model) < BF16_TOL, layer
+
+
+# Full-size random-init slices of the real models (transformers' own initialisation, bf16 on the GPU): every layer's
+# capture verified against the layer's own scan output over the first VERIFY_STEPS of 512 tokens.
+FULL_SIZE = [
+    ("nemotron-3-nano", 5),
+    ("qwen3.5-9b", 4),
+    ("qwen3-next-80b", 4),
+    ("glm-5.3-flash", 4),
+    ("kimi-linear-48b-a3b", 4),
+]
+
+
+@pytest.mark.parametrize("preset,layers", FULL_SIZE, ids=[p for p, _ in FULL_SIZE])
+def test_full_size_random_init_capture_is_verified(preset, layers):
+    from ssmquant.models.build import build_random_model
+    from ssmquant.models.capture import VERIFY_TOLERANCE
+
+    loaded = build_random_model(preset, devices="cuda:0", dtype="bfloat16", num_layers=layers, progress=lambda _: None)
+    ids = torch.randint(0, 256, (2, 512), generator=torch.Generator().manual_seed(0))
+    caps = capture_all(loaded, ids)
+    assert caps
+    for inputs in caps.values():
+        assert inputs.meta["capture_error"] < VERIFY_TOLERANCE[torch.bfloat16], (preset, inputs.meta["layer"])
