@@ -29,10 +29,51 @@ def _one_line(err: click.UsageError) -> click.ClickException:
     return _UsageError(err.format_message() + where)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread as Ctrl-C is, so that the same clean-up runs (the output's
+    temporary directory and lock removed) and the command ends with status 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name
+
+
+def _stop_on_termination() -> dict:
+    """Turn SIGTERM and SIGHUP into ``_Terminated`` while a command runs (main thread only; handlers a caller set
+    stay). Returns the handlers replaced, for ``_restore_handlers``."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def stop(signum, _frame):
+        raise _Terminated(signum)
+
+    previous = {}
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None and signal.getsignal(sig) in (signal.SIG_DFL, None):
+            previous[sig] = signal.signal(sig, stop)
+    return previous
+
+
+def _restore_handlers(previous: dict) -> None:
+    import signal
+
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
 def _version_warnings_as_lines() -> None:
-    """Print the library's UntestedVersionWarning (``models.compat``) as one `Warning:` line on stderr, not Python's
-    two-line warning with a source path. Matched by class name: importing ssmquant.models here would load torch
-    before every command."""
+    """Print the library's UntestedVersionWarning (``models.compat``) and OutputWarning (``report.files``) as one
+    `Warning:` line on stderr, not Python's two-line warning with a source path. Matched by class name: importing
+    those modules here would load torch and pandas before every command."""
     import warnings
 
     if getattr(warnings.showwarning, "_ssmquant", False):
@@ -40,7 +81,7 @@ def _version_warnings_as_lines() -> None:
     shown = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if category.__name__ == "UntestedVersionWarning":
+        if category.__name__ in ("UntestedVersionWarning", "OutputWarning"):
             click.echo(f"Warning: {message}", err=True)
         else:
             shown(message, category, filename, lineno, file, line)
@@ -50,8 +91,9 @@ def _version_warnings_as_lines() -> None:
 
 
 class _Group(click.Group):
-    """Ctrl-C ends a command with status 130 (as the shell reports a SIGINT), not click's 1 ("Aborted!").
-    Outputs are written atomically, so an interrupted run leaves no output directory behind. A usage error is
+    """Ctrl-C ends a command with status 130 (as the shell reports a SIGINT), not click's 1 ("Aborted!"); SIGTERM
+    and SIGHUP with 128 + their number, through the same clean-up. Outputs are written atomically, so an
+    interrupted run leaves no output directory behind. A usage error is
     one `Error:` line with status 2, as every other user error is one line (status 1)."""
 
     def make_context(self, info_name, args, parent=None, **extra):
@@ -62,13 +104,17 @@ class _Group(click.Group):
 
     def invoke(self, ctx):
         _version_warnings_as_lines()
+        previous = _stop_on_termination()
         try:
             return super().invoke(ctx)
         except click.UsageError as err:
             raise _one_line(err) from None
-        except KeyboardInterrupt:
-            click.echo("\nInterrupted.", err=True)
-            ctx.exit(INTERRUPTED)
+        except KeyboardInterrupt as err:
+            signum = getattr(err, "signum", None)
+            click.echo("\nInterrupted." if signum is None else f"\nTerminated ({_signal_name(signum)}).", err=True)
+            ctx.exit(INTERRUPTED if signum is None else 128 + signum)
+        finally:
+            _restore_handlers(previous)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

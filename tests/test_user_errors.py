@@ -318,3 +318,13 @@ def test_calibrate_installs_the_modelopt_filter(tmp_path, monkeypatch):
     monkeypatch.setattr(warnings, "filters", [])
     cli(["calibrate", "--model", "tiny-nemotron", "--layers", "", "--budget", 1, "--out", tmp_path / "r"])
     assert any(f[1] is not None and f[1].pattern == MODELOPT_VERSION_WARNING for f in warnings.filters)
+
+
+@pytest.mark.parametrize(
+    "option",
+    [["--schemes", "replay99999"], ["--schemes", "replay", "--buffer-len", "99999"], ["--schemes", "replay65537"]],
+)
+def test_a_buffer_longer_than_any_mask_is_one_error_line(option):
+    """A replay buffer above 65536 steps raised an IndexError (the first-write search looked at 65536 steps only)."""
+    res = cli(["analyze", *SYNTH, *option])
+    assert_user_error(res, "never rewrites its checkpoint within --steps", "raise --steps or lower --buffer-len")

@@ -215,9 +215,11 @@ def first_write_step(variant: Variant) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _first_write_step(scheme) -> int:
-    # once per scheme: a 65536-step mask (a Python loop for spec schemes) took most of a layer's host work
-    mask = scheme.write_mask(1, 65536 if scheme.buffer_len > 1 else 1)[0]
-    return int(mask.nonzero()[0, 0]) + 1
+    # once per scheme (a Python loop for spec schemes); every scheme stores its state by step L at the latest (the
+    # flush of a full buffer), so L steps of the mask hold the first write
+    mask = scheme.write_mask(1, max(scheme.buffer_len, 1))[0]
+    written = mask.nonzero()
+    return int(written[0, 0]) + 1 if len(written) else scheme.buffer_len
 
 
 def flush_cycle(variant: Variant) -> int:

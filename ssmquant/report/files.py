@@ -238,7 +238,9 @@ def check_out_dir(out_dir, force: bool, command: str = "analyze") -> pathlib.Pat
     resolved = out.resolve()
     why = _protected(resolved)
     if why is not None:
-        raise OutputError(f"--out {out} {why}; ssmquant writes a new directory, choose one such as {out / 'ssmquant-out'}")
+        raise OutputError(
+            f"--out {out} {why}; ssmquant writes a new directory, choose one such as {out / 'ssmquant-out'}"
+        )
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise OutputError(f"--out {out} exists and is not empty; pass --force to replace it, or choose another DIR")
@@ -307,12 +309,14 @@ def claim_out_dir(out_dir, force: bool, command: str = "analyze"):
         raise
     _claims[key] = fd
     try:
+        clean_leftovers(key)
         check_out_dir(out_dir, force, command)
         yield out
     finally:
         del _claims[key]
         with contextlib.suppress(OSError):
-            lock_path(key).unlink()  # before the lock is released: a waiting run then creates a new file
+            if os.stat(lock_path(key)).st_ino == os.fstat(fd).st_ino:
+                lock_path(key).unlink()  # before the lock is released: a waiting run then creates a new file
         os.close(fd)
         if not key.exists():
             _remove_empty(created)
@@ -352,17 +356,77 @@ def _probe_writable(out: pathlib.Path, parent: pathlib.Path) -> None:
         ) from None
 
 
-def _lock(out: pathlib.Path, path: pathlib.Path) -> int:
-    """Lock ``path`` for this process (``claim_out_dir``); returns its descriptor."""
-    for _ in range(5):
+# What an ssmquant lock file holds: a lock file whose content is not this (or, from earlier versions, a bare pid)
+# is the user's, and is never truncated, taken over or removed.
+LOCK_SIGNATURE = "ssmquant output lock, pid "
+
+
+def _lock_text() -> bytes:
+    return f"{LOCK_SIGNATURE}{os.getpid()}\n".encode()
+
+
+def _lock_owner(text: bytes) -> tuple[bool, int | None]:
+    """(is it an ssmquant lock, the pid in it) for a lock file's content."""
+    line = text.decode(errors="replace").strip()
+    if line.startswith(LOCK_SIGNATURE):
+        line = line[len(LOCK_SIGNATURE) :]
+    elif not re.fullmatch(r"\d+", line):
+        return False, None
+    return True, int(line) if line.isdigit() else None
+
+
+def _not_a_lock(out: pathlib.Path, path: pathlib.Path) -> OutputError:
+    return OutputError(
+        f"--out {out} is held through the lock file {path}, which exists and is not ssmquant's; ssmquant leaves it "
+        "as it is: rename or remove it, or choose another DIR"
+    )
+
+
+def _open_lock(out: pathlib.Path, path: pathlib.Path) -> int | None:
+    """A descriptor of ``path``, an ssmquant lock file: created with its content in one step (a linked temporary
+    file) where missing, opened and its content checked where present. None: created or removed meanwhile by
+    another run, try again."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            handle, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".new", dir=path.parent)
         except OSError as err:
             raise _uncreatable(out, path, err) from None
         try:
+            os.write(handle, _lock_text())
+            os.close(handle)
+            os.link(tmp, path)
+        except FileExistsError:
+            return None
+        except OSError as err:
+            raise _uncreatable(out, path, err) from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        try:
+            return os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return None
+    except OSError as err:
+        raise _uncreatable(out, path, err) from None
+    ours, _ = _lock_owner(os.pread(fd, 256, 0))
+    if not ours:
+        os.close(fd)
+        raise _not_a_lock(out, path)
+    return fd
+
+
+def _lock(out: pathlib.Path, path: pathlib.Path) -> int:
+    """Lock ``path`` for this process (``claim_out_dir``); returns its descriptor."""
+    for _ in range(5):
+        fd = _open_lock(out, path)
+        if fd is None:
+            continue
+        try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_pid(fd)
+            _, holder = _lock_owner(os.pread(fd, 256, 0))
             os.close(fd)
             raise _busy(out, holder) from None
         except (OSError, AttributeError):  # no flock here (another OS, a file system without locks)
@@ -374,7 +438,7 @@ def _lock(out: pathlib.Path, path: pathlib.Path) -> int:
             current = False
         if current:
             os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
+            os.pwrite(fd, _lock_text(), 0)
             return fd
         os.close(fd)
     raise _busy(out, None)
@@ -386,9 +450,11 @@ def _lock_by_pid(out: pathlib.Path, path: pathlib.Path) -> int:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             try:
-                holder = int(path.read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                holder = None
+                ours, holder = _lock_owner(path.read_bytes())
+            except OSError:
+                continue
+            if not ours:
+                raise _not_a_lock(out, path) from None
             if holder is not None and _alive(holder):
                 raise _busy(out, holder) from None
             with contextlib.suppress(OSError):
@@ -396,20 +462,13 @@ def _lock_by_pid(out: pathlib.Path, path: pathlib.Path) -> int:
             continue
         except OSError as err:
             raise _uncreatable(out, path, err) from None
-        os.write(fd, f"{os.getpid()}\n".encode())
+        os.write(fd, _lock_text())
         return fd
     raise _busy(out, None)
 
 
 def _uncreatable(out: pathlib.Path, path: pathlib.Path, err: OSError) -> OutputError:
     return OutputError(f"--out {out} cannot be created: {path} cannot be created ({err.strerror or err})")
-
-
-def _read_pid(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _alive(pid: int) -> bool:
@@ -471,13 +530,86 @@ def follow_umask(root: pathlib.Path) -> None:
         path.chmod(full & ~mask)
 
 
+# Inside a temporary output directory while it is written (removed before it is renamed into place): marks it as
+# ssmquant's, so that a later run into the same DIR removes what a killed run left (``clean_leftovers``).
+PARTIAL_MARKER = ".ssmquant-partial"
+
+
+class OutputWarning(UserWarning):
+    """Something about the output the user should know, the run having succeeded (the CLI prints one line)."""
+
+
+def _leftovers(out: pathlib.Path) -> list[pathlib.Path]:
+    """The temporary siblings of DIR a run creates: ``.DIR.tmp-*`` (being written), ``.DIR.old-*`` (the output
+    being replaced), ``.DIR.probe-*`` (the writability probe)."""
+    return sorted(p for kind in ("tmp", "old", "probe") for p in out.parent.glob(f".{glob_escape(out.name)}.{kind}-*"))
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def clean_leftovers(out: pathlib.Path) -> list[pathlib.Path]:
+    """Remove what runs into ``out`` killed by an uncatchable signal left beside it; the caller holds DIR's lock,
+    so no live run is writing them. Only ssmquant's own: a ``.DIR.tmp-*`` holding PARTIAL_MARKER or OUTPUT_MARKER,
+    the files a ``.DIR.old-*`` output lists (anything else in it stays), an empty ``.DIR.probe-*``. Returns what was
+    removed."""
+    removed = []
+    for path in _leftovers(out):
+        if path.is_symlink() or not path.is_dir():
+            continue
+        kind = path.name[len(out.name) + 2 :].split("-", 1)[0]
+        if kind == "tmp" and ((path / PARTIAL_MARKER).is_file() or (path / OUTPUT_MARKER).is_file()):
+            shutil.rmtree(path, ignore_errors=True)
+        elif kind == "old":
+            _remove_listed(path)
+        elif kind == "probe":
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        if not path.exists():
+            removed.append(path)
+    return removed
+
+
+def _remove_listed(directory: pathlib.Path) -> list[str]:
+    """Remove the files of the ssmquant output ``directory`` lists in its OUTPUT_MARKER (or report), then the
+    directories left empty, ``directory`` itself included. Returns the paths (relative) that are not ssmquant's and
+    stay."""
+    listed = None
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        doc = json.loads((directory / OUTPUT_MARKER).read_text())
+        listed = {*doc["files"], OUTPUT_MARKER}
+    if listed is None:
+        command = next((c for c, f in REPORT_FILES.items() if (directory / f).is_file()), None)
+        listed = _listed_files(directory, command) if command else None
+    listed = listed or set()
+    for rel in listed:
+        path = directory / rel
+        if path.is_file() or path.is_symlink():
+            with contextlib.suppress(OSError):
+                path.unlink()
+    for sub in sorted((p for p in directory.rglob("*") if p.is_dir() and not p.is_symlink()), reverse=True):
+        with contextlib.suppress(OSError):
+            sub.rmdir()  # only when empty
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+    if not directory.exists():
+        return []
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if not p.is_dir() or p.is_symlink())
+
+
 def write_atomically(out_dir, force: bool, fill, command: str = "analyze") -> pathlib.Path:
     """Create out_dir by calling fill(tmp_dir) on a temporary sibling, then renaming it into place; its
     files and directories get the modes the user's umask gives (``follow_umask``), and OUTPUT_MARKER names
     ``command`` and the files, so that a later ``force`` recognises the output. The directory is checked again
     here, and held while it is written (``claim_out_dir``: a no-op check when the caller already holds it, as the
     commands do from their start). A file-system error (permissions changed since the check, disk full) becomes
-    an OutputError naming DIR; nothing is left."""
+    an OutputError naming DIR; nothing is left.
+
+    Replacing a previous output (``force``): the old directory is moved aside and the new one renamed into its
+    place; then only the files the old output lists are removed. A file the user put into it while the run worked
+    is moved back into DIR at the same path (an OutputWarning names it); where the new output has a file of that
+    name, the old directory stays beside DIR under a visible name with the user's files, and the warning says so."""
     with claim_out_dir(out_dir, force, command) as claimed:
         return _write_atomically(claimed.resolve(), fill, command)
 
@@ -485,19 +617,18 @@ def write_atomically(out_dir, force: bool, fill, command: str = "analyze") -> pa
 def _write_atomically(out: pathlib.Path, fill, command: str) -> pathlib.Path:
     try:
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        (tmp / PARTIAL_MARKER).write_text(f"{os.getpid()}\n")
     except OSError as err:
         raise OutputError(f"--out {out} cannot be created: {err.strerror or err}") from None
     try:
         fill(tmp)
-        written = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        written = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file() and p.name != PARTIAL_MARKER)
         marker = {"command": command, "ssmquant": __version__, "files": written}
         (tmp / OUTPUT_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+        (tmp / PARTIAL_MARKER).unlink()  # OUTPUT_MARKER marks it as ssmquant's from here on
         follow_umask(tmp)
         if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
+            _replace(out, tmp, command)
         else:
             tmp.rename(out)
     except OSError as err:
@@ -507,6 +638,52 @@ def _write_atomically(out: pathlib.Path, fill, command: str) -> pathlib.Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _replace(out: pathlib.Path, new: pathlib.Path, command: str) -> None:
+    """Put the finished output ``new`` in the place of the previous output ``out`` (``write_atomically``)."""
+    if _listed_files(out, command) is None:  # changed while the run worked: not ours to replace any more
+        kept = _free_sibling(out, "new")
+        new.rename(kept)
+        raise OutputError(
+            f"--out {out} is no longer a previous `ssmquant {command}` output (it changed while this run worked); "
+            f"it was left as it is, and this run's output is in {kept}"
+        )
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    out.rename(old)
+    new.rename(out)
+    stay = _remove_listed(old)
+    if not stay:
+        return
+    clashes = [rel for rel in stay if (out / rel).exists() or (out / rel).is_symlink()]
+    if not clashes:
+        for rel in stay:
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (old / rel).rename(out / rel)
+        _remove_listed(old)
+        warnings.warn(
+            f"--out {out}: kept {', '.join(stay)}, written into it while this run worked (not ssmquant's)",
+            OutputWarning,
+            stacklevel=4,
+        )
+        return
+    kept = _free_sibling(out, "kept")
+    old.rename(kept)
+    warnings.warn(
+        f"--out {out}: {', '.join(stay)} appeared in it while this run worked and are not ssmquant's; the new output "
+        f"has files of the same name ({', '.join(clashes)}), so they are kept in {kept}",
+        OutputWarning,
+        stacklevel=4,
+    )
+
+
+def _free_sibling(out: pathlib.Path, word: str) -> pathlib.Path:
+    i = 1
+    while True:
+        path = out.with_name(f"{out.name}.{word}" + (f"-{i}" if i > 1 else ""))
+        if not path.exists() and not path.is_symlink():
+            return path
+        i += 1
 
 
 def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) -> pathlib.Path:
@@ -559,7 +736,9 @@ def load_analysis(out_dir) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, di
         raise OutputError(f"{d} has no report.json; is it an `ssmquant analyze` output?")
     report = _read(d / "report.json", lambda p: json.loads(p.read_text()))
     if not isinstance(report, dict):
-        raise OutputError(f"{d / 'report.json'} is not a JSON object; it is damaged: run the command that wrote it again")
+        raise OutputError(
+            f"{d / 'report.json'} is not a JSON object; it is damaged: run the command that wrote it again"
+        )
     if not (d / "summary.csv").is_file():
         raise OutputError(f"{d} has no summary.csv; is it an `ssmquant analyze` output?")
     summary = _read(d / "summary.csv", pd.read_csv, ("layer", "variant", "out_rel_err", "horizon"))
