@@ -204,7 +204,7 @@ def test_a_second_run_into_one_out_is_refused_at_its_start_and_a_dead_runs_lock_
         holder.kill()  # SIGKILL: its lock file stays behind, with its pid
         holder.wait()
     lock = tmp_path / ".run.lock"
-    assert lock.read_text().split() == [str(holder.pid)]
+    assert lock.read_text() == f"ssmquant output lock, pid {holder.pid}\n"
     monkeypatch.setattr(sources, "synthetic_layers", real)
     res = cli(["analyze", *SYNTH, "--out", out])
     assert res.exit_code == 0, res.output

@@ -628,6 +628,9 @@ def _write_atomically(out: pathlib.Path, fill, command: str) -> pathlib.Path:
         (tmp / PARTIAL_MARKER).unlink()  # OUTPUT_MARKER marks it as ssmquant's from here on
         follow_umask(tmp)
         if out.exists():
+            with contextlib.suppress(OSError):
+                out.rmdir()  # an empty directory, which --out may name without --force
+        if out.exists():
             _replace(out, tmp, command)
         else:
             tmp.rename(out)
