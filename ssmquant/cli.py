@@ -315,6 +315,18 @@ _DEVICES_OPTION = click.option(
 )
 
 
+# Counts the commands take: out of range is a usage error (status 2, click's one line), as --prompt's is
+_POSITIVE = click.IntRange(min=1)
+_BUDGET = click.FloatRange(min=0, min_open=True)
+
+
+def _nonempty(_ctx, param, value):
+    """Refuse a blank value of an option whose absence means its default: '' must not silently become the default."""
+    if value is not None and not str(value).strip():
+        raise click.BadParameter("is empty; give a value or leave the option out for its default", param=param)
+    return value
+
+
 _PROMPT_OPTION = click.option(
     "--prompt",
     default=0,
@@ -355,6 +367,7 @@ def _devices(value: str | None) -> list[str] | str | None:
 @click.option(
     "--model",
     default=None,
+    callback=_nonempty,
     help="Preset name, shipped model (tiny-nemotron, tiny-qwen, tiny-kda), local checkpoint dir or hub id. "
     "[default: tiny-nemotron]",
 )
@@ -387,12 +400,12 @@ def _devices(value: str | None) -> list[str] | str | None:
     help="conventional, replay (buffer --buffer-len), replay<L>, spec<L>x<T>[:p<rate>].",
 )
 @click.option(
-    "--buffer-len", default=16, show_default=True, type=int, help="Replay buffer length L for a bare 'replay'."
+    "--buffer-len", default=16, show_default=True, type=_POSITIVE, help="Replay buffer length L for a bare 'replay'."
 )
 @click.option("--rounding", default="rne", show_default=True, help="rne, sr or rne,sr.")
-@click.option("--steps", default=None, type=int, help=_default_help("analyze", "steps", "Decode steps (after the prompt)."))
+@click.option("--steps", default=None, type=_POSITIVE, help=_default_help("analyze", "steps", "Decode steps (after the prompt)."))
 @_PROMPT_OPTION
-@click.option("--batch", default=None, type=int, help=_default_help("analyze", "batch", "Sequences."))
+@click.option("--batch", default=None, type=_POSITIVE, help=_default_help("analyze", "batch", "Sequences."))
 @click.option("--layers", default=None, help="Comma-separated decoder-layer indices of SSM layers (default: all).")
 @click.option("--device", default="auto", show_default=True, help="auto, cuda or cpu.")
 @_DEVICES_OPTION
@@ -428,7 +441,7 @@ def _devices(value: str | None) -> list[str] | str | None:
     "--budget",
     default=0.02,  # analysis.fit.DEFAULT_BUDGET (not imported here: it would import torch at start-up)
     show_default=True,
-    type=float,
+    type=_BUDGET,
     help="Error budget of the verdict: the largest allowed relative output error at any decode step (the worst step "
     "of every window), over the run and up to the 32K / 128K forecasts.",
 )
@@ -476,7 +489,7 @@ def analyze_cmd(
         synthetic=synthetic,
         synthetic_profile=synthetic_profile,
         text=text,
-        formats=_csv(formats or ",".join(AnalyzeConfig.DEFAULT_FORMATS), "--formats"),
+        formats=_csv(formats if formats is not None else ",".join(AnalyzeConfig.DEFAULT_FORMATS), "--formats"),
         kind_baselines=formats is None,
         schemes=_csv(schemes, "--schemes"),
         buffer_len=buffer_len,
@@ -581,6 +594,7 @@ def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, 
 @click.option(
     "--model",
     default=None,
+    callback=_nonempty,
     help="Shipped model (tiny-nemotron, tiny-qwen, tiny-kda), local checkpoint dir or hub id. [default: tiny-nemotron]",
 )
 @click.option(
@@ -596,12 +610,12 @@ def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, 
     help="conventional, replay (buffer --buffer-len), replay<L>, spec<L>x<T>[:p<rate>]. [default: conventional,replay]",
 )
 @click.option(
-    "--buffer-len", default=16, show_default=True, type=int, help="Replay buffer length L for a bare 'replay'."
+    "--buffer-len", default=16, show_default=True, type=_POSITIVE, help="Replay buffer length L for a bare 'replay'."
 )
 @click.option("--rounding", default=None, help="rne, sr or rne,sr. [default: rne]")
-@click.option("--steps", default=None, type=int, help=_default_help("eval", "steps", "Decode steps (after the prompt)."))
+@click.option("--steps", default=None, type=_POSITIVE, help=_default_help("eval", "steps", "Decode steps (after the prompt)."))
 @_PROMPT_OPTION
-@click.option("--batch", default=None, type=int, help=_default_help("eval", "batch", "Held-out sequences decoded together."))
+@click.option("--batch", default=None, type=_POSITIVE, help=_default_help("eval", "batch", "Held-out sequences decoded together."))
 @click.option("--device", default="auto", show_default=True, help="auto, cuda, cuda:N or cpu.")
 @click.option(
     "--text",
@@ -671,8 +685,8 @@ def eval_cmd(
                 chosen = parse_eval_variants(_csv(variants, "--variants"), seed=seed, buffer_len=buffer_len)
             else:
                 chosen = variant_grid(
-                    _csv(formats or "fp8_e4m3,int8,nvfp4", "--formats"),
-                    _csv(schemes or "conventional,replay", "--schemes"),
+                    _csv(formats if formats is not None else "fp8_e4m3,int8,nvfp4", "--formats"),
+                    _csv(schemes if schemes is not None else "conventional,replay", "--schemes"),
                     _csv(rounding or "rne", "--rounding"),
                     buffer_len,
                     seed,
@@ -711,6 +725,7 @@ class _BudgetNotMet(click.ClickException):
 @click.option(
     "--model",
     default=None,
+    callback=_nonempty,
     help="Preset name (with --synthetic), shipped model (tiny-nemotron, tiny-qwen, tiny-kda), local checkpoint dir or "
     "hub id. [default: tiny-nemotron]",
 )
@@ -721,7 +736,13 @@ class _BudgetNotMet(click.ClickException):
     type=click.Path(exists=True, dir_okay=False),
     help="Text file: its calibration split calibrates, its held-out split verifies (default: the shipped corpus).",
 )
-@click.option("--budget", required=True, type=float, help="Error budget: the largest allowed metric at the horizon.")
+@click.option(
+    "--budget",
+    default=0.02,  # analysis.fit.DEFAULT_BUDGET, as analyze's
+    show_default=True,
+    type=_BUDGET,
+    help="Error budget: the largest allowed metric at the horizon.",
+)
 @click.option(
     "--metric",
     default="out_rel_err",
@@ -734,12 +755,12 @@ class _BudgetNotMet(click.ClickException):
 @click.option(
     "--horizon",
     default=None,
-    type=int,
+    type=_POSITIVE,
     help=_default_help("calibrate", "horizon", "Decode steps (after the prompt); the budget holds over the last window."),
 )
 @_PROMPT_OPTION
-@click.option("--batch", default=None, type=int, help=_default_help("calibrate", "batch", "Calibration sequences."))
-@click.option("--heldout-batch", default=None, type=int, help="Held-out sequences for verification. [default: --batch]")
+@click.option("--batch", default=None, type=_POSITIVE, help=_default_help("calibrate", "batch", "Calibration sequences."))
+@click.option("--heldout-batch", default=None, type=_POSITIVE, help="Held-out sequences for verification. [default: --batch]")
 @click.option("--candidates", default="fp8_e4m3,int8,nvfp4", show_default=True, help="Candidate formats.")
 @click.option(
     "--schemes",

@@ -278,7 +278,10 @@ def check_memory(
             per_step = est.per_token.get(pool, 0) * batch
             fit = int((room - fixed) // per_step) if per_step and room > fixed else 0
         where = f"GPU {dev}" if dev.type == "cuda" else "host"
-        hint = f"at most ~{fit} steps fit at batch {batch}{batch_note}" if fit >= 1 else "lower the batch first"
+        if fit >= 1:
+            hint = f"at most ~{fit} steps fit at batch {batch}{batch_note}"
+        else:
+            hint = "lower the batch first" if batch > 1 else "not even one step fits at batch 1"
         raise SizingError(
             f"this run needs about {format_bytes(need)} of {where} memory (estimate; largest parts: {what}) but only "
             f"{format_bytes(room)} is free; lower {lower} ({hint})"

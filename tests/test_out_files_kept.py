@@ -158,3 +158,24 @@ def test_a_stale_lock_of_an_earlier_version_is_taken_over(tmp_path):
     lock.write_text(f"{dead.pid}\n")
     write_atomically(tmp_path / "run", False, lambda d: (d / "report.json").write_text("{}"), command="analyze")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_calibrate_force_replaces_a_recipe_with_the_exports_made_from_it(tmp_path):
+    """The README's workflow writes exports into the recipe directory: a later `calibrate --force` refused them as
+    files calibrate did not write. They are ssmquant's, made from the recipe being replaced: they go with it; a
+    file of the user's among them still stops the run."""
+    from ssmquant.report.files import OutputError, check_out_dir
+
+    recipe = tmp_path / "recipe"
+    write_atomically(recipe, False, lambda d: (d / "ssm_quant_config.json").write_text("{}"), command="calibrate")
+    write_atomically(recipe / "export-vllm", False, lambda d: (d / "vllm_serve.sh").write_text("#"), command="export")
+    check_out_dir(recipe, True, "calibrate")
+    (recipe / "export-vllm" / "mine.txt").write_text("x")
+    with pytest.raises(OutputError, match=r"did not write \(export-vllm/mine.txt\)"):
+        check_out_dir(recipe, True, "calibrate")
+    (recipe / "export-vllm" / "mine.txt").unlink()
+    write_atomically(
+        recipe, True, lambda d: (d / "ssm_quant_config.json").write_text('{"new": 1}'), command="calibrate"
+    )
+    assert sorted(p.name for p in recipe.iterdir()) == [".ssmquant-output.json", "ssm_quant_config.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe"]

@@ -328,3 +328,10 @@ def test_a_buffer_longer_than_any_mask_is_one_error_line(option):
     """A replay buffer above 65536 steps raised an IndexError (the first-write search looked at 65536 steps only)."""
     res = cli(["analyze", *SYNTH, *option])
     assert_user_error(res, "never rewrites its checkpoint within --steps", "raise --steps or lower --buffer-len")
+
+
+def test_eval_refuses_a_variant_that_never_stores_its_state():
+    """eval reported KL 0, 100% top-1 and a zero loss change for replay buffers longer than --steps."""
+    res = cli(["eval", *TINY[:2], "--formats", "int8", "--schemes", "replay32", "--steps", 16, "--batch", 1,
+               "--device", "cpu", "--no-plots", "-q"])  # fmt: skip
+    assert_user_error(res, "replay32 never stores its state within --steps 16", "give a --prompt")

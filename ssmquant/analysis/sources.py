@@ -443,7 +443,8 @@ def plan_layers(
             lanes=lanes, ahead=ahead, prompt=prompt,
         )  # fmt: skip
 
-    check_memory(estimate(steps), batch=batch, steps=steps, at_steps=estimate, lower=f"{steps_option} or --batch",
+    lower = f"--prompt, {steps_option} or --batch" if prompt else f"{steps_option} or --batch"
+    check_memory(estimate(steps), batch=batch, steps=steps, at_steps=estimate, lower=lower,
                  batch_note=batch_note)  # fmt: skip
     if not measure_time or backend != "torch" or not layers:
         return None

@@ -29,7 +29,7 @@ import torch
 
 from .. import __version__
 from ..analysis.devices import torch_threads
-from ..analysis.run import AnalyzeConfig, AnalyzeError, build_variants
+from ..analysis.run import AnalyzeConfig, AnalyzeError, build_variants, first_write_step
 from ..formats import FormatError, ScaleMode, StateFormat, parse
 from ..models import ByteTokenizer, LoadedModel, ModelLoadError, TextError, load_model, ssm_layout
 from ..models.text import calibration_batch, load_text, split_bounds, text_origin, text_phrase
@@ -347,6 +347,14 @@ def evaluate(
     if not 0.0 < float(horizon_fraction) <= 1.0:
         raise EvalError(f"horizon_fraction must lie in (0, 1], got {horizon_fraction!r}")
     vlist = parse_eval_variants(variants, seed=seed)
+    never = sorted({v.scheme.name for v in vlist if first_write_step(v) > steps}) if prompt == 0 else []
+    if never:
+        raise EvalError(
+            f"{', '.join(never)} never stores its state within --steps {steps} (the first write would be after step "
+            f"{max(first_write_step(v) for v in vlist)}), so its KL, top-1 agreement and loss change would read as a "
+            "perfect score for nothing measured: raise --steps, lower --buffer-len, or give a --prompt (each variant "
+            "stores the prompt's state once)"
+        )
     text = _heldout_text(text_path, prompt + steps, batch)
 
     if isinstance(model, LoadedModel):
@@ -382,7 +390,8 @@ def evaluate(
         else:
             est = _memory(net, layout, batch, prompt + steps, decoded, loaded.device, step_batch=batch,
                           exact=len(exact) == len(vlist))  # fmt: skip
-            check_memory(est, batch=batch, steps=prompt + steps, free=free_bytes)
+            lower = "--prompt, --steps or --batch" if prompt else "--steps or --batch"
+            check_memory(est, batch=batch, steps=prompt + steps, free=free_bytes, lower=lower)
     except SizingError as err:
         raise EvalError(str(err)) from None
 

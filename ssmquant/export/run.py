@@ -157,6 +157,23 @@ def export(
     return result
 
 
+# What to do with each file an export writes (EXPORT.md's "Files").
+FILE_USES = {
+    "vllm_serve.sh": "starts the server: `MODEL=/path/to/checkpoint bash vllm_serve.sh` (further arguments go to "
+    "`vllm serve`)",
+    "vllm_flags.txt": "the same flags on one line, to append to a `vllm serve` command of your own",
+    "vllm_engine_args.json": "the same settings as keyword arguments of `vllm.EngineArgs` / `vllm.LLM` (Python)",
+    "vllm_env.sh": "`source vllm_env.sh` in the shell that starts vLLM",
+    "hf_config_patch.json": "merge its keys into the checkpoint's config.json (a copy of it): the state dtype for a "
+    "deployment that starts the engine without the dtype flag; with the flags above it changes nothing",
+    "trtllm_llm_api_options.yaml": "`trtllm-serve MODEL --extra_llm_api_options trtllm_llm_api_options.yaml`, or "
+    "`LLM(model, **yaml.safe_load(...))`",
+    "trtllm_env.sh": "`source trtllm_env.sh` in the shell that starts TensorRT-LLM",
+    "flashinfer_kwargs.json": "the keyword arguments of the FlashInfer call, per layer",
+    "flashinfer_alloc.py": "allocates the state, scale and ring buffers the FlashInfer call takes",
+}
+
+
 def _absent_files(plan: ExportPlan, recipe, files: dict[str, str]) -> list[str]:
     """Why a file the target sometimes gets is not here."""
     out = []
@@ -235,6 +252,6 @@ def _summary(result: ExportResult, recipe, files: dict[str, str]) -> str:
     else:
         lines.append("Nothing: the recipe's decisions are consumed as they are.")
     lines += ["", "## Notes", ""] + [f"- {n}" for n in p.other_notes]
-    lines += ["", "## Files", ""] + [f"- `{f}`" for f in sorted(files)]
+    lines += ["", "## Files", ""] + [f"- `{f}`" + (f": {FILE_USES[f]}" if f in FILE_USES else "") for f in sorted(files)]
     lines += [f"- {x}" for x in _absent_files(p, recipe, files)]
     return "\n".join(lines) + "\n"

@@ -187,8 +187,26 @@ REPORT_FILES = {"analyze": "report.json", "eval": "eval.json", "calibrate": "ssm
                 "export": "export_report.json"}  # fmt: skip
 
 
+# Outputs another command writes inside this command's output: `export` writes into the recipe directory
+# (RECIPE/export-TARGET), so a recipe replaced by `calibrate --force` takes its exports, made from it, along.
+NESTED_OUTPUTS = {"calibrate": ("export",)}
+
+
 def _listed_files(directory: pathlib.Path, command: str) -> set[str] | None:
-    """The files a previous `ssmquant COMMAND` output in ``directory`` consists of, or None when it is not one."""
+    """The files a previous `ssmquant COMMAND` output in ``directory`` consists of (with those of the outputs
+    NESTED_OUTPUTS allows inside it), or None when it is not one."""
+    own = _own_listed_files(directory, command)
+    if own is None:
+        return None
+    for sub in (p for p in directory.iterdir() if p.is_dir() and not p.is_symlink()):
+        for nested in NESTED_OUTPUTS.get(command, ()):
+            files = _own_listed_files(sub, nested)
+            if files is not None:
+                own |= {f"{sub.name}/{f}" for f in files}
+    return own
+
+
+def _own_listed_files(directory: pathlib.Path, command: str) -> set[str] | None:
     marker = directory / OUTPUT_MARKER
     try:
         if marker.is_file():
@@ -575,14 +593,12 @@ def _remove_listed(directory: pathlib.Path) -> list[str]:
     """Remove the files of the ssmquant output ``directory`` lists in its OUTPUT_MARKER (or report), then the
     directories left empty, ``directory`` itself included. Returns the paths (relative) that are not ssmquant's and
     stay."""
-    listed = None
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        doc = json.loads((directory / OUTPUT_MARKER).read_text())
-        listed = {*doc["files"], OUTPUT_MARKER}
-    if listed is None:
+    command = None
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+        command = json.loads((directory / OUTPUT_MARKER).read_text()).get("command")
+    if command not in REPORT_FILES:
         command = next((c for c, f in REPORT_FILES.items() if (directory / f).is_file()), None)
-        listed = _listed_files(directory, command) if command else None
-    listed = listed or set()
+    listed = (_listed_files(directory, command) if command else None) or set()
     for rel in listed:
         path = directory / rel
         if path.is_file() or path.is_symlink():
