@@ -582,7 +582,7 @@ def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, 
         raise click.BadParameter(f"must be a JSON object of config fields, got {overrides!r}", param_hint="--overrides")
     try:
         dev = str(resolve_device(device))
-        n = estimate_parameters(preset, num_layers=num_layers)
+        n = estimate_parameters(preset, num_layers=num_layers, overrides=fields)
         click.echo(f"{preset}: {n / 1e9:.2f} B parameters, {n * 2 / 2**30:.1f} GiB in 16-bit; building on {dev}")
         build_random_checkpoint(preset, out_dir, dtype=dtype, device=dev, num_layers=num_layers,
                                 max_shard_size=max_shard_size, seed=seed, overrides=fields)  # fmt: skip

@@ -18,6 +18,7 @@ time are the real ones.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -121,10 +122,12 @@ def _config_object(preset: Preset, cfg: dict):
     return conf_cls(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
 
 
-def config_provenance(preset: Preset, config) -> dict:
-    """Which config fields came from the preset (published values) and which from transformers' defaults."""
+def config_provenance(preset: Preset, config, overrides: dict | None = None) -> dict:
+    """Which config fields came from the preset (published values), which the user overrode (``overrides``, with
+    their values) and which came from transformers' defaults."""
     text = getattr(config, "text_config", None) or config
-    fixed = set(preset_config(preset))
+    overrides = dict(overrides or {})
+    fixed = set(preset_config(preset)) - set(overrides)
     defaults = {
         k: getattr(text, k)
         for k in (
@@ -138,9 +141,9 @@ def config_provenance(preset: Preset, config) -> dict:
             "moe_intermediate_size",
             "num_experts_per_tok",
         )
-        if hasattr(text, k) and k not in fixed
+        if hasattr(text, k) and k not in fixed and k not in overrides
     }
-    return {"from_preset": sorted(fixed), "transformers_defaults": defaults}
+    return {"from_preset": sorted(fixed), "overridden": overrides, "transformers_defaults": defaults}
 
 
 def _byte_level_chars() -> dict[int, str]:
@@ -233,9 +236,10 @@ def build_random_checkpoint(
         "num_layers": len(cfg.get("hybrid_override_pattern") or cfg.get("layer_types")),
         "weights": "random, drawn by transformers' _init_weights of the family (no trained dynamics)",
         "tokenizer": "byte-level (ids 3..258 are bytes), written by ssmquant",
-        "config_provenance": config_provenance(preset, config),
+        "config_provenance": config_provenance(preset, config, overrides),
     }
     (out / "ssmquant_build.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _follow_umask(out)
     progress(f"wrote {out} ({nbytes / 2**30:.1f} GiB) in {summary['seconds']:.1f} s")
     del model
     return summary
@@ -246,9 +250,6 @@ def _meta_model(preset: Preset, config, dtype: torch.dtype | None = None):
 
     with torch.device("meta"):  # transformers skips every init on the meta device (PreTrainedModel.init_weights)
         return getattr(transformers, preset.architecture)._from_config(config, **({"dtype": dtype} if dtype else {}))
-
-
-
 
 
 def parse_devices(devices: str | list[str] | None) -> list[str]:
@@ -356,12 +357,14 @@ def build_random_model(
     model.eval()
     params = sum(p.numel() for p in model.parameters())
     text = getattr(config, "text_config", None) or config
-    progress(f"built {preset.name} in memory: {params / 1e9:.2f} B parameters in {time.time() - t0:.1f} s on {', '.join(used)}")
+    progress(
+        f"built {preset.name} in memory: {params / 1e9:.2f} B parameters in {time.time() - t0:.1f} s on {', '.join(used)}"
+    )
     full = config.to_dict()
     source = ModelSource("memory", f"memory:{preset.name}", preset.name, preset)
     notes = [
         "random weights drawn by transformers' _init_weights of the family, built in memory (no trained dynamics)",
-        f"config fields: {json.dumps(config_provenance(preset, config))}",
+        f"config fields: {json.dumps(config_provenance(preset, config, overrides))}",
     ]
     return LoadedModel(
         model, byte_tokenizer(int(text.vocab_size)), full, detect_architecture(full), source,
@@ -369,10 +372,20 @@ def build_random_model(
     )  # fmt: skip
 
 
-def estimate_parameters(preset: str | Preset, *, num_layers: int | None = None) -> int:
-    """Parameter count of the checkpoint `build_random_checkpoint` would write (built on the meta device)."""
+def _follow_umask(out: Path) -> None:
+    """Give the checkpoint's files the modes a plain open gives (0666 less the umask): safetensors writes 0600."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for path in out.iterdir():
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
+
+
+def estimate_parameters(preset: str | Preset, *, num_layers: int | None = None, overrides: dict | None = None) -> int:
+    """Parameter count of the checkpoint `build_random_checkpoint` would write with these arguments (built on the
+    meta device)."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
-    config = _config_object(preset, preset_config(preset, num_layers=num_layers))
+    config = _config_object(preset, preset_config(preset, num_layers=num_layers, overrides=overrides))
     return sum(p.numel() for p in _meta_model(preset, config).parameters())
 
 

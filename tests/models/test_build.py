@@ -1,6 +1,7 @@
 """Random-weight checkpoints built from presets load through the normal checkpoint path."""
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -11,11 +12,27 @@ from ssmquant.models.build import BuildError, build_random_checkpoint, estimate_
 
 # Small widths so that the test runs in seconds; the SSM mixer keeps the preset's structure (groups, conv).
 SMALL = {
-    "nemotron-h-8b": {"vocab_size": 320, "hidden_size": 128, "intermediate_size": 128, "mamba_num_heads": 8,
-                      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},
-    "qwen3.5-9b": {"vocab_size": 320, "hidden_size": 128, "intermediate_size": 128, "linear_num_value_heads": 4,
-                   "linear_num_key_heads": 2, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},
+    "nemotron-h-8b": {
+        "vocab_size": 320,
+        "hidden_size": 128,
+        "intermediate_size": 128,
+        "mamba_num_heads": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+    },
+    "qwen3.5-9b": {
+        "vocab_size": 320,
+        "hidden_size": 128,
+        "intermediate_size": 128,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+    },
 }
 
 
@@ -33,7 +50,9 @@ def test_full_size_configs_have_the_published_ssm_shapes():
 @pytest.mark.parametrize("name", ["nemotron-h-8b", "qwen3.5-9b"])
 def test_built_checkpoint_loads_and_analyzes(name, tmp_path):
     out = tmp_path / "ckpt"
-    summary = build_random_checkpoint(name, out, dtype="float32", num_layers=4, overrides=SMALL[name], progress=lambda m: None)
+    summary = build_random_checkpoint(
+        name, out, dtype="float32", num_layers=4, overrides=SMALL[name], progress=lambda m: None
+    )
     assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
     assert json.loads((out / "ssmquant_build.json").read_text())["parameters"] == summary["parameters"]
     loaded = load_model(str(out), device="cpu")
@@ -42,8 +61,23 @@ def test_built_checkpoint_loads_and_analyzes(name, tmp_path):
     assert loaded.tokenizer("hi é\n", add_special_tokens=False)["input_ids"] == [3 + b for b in "hi é\n".encode()]
     res = CliRunner().invoke(
         main,
-        ["analyze", "--model", str(out), "--steps", "16", "--batch", "1", "--formats", "int8", "--device", "cpu",
-         "--out", str(tmp_path / "run"), "-q", "--no-plots"],
+        [
+            "analyze",
+            "--model",
+            str(out),
+            "--steps",
+            "16",
+            "--batch",
+            "1",
+            "--formats",
+            "int8",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "run"),
+            "-q",
+            "--no-plots",
+        ],
         catch_exceptions=False,
     )
     assert res.exit_code == 0, res.output
@@ -79,6 +113,17 @@ def test_build_command_takes_config_overrides(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert {k: cfg[k] for k in small} == small
     assert cfg["layers_block_type"] == ["linear_attention", "mlp"]  # the first 2 layers of the pattern, "M-"
+    # the size announced is the one built (it was the preset's before --layers / --overrides); overridden fields
+    # are recorded as such, not as the preset's; the files get the umask's modes (safetensors writes 0600)
+    built = json.loads((out / "ssmquant_build.json").read_text())
+    assert f"{built['parameters'] / 1e9:.2f} B parameters" in res.output.splitlines()[0]
+    provenance = built["config_provenance"]
+    assert provenance["overridden"] == small and not set(small) & set(provenance["from_preset"])
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert all((p.stat().st_mode & 0o777) == 0o666 & ~mask for p in out.iterdir()), [
+        oct(p.stat().st_mode) for p in out.iterdir()
+    ]
     for bad in ("{hidden_size: 64}", "[1, 2]"):
         res = CliRunner().invoke(main, ["build", "nemotron-h-8b", str(tmp_path / "x"), "--overrides", bad])
         assert res.exit_code == 2 and "must be a JSON object of config fields" in res.output
