@@ -320,6 +320,13 @@ _POSITIVE = click.IntRange(min=1)
 _BUDGET = click.FloatRange(min=0, min_open=True)
 
 
+def _finite(param, value: float, accepted: str) -> float:
+    """click's FloatRange lets NaN through (every comparison with it is false)."""
+    if value != value:
+        raise click.BadParameter(f"nan is not in the range {accepted}", param=param)
+    return value
+
+
 def _nonempty(_ctx, param, value):
     """Refuse a blank value of an option whose absence means its default: '' must not silently become the default."""
     if value is not None and not str(value).strip():
@@ -403,7 +410,9 @@ def _devices(value: str | None) -> list[str] | str | None:
     "--buffer-len", default=16, show_default=True, type=_POSITIVE, help="Replay buffer length L for a bare 'replay'."
 )
 @click.option("--rounding", default="rne", show_default=True, help="rne, sr or rne,sr.")
-@click.option("--steps", default=None, type=_POSITIVE, help=_default_help("analyze", "steps", "Decode steps (after the prompt)."))
+@click.option(
+    "--steps", default=None, type=_POSITIVE, help=_default_help("analyze", "steps", "Decode steps (after the prompt).")
+)
 @_PROMPT_OPTION
 @click.option("--batch", default=None, type=_POSITIVE, help=_default_help("analyze", "batch", "Sequences."))
 @click.option("--layers", default=None, help="Comma-separated decoder-layer indices of SSM layers (default: all).")
@@ -441,12 +450,15 @@ def _devices(value: str | None) -> list[str] | str | None:
     "--budget",
     default=0.02,  # analysis.fit.DEFAULT_BUDGET (not imported here: it would import torch at start-up)
     show_default=True,
-    type=_BUDGET,
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),  # analysis.fit.DIVERGED is 1
+    callback=lambda _c, p, v: _finite(p, v, "0<x<1"),
     help="Error budget of the verdict: the largest allowed relative output error at any decode step (the worst step "
     "of every window), over the run and up to the 32K / 128K forecasts.",
 )
 @_out_option("analyze")
-@click.option("--force", is_flag=True, help="Replace --out when it holds a previous output of this command (nothing else).")
+@click.option(
+    "--force", is_flag=True, help="Replace --out when it holds a previous output of this command (nothing else)."
+)
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or tables.")
 def analyze_cmd(
@@ -560,12 +572,16 @@ def presets_cmd():
 @main.command("build")
 @click.argument("preset")
 @click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option("--device", default="auto", show_default=True, help="Where the model is materialised: auto, cpu, cuda, cuda:N.")
-@click.option("--dtype", default="bfloat16", show_default=True, help="Weights dtype on disk: bfloat16, float16, float32.")
+@click.option(
+    "--device", default="auto", show_default=True, help="Where the model is materialised: auto, cpu, cuda, cuda:N."
+)
+@click.option(
+    "--dtype", default="bfloat16", show_default=True, help="Weights dtype on disk: bfloat16, float16, float32."
+)
 @click.option("--layers", "num_layers", type=int, default=None, help="Keep the first N decoder layers only.")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest safetensors shard.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--overrides", default=None, help='Config fields as a JSON object, e.g. \'{"hidden_size": 64}\'.')
+@click.option("--overrides", default=None, help="Config fields as a JSON object, e.g. '{\"hidden_size\": 64}'.")
 def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, overrides):
     """Write a full-size checkpoint of PRESET with random weights into OUT_DIR (no download)."""
     import json
@@ -613,9 +629,13 @@ def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, 
     "--buffer-len", default=16, show_default=True, type=_POSITIVE, help="Replay buffer length L for a bare 'replay'."
 )
 @click.option("--rounding", default=None, help="rne, sr or rne,sr. [default: rne]")
-@click.option("--steps", default=None, type=_POSITIVE, help=_default_help("eval", "steps", "Decode steps (after the prompt)."))
+@click.option(
+    "--steps", default=None, type=_POSITIVE, help=_default_help("eval", "steps", "Decode steps (after the prompt).")
+)
 @_PROMPT_OPTION
-@click.option("--batch", default=None, type=_POSITIVE, help=_default_help("eval", "batch", "Held-out sequences decoded together."))
+@click.option(
+    "--batch", default=None, type=_POSITIVE, help=_default_help("eval", "batch", "Held-out sequences decoded together.")
+)
 @click.option("--device", default="auto", show_default=True, help="auto, cuda, cuda:N or cpu.")
 @click.option(
     "--text",
@@ -625,7 +645,9 @@ def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, 
 )
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for text selection and stochastic rounding.")
 @_out_option("eval")
-@click.option("--force", is_flag=True, help="Replace --out when it holds a previous output of this command (nothing else).")
+@click.option(
+    "--force", is_flag=True, help="Replace --out when it holds a previous output of this command (nothing else)."
+)
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plot.")
 @click.option(
     "--fold/--no-fold",
@@ -756,11 +778,17 @@ class _BudgetNotMet(click.ClickException):
     "--horizon",
     default=None,
     type=_POSITIVE,
-    help=_default_help("calibrate", "horizon", "Decode steps (after the prompt); the budget holds over the last window."),
+    help=_default_help(
+        "calibrate", "horizon", "Decode steps (after the prompt); the budget holds over the last window."
+    ),
 )
 @_PROMPT_OPTION
-@click.option("--batch", default=None, type=_POSITIVE, help=_default_help("calibrate", "batch", "Calibration sequences."))
-@click.option("--heldout-batch", default=None, type=_POSITIVE, help="Held-out sequences for verification. [default: --batch]")
+@click.option(
+    "--batch", default=None, type=_POSITIVE, help=_default_help("calibrate", "batch", "Calibration sequences.")
+)
+@click.option(
+    "--heldout-batch", default=None, type=_POSITIVE, help="Held-out sequences for verification. [default: --batch]"
+)
 @click.option("--candidates", default="fp8_e4m3,int8,nvfp4", show_default=True, help="Candidate formats.")
 @click.option(
     "--schemes",
@@ -830,7 +858,9 @@ class _BudgetNotMet(click.ClickException):
 )
 @click.option("--no-verify", is_flag=True, help="Skip the held-out verification.")
 @_out_option("calibrate", "Recipe directory.")
-@click.option("--force", is_flag=True, help="Replace --out when it holds a previous output of this command (nothing else).")
+@click.option(
+    "--force", is_flag=True, help="Replace --out when it holds a previous output of this command (nothing else)."
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or table.")
 def calibrate_cmd(
     model,
@@ -980,7 +1010,9 @@ def _engine_versions(pairs) -> dict[str, str]:
     for pair in pairs:
         engine, sep, version = pair.partition("=")
         if not sep or not engine.strip() or not version.strip():
-            raise click.BadParameter(f"expected ENGINE=VERSION, e.g. vllm=0.33.0, got {pair!r}", param_hint="--engine-version")
+            raise click.BadParameter(
+                f"expected ENGINE=VERSION, e.g. vllm=0.33.0, got {pair!r}", param_hint="--engine-version"
+            )
         out[engine.strip().lower()] = version.strip()
     return out
 
@@ -1010,7 +1042,9 @@ def _engine_versions(pairs) -> dict[str, str]:
     "[default: the local GPU, else sm90]",
 )
 @click.option(
-    "--force", is_flag=True, help="Replace the output directory (--out or the default RECIPE_DIR/export-TARGET) when it holds a previous export (nothing else)."
+    "--force",
+    is_flag=True,
+    help="Replace the output directory (--out or the default RECIPE_DIR/export-TARGET) when it holds a previous export (nothing else).",
 )
 @click.option(
     "--speculative-method",

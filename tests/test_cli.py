@@ -28,7 +28,18 @@ from ssmquant.models.text import CORPUS_PATH
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
 # the smallest real run: one layer of the shipped trained model, one variant
-TINY = ["--model", "tiny-nemotron", "--layers", "0", "--formats", "int8", "--schemes", "conventional", "--device", "cpu"]
+TINY = [
+    "--model",
+    "tiny-nemotron",
+    "--layers",
+    "0",
+    "--formats",
+    "int8",
+    "--schemes",
+    "conventional",
+    "--device",
+    "cpu",
+]
 cpu_only = pytest.mark.skipif(HAS_CUDA, reason="checks the CPU defaults and CPU-only failure modes")
 
 
@@ -225,9 +236,29 @@ def test_sizing_defaults_and_memory_check():
 def tiny_run(tmp_path_factory):
     """Two layers, rne and sr, conventional and replay: what the plots and tables must keep apart."""
     out = tmp_path_factory.mktemp("tiny") / "run"
-    args = ["analyze", "--model", "tiny-nemotron", "--layers", "0,2", "--formats", "fp8_e4m3,int8", "--rounding",
-            "rne,sr", "--schemes", "conventional,replay16", "--steps", 40, "--batch", 1, "--device", "cpu",
-            "--record-every", 1, "--out", out]  # fmt: skip  (windows of one step: the conventional output error at step 1 is 0)
+    args = [
+        "analyze",
+        "--model",
+        "tiny-nemotron",
+        "--layers",
+        "0,2",
+        "--formats",
+        "fp8_e4m3,int8",
+        "--rounding",
+        "rne,sr",
+        "--schemes",
+        "conventional,replay16",
+        "--steps",
+        40,
+        "--batch",
+        1,
+        "--device",
+        "cpu",
+        "--record-every",
+        1,
+        "--out",
+        out,
+    ]  # fmt: skip  (windows of one step: the conventional output error at step 1 is 0)
     res = cli(args)
     assert res.exit_code == 0, res.output
     return out, res
@@ -414,9 +445,7 @@ def test_plots_share_the_run_order_and_one_legend(tiny_run):
     # one width for every format (issue 27: widths that varied by format read as emphasis); coinciding curves are
     # told apart by colour and dash instead
     widths = {
-        line.get_linewidth()
-        for line in panels[0].get_lines()
-        if len(line.get_xdata()) > 2 and line.get_alpha() is None
+        line.get_linewidth() for line in panels[0].get_lines() if len(line.get_xdata()) > 2 and line.get_alpha() is None
     }
     assert widths == {plots.LINE_WIDTH}
     plt.close(fig)
@@ -435,7 +464,11 @@ def test_forecasts_show_r2_and_withhold_unreliable_and_diverged(tiny_run):
     assert flat.r2 < 0.5 and forecast(flat, 32768) == (pytest.approx(float("nan"), nan_ok=True), "unreliable")
     steep = PowerFit(a=1e-3, b=0.9, r2=0.95, t_first=8, t_last=512, points=100)
     assert steep.predict(131072) > 1 and np.isnan(forecast(steep, 131072)[0])
-    assert forecast(steep, 131072)[1] == "diverged" and forecast(good, 32768, measured=1.2)[1] == "diverged"
+    assert forecast(steep, 131072)[1] == ">=1" and forecast(good, 32768, measured=1.2)[1] == "diverged"
+    # divergence of a forecast is read only from a reliable fit: a noisy one that would cross 1 is unreliable
+    noisy_steep = PowerFit(a=1e-3, b=0.9, r2=0.23, t_first=8, t_last=16, points=4)
+    assert forecast(noisy_steep, 131072)[1] == "unreliable"
+    assert forecast(PowerFit(float("nan"), float("nan"), float("nan"), 0, 0, 0), 32768)[1] == "no fit"
 
     out, res = tiny_run
     import pandas as pd
@@ -446,8 +479,8 @@ def test_forecasts_show_r2_and_withhold_unreliable_and_diverged(tiny_run):
     withheld = summary[summary.forecast_out_128k_status != "ok"]
     assert withheld.forecast_out_128k.isna().all()
     assert "fit r2" in res.stdout and "fit r2" in summary_table(summary)
-    table = summary_table(summary.assign(forecast_out_128k_status="diverged"))
-    assert ">=1 diverged" in table
+    table = summary_table(summary.assign(forecast_out_128k_status=">=1"))
+    assert ">=1 (forecast)" in table
 
 
 # -- 5. console: errors on their own line, quiet means quiet, the hub fails fast ---------------------------
@@ -489,7 +522,8 @@ def test_quiet_runs_are_silent_and_cpu_runs_have_no_kernel_fallback_noise(tmp_pa
 
 
 @pytest.mark.parametrize(
-    "env, why", [({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"), ({"HF_ENDPOINT": "http://127.0.0.1:9"}, "does not answer")]
+    "env, why",
+    [({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"), ({"HF_ENDPOINT": "http://127.0.0.1:9"}, "does not answer")],
 )
 def test_unreachable_hub_fails_fast(tmp_path, env, why):
     t0 = time.monotonic()
@@ -632,12 +666,12 @@ def test_gdn_model_runs_on_cpu_with_fla_installed(tmp_path):
     assert res.exit_code == 0, res.output
 
 
-FAKE_FLA = '''
+FAKE_FLA = """
 def _no_gpu(*args, **kwargs):  # what fla's Triton kernels do on a machine without a GPU
     raise RuntimeError("0 active drivers ([]). There should only be one.")
 
 chunk_gated_delta_rule = fused_recurrent_gated_delta_rule = _no_gpu
-'''
+"""
 
 CHECK_AND_RUN = """
 import sys, torch

@@ -5,10 +5,10 @@ rounded: 1 for conventional decoding, L for replay(L)) and from step 8 on, where
 to accumulate. An exponent b ~ 0.5 is a random walk of independent rounding errors; b ~ 0 a bounded
 error; b ~ 1 a systematic drift. Forecasts beyond the measured horizon extrapolate that fit and are
 labelled as forecasts everywhere they appear, with the fit's r^2. A forecast is withheld (NaN, with a
-status saying why) when the fit explains less than MIN_FORECAST_R2 of the variance of log error
-("unreliable": a flat or noisy curve, e.g. replay's saw-tooth, has no power law to extrapolate), or when
-it reaches a relative error of 1 ("diverged": the error is as large as the signal, where a power law of
-a relative error means nothing).
+status saying why, ``forecast``) when the run already diverged, when there is no fit, when the fit explains less
+than MIN_FORECAST_R2 of the variance of log error ("unreliable": a flat or noisy curve, e.g. replay's saw-tooth, has
+no power law to extrapolate), or when it reaches a relative error of 1 (">=1": the error as large as the signal,
+where a power law of a relative error means nothing).
 
 The budget verdict of `analyze --budget` (the end of this module) reads the same fit, of the windows' worst steps.
 """
@@ -23,7 +23,11 @@ MIN_FIT_STEP = 8
 MIN_FIT_POINTS = 4
 MIN_FORECAST_R2 = 0.5
 DIVERGED = 1.0  # relative error: the error is as large as the signal
-FORECAST_STATUSES = ("ok", "unreliable", "diverged")
+# "ok": a forecast; "diverged": the measured error already reached DIVERGED (or is not finite); "no fit": too few
+# recorded steps past the first write; "unreliable": a fit with r^2 < MIN_FORECAST_R2; ">=1": a reliable fit whose
+# forecast reaches DIVERGED (a power law of a relative error means nothing beyond it). Checked in that order: an
+# unreliable fit says nothing, not even that it crosses 1.
+FORECAST_STATUSES = ("ok", "diverged", "no fit", "unreliable", ">=1")
 
 
 @dataclass(frozen=True)
@@ -44,14 +48,18 @@ class PowerFit:
 
 
 def forecast(fit: PowerFit, step: int, measured: float = float("nan")) -> tuple[float, str]:
-    """(value, status) of the fit's forecast at ``step``: status "ok" with the value, else NaN and
-    "diverged" (the forecast or the ``measured`` error at the horizon reaches DIVERGED) or "unreliable"
-    (no fit, or r^2 < MIN_FORECAST_R2)."""
-    value = fit.predict(step)
-    if (np.isfinite(measured) and measured >= DIVERGED) or (np.isfinite(value) and value >= DIVERGED):
+    """(value, status) of the fit's forecast at ``step``: status "ok" with the value, else NaN and, in this order,
+    "diverged" (the ``measured`` error at the horizon reached DIVERGED), "no fit", "unreliable" (r^2 <
+    MIN_FORECAST_R2) or ">=1" (a reliable fit whose forecast reaches DIVERGED)."""
+    if np.isfinite(measured) and measured >= DIVERGED:
         return float("nan"), "diverged"
-    if not np.isfinite(value) or not np.isfinite(fit.r2) or fit.r2 < MIN_FORECAST_R2:
+    value = fit.predict(step)
+    if not np.isfinite(fit.r2) or fit.points == 0:
+        return float("nan"), "no fit"
+    if fit.r2 < MIN_FORECAST_R2 or np.isnan(value):
         return float("nan"), "unreliable"
+    if not np.isfinite(value) or value >= DIVERGED:
+        return float("nan"), ">=1"
     return value, "ok"
 
 
@@ -94,11 +102,16 @@ def fit_power_law(steps: np.ndarray, err: np.ndarray, first_write: int) -> Power
 # `analyze --budget B` says, per layer and variant, whether the output error stays under B over the measured horizon
 # and up to the 32K / 128K forecasts. The statistic is the worst step: the largest per-step relative output error
 # (pooled over sequences and heads) of every window, so nothing is sampled and replay's saw-tooth is judged at its
-# peaks (the step before each flush), not at a flush step. Up to step t the layer is:
-#   "under"    its worst step so far is <= B;
-#   "over"     it exceeds B (and stays below DIVERGED);
-#   "diverged" it reaches DIVERGED or is not finite (NaN / inf): the run broke down, which is not "over";
-#   "unknown"  (forecasts only) measured under B, but the fit of the window maxima is withheld as unreliable.
+# peaks (the step before each flush), not at a flush step. Up to step t the layer is, in this order of precedence
+# (the first that applies):
+#   "diverged" the measured error reached DIVERGED or is not finite (NaN / inf): the run broke down, which is not
+#              "over"; a measurement, never a forecast;
+#   "over"     the measured worst step so far exceeds B;
+#   "over"     (forecasts only) measured under B, and the reliable fit's forecast exceeds B (also where it reaches
+#              DIVERGED: that is over any budget, not a divergence seen);
+#   "unknown"  (forecasts only) measured under B, but the fit is withheld: no fit (too few windows past the first
+#              write) or r^2 < MIN_FORECAST_R2;
+#   "under"    otherwise.
 # A forecast step holds the measured worst step too ("stays under to 32K"): a layer over B within the horizon is
 # over at 32K and 128K whatever its fit says.
 #
@@ -130,14 +143,16 @@ def peak_verdict(peak: float, budget: float) -> str:
 def forecast_verdict(measured: str, value: float, status: str, budget: float) -> str:
     """The verdict up to a forecast step. ``status`` 'measured' (the run reached the step; ``value`` is its worst
     step up to there): that value decides. Else ``measured`` (``peak_verdict`` over the horizon) unless it is
-    'under'; then the forecast of the worst step (``value``, ``status`` 'ok', 'unreliable' or 'diverged') decides,
-    and an unreliable forecast is 'unknown'."""
+    'under'; then the forecast of the worst step (``value``, ``status`` of ``forecast``) decides: a reliable
+    forecast above the budget (">=1" included) is 'over', a withheld one ('no fit', 'unreliable') 'unknown'."""
     if status == "measured":
         return peak_verdict(value, budget)
     if measured != "under":
         return measured
-    if status == "diverged":
+    if status == "diverged":  # measured at the horizon: not reached when ``measured`` is "under"
         return "diverged"
-    if status != "ok":  # "measured" returned above
+    if status == ">=1":
+        return "over"
+    if status != "ok":  # "no fit", "unreliable"
         return "unknown"
     return peak_verdict(value, budget)

@@ -184,7 +184,8 @@ class AnalysisResult:
             "first_write_steps": {v.scheme.name: first_write_step(v) for v in build_variants(self.config)},
             "forecast_note": "forecast_* columns extrapolate the power-law fit err(t) ~ a t^b beyond the "
             "measured horizon; they are forecasts, not measurements. A forecast is null where its *_status is "
-            f"'unreliable' (fit r^2 below {MIN_FORECAST_R2}) or 'diverged' (relative error reaches {DIVERGED})",
+            f"'diverged' (the measured relative error reached {DIVERGED}), 'no fit', 'unreliable' (fit r^2 below "
+            f"{MIN_FORECAST_R2}) or '>=1' (the forecast reaches {DIVERGED})",
         }
 
 
@@ -331,7 +332,9 @@ def verdicts(summary: pd.DataFrame) -> list[dict]:
         parts = []
         for key, label in (("horizon", None), *((f"{s // 1024}k", f"{s // 1024}K") for s in FORECAST_STEPS)):
             col = g[f"verdict_{key}"]
-            layers = {state: sorted(int(x) for x in g.loc[col == state, "layer"]) for state in ("over", "diverged", "unknown")}
+            layers = {
+                state: sorted(int(x) for x in g.loc[col == state, "layer"]) for state in ("over", "diverged", "unknown")
+            }
             answer = "no" if layers["over"] or layers["diverged"] else "unknown" if layers["unknown"] else "yes"
             rec[key] = {"answer": answer, **{f"layers_{k}": v for k, v in layers.items()}}
             if key == "horizon":
@@ -357,7 +360,10 @@ def verdicts(summary: pd.DataFrame) -> list[dict]:
             if layers["diverged"]:
                 bits.append(f"{_layer_list(layers['diverged'])} diverged")
             if layers["unknown"]:
-                bits.append(f"{_layer_list(layers['unknown'])} unknown (fit r2 < {MIN_FORECAST_R2})")
+                unfit = g["fit_r2_out_max"].isna() & (col == "unknown")
+                for rows, why in ((col == "unknown") & ~unfit, f"fit r2 < {MIN_FORECAST_R2}"), (unfit, "no fit"):
+                    if rows.any():
+                        bits.append(f"{_layer_list(sorted(int(x) for x in g.loc[rows, 'layer']))} unknown ({why})")
             parts.append(f"{label}: {', '.join(bits)}")
         rec["text"] = f"{variant}: " + "; ".join(parts)
         out.append(rec)
@@ -381,8 +387,9 @@ def verdict_note(budget: float) -> str:
         f"budget {budget:g} on the worst step of the relative output error (the largest per-step error of every "
         "window, pooled over sequences and heads: every decode step counts, replay is judged at its peaks before "
         f"each flush); 32K / 128K: the worst step measured so far and the power-law forecast of the window maxima, "
-        f"forecasts, not measurements; 'unknown' where that fit's r2 < {MIN_FORECAST_R2}; 'diverged' where the "
-        f"error reaches {DIVERGED:g} or is not finite"
+        f"forecasts, not measurements. Labels, first that applies: 'diverged' (the measured error reached {DIVERGED:g} "
+        f"or is not finite), 'over' (measured, then forecast: a forecast reaching {DIVERGED:g} is over too), "
+        f"'unknown' (forecast withheld: no fit, or its r2 < {MIN_FORECAST_R2}), 'under'"
     )
 
 

@@ -63,7 +63,7 @@ def forecast_text(value: float, status: str) -> str:
     """A forecast cell: the number when its fit is reliable, else why it is withheld."""
     if status == "ok":
         return f"{value:.2e}"
-    return {"diverged": ">=1 diverged", "unreliable": "unreliable"}.get(status, status)
+    return {"diverged": "diverged", ">=1": ">=1 (forecast)"}.get(status, status)
 
 
 def summary_table(summary: pd.DataFrame, max_rows: int = 60) -> str:
@@ -93,9 +93,9 @@ def summary_table(summary: pd.DataFrame, max_rows: int = 60) -> str:
     verdict = verdict_text(summary)
     return (
         f"Relative errors at step {horizon} (output and state), worst head, growth exponent b of err ~ a t^b "
-        f"fitted past the first flush with its r2, and the fit's forecasts (withheld as 'unreliable' where "
-        f"r2 < {MIN_FORECAST_R2}, as 'diverged' where the error reaches {DIVERGED:g}):\n{text}{more}"
-        + (f"\n\n{verdict}" if verdict else "")
+        f"fitted past the first flush with its r2, and the fit's forecasts (withheld as 'diverged' where the measured "
+        f"error reached {DIVERGED:g}, 'no fit', 'unreliable' where r2 < {MIN_FORECAST_R2}, '>=1 (forecast)' where the "
+        f"forecast reaches {DIVERGED:g}):\n{text}{more}" + (f"\n\n{verdict}" if verdict else "")
     )
 
 

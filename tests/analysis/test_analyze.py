@@ -205,7 +205,10 @@ def test_fused_kernels_are_recorded():
         (["--schemes", "lookahead"], "unknown scheme 'lookahead'.*accepted: conventional"),
         (["--rounding", "up"], "unknown rounding 'up'; accepted: rne, sr"),
         (["--layers", "1"], r"layers \[1\] are not SSM layers of nemotron-3-nano; its mamba2 layers are \[0, 2, 4, 7"),
-        (["--synthetic-profile", "nope"], "unknown synthetic profile 'nope'; accepted: init, slow-decay, low-rank-keys"),
+        (
+            ["--synthetic-profile", "nope"],
+            "unknown synthetic profile 'nope'; accepted: init, slow-decay, low-rank-keys",
+        ),
     ],
 )
 def test_bad_inputs(args, message, tmp_path):
@@ -395,7 +398,9 @@ def test_budget_verdict_from_constructed_window_maxima():
     spike[100] = 0.03
     series[12] = spike
     df = _verdict_rows(0.02, series, ends, starts).set_index("layer")
-    assert df.loc[0, "verdict_horizon"] == "under" and df.loc[0, ["verdict_32k", "verdict_128k"]].tolist() == ["under"] * 2
+    assert (
+        df.loc[0, "verdict_horizon"] == "under" and df.loc[0, ["verdict_32k", "verdict_128k"]].tolist() == ["under"] * 2
+    )
     assert df.loc[2, ["verdict_horizon", "verdict_32k", "verdict_128k"]].tolist() == ["over"] * 3
     assert df.loc[4, ["verdict_horizon", "verdict_32k", "verdict_128k"]].tolist() == ["under", "under", "over"]
     assert df.loc[4, "forecast_out_max_128k"] == pytest.approx(1e-4 * 131072**0.47, rel=1e-6)
@@ -422,15 +427,56 @@ def test_budget_verdict_from_constructed_window_maxima():
     assert measured.loc[0, ["verdict_horizon", "verdict_32k"]].tolist() == ["over", "under"]
 
 
+def test_verdict_labels_follow_one_order():
+    """'diverged' is a measurement: a reliable forecast reaching 1 is 'over' (the best variant read 'diverged' while
+    worse ones read 'over'); a fit too noisy to forecast is 'unknown' even where it would cross 1 (a 16-step run with
+    r2 0.23 read 'diverged'); a run with no fit says so, not 'fit r2 < 0.5'."""
+    from ssmquant.analysis.run import verdicts
+
+    ends = np.arange(16, 4097, 16)
+    starts = ends - 15
+    series = {0: 1e-5 * ends**1.2, 2: 1e-4 * ends**0.4}  # 0.2 at 4096 (under 0.5) -> >= 1 at 32K; 2.8e-3 at 4096
+    df = _verdict_rows(0.5, series, ends, starts).set_index("layer")
+    assert df.loc[0, "forecast_out_max_32k_status"] == ">=1"
+    assert df.loc[0, ["verdict_horizon", "verdict_32k", "verdict_128k"]].tolist() == ["under", "over", "over"]
+    (v,) = verdicts(df.reset_index())
+    assert "32K: layer 0 over" in v["text"] and "diverged" not in v["text"]
+    short_ends = np.array([8, 16])
+    short = _verdict_rows(0.02, {0: np.array([1e-3, 2e-3])}, short_ends, short_ends - 7).set_index("layer")
+    assert short.loc[0, "forecast_out_max_32k_status"] == "no fit"
+    assert short.loc[0, ["verdict_horizon", "verdict_32k"]].tolist() == ["under", "unknown"]
+    (v,) = verdicts(short.reset_index())
+    assert "32K: layer 0 unknown (no fit)" in v["text"] and "r2" not in v["text"]
+
+
 def test_budget_verdict_of_a_run_in_summary_report_and_terminal(tmp_path):
     """analyze --budget: summary.csv's verdict columns come from the run's window maxima (the worst step of every
     window, not one sampled step), report.json records the budget and the verdict, the terminal prints it."""
     from ssmquant.report.tables import summary_table
 
     out = tmp_path / "v"
-    argv = ["analyze", "--model", "nemotron-3-nano", "--synthetic", "--layers", "0", "--steps", "8", "--batch", "1",
-            "--formats", "bf16,fp8_e4m3", "--schemes", "conventional", "--budget", "1e-3", "--no-plots", "-q",
-            "--out", str(out)]  # fmt: skip  (-q: no time estimate, which runs a measurement)
+    argv = [
+        "analyze",
+        "--model",
+        "nemotron-3-nano",
+        "--synthetic",
+        "--layers",
+        "0",
+        "--steps",
+        "8",
+        "--batch",
+        "1",
+        "--formats",
+        "bf16,fp8_e4m3",
+        "--schemes",
+        "conventional",
+        "--budget",
+        "1e-3",
+        "--no-plots",
+        "-q",
+        "--out",
+        str(out),
+    ]  # fmt: skip  (-q: no time estimate, which runs a measurement)
     res = run(argv)
     assert res.exit_code == 0, res.output
     traces, _, summary, report = load_analysis(out)
@@ -457,7 +503,8 @@ def test_budget_verdict_of_a_run_in_summary_report_and_terminal(tmp_path):
 @pytest.mark.parametrize("budget", ["0", "-0.1", "1", "nan"])
 def test_a_budget_outside_0_1_is_refused(budget, tmp_path):
     res = CliRunner().invoke(main, ["analyze", *SYNTH, "--budget", budget, "--out", str(tmp_path / "o")])
-    assert res.exit_code == 1 and "--budget must lie in (0, 1)" in res.output and not (tmp_path / "o").exists()
+    assert res.exit_code == 2 and "Invalid value for '--budget'" in res.output and "0<x<1" in res.output
+    assert not (tmp_path / "o").exists()
 
 
 def test_the_cli_default_budget_is_the_library_default():
