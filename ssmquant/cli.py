@@ -503,6 +503,7 @@ def analyze_cmd(
         text=text,
         formats=_csv(formats if formats is not None else ",".join(AnalyzeConfig.DEFAULT_FORMATS), "--formats"),
         kind_baselines=formats is None,
+        skip_unrunnable=formats is None,
         schemes=_csv(schemes, "--schemes"),
         buffer_len=buffer_len,
         rounding=_csv(rounding, "--rounding"),

@@ -335,3 +335,21 @@ def test_eval_refuses_a_variant_that_never_stores_its_state():
     res = cli(["eval", *TINY[:2], "--formats", "int8", "--schemes", "replay32", "--steps", 16, "--batch", 1,
                "--device", "cpu", "--no-plots", "-q"])  # fmt: skip
     assert_user_error(res, "replay32 never stores its state within --steps 16", "give a --prompt")
+
+
+@pytest.mark.parametrize("engine", ["flashinfer", "vllm", "trtllm"])
+def test_an_engine_profile_with_the_default_formats_runs_what_the_engine_runs(engine, tmp_path):
+    """`--engine X` without --formats aborted at the first default variant the engine cannot run; now those are
+    left out (one line, and report.json), the engine's 16-bit states measured beside; a format the user names that
+    the engine cannot run is still refused."""
+    args = ["analyze", *TINY[:2], "--engine", engine, "--steps", 16, "--batch", 1, "--layers", 0, "--device", "cpu",
+            "--no-plots", "--out", tmp_path / "a"]  # fmt: skip
+    res = cli(args)
+    assert res.exit_code == 0, res.output
+    assert f"{engine}: left out " in res.stderr and "default variant" in res.stderr
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    ran = {row["variant"] for row in report["summary"]}
+    assert ran and all(v.endswith(f"~{engine}") for v in ran) and report["skipped_variants"]
+    assert not ran & {x["variant"] for x in report["skipped_variants"]}
+    if engine != "flashinfer":
+        assert_user_error(cli([*args[:-2], "--formats", "int8", "--out", tmp_path / "b"]), "int8@")

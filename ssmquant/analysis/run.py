@@ -99,6 +99,14 @@ class AnalyzeConfig:
     # keep below float32) with each engine profile, rounded to nearest; None: when `formats` are the defaults (the
     # CLI: when --formats is not given)
     kind_baselines: bool | None = None
+    # leave out the variants an engine profile (``engines``) cannot run, instead of refusing the run; None: when
+    # `formats` are the defaults (the CLI: when --formats is not given), which nobody chose for that engine
+    skip_unrunnable: bool | None = None
+
+
+# The float states the engines keep (vLLM's and TensorRT-LLM's cache dtypes below float32): measured beside the
+# default formats when an engine profile runs on them (``AnalyzeConfig.skip_unrunnable``).
+ENGINE_FLOAT_FORMATS = ("bf16", "fp16")
 
 
 def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
@@ -163,6 +171,7 @@ class AnalysisResult:
     environment: dict
     elapsed_s: float
     stages: dict = field(default_factory=dict)
+    skipped: list[dict] = field(default_factory=list)  # variants an engine profile cannot run, left out
 
     def report(self) -> dict:
         """The report.json document."""
@@ -179,6 +188,7 @@ class AnalysisResult:
             "budget": {"value": self.config.budget, "note": verdict_note(self.config.budget)},
             "prompt": {"tokens": self.config.prompt, "note": prompt_note(self.config.prompt)},
             "verdict": verdicts(self.summary),
+            "skipped_variants": self.skipped,
             # per scheme, the step of the first rounded state: the plots mark it without parsing schemes (which
             # imports torch: seconds in a plotting process that needs nothing else of it)
             "first_write_steps": {v.scheme.name: first_write_step(v) for v in build_variants(self.config)},
@@ -196,17 +206,47 @@ def _records(df: pd.DataFrame) -> list[dict]:
     return out
 
 
-def check_engine_profiles(variants: list[Variant], kind: str, state_shape: tuple[int, ...]) -> None:
+def check_engine_profiles(
+    variants: list[Variant], kind: str, state_shape: tuple[int, ...], *, skip_unrunnable: bool = False
+) -> tuple[list[Variant], list[dict]]:
     """Refuse, before any layer runs, a variant whose engine profile cannot run it on these layers (the engine's
-    own words), instead of after the first layer's capture."""
+    own words), instead of after the first layer's capture. ``skip_unrunnable`` (the default formats, which nobody
+    chose for this engine): such variants are left out instead, and returned as {"variant", "engine", "reason"};
+    an engine left with no variant is still refused. Returns (the variants kept, those left out)."""
+    kept, skipped = [], []
     for v in variants:
-        if v.engine == "ideal":
-            continue
-        try:
-            check_variant(v.engine, v.format, v.scheme, kind, state_shape)
-        except EngineError as err:
-            msg = str(err)  # the profiles' messages mostly start with the variant already
-            raise AnalyzeError(msg if msg.startswith(f"{v.format.name}@") else f"{v.name}: {msg}") from None
+        if v.engine != "ideal":
+            try:
+                check_variant(v.engine, v.format, v.scheme, kind, state_shape)
+            except EngineError as err:
+                msg = str(err)  # the profiles' messages mostly start with the variant already
+                msg = msg if msg.startswith(f"{v.format.name}@") else f"{v.name}: {msg}"
+                if not skip_unrunnable:
+                    raise AnalyzeError(msg) from None
+                skipped.append({"variant": v.name, "engine": v.engine, "reason": msg})
+                continue
+        kept.append(v)
+    for engine in dict.fromkeys(v.engine for v in variants):
+        if not any(v.engine == engine for v in kept):
+            mine = [x for x in skipped if x["engine"] == engine]
+            raise AnalyzeError(
+                f"the {engine} profile runs none of the {len(mine)} default variants on these {kind} layers, e.g. "
+                f"{mine[0]['reason']}; name formats and schemes it runs with --formats / --schemes"
+            )
+    return kept, skipped
+
+
+def skipped_lines(skipped: list[dict]) -> list[str]:
+    """One line per engine profile for the variants ``check_engine_profiles`` left out."""
+    lines = []
+    for engine in dict.fromkeys(x["engine"] for x in skipped):
+        mine = [x for x in skipped if x["engine"] == engine]
+        names = ", ".join(x["variant"].split("~")[0] for x in mine)
+        lines.append(
+            f"{engine}: left out {len(mine)} default variant{'s' if len(mine) > 1 else ''} it cannot run ({names}), "
+            f"e.g. {mine[0]['reason']} (report.json: skipped_variants)"
+        )
+    return lines
 
 
 def first_write_step(variant: Variant) -> int:
@@ -468,6 +508,10 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
         raise AnalyzeError(f"--prompt must be a whole number of tokens >= 0 (0: no prompt), got {cfg.prompt!r}")
     if cfg.record_every is not None and cfg.record_every < 1:
         raise AnalyzeError(f"--record-every must be >= 1 (keep every k-th step), got {cfg.record_every}")
+    skip = cfg.skip_unrunnable if cfg.skip_unrunnable is not None else tuple(cfg.formats) == cfg.DEFAULT_FORMATS
+    if skip and any(e != "ideal" for e in cfg.engines):
+        # the engines' own 16-bit states beside the default formats, which released engines mostly do not store
+        cfg = replace(cfg, formats=[*cfg.formats, *(f for f in ENGINE_FLOAT_FORMATS if f not in cfg.formats)])
     variants = build_variants(cfg)
     never = sorted({v.scheme.name for v in variants if first_write_step(v) > cfg.steps})
     if never:
@@ -499,7 +543,12 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     # conventional baselines write every step: they change neither the first-write check nor the window above
     variants = variants + baseline_variants(cfg, source.layer_kind, variants)
     source.check_formats([v.format for v in variants])
-    check_engine_profiles(variants, source.layer_kind, (cfg.batch, *source.state_shape))
+    variants, skipped = check_engine_profiles(
+        variants, source.layer_kind, (cfg.batch, *source.state_shape), skip_unrunnable=skip
+    )
+    if notify is not None:
+        for line in skipped_lines(skipped):
+            notify(line)
     lanes = GPU_LANES if all(d.type == "cuda" for d in emu_devices) else 1
     # one GPU, one lane: synthetic inputs are drawn one layer ahead on their own stream while the kernels run
     ahead = source.can_make_ahead and cfg.devices is None and lanes == 1
@@ -595,6 +644,7 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
         environment=environment(device, backend=chosen_backend, **({"fused_kernels": kernels} if kernels else {})),
         elapsed_s=time.time() - t0,
         stages=stages,
+        skipped=skipped,
     )
 
 
