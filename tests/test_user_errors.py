@@ -353,3 +353,17 @@ def test_an_engine_profile_with_the_default_formats_runs_what_the_engine_runs(en
     assert not ran & {x["variant"] for x in report["skipped_variants"]}
     if engine != "flashinfer":
         assert_user_error(cli([*args[:-2], "--formats", "int8", "--out", tmp_path / "b"]), "int8@")
+
+
+def test_the_verdict_names_the_engines_that_serve_each_variant(tmp_path):
+    """analyze said `fp8_e4m3@conventional: every layer under 0.02` of a setting no engine runs: each verdict line
+    (and report.json) now names the engines, at the versions the facts were read at, that serve it, or none."""
+    res = cli(["analyze", *SYNTH[:5], "--formats", "fp8_e4m3", "--schemes", "conventional,replay16", "--steps", 32,
+               "--batch", 1, "--device", "cpu", "--no-plots", "--out", tmp_path / "a"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    lines = {ln.split(":")[0].strip(): ln for ln in res.stdout.splitlines() if ln.startswith("  fp8_e4m3@")}
+    assert "engines: none (vLLM " in lines["fp8_e4m3@conventional"] and "checked)" in lines["fp8_e4m3@conventional"]
+    assert "engines: FlashInfer " in lines["fp8_e4m3@replay16"]
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert {v["variant"]: v["engines"].split(":")[1].split()[0] for v in report["verdict"]} == {
+        "fp8_e4m3@conventional": "none", "fp8_e4m3@replay16": "FlashInfer"}  # fmt: skip

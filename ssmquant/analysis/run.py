@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from .. import __version__, kinds
+from ..engines.deployments import SettingView, Target, engines_running, violations
 from ..engines.profiles import EngineError, check_variant
 from ..formats import Encoding, FormatError, parse
 from ..kinds import after_prompt
@@ -354,6 +355,28 @@ def summarize_layer(
     return rows
 
 
+def engines_note(variant: Variant, kind: str, dims=None, arch=None) -> str:
+    """Which engines serve ``variant`` as measured (engine facts, each engine's newest release read): "engines:
+    FlashInfer 0.7.4", or "engines: none (vLLM 0.33.0, ...)" naming those checked. A variant measured with an engine
+    profile (``~vllm``) names that engine alone."""
+    view = SettingView.of(variant.format, variant.scheme)
+    if variant.engine != "ideal":
+        target = Target.make(variant.engine, dims=dims, arch=arch)
+        label = f"{target.name} {target.version}"
+        return f"engine: {label}" if not violations(target, view, kind) else f"engine: {label} does not serve it"
+    runs, not_runs = engines_running(view, kind, dims, arch)
+    return f"engines: {', '.join(runs)}" if runs else f"engines: none ({', '.join(not_runs)} checked)"
+
+
+def _with_engines(summary: pd.DataFrame, variants: list[Variant], source) -> pd.DataFrame:
+    """The summary with an ``engines`` column: ``engines_note`` of each row's variant."""
+    if summary.empty:
+        return summary
+    arch = (source.describe or {}).get("architecture")
+    notes = {v.name: engines_note(v, source.layer_kind, source.dims, arch) for v in variants}
+    return summary.assign(engines=summary["variant"].map(notes))
+
+
 def _layer_list(layers) -> str:
     return f"layer{'s' if len(layers) > 1 else ''} {', '.join(str(int(x)) for x in layers)}"
 
@@ -405,6 +428,9 @@ def verdicts(summary: pd.DataFrame) -> list[dict]:
                     if rows.any():
                         bits.append(f"{_layer_list(sorted(int(x) for x in g.loc[rows, 'layer']))} unknown ({why})")
             parts.append(f"{label}: {', '.join(bits)}")
+        if "engines" in g.columns and isinstance(g["engines"].iloc[0], str):
+            rec["engines"] = g["engines"].iloc[0]
+            parts.append(rec["engines"])
         rec["text"] = f"{variant}: " + "; ".join(parts)
         out.append(rec)
     return out
@@ -639,7 +665,7 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
         },
         traces=pd.concat(traces, ignore_index=True),
         heads=pd.concat(heads, ignore_index=True),
-        summary=pd.DataFrame(summary),
+        summary=_with_engines(pd.DataFrame(summary), variants, source),
         memory=memory_table(source, variants, len(source.layers)),
         environment=environment(device, backend=chosen_backend, **({"fused_kernels": kernels} if kernels else {})),
         elapsed_s=time.time() - t0,

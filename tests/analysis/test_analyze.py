@@ -358,8 +358,10 @@ def test_a_replay_buffer_longer_than_the_run_is_refused_before_the_work(tmp_path
 
 
 def test_an_engine_that_cannot_run_a_variant_is_refused_before_the_work(tmp_path):
+    """A format named with --formats that the engine cannot store (without --formats, such defaults are left out)."""
     res = CliRunner().invoke(main, ["analyze", "--model", "nemotron-3-nano", "--synthetic", "--steps", "16", "--batch",
-                                    "1", "--layers", "0", "--engine", "vllm", "--out", str(tmp_path / "o")])  # fmt: skip
+                                    "1", "--layers", "0", "--engine", "vllm", "--formats", "fp8_e4m3",
+                                    "--out", str(tmp_path / "o")])  # fmt: skip
     assert res.exit_code == 1 and "{value}" not in res.output and "invalid choice: 'fp8_e4m3'" in res.output
 
 
