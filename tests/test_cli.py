@@ -787,3 +787,20 @@ def test_quiet_synthetic_run_skips_transformers_and_times_the_write(tmp_path):
     stages = report["stages"]
     assert {"emulate_s", "tables_s", "write_tables_s", "plots_s"} <= set(stages)
     assert stages["plots_s"] > 0 and {"drift.png", "heatmap.png", "heads.png"} <= {p.name for p in out.iterdir()}
+
+
+def test_the_remeasure_command_an_export_advises_runs(recipe, tmp_path):
+    """export's `engine profile MISMATCH ... re-measure: ssmquant calibrate --engine vllm ...` failed with `the profile
+    runs none of the 48 candidates`: it now names the exported setting as the candidate, and runs."""
+    import json
+    import shlex
+
+    res = cli(["export", recipe, "--target", "vllm", "--engine-version", "0.33.0", "--gpu", "sm90",
+               "--out", tmp_path / "x"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    advice = json.loads((tmp_path / "x" / "export_report.json").read_text())["engine_profile"]["remeasure"]
+    assert advice and advice.startswith("ssmquant calibrate --engine vllm")
+    argv = shlex.split(advice.replace("RECIPE_DIR", str(tmp_path / "again")))[1:]
+    res = cli([*argv, "--batch", 1, "--device", "cpu", "-q"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "again" / "ssm_quant_config.json").is_file()

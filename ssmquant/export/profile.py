@@ -56,11 +56,14 @@ def profile_check(recipe, plan) -> dict:
     cfg = recipe.config
     remeasure = None
     if target is not None and not matches:
+        # the exported setting as the only candidate: the target's profile runs it (checked above), where the
+        # default candidates may hold none it runs (vLLM's Triton profile stores no 8-bit state)
+        fmt, scheme = plan.setting.format, plan.setting.scheme
         remeasure = (
             f"ssmquant calibrate --engine {target} --model {cfg['model'].get('name')} --budget "
             f"{recipe.budget:g} --metric {recipe.metric} --horizon {cfg['budget']['horizon']}"
             + (f" --prompt {cfg['budget']['prompt']}" if cfg["budget"].get("prompt") else "")
-            + " ..."
+            + f" --candidates {fmt.name} --schemes {scheme.name} --out RECIPE_DIR"
         )
     src = "" if recorded else " (the recipe records no engine_profile: made before `calibrate --engine`, treated as ideal)"
     how = f"{plan.setting.name} on {plan.deployment.label if plan.deployment else plan.target}"
