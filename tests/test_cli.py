@@ -804,3 +804,34 @@ def test_the_remeasure_command_an_export_advises_runs(recipe, tmp_path):
     res = cli([*argv, "--batch", 1, "--device", "cpu", "-q"])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "again" / "ssm_quant_config.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def qwen_recipe(tmp_path_factory):
+    out = tmp_path_factory.mktemp("recq") / "recipe"
+    res = cli(["calibrate", "--model", "tiny-qwen", "--device", "cpu", "--candidates", "int8", "--schemes",
+               "conventional", "--calibration", "none", "--engine-fallbacks", "fp16,bf16", "--budget", 0.5, "--horizon",
+               16, "--batch", 1, "--out", out, "-q"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_flashinfer_refusal_of_small_gdn_layers_quotes_the_rule_and_advises_no_rerun(qwen_recipe, tmp_path):
+    """tiny-qwen's K = V = 64: FlashInfer's GDN decode runs no setting on it; the refusal quoted "Requires SM90+" and
+    advised re-running calibrate with settings measured and refused."""
+    res = cli(["export", qwen_recipe, "--target", "flashinfer", "--out", tmp_path / "fi"])
+    line = assert_user_error(res)
+    out = res.output
+    assert 'K must be at least 128, got K={K}' in out and "Requires SM90+" not in out, out
+    assert "runs none of fp32@conventional" in out and "export for another target" in out
+    assert "Re-run `ssmquant calibrate`" not in out and line
+
+
+def test_vllm_export_prefers_bf16_over_fp16_for_gdn_at_the_same_bytes(qwen_recipe, tmp_path):
+    """fp16 and bf16 state are the same size; vLLM's fused GDN decode takes bf16 only (fp16 falls back to Triton)."""
+    import json
+
+    res = cli(["export", qwen_recipe, "--target", "vllm", "--engine-version", "0.33.0", "--out", tmp_path / "v"])
+    assert res.exit_code == 0, res.output
+    args = json.loads((tmp_path / "v" / "vllm_engine_args.json").read_text())
+    assert args["mamba_ssm_cache_dtype"] == "bfloat16", args

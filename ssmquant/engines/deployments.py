@@ -340,12 +340,14 @@ def _window(t: Target, s, T: int, fact: str, out: list) -> None:
     L = s.buffer_len
     if L > FLASHINFER_MAX_WINDOW:
         out.append(
-            _v("buffer_len", fact, f"FlashInfer buffer length must be <= {FLASHINFER_MAX_WINDOW}; the setting uses L={L}")
+            _v(
+                "buffer_len",
+                fact,
+                f"FlashInfer buffer length must be <= {FLASHINFER_MAX_WINDOW}; the setting uses L={L}",
+            )
         )
     if T and L < 1 + T:
-        out.append(
-            _v("spec_buffer", fact, f"speculative replay needs buffer length >= 1 + draft tokens: L={L}, T={T}")
-        )
+        out.append(_v("spec_buffer", fact, f"speculative replay needs buffer length >= 1 + draft tokens: L={L}, T={T}"))
 
 
 def _kda(t: Target, s, out: list) -> None:
@@ -367,28 +369,48 @@ def _vllm_kda(t: Target, s, out: list) -> None:
     fam, who = t.kda_family, KDA_FAMILY_NAMES[t.kda_family]
     if enc in EIGHT_BIT_ENCODINGS:
         if t.version == VLLM_PR_BUILD:
-            out.append(_v("8bit_replay", "vllm.pr_8bit", f"{enc} state exists only under FlashInfer ReplaySSM (Mamba-2)"))
+            out.append(
+                _v("8bit_replay", "vllm.pr_8bit", f"{enc} state exists only under FlashInfer ReplaySSM (Mamba-2)")
+            )
         else:
             out.append(_v("dtype", "vllm.state_dtype", f"vLLM {t.version} has no {enc} SSM state", value=repr(enc)))
     elif enc == "fp16":  # raised by the layers that pass the flag on, ignored (float32) by the others
         fid = "vllm.kda_state_dtype" if t.holds("vllm.kda_state_dtype") else "vllm.kda_state_fp32"
         out.append(
-            _v("dtype", fid, f"vLLM {t.version} keeps no float16 KDA state", **({"value": "float16"} if "{" in FACTS[fid].quote else {}))
+            _v(
+                "dtype",
+                fid,
+                f"vLLM {t.version} keeps no float16 KDA state",
+                **({"value": "float16"} if "{" in FACTS[fid].quote else {}),
+            )
         )
     elif enc == "bf16" and not kda_state_follows_flag(t):
         if t.holds("vllm.kda_state_fp32"):
             fid, why = "vllm.kda_state_fp32", f"vLLM {t.version}'s KDA state is float32 for every model"
         elif fam is None:
-            fid, why = None, (
-                f"the recipe does not name the model's architecture, and vLLM {t.version} keeps a bfloat16 KDA state "
-                "only for Kimi-K3 (KimiK3ForConditionalGeneration, from 0.30.0) and GLM-5.3-Flash (Glm5Next, from "
-                "0.32.0); every other KDA layer stays float32 and ignores the flag"
+            fid, why = (
+                None,
+                (
+                    f"the recipe does not name the model's architecture, and vLLM {t.version} keeps a bfloat16 KDA state "
+                    "only for Kimi-K3 (KimiK3ForConditionalGeneration, from 0.30.0) and GLM-5.3-Flash (Glm5Next, from "
+                    "0.32.0); every other KDA layer stays float32 and ignores the flag"
+                ),
             )
         elif fam == "glm5next":
-            fid, why = "vllm.kda_glm_follows", f"GLM-5.3-Flash's KDA state follows the flag only from vLLM 0.32.0 (this is {t.version})"
+            fid, why = (
+                "vllm.kda_glm_follows",
+                f"GLM-5.3-Flash's KDA state follows the flag only from vLLM 0.32.0 (this is {t.version})",
+            )
         else:
             fid, why = "vllm.kda_linear_fp32", "Kimi-Linear's KDA layer keeps a float32 state and ignores the flag"
-        out.append(_v("dtype", fid, f"{why}; the setting stores bf16, which this vLLM would accept and not run", quote=fid != "vllm.kda_glm_follows"))
+        out.append(
+            _v(
+                "dtype",
+                fid,
+                f"{why}; the setting stores bf16, which this vLLM would accept and not run",
+                quote=fid != "vllm.kda_glm_follows",
+            )
+        )
     if s.rounding == "sr":
         out.append(_v("sr", "vllm.sr_mamba_only", "vLLM has no stochastic rounding for KDA state", quote=False))
     if not _replay(s):
@@ -412,8 +434,12 @@ def _vllm_kda(t: Target, s, out: list) -> None:
     if fam != "kimi_k3":
         if fam == "glm5next" and t.holds("vllm.glm_no_replay"):
             out.append(
-                _v("layer_kind", "vllm.glm_no_replay", "GLM-5.3-Flash has no RecoverSSM",
-                   architecture="Glm5NextForConditionalGeneration")  # fmt: skip
+                _v(
+                    "layer_kind",
+                    "vllm.glm_no_replay",
+                    "GLM-5.3-Flash has no RecoverSSM",
+                    architecture="Glm5NextForConditionalGeneration",
+                )  # fmt: skip
             )
         else:
             out.append(
@@ -485,10 +511,22 @@ def _flashinfer_kda(t: Target, s, out: list) -> None:
     spec = s.scheme_kind == "spec"
     if enc not in ("bf16", "fp32"):
         out.append(
-            _v("dtype", "flashinfer.fused_kda_decode", f"FlashInfer keeps KDA state in float32 or bfloat16, not {enc}", quote=False)
+            _v(
+                "dtype",
+                "flashinfer.fused_kda_decode",
+                f"FlashInfer keeps KDA state in float32 or bfloat16, not {enc}",
+                quote=False,
+            )
         )
     elif enc == "fp32" and _replay(s):
-        out.append(_v("dtype", "flashinfer.kda_verify", "FlashInfer's KDA verify reads a bfloat16 state only, not fp32", quote=False))
+        out.append(
+            _v(
+                "dtype",
+                "flashinfer.kda_verify",
+                "FlashInfer's KDA verify reads a bfloat16 state only, not fp32",
+                quote=False,
+            )
+        )
     if s.rounding == "sr":
         out.append(_v("sr", "flashinfer.kda_decode", "FlashInfer's KDA decode has no stochastic rounding", quote=False))
     if s.scheme_kind == "replay":
@@ -503,7 +541,12 @@ def _flashinfer_kda(t: Target, s, out: list) -> None:
         )
     if spec and L > FLASHINFER_KDA_MAX_WINDOW:
         out.append(
-            _v("buffer_len", "flashinfer.kda_verify", f"the KDA verify takes at most {FLASHINFER_KDA_MAX_WINDOW} tokens, L={L}", quote=False)
+            _v(
+                "buffer_len",
+                "flashinfer.kda_verify",
+                f"the KDA verify takes at most {FLASHINFER_KDA_MAX_WINDOW} tokens, L={L}",
+                quote=False,
+            )
         )
     if _replay(s) or enc not in ("bf16", "fp32"):
         out += _recurrent_kda(t, spec)
@@ -522,8 +565,13 @@ def _fused_kda(t: Target, enc: str) -> list[Violation]:
     out = []
     if t.gpu not in FLASHINFER_FUSED_KDA_SM:
         out.append(
-            _v("gpu", "flashinfer.fused_kda_decode", f"FlashInfer's fused_kda_decode ({FLOAT_ENCODINGS[enc]} KDA state) "
-               f"runs on SM 100 / 103 only, not sm{t.gpu}", quote=False)  # fmt: skip
+            _v(
+                "gpu",
+                "flashinfer.fused_kda_decode",
+                f"FlashInfer's fused_kda_decode ({FLOAT_ENCODINGS[enc]} KDA state) "
+                f"runs on SM 100 / 103 only, not sm{t.gpu}",
+                quote=False,
+            )  # fmt: skip
         )
     d = t.dims
     heads = FLASHINFER_FUSED_KDA_HEADS[t.version]
@@ -546,7 +594,13 @@ def _recurrent_kda(t: Target, spec: bool) -> list[Violation]:
     sms = FLASHINFER_KDA_VERIFY_SM if spec else FLASHINFER_KDA_DECODE_SM
     fact = "flashinfer.kda_verify" if spec else "flashinfer.kda_decode"
     if t.gpu not in sms:
-        out.append(_v("gpu", fact, f"FlashInfer's KDA {'verify' if spec else 'decode'} (recurrent_kda) does not run on sm{t.gpu}"))
+        out.append(
+            _v(
+                "gpu",
+                fact,
+                f"FlashInfer's KDA {'verify' if spec else 'decode'} (recurrent_kda) does not run on sm{t.gpu}",
+            )
+        )
     d = t.dims
     if d is not None:
         K, V = d.state_dim, d.rows
@@ -647,7 +701,9 @@ def _trtllm(t: Target, s, kind: str, out: list) -> None:
     if enc in EIGHT_BIT_ENCODINGS:
         out.append(_v("dtype", "trtllm.state_dtype", f"TensorRT-LLM has no config knob for {enc} SSM state"))
     if sr and enc != "fp16":
-        out.append(_v("sr", "trtllm.sr", f"TensorRT-LLM rounds stochastically only into a float16 SSM state, not {enc}"))
+        out.append(
+            _v("sr", "trtllm.sr", f"TensorRT-LLM rounds stochastically only into a float16 SSM state, not {enc}")
+        )
     if kind != "mamba2":
         if sr:
             out.append(
@@ -660,7 +716,11 @@ def _trtllm(t: Target, s, kind: str, out: list) -> None:
         return
     if not T:
         out.append(
-            _v("scheme", "trtllm.replay_spec_only", f"TensorRT-LLM does not replay {s.scheme.name} without draft tokens")
+            _v(
+                "scheme",
+                "trtllm.replay_spec_only",
+                f"TensorRT-LLM does not replay {s.scheme.name} without draft tokens",
+            )
         )
         return
     hist = max(TRTLLM_MIN_REPLAY_HISTORY, 1 + T)
@@ -705,7 +765,11 @@ def _flashinfer(t: Target, s, kind: str, out: list) -> None:
             )
         if sr and enc != "fp16":
             out.append(
-                _v("sr", "flashinfer.ssu_sr", f"selective_state_update rounds stochastically only into float16, not {enc}")
+                _v(
+                    "sr",
+                    "flashinfer.ssu_sr",
+                    f"selective_state_update rounds stochastically only into float16, not {enc}",
+                )
             )
         return
     _window(t, s, T, "flashinfer.cssu_window", out)
@@ -733,19 +797,31 @@ def _flashinfer_gdn(t: Target, s, out: list) -> None:
             )
         )
     if enc not in ("fp32", "bf16"):
-        out.append(_v("dtype", "flashinfer.gdn_decode", f"FlashInfer's GDN decode keeps float32 or bfloat16 state, not {enc}"))
+        out.append(
+            _v("dtype", "flashinfer.gdn_decode_state", f"FlashInfer's GDN decode keeps float32 or bfloat16 state, not {enc}")
+        )
     if s.rounding == "sr":
-        out.append(_v("sr", "flashinfer.gdn_decode", "FlashInfer's GDN decode has no stochastic rounding"))
+        out.append(_v("sr", "flashinfer.gdn_decode_state", "FlashInfer's GDN decode has no stochastic rounding"))
     if t.gpu < 90:
         out.append(_v("gpu", "flashinfer.gdn_decode", f"FlashInfer's GDN decode needs SM 90+, not sm{t.gpu}"))
     d = t.dims
     if d is not None:
         K, V = d.state_dim, d.rows
         if enc == "bf16" and (K, V) != (128, 128):
-            out.append(_v("shape", "flashinfer.gdn_decode", f"bfloat16 GDN state needs K = V = 128, not K={K}, V={V}"))
+            out.append(
+                _v(
+                    "shape",
+                    "flashinfer.gdn_decode_state",
+                    f"bfloat16 GDN state needs K = V = 128, not K={K}, V={V}",
+                )
+            )
         if enc == "fp32" and (K < 128 or V < 128 or V % 8):
             out.append(
-                _v("shape", "flashinfer.gdn_decode", f"float32 GDN state needs K, V >= 128 and V % 8 == 0, not K={K}, V={V}")
+                _v(
+                    "shape",
+                    "flashinfer.gdn_decode_fp32_shape",
+                    f"float32 GDN state needs K, V >= 128 and V % 8 == 0, not K={K}, V={V}",
+                )
             )
 
 
@@ -764,7 +840,6 @@ def _kda_runtime(target: Target, s, tokens: int) -> Runtime:
     return Runtime("triton", 0, 0, tokens, facts=facts)
 
 
-
 def runtime(target: Target, setting, layer_kind: str) -> Runtime:
     """How `target` runs `setting` (which must have no violations): backend, window, ring, env, prefix caching."""
     s, T = setting, target.drafts(setting)
@@ -777,7 +852,9 @@ def runtime(target: Target, setting, layer_kind: str) -> Runtime:
         if not _replay(s):
             facts = ["vllm.state_dtype"] + (["vllm.sr_fp16", "vllm.sr_triton_sm10x"] if s.rounding == "sr" else [])
             if layer_kind == "gdn":  # where Qwen3.5 reads its HF key; which state dtypes keep the fused decode
-                facts += ["vllm.hf_qwen35"] + (["vllm.fused_gdn_dtypes"] if target.holds("vllm.fused_gdn_dtypes") else [])
+                facts += ["vllm.hf_qwen35"] + (
+                    ["vllm.fused_gdn_dtypes"] if target.holds("vllm.fused_gdn_dtypes") else []
+                )
             return Runtime(backend, 0, 0, tokens, facts=facts)
         L = s.buffer_len
         if backend == "flashinfer":
@@ -805,7 +882,9 @@ def runtime(target: Target, setting, layer_kind: str) -> Runtime:
         )
     if layer_kind == "kda":
         if s.scheme_kind == "spec":  # the committed state, read-only, for the L tokens of a verify
-            return Runtime("flashinfer.recurrent_kda", s.buffer_len, s.buffer_len, tokens, facts=["flashinfer.kda_verify"])
+            return Runtime(
+                "flashinfer.recurrent_kda", s.buffer_len, s.buffer_len, tokens, facts=["flashinfer.kda_verify"]
+            )
         if flashinfer_kda_kernel(target, s) == "flashinfer.fused_kda_decode":
             return Runtime("flashinfer.fused_kda_decode", 0, 0, tokens, facts=["flashinfer.fused_kda_decode"])
         return Runtime("flashinfer.recurrent_kda", 0, 0, tokens, facts=["flashinfer.kda_decode"])

@@ -32,8 +32,19 @@ ENGINE_NAMES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "flashinfer": "FlashIn
 VLLM_PR_BUILD = "0.33.0+pr52962"
 TRTLLM_MAIN = "main@2829508"
 VERSIONS: dict[str, tuple[str, ...]] = {
-    "vllm": ("0.25.0", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
-             VLLM_PR_BUILD),  # fmt: skip
+    "vllm": (
+        "0.25.0",
+        "0.26.0",
+        "0.27.0",
+        "0.27.1",
+        "0.28.0",
+        "0.29.0",
+        "0.30.0",
+        "0.31.0",
+        "0.32.0",
+        "0.33.0",
+        VLLM_PR_BUILD,
+    ),  # fmt: skip
     "trtllm": (TRTLLM_MAIN,),
     "flashinfer": ("0.7.0.post1", "0.7.2.post1", "0.7.4"),
 }
@@ -120,7 +131,11 @@ def _refs(versions: tuple[str, ...]) -> str:
 
 
 def _vllm(path: str, *versions: str) -> Source:
-    return Source("vllm-project/vllm", path, f"vllm {_refs(versions)} wheels" if len(versions) > 1 else f"vllm {versions[0]} wheel")
+    return Source(
+        "vllm-project/vllm",
+        path,
+        f"vllm {_refs(versions)} wheels" if len(versions) > 1 else f"vllm {versions[0]} wheel",
+    )
 
 
 def _fi(path: str, *versions: str) -> Source:
@@ -178,8 +193,7 @@ FACTS: dict[str, Fact] = {
             "describes no stochastic rounding for int8)",
             (Source("vllm-project/vllm", "pull/52962 (description)", "open, 2026-08-19"),),
             since=VLLM_PR_BUILD,
-            quote="Preserve stochastic rounding for FP8 through the existing Mamba SSU seed and Philox-round "
-            "controls.",
+            quote="Preserve stochastic rounding for FP8 through the existing Mamba SSU seed and Philox-round controls.",
         ),
         Fact(
             "vllm.sr_triton_sm10x",
@@ -302,8 +316,7 @@ FACTS: dict[str, Fact] = {
                 _vllm("vllm/config/cache.py", "0.30.0", "0.32.0", "0.33.0"),
             ),
             since="0.27.0",
-            quote="ReplaySSM logical history length B for Mamba2. Triton uses B physical rows and FlashInfer "
-            "uses B+T",
+            quote="ReplaySSM logical history length B for Mamba2. Triton uses B physical rows and FlashInfer uses B+T",
         ),
         Fact(
             "vllm.mamba_cache_mode",
@@ -377,8 +390,10 @@ FACTS: dict[str, Fact] = {
             "GLM-5.3-Flash's KDA layer (Glm5Next) passes --mamba-ssm-cache-dtype to kda_state_dtype from 0.32.0: "
             "its state follows the flag (float32 or bfloat16); in 0.30.0 and 0.31.0 it passes only the conv cache "
             "dtype, so the state stays float32",
-            (_vllm("vllm/models/glm5next/common/kda.py", "0.31.0", "0.32.0", "0.33.0"),
-             _vllm("vllm/models/glm5next/nvidia/kda.py", "0.30.0")),
+            (
+                _vllm("vllm/models/glm5next/common/kda.py", "0.31.0", "0.32.0", "0.33.0"),
+                _vllm("vllm/models/glm5next/nvidia/kda.py", "0.30.0"),
+            ),
             since="0.32.0",
             quote="self.cache_config.mamba_ssm_cache_dtype,",
         ),
@@ -411,8 +426,7 @@ FACTS: dict[str, Fact] = {
             "rounding, bfloat16 or float32 state; only Kimi-K3's layer implements it",
             (_vllm("vllm/config/vllm.py", *V_ALL[5:]), _vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[5:])),
             since="0.29.0",
-            quote="RecoverSSM supports bfloat16/float32 SSM state caches, not --enable-mamba-cache-stochastic-"
-            "rounding",
+            quote="RecoverSSM supports bfloat16/float32 SSM state caches, not --enable-mamba-cache-stochastic-rounding",
         ),
         Fact(
             "vllm.glm_no_replay",
@@ -515,7 +529,11 @@ FACTS: dict[str, Fact] = {
             (
                 _trt("tensorrt_llm/_torch/modules/kimi_kda/kimi_kda_mixer.py", "0790edf"),
                 _trt("tensorrt_llm/_torch/modules/kimi_kda/cache_manager.py", "2829508"),
-                Source("NVIDIA/TensorRT-LLM", "tensorrt_llm/_torch/models/modeling_kimi_linear.py", "main, commit not recorded"),
+                Source(
+                    "NVIDIA/TensorRT-LLM",
+                    "tensorrt_llm/_torch/models/modeling_kimi_linear.py",
+                    "main, commit not recorded",
+                ),
             ),
             quote="ssm_pool = layer_cache.temporal  # [slots, H, V, K] fp32 or bf16; "
             "ssm_pool.index_copy_(0, slot_indices.long(), rows.to(ssm_pool.dtype))",
@@ -545,7 +563,14 @@ FACTS: dict[str, Fact] = {
             "flashinfer",
             "selective_state_update rounds stochastically only into a float16 state (cvt_rs_f16_f32 written into "
             "the state element: other state dtypes fail to compile) and not together with state_scale",
-            (_fi("flashinfer/data/include/flashinfer/mamba/kernel_selective_state_update_stp.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
+            (
+                _fi(
+                    "flashinfer/data/include/flashinfer/mamba/kernel_selective_state_update_stp.cuh",
+                    "0.7.0.post1",
+                    "0.7.2.post1",
+                    "0.7.4",
+                ),
+            ),
             quote="rState.val[ii] = cvt_rs_f16_f32(new_state, rand_ints[ii % 4] & 0x1FFFu);",
         ),
         Fact(
@@ -563,8 +588,18 @@ FACTS: dict[str, Fact] = {
             "checkpointing_ssu rounds stochastically into float16, int8 and fp8_e4m3 state; with a bfloat16 or "
             "float32 state rand_seed is accepted and the state is rounded to nearest",
             (
-                _fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
-                _fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+                _fi(
+                    "flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu.cuh",
+                    "0.7.0.post1",
+                    "0.7.2.post1",
+                    "0.7.4",
+                ),
+                _fi(
+                    "flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh",
+                    "0.7.0.post1",
+                    "0.7.2.post1",
+                    "0.7.4",
+                ),
             ),
             quote="constexpr bool kPhiloxF16 = (PHILOX_ROUNDS > 0) && std::is_same_v<state_t, __half>;",
         ),
@@ -582,7 +617,12 @@ FACTS: dict[str, Fact] = {
             "row << 7, unchecked), 2-byte inputs (static_assert), ring in the input dtype (x_cache.dtype == "
             "x.dtype)",
             (
-                _fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+                _fi(
+                    "flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh",
+                    "0.7.0.post1",
+                    "0.7.2.post1",
+                    "0.7.4",
+                ),
                 _fi("flashinfer/data/csrc/checkpointing_ssu.cu", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
             ),
             quote='static_assert(D_PER_CTA == 64, "int8 chain kernel requires DIM == 64"); '
@@ -593,7 +633,10 @@ FACTS: dict[str, Fact] = {
             "flashinfer",
             "dt (.., nheads, dim) strides (1, 0), A (nheads, dim, dstate) strides (1, 0, 0), D and dt_bias "
             "(nheads, dim) strides (1, 0): one value per head broadcast over head_dim ('tie_hdim')",
-            (_fi("flashinfer/data/csrc/checkpointing_ssu.cu", "0.7.0.post1", "0.7.2.post1", "0.7.4"), _fi("flashinfer/data/csrc/selective_state_update.cu")),
+            (
+                _fi("flashinfer/data/csrc/checkpointing_ssu.cu", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+                _fi("flashinfer/data/csrc/selective_state_update.cu"),
+            ),
             quote='FLASHINFER_CHECK(dt.stride(3) == 0, "dt.stride(3) must be 0 (tie_hdim), got ", dt.stride(3));',
         ),
         Fact(
@@ -601,7 +644,14 @@ FACTS: dict[str, Fact] = {
             "flashinfer",
             "state_scale holds decode scales (value = code * scale), written at every checkpoint as "
             "1 / (QMAX / amax) over d_state per (slot, head, row), 1 where amax = 0; QMAX 127 (int8), 448 (fp8)",
-            (_fi("flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
+            (
+                _fi(
+                    "flashinfer/data/include/flashinfer/mamba/kernel_checkpointing_ssu_8bit.cuh",
+                    "0.7.0.post1",
+                    "0.7.2.post1",
+                    "0.7.4",
+                ),
+            ),
             quote="state_scale_w[state_scale_base + d_row] = 1.f / encode_scale_per_row[i];",
         ),
         Fact(
@@ -619,6 +669,22 @@ FACTS: dict[str, Fact] = {
             "(K, V >= 128, V % 8 == 0) or bfloat16 state (K = V = 128), SM 90+",
             (_fi("flashinfer/gdn_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
             quote="Requires SM90+ (Hopper, Blackwell, etc.).",
+        ),
+        Fact(
+            "flashinfer.gdn_decode_fp32_shape",
+            "flashinfer",
+            "Gated DeltaNet decode with float32 state (the legacy pretranspose kernel, T = 1) asserts K >= 128 and "
+            "V >= 128, and V a multiple of its tile (8)",
+            (_fi("flashinfer/gdn_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
+            quote='assert K >= 128, f"K must be at least 128, got K={K}"',
+        ),
+        Fact(
+            "flashinfer.gdn_decode_state",
+            "flashinfer",
+            "Gated DeltaNet decode keeps a float32 state (the legacy kernel, T = 1) or a bfloat16 state (its BF16 "
+            "state kernel, which takes K = V = 128); no other state dtype, and no stochastic rounding",
+            (_fi("flashinfer/gdn_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
+            quote="Float32: legacy kernel (T=1 only). Bfloat16: BF16 state backend (T=1 or MTP for T>1) when K=V=128.",
         ),
         Fact(
             "flashinfer.gdn_replay",
@@ -664,8 +730,10 @@ FACTS: dict[str, Fact] = {
             "committed bfloat16 state, which it never writes; the per-token corrections go to a float32 "
             "correction_cache [slots, HV, T_max, V] and the raw key | gate to a bfloat16 kg_cache [slots, HV, "
             "T_max, 2K] (vLLM's RecoverSSM convention), for a commit kernel; K = V = 128; SM 10.0 / 10.3 only",
-            (_fi("flashinfer/kda_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
-             _fi("flashinfer/kda_kernels/recurrent_kda.py", "0.7.0.post1", "0.7.2.post1", "0.7.4")),
+            (
+                _fi("flashinfer/kda_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+                _fi("flashinfer/kda_kernels/recurrent_kda.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
+            ),
             quote="frozen recurrent-KDA decode requires exact compute capability 10.0 (SM100a) or 10.3 (SM103a)",
         ),
     ]

@@ -56,18 +56,24 @@ def check_speculation(target: str, method: str | None, model: str | None) -> Spe
     """Validated drafter for `target` (None when no method is given); ExportError naming the accepted values."""
     if method is None:
         if model is not None:
-            raise ExportError("--speculative-model needs --speculative-method (one of " + ", ".join(SPEC_NEEDS_MODEL) + ")")
+            raise ExportError(
+                "--speculative-model needs --speculative-method (one of " + ", ".join(SPEC_NEEDS_MODEL) + ")"
+            )
         return None
     m = str(method).strip().lower()
     accepted = SPEC_METHODS if target == "vllm" else tuple(TRTLLM_DECODING_TYPE)
     if target == "flashinfer":
         raise ExportError("--speculative-method applies to the vllm and trtllm targets; FlashInfer takes no drafter")
     if m not in accepted:
-        raise ExportError(f"unknown --speculative-method {method!r} for {TARGET_NAMES[target]}; accepted: {', '.join(accepted)}")
+        raise ExportError(
+            f"unknown --speculative-method {method!r} for {TARGET_NAMES[target]}; accepted: {', '.join(accepted)}"
+        )
     if m in SPEC_NEEDS_MODEL and not model:
         raise ExportError(f"--speculative-method {m} needs the drafter's checkpoint: pass --speculative-model PATH")
     if m not in SPEC_NEEDS_MODEL and model:
-        raise ExportError(f"--speculative-method {m} takes no --speculative-model (it drafts without a separate checkpoint)")
+        raise ExportError(
+            f"--speculative-method {m} takes no --speculative-model (it drafts without a separate checkpoint)"
+        )
     return Speculation(m, model or None)
 
 
@@ -216,10 +222,20 @@ def plan_export(
     takeable = [u for u in uniform if not violations(dep, u.setting, kind)]
     feasible = [u for u in takeable if u.entry["meets_budget"]]
     glob = recipe.global_setting
-    pick = next((u for u in feasible if glob is not None and u.setting.name == glob.name), None)
-    from_global = pick is not None
-    if pick is None and feasible:
-        pick = min(feasible, key=lambda u: (u.entry["bytes_per_sequence"], u.entry["max_error"], u.setting.name))
+    in_global = next((u for u in feasible if glob is not None and u.setting.name == glob.name), None)
+
+    def rank(u):  # among equal bytes, a setting that keeps the engine's fused kernel before a lower error
+        return (
+            u.entry["bytes_per_sequence"],
+            _off_fused_kernel(dep, u.setting, kind),
+            u.entry["max_error"],
+            u.setting.name,
+        )
+
+    best = min(feasible, key=rank) if feasible else None
+    # the recipe's global setting, unless this engine runs an equally small one on its fused kernel instead
+    pick = in_global if in_global is not None and rank(in_global)[:2] <= rank(best)[:2] else best
+    from_global = pick is not None and pick is in_global
     if pick is None:
         raise ExportError(_unsatisfiable(recipe, dep, takeable))
     chosen = pick.setting
@@ -288,9 +304,18 @@ def plan_export(
             )
         )
     if glob is not None and glob.name != chosen.name:
-        reasons = [v.message for v in violations(dep, glob, kind)] or [
-            f"it does not meet the budget on every layer (worst {metric} {_f(recipe.config['global'].get('max_error'))})"
-        ]
+        if violations(dep, glob, kind):
+            reasons = [v.message for v in violations(dep, glob, kind)]
+        elif in_global is not None:  # feasible here, but as small as the pick and off the engine's fused kernel
+            reasons = [
+                f"{dep.name} runs it off its fused kernel (on a fallback) where {chosen.name} is as small and stays "
+                f"on it (worst {metric} {_f(pick.entry['max_error'])}, within the budget)"
+            ]
+        else:
+            reasons = [
+                f"it does not meet the budget on every layer (worst {metric} "
+                f"{_f(recipe.config['global'].get('max_error'))})"
+            ]
         g = recipe.config["global"]
         dropped.append(
             Dropped(
@@ -342,8 +367,10 @@ def plan_export(
             f"{chosen.name} was measured with {chosen.draft_tokens} draft tokens per step; the deployment drafts "
             f"{draft}, so the engine's flushes fall at other steps than measured"
         )
-    if t == "vllm" and dep.version != VLLM_PR_BUILD and any(
-        v.rule == "unreleased" for u in uniform for v in violations(dep, u.setting, kind)
+    if (
+        t == "vllm"
+        and dep.version != VLLM_PR_BUILD
+        and any(v.rule == "unreleased" for u in uniform for v in violations(dep, u.setting, kind))
     ):
         notes.append(
             f"settings with {'/'.join(EIGHT_BIT_ENCODINGS)} state run only on unreleased vLLM code: "
@@ -377,11 +404,16 @@ def _needs_method(dep: Target, chosen, draft: int) -> str:
     )
 
 
+def _off_fused_kernel(dep: Target, setting, kind: str) -> bool:
+    """Whether the engine runs ``setting`` off its fused kernel, on a fallback (vLLM's GDN decode: fp16 state)."""
+    return dep.engine == "vllm" and kind == "gdn" and setting.encoding == "fp16" and dep.holds("vllm.fused_gdn_dtypes")
+
+
 def _kind_notes(recipe: Recipe, dep: Target, chosen, uniform) -> list[str]:
     """What the layer kind changes on this engine that the files alone do not say."""
     kind, metric = recipe.layer_kind, recipe.metric
     notes = []
-    if dep.engine == "vllm" and kind == "gdn" and chosen.encoding == "fp16" and dep.holds("vllm.fused_gdn_dtypes"):
+    if _off_fused_kernel(dep, chosen, kind):
         f = FACTS["vllm.fused_gdn_dtypes"]
         bf16 = next((u for u in uniform if u.setting.name == chosen.name.replace("fp16", "bf16", 1)), None)
         cost = (
@@ -391,7 +423,7 @@ def _kind_notes(recipe: Recipe, dep: Target, chosen, uniform) -> list[str]:
             else "; bf16 was not measured (calibrate --engine-fallbacks bf16)"
         )
         notes.append(
-            f"vLLM's fused GDN decode takes a float32 or bfloat16 state only (\"{f.quote}\" {f.cite()}): this fp16 "
+            f'vLLM\'s fused GDN decode takes a float32 or bfloat16 state only ("{f.quote}" {f.cite()}): this fp16 '
             f"state decodes on the Triton fallback, while bf16 is the same size and stays on the fused kernel{cost}"
         )
     if kind == "kda" and dep.engine == "vllm":
@@ -409,6 +441,14 @@ def _kind_notes(recipe: Recipe, dep: Target, chosen, uniform) -> list[str]:
                 "--kda-decode-backend is left at auto: " + FACTS["vllm.kda_decode_backend"].says.split(": ", 1)[1]
             )
     return notes
+
+
+# The settings a refusal checks the target against to say what to measure instead (each against the layers' sizes).
+_ADVICE_GRID = tuple(
+    Setting.parse(f"{enc}@{scheme}")
+    for enc in ("fp32", "bf16", "fp16", "int8", "fp8_e4m3")
+    for scheme in ("conventional", "replay16")
+)
 
 
 def _unsatisfiable(recipe: Recipe, dep: Target, takeable) -> str:
@@ -430,7 +470,9 @@ def _unsatisfiable(recipe: Recipe, dep: Target, takeable) -> str:
     if takeable:
         best = min(takeable, key=lambda u: u.entry["max_error"] if u.entry["max_error"] is not None else math.inf)
         e = best.entry
-        rt_bytes = engine_bytes(dep, best.setting, kind, recipe.dims)["total"] * len(recipe.config["model"]["ssm_layers"])
+        rt_bytes = engine_bytes(dep, best.setting, kind, recipe.dims)["total"] * len(
+            recipe.config["model"]["ssm_layers"]
+        )
         lines.append(
             f"Nearest runnable setting: {best.setting.name}, measured worst-layer {metric} {_f(e['max_error'])} "
             f"(budget {budget:g}, not met), {e['bytes_per_sequence']:,} bytes per sequence over the calibrated "
@@ -438,14 +480,23 @@ def _unsatisfiable(recipe: Recipe, dep: Target, takeable) -> str:
         )
     else:
         lines.append(f"The recipe measured no setting that {dep.label} can run.")
-    hint = {
-        "trtllm": "float state (--candidates or --engine-fallbacks fp16,bf16) under conventional decoding, or "
-        "spec<max(16, 1+T)>x<T> with draft tokens",
-        "vllm": "float state (--engine-fallbacks fp16,bf16), conventional or replay with --buffer-lens <= 16",
-        "flashinfer": "float state, or int8/fp8_e4m3 under replay with --buffer-lens <= 16 (Mamba-2, head_dim 64, "
-        "d_state 128); GDN: fp32/bf16 conventional",
-    }[dep.engine]
-    lines.append(f"Re-run `ssmquant calibrate` with settings {dep.name} runs: {hint}.")
+    runnable = [x.name for x in _ADVICE_GRID if not violations(dep, x, kind)]
+    if not runnable:
+        why = sorted(
+            {v.message for x in _ADVICE_GRID for v in violations(dep, x, kind) if v.rule in ("shape", "layer_kind")}
+        )
+        lines.append(
+            f"{dep.label} runs none of {', '.join(x.name for x in _ADVICE_GRID)} on these layers"
+            + (f" ({'; '.join(why)})" if why else "")
+            + ": export for another target."
+        )
+        return "\n".join(lines)
+    formats = ",".join(dict.fromkeys(n.split("@")[0] for n in runnable))
+    schemes = ",".join(dict.fromkeys(n.split("@")[1] for n in runnable))
+    lines.append(
+        f"Settings {dep.label} runs on these layers: {', '.join(runnable)}; re-run `ssmquant calibrate` with "
+        f"--candidates {formats} --schemes {schemes}."
+    )
     if "unreleased" in rules:
         lines.append(f"Or export for the unreleased build: --engine-version {VLLM_PR_BUILD}.")
     return "\n".join(lines)

@@ -96,5 +96,5 @@ def test_the_remeasuring_command_keeps_the_recipes_prompt(recipes, tmp_path):
     doc["budget"]["prompt"] = 2048
     (src / CONFIG_NAME).write_text(json.dumps(doc))
     prof = _report(export(src, "vllm", tmp_path / "v"))["engine_profile"]
-    assert " --prompt 2048 ..." in prof["remeasure"]
+    assert " --prompt 2048 --candidates " in prof["remeasure"]
     assert " --prompt" not in _report(export(recipes["ideal"], "vllm", tmp_path / "w"))["engine_profile"]["remeasure"]
