@@ -367,3 +367,15 @@ def test_the_verdict_names_the_engines_that_serve_each_variant(tmp_path):
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     assert {v["variant"]: v["engines"].split(":")[1].split()[0] for v in report["verdict"]} == {
         "fp8_e4m3@conventional": "none", "fp8_e4m3@replay16": "FlashInfer"}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_readmes_python_snippet_prints_its_results_as_a_script(tmp_path):
+    """Run as a script, the snippet printed nothing (its results were bare expressions)."""
+    text = (ROOT / "README.md").read_text()
+    snippet = text.split("```python\n", 1)[1].split("```", 1)[0]
+    res = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "fp8_e4m3@conventional" in res.stdout and "int8:sr@replay16" in res.stdout
+    assert res.stdout.strip().splitlines()[-1].strip().isdigit()  # the bytes of an nvfp4 state
