@@ -8,6 +8,7 @@ import click
 
 from . import __version__
 from .defaults import CPU_DEFAULTS, GPU_DEFAULTS
+from .errors import SsmquantError
 from .startup import finish, start_devices
 
 INTERRUPTED = 128 + 2  # the shell's status for a command ended by SIGINT
@@ -109,6 +110,8 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except click.UsageError as err:
             raise _one_line(err) from None
+        except SsmquantError as err:  # any package's error for the user: one `Error:` line, status 1
+            raise click.ClickException(str(err)) from None
         except KeyboardInterrupt as err:
             signum = getattr(err, "signum", None)
             click.echo("\nInterrupted." if signum is None else f"\nTerminated ({_signal_name(signum)}).", err=True)
@@ -214,15 +217,12 @@ def _default_help(command: str, name: str, what: str) -> str:
 
 def _sizes(command: str, device: str, given: dict, quiet: bool) -> dict:
     """Fill the sizes the user left out with the defaults for the device the run computes on, and say so."""
-    from .analysis.sources import SourceError, resolve_device
+    from .analysis.sources import resolve_device
     from .defaults import default_sizes, describe_defaults
 
     if all(v is not None for v in given.values()):
         return given
-    try:
-        dev = resolve_device(device)
-    except SourceError as err:
-        raise click.ClickException(str(err)) from None
+    dev = resolve_device(device)
     defaults = default_sizes(command, dev)
     chosen = {k: defaults[k] if v is None else v for k, v in given.items()}
     if not quiet:
@@ -261,22 +261,6 @@ class _Bar:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-
-
-def _errors() -> tuple[type[Exception], ...]:
-    """The exceptions that carry a user-facing message: printed as one `Error:` line, no traceback."""
-    from .analysis import AnalyzeError, SourceError
-    from .formats import FormatError
-    from .kinds import InputError
-    from .memory import SizingError
-    from .models import CaptureError, ModelLoadError, TextError
-    from .report.files import OutputError
-    from .simulate import BackendError
-
-    return (
-        AnalyzeError, SourceError, OutputError, FormatError, InputError, SizingError, BackendError, CaptureError,
-        TextError, ModelLoadError,
-    )  # fmt: skip
 
 
 def _csv(value: str | None, name: str) -> list[str] | None:
@@ -534,8 +518,6 @@ def analyze_cmd(
             result = analyze(cfg, progress=progress, notify=None if quiet else bar.info)
             bar.close()
             path = write_analysis(result, out_dir, force=force, plots=not no_plots)
-    except _errors() as err:
-        raise click.ClickException(str(err)) from None
     finally:
         bar.close()
     if not quiet:
@@ -553,12 +535,9 @@ def analyze_cmd(
 @click.argument("out_dir", type=click.Path(exists=True, file_okay=False))
 def plot_cmd(out_dir):
     """Re-render the plots of an `ssmquant analyze` output directory from its saved traces."""
-    from .report.files import OutputError, replot
+    from .report.files import replot
 
-    try:
-        files = replot(out_dir)
-    except OutputError as err:
-        raise click.ClickException(str(err)) from None
+    files = replot(out_dir)
     click.echo("wrote " + ", ".join(files))
 
 
@@ -587,9 +566,8 @@ def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, 
     """Write a full-size checkpoint of PRESET with random weights into OUT_DIR (no download)."""
     import json
 
-    from .analysis.sources import SourceError, resolve_device
-    from .models import PresetError
-    from .models.build import BuildError, build_random_checkpoint, estimate_parameters
+    from .analysis.sources import resolve_device
+    from .models.build import build_random_checkpoint, estimate_parameters
 
     try:
         fields = json.loads(overrides) if overrides else None
@@ -597,14 +575,11 @@ def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, 
         raise click.BadParameter(f"must be a JSON object of config fields: {err}", param_hint="--overrides") from None
     if fields is not None and not isinstance(fields, dict):
         raise click.BadParameter(f"must be a JSON object of config fields, got {overrides!r}", param_hint="--overrides")
-    try:
-        dev = str(resolve_device(device))
-        n = estimate_parameters(preset, num_layers=num_layers, overrides=fields)
-        click.echo(f"{preset}: {n / 1e9:.2f} B parameters, {n * 2 / 2**30:.1f} GiB in 16-bit; building on {dev}")
-        build_random_checkpoint(preset, out_dir, dtype=dtype, device=dev, num_layers=num_layers,
-                                max_shard_size=max_shard_size, seed=seed, overrides=fields)  # fmt: skip
-    except (BuildError, PresetError, SourceError) as err:
-        raise click.ClickException(str(err)) from None
+    dev = str(resolve_device(device))
+    n = estimate_parameters(preset, num_layers=num_layers, overrides=fields)
+    click.echo(f"{preset}: {n / 1e9:.2f} B parameters, {n * 2 / 2**30:.1f} GiB in 16-bit; building on {dev}")
+    build_random_checkpoint(preset, out_dir, dtype=dtype, device=dev, num_layers=num_layers,
+                            max_shard_size=max_shard_size, seed=seed, overrides=fields)  # fmt: skip
 
 
 @main.command("eval")
@@ -686,7 +661,7 @@ def eval_cmd(
 ):
     """End to end: decode held-out text with each variant's stored SSM state; KL, top-1 agreement, loss change vs FP32."""
     from .analysis import default_model
-    from .evaluate import EvalConfig, EvalError, evaluate, parse_eval_variants, summary_text, variant_grid, write_eval
+    from .evaluate import EvalConfig, evaluate, parse_eval_variants, summary_text, variant_grid, write_eval
     from .report.files import claim_out_dir
 
     if variants is not None and (formats or schemes or rounding):
@@ -725,8 +700,6 @@ def eval_cmd(
             )
             bar.close()
             path = write_eval(result, out_dir, force, plots=not no_plots)
-    except (EvalError, *_errors()) as err:
-        raise click.ClickException(str(err)) from None
     finally:
         bar.close()
     if not quiet:
@@ -898,7 +871,7 @@ def calibrate_cmd(
 ):
     """Choose per SSM layer the cheapest state storage within an error budget; write a verified recipe."""
     from .analysis import default_model
-    from .calibrate import BudgetError, CalibrateConfig, CalibrateError, calibrate, write_recipe
+    from .calibrate import BudgetError, CalibrateConfig, calibrate, write_recipe
     from .calibrate.summary import summary_text, verification_failure
     from .report.files import claim_out_dir
 
@@ -986,8 +959,6 @@ def calibrate_cmd(
             path = write_recipe(result, out_dir, force=force)
     except BudgetError as err:
         raise _BudgetNotMet(str(err)) from None
-    except (CalibrateError, *_errors()) as err:
-        raise click.ClickException(str(err)) from None
     finally:
         close_bar()
     if not quiet:
@@ -1063,22 +1034,19 @@ def export_cmd(
     The terminal gets a short report; EXPORT.md in the output directory has the engine's words for each
     dropped setting, the facts relied on and every note.
     """
-    from .export import ExportError, export
+    from .export import export
 
-    try:
-        result = export(
-            recipe_dir,
-            target,
-            out_dir,
-            num_speculative_tokens=num_speculative_tokens,
-            force=force,
-            engine_version=engine_version,
-            gpu=gpu,
-            speculative_method=speculative_method,
-            speculative_model=speculative_model,
-        )
-    except ExportError as err:
-        raise click.ClickException(str(err)) from None
+    result = export(
+        recipe_dir,
+        target,
+        out_dir,
+        num_speculative_tokens=num_speculative_tokens,
+        force=force,
+        engine_version=engine_version,
+        gpu=gpu,
+        speculative_method=speculative_method,
+        speculative_model=speculative_model,
+    )
     for line in result.report_lines():
         click.echo(line)
     click.echo(f"wrote {result.out_dir}: " + ", ".join(result.files))

@@ -11,10 +11,12 @@ import pathlib
 
 import torch
 
+from .errors import SsmquantError
+
 GIB = 2**30
 
 
-class SizingError(ValueError):
+class SizingError(SsmquantError, ValueError):
     """A run will not fit in memory; the message gives the estimate and what to lower."""
 
 

@@ -13,6 +13,7 @@ import os
 
 from .engines.emulation import engine_step
 from .engines.profiles import EngineError, check_engine, check_variant
+from .errors import SsmquantError
 from .kinds import LayerInputs, is_validated
 from .replay.naive import emulate
 from .replay.trace import Trace, WindowAccumulator, stats_to_numpy
@@ -21,7 +22,7 @@ from .replay.variants import Variant, VariantError, check_variants_fit, parse_va
 BACKENDS = ("auto", "torch", "triton")
 
 
-class BackendError(RuntimeError):
+class BackendError(SsmquantError, RuntimeError):
     """The requested backend cannot run these inputs."""
 
 

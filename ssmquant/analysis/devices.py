@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import SsmquantError
+
 
 @contextlib.contextmanager
 def torch_threads(n: int):
@@ -39,7 +41,7 @@ def torch_threads(n: int):
             torch.set_num_threads(before)
 
 
-class DeviceError(ValueError):
+class DeviceError(SsmquantError, ValueError):
     """Bad emulation devices; the message names the entry and the accepted forms."""
 
 

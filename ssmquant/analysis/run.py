@@ -26,6 +26,7 @@ import torch
 from .. import __version__, kinds
 from ..engines.deployments import SettingView, Target, engines_running, violations
 from ..engines.profiles import EngineError, check_variant
+from ..errors import SsmquantError
 from ..formats import Encoding, FormatError, parse
 from ..kinds import after_prompt
 from ..provenance import environment
@@ -62,7 +63,7 @@ HEAD_TABLE_POINTS = 8
 GPU_LANES = 1
 
 
-class AnalyzeError(ValueError):
+class AnalyzeError(SsmquantError, ValueError):
     """Bad analyze settings; the message names the problem and the accepted values."""
 
 

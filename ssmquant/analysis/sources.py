@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import SsmquantError
 from ..formats import FormatError
 from ..kinds import LayerInputs
 from ..models import (
@@ -42,7 +43,7 @@ from ..sizing import analyze_memory, check_memory, layer_dims, probe_step_second
 from .devices import DeviceError, parse_emulation_devices
 
 
-class SourceError(ValueError):
+class SourceError(SsmquantError, ValueError):
     """The requested model / data combination cannot be used; the message says what to pass instead."""
 
 

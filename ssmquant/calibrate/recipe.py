@@ -24,6 +24,7 @@ import torch
 
 from .. import __version__
 from ..engines.profiles import ENGINES, arithmetic
+from ..errors import SsmquantError
 from ..report.files import write_atomically
 from .settings import CHOICES, METRICS, CalibrateError, LayerDims, Setting, other_metric, setting_bytes
 
@@ -52,7 +53,7 @@ CHOICE_POOLS = {
 }
 
 
-class RecipeError(ValueError):
+class RecipeError(SsmquantError, ValueError):
     """A recipe directory or document is missing, malformed, or of another schema version."""
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import kinds
+from ..errors import SsmquantError
 from ..formats import Encoding, FormatError, Rounding, ScaleMode, StateFormat, parse
 from ..kinds import LayerDims
 from ..replay.schemes import BUFFER_DTYPES, Scheme, SchemeError, SchemeKind, parse_scheme
@@ -51,7 +52,7 @@ _BUFFER_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 _NAME_RE = re.compile(r"^(?P<fmt>[^@\[]+)(?:\[(?P<cal>[^\]]+)\])?@(?P<scheme>.+)$")
 
 
-class CalibrateError(ValueError):
+class CalibrateError(SsmquantError, ValueError):
     """Bad calibrate settings or inputs; the message names the problem and the accepted values."""
 
 

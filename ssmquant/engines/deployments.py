@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..errors import SsmquantError
 from .facts import (
     DEFAULT_GPU,
     ENGINE_NAMES,
@@ -87,7 +88,7 @@ FLASHINFER_FUSED_KDA_HEADS = {
 FLASHINFER_FUSED_KDA_SM = (100, 103)
 
 
-class UnknownTargetError(ValueError):
+class UnknownTargetError(SsmquantError, ValueError):
     """The export target is not one of TARGETS."""
 
 

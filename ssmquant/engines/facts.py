@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..errors import SsmquantError
+
 ENGINES = ("vllm", "trtllm", "flashinfer")
 ENGINE_NAMES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "flashinfer": "FlashInfer"}
 
@@ -740,7 +742,7 @@ FACTS: dict[str, Fact] = {
 }
 
 
-class EngineVersionError(ValueError):
+class EngineVersionError(SsmquantError, ValueError):
     """An engine version or GPU that the facts do not cover; the message lists the accepted values."""
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import SsmquantError
 from ..formats import E4M3, INT8, round_to_grid
 from ..formats.codec import ieee_div
 from . import mufu, philox
@@ -63,7 +64,7 @@ EIGHT_BIT = (torch.int8, torch.float8_e4m3fn)
 WIDE = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class EngineConstraintError(ValueError):
+class EngineConstraintError(SsmquantError, ValueError):
     """A call or layer the engine kernel cannot run (its own constraint is quoted)."""
 
 

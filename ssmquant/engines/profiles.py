@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import SsmquantError
 from ..formats import Encoding, Rounding, ScaleMode, StateFormat
 from ..replay.schemes import SchemeKind
 from ..replay.variants import ENGINE_PROFILES
@@ -51,7 +52,7 @@ IDEAL = "ideal"
 SSU_ENGINES = ("vllm", "trtllm")  # conventional Mamba-2 decode by a mamba_ssm-descended Triton kernel
 
 
-class EngineError(ValueError):
+class EngineError(SsmquantError, ValueError):
     """A variant or layer that an engine profile cannot emulate (the engine's own constraint is quoted)."""
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import kinds
+from ..errors import SsmquantError
 from ..formats import Rounding
 from ..formats.codec import element_index, encode
 from ..formats.random import MASK32, keyed_bits, stream_key, uniform_from_bits
@@ -35,7 +36,7 @@ from ..replay.naive import INITIAL_STREAM
 from ..replay.variants import Variant
 
 
-class EvalError(ValueError):
+class EvalError(SsmquantError, ValueError):
     """Bad evaluation settings or a model / cache the evaluation cannot use; the message says which."""
 
 

@@ -30,6 +30,7 @@ from ..engines.deployments import (
     violations,
 )
 from ..engines.facts import FACTS, VLLM_PR_BUILD, EngineVersionError, resolve_gpu
+from ..errors import SsmquantError
 
 _DTYPE_RULES = ("nvfp4", "dtype", "unreleased", "8bit_replay", "layer_kind", "shape")
 _SCHEME_RULES = ("buffer_len", "spec_buffer", "layer_kind", "8bit_replay", "scheme", "gpu", "unreleased")
@@ -91,7 +92,7 @@ def recipe_architecture(recipe: Recipe) -> str | None:
         return None
 
 
-class ExportError(ValueError):
+class ExportError(SsmquantError, ValueError):
     """The recipe cannot be exported to the target (unsatisfiable, unknown target, bad recipe)."""
 
 

@@ -19,11 +19,12 @@ import math
 import re
 from dataclasses import dataclass
 
+from ..errors import SsmquantError
 from .encodings import SPECS, EncodingSpec
 from .grids import Rounding
 
 
-class FormatError(ValueError):
+class FormatError(SsmquantError, ValueError):
     """A format spec string or format option is not valid."""
 
 

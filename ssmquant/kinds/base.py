@@ -25,15 +25,17 @@ from typing import ClassVar
 
 import torch
 
+from ..errors import SsmquantError
+
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FP32_BYTES = 4
 
 
-class InputError(ValueError):
+class InputError(SsmquantError, ValueError):
     """A decode-input tensor has the wrong shape, dtype, device or contains NaN/Inf."""
 
 
-class KindError(ValueError):
+class KindError(SsmquantError, ValueError):
     """An unknown layer kind, or a kind registered twice."""
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import SsmquantError
 from .loading import LoadedModel, ModelSource, detect_architecture
 from .placement import DEFAULT_HEADROOM_GIB, balanced_plan, device_room, model_units, plan_loads
 from .presets import GDNShape, Mamba2Shape, Preset, get_preset
@@ -54,7 +55,7 @@ PUBLISHED_EXTRA_FIELDS: dict[str, dict] = {
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-class BuildError(ValueError):
+class BuildError(SsmquantError, ValueError):
     """The checkpoint cannot be built as asked; the message says why and what to pass instead."""
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import SsmquantError
 from .compat import warn_if_untested_transformers
 from .mixers import KNOWN_LAYER_KINDS
 from .placement import DEFAULT_HEADROOM_GIB, balanced_plan, device_room, model_units
@@ -48,7 +49,7 @@ _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(SsmquantError, RuntimeError):
     """A model could not be resolved or loaded; the message says why and what to do instead."""
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import SsmquantError
+
 # The layer kinds ssmquant emulates, and the transformers mixers of each (named in refusals).
 KNOWN_LAYER_KINDS = {
     "mamba2": "Mamba-2 (NemotronH)",
@@ -18,7 +20,7 @@ KNOWN_LAYER_KINDS = {
 }
 
 
-class CaptureError(RuntimeError):
+class CaptureError(SsmquantError, RuntimeError):
     """Capture could not run or did not see every requested layer; the message says why."""
 
 

@@ -20,13 +20,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..errors import SsmquantError
+
 FP32_BYTES = 4
 
 # Layer-pattern characters of NemotronH's `hybrid_override_pattern` (transformers' NemotronHConfig).
 NEMOTRON_PATTERN_CHARS = {"M": "mamba2", "*": "attention", "E": "moe", "-": "mlp"}
 
 
-class PresetError(ValueError):
+class PresetError(SsmquantError, ValueError):
     """Unknown preset name or inconsistent preset definition."""
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import SsmquantError
+
 HELDOUT_FRACTION = 0.2
 SPLITS = ("calibration", "heldout")
 CORPUS_PATH = Path(__file__).resolve().parent / "data" / "corpus.txt"
@@ -29,7 +31,7 @@ MAX_NON_TEXT_FRACTION = 0.01
 _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 
 
-class TextError(ValueError):
+class TextError(SsmquantError, ValueError):
     """Missing text file, too little text for the request, or a bad selection argument."""
 
 

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import SsmquantError
 
-class SchemeError(ValueError):
+
+class SchemeError(SsmquantError, ValueError):
     """A scheme spec or option is not valid."""
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import SsmquantError
 from ..formats import FormatError, Rounding, ScaleMode, StateFormat, parse
 from .schemes import DEFAULT_BUFFER_LEN, Scheme, SchemeError, parse_scheme
 
@@ -19,7 +20,7 @@ from .schemes import DEFAULT_BUFFER_LEN, Scheme, SchemeError, parse_scheme
 ENGINE_PROFILES = ("ideal", "flashinfer", "vllm", "trtllm")
 
 
-class VariantError(ValueError):
+class VariantError(SsmquantError, ValueError):
     """A variant spec or option is not valid."""
 
 

@@ -23,6 +23,7 @@ import warnings
 import pandas as pd
 
 from .. import __version__
+from ..errors import SsmquantError
 
 try:
     import fcntl
@@ -129,7 +130,7 @@ def _plots_module():
     return plots
 
 
-class OutputError(ValueError):
+class OutputError(SsmquantError, ValueError):
     """The output directory cannot be used (exists and is not empty without --force, ...)."""
 
 
