@@ -18,6 +18,7 @@ here and a test holds them equal.
 from __future__ import annotations
 
 import pathlib
+import textwrap
 
 import matplotlib
 
@@ -53,7 +54,9 @@ def subtitle(report: dict) -> str:
         f"{report.get('model')} · {data} · batch {s.get('batch')}, "
         + (f"{s['prompt']}-token prompt, then " if s.get("prompt") else "")
         + f"{s.get('steps')} decode steps, "
-        f"L={s.get('buffer_len')}, seed {s.get('seed')}"
+        # the buffer length of a bare "replay" (replay<L> and spec<L>x<T> name theirs; conventional has none)
+        + (f"L={s.get('buffer_len')}, " if "replay" in [str(x) for x in s.get("schemes") or []] else "")
+        + f"seed {s.get('seed')}"
     )
 
 
@@ -113,6 +116,8 @@ HEATMAP_VMIN = 1e-5
 HEATMAP_VMAX = 1.0
 DIVERGED = 1.0  # analysis.fit.DIVERGED (not imported: analysis imports torch)
 MAX_STEP_TICKS = 7
+HEATMAP_MAX_COLUMNS = 12  # variants across; more go down the figure, one row each
+HEATMAP_MIN_SIZE = (7.5, 4.8)  # inches: the wrapped title and the colour bar's three-line label fit
 MIN_WIDTH = 10.5  # inches: the title's settings line and a legend row fit in a one-layer figure
 
 
@@ -306,11 +311,15 @@ def heatmap_figure(summary: pd.DataFrame, report: dict):
     shown = table.where((table > 0) & ~diverged)
     labels = table.map(lambda v: f"{v:.1e}")
     table.columns = shown.columns = labels.columns = [v.replace("@", "\n@") for v in order]
-    fig, ax = plt.subplots(
-        figsize=(1.25 * len(table.columns) + 3.4, 0.42 * len(table) + 2.8), layout="constrained"
-    )
+    across = len(order) <= HEATMAP_MAX_COLUMNS  # many variants: one row each, layers across
+    if not across:
+        table, shown, labels, diverged = table.T, shown.T, labels.T, diverged.T
+        table.index = shown.index = labels.index = order
+    width = max(HEATMAP_MIN_SIZE[0], 1.25 * table.shape[1] + 3.4)
+    height = max(HEATMAP_MIN_SIZE[1], (0.42 if across else 0.3) * table.shape[0] + 2.8)
+    fig, ax = plt.subplots(figsize=(width, height), layout="constrained")
     norm = LogNorm(vmin=HEATMAP_VMIN, vmax=HEATMAP_VMAX)
-    label = f"{what}\n(log scale, fixed in every run: {HEATMAP_VMIN:g} to {HEATMAP_VMAX:g})"
+    label = f"{what}\n(log scale, fixed in every run:\n{HEATMAP_VMIN:g} to {HEATMAP_VMAX:g})"
     sns.heatmap(shown, annot=labels, fmt="", cmap="viridis", norm=norm, ax=ax, annot_kws={"fontsize": 7},
                 cbar_kws={"label": label, "extend": "both"})  # fmt: skip
     for i in range(table.shape[0]):
@@ -324,12 +333,14 @@ def heatmap_figure(summary: pd.DataFrame, report: dict):
         ax.collections[0].colorbar.ax.axhline(budget, color=BUDGET_COLOUR, linewidth=2.5)
     ax.tick_params(axis="x", rotation=0, labelsize=8)
     ax.tick_params(axis="y", rotation=0)
-    ax.set_xlabel("variant (format @ scheme)")
-    ax.set_ylabel("SSM layer (decoder index)")
+    ax.set_xlabel("variant (format @ scheme)" if across else "SSM layer (decoder index)")
+    ax.set_ylabel("SSM layer (decoder index)" if across else "variant (format @ scheme)")
     mark = ""
     if budget is not None and column == "out_rel_err_peak":
         mark = f"; outlined: over the budget {budget:g} (red line on the colour bar)"
-    ax.set_title(f"{what[0].upper()}{what[1:]}, per layer and variant{mark}\n{subtitle(report)}", fontsize=10)
+    title = f"{what[0].upper()}{what[1:]}, per layer and variant{mark}\n{subtitle(report)}"
+    chars = int(width * 10)  # characters of a 10-pt title line that fit the figure's width
+    ax.set_title("\n".join(textwrap.fill(line, chars) for line in title.split("\n")), fontsize=10)
     return fig
 
 

@@ -239,3 +239,37 @@ def test_eval_draws_the_bold_rolling_mean_its_label_promises(steps):
         assert np.allclose(bold[0].get_ydata(), mean)
     else:
         assert "bold" not in ax.get_ylabel() and "per position" in ax.get_ylabel() and not bold
+
+
+def _inside(fig, artist) -> bool:
+    box, frame = artist.get_window_extent(fig.canvas.get_renderer()), fig.bbox
+    return box.x0 >= frame.x0 - 1 and box.x1 <= frame.x1 + 1 and box.y0 >= frame.y0 - 1 and box.y1 <= frame.y1 + 1
+
+
+def test_a_one_cell_heatmap_shows_its_whole_title_and_colour_bar_label():
+    """At 1 layer x 1 variant the title and the colour bar's label ran off the figure (issue 42)."""
+    _, _, summary = tables(64, layers=(0,))
+    fig = plots.heatmap_figure(summary[summary.variant == ORDER[0]], report(64))
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert _inside(fig, ax.title)
+    assert _inside(fig, ax.collections[0].colorbar.ax.yaxis.label)
+
+
+def test_a_heatmap_of_many_variants_stays_readable():
+    """40 variants drew a 6408 x 436 px strip: past a dozen, variants go down the figure, one row each."""
+    _, _, summary = tables(64, layers=(0,))
+    many = pd.concat([summary.assign(variant=summary.variant + f"~{i}") for i in range(7)], ignore_index=True)
+    fig = plots.heatmap_figure(many, report(64))
+    width, height = fig.get_size_inches()
+    assert width <= 10 and height >= 0.25 * many.variant.nunique()
+    fig.canvas.draw()
+    assert _inside(fig, fig.axes[0].title)
+
+
+def test_the_subtitle_names_the_buffer_only_for_a_bare_replay():
+    rep = report(64)
+    rep["settings"]["schemes"] = ["conventional"]
+    assert "L=" not in plots.subtitle(rep)
+    rep["settings"]["schemes"] = ["conventional", "replay"]
+    assert "L=16" in plots.subtitle(rep)
