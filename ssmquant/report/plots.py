@@ -31,7 +31,13 @@ import seaborn as sns  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
-from matplotlib.ticker import FixedFormatter, FixedLocator, MaxNLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import (  # noqa: E402
+    FixedFormatter,
+    FixedLocator,
+    LogFormatterSciNotation,
+    MaxNLocator,
+    NullFormatter,
+)
 
 from .files import PLOT_FILES  # noqa: E402
 
@@ -366,6 +372,8 @@ def heads_figure(heads: pd.DataFrame, summary: pd.DataFrame, report: dict):
             y = dv[column].where((dv[column] > 0) & np.isfinite(dv[column]))
             ax.plot(dv["head"], y, marker="o", markersize=4, linewidth=LINE_WIDTH, **styles[v])
         ax.set_yscale("log")
+        # a span of two or three decades shows two powers of ten: label 2 and 5 x 10^k between them too
+        ax.yaxis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(3, 1)))
     if budget is not None:
         ax.axhline(budget, zorder=1.5, **BUDGET_STYLE)
     ax.set_xlim(-0.5, n_heads - 0.5)

@@ -273,3 +273,15 @@ def test_the_subtitle_names_the_buffer_only_for_a_bare_replay():
     assert "L=" not in plots.subtitle(rep)
     rep["settings"]["schemes"] = ["conventional", "replay"]
     assert "L=16" in plots.subtitle(rep)
+
+
+def test_the_heads_plot_labels_more_than_the_powers_of_ten_it_spans():
+    """heads.png labelled two decades of the three its values spanned: 2 and 5 x 10^k are labelled too."""
+    _, heads, summary = tables(64)
+    fig = plots.heads_figure(heads, summary, report(64))
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    lo, hi = ax.get_ylim()
+    shown = [t.get_text() for t in [*ax.get_yticklabels(), *ax.get_yticklabels(minor=True)]
+             if t.get_text() and lo <= t.get_position()[1] <= hi]  # fmt: skip
+    assert np.log10(hi / lo) > 2 and len(shown) >= 5, shown
