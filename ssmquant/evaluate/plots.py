@@ -83,15 +83,19 @@ def kl_figure(positions: pd.DataFrame, summary: pd.DataFrame, report: dict):
         ax.text(0.5, 0.5, "KL = 0 at every position for every variant", ha="center", transform=ax.transAxes)
     if ref.get("horizon_from"):
         ax.axvspan(ref["horizon_from"] - 0.5, steps + 0.5, color="0.85", alpha=0.5, zorder=0, label="horizon window")
+    notes = []
     if zero:
-        ax.text(
-            0.01,
-            0.01,
-            "KL = 0 at every position (not on a log axis): " + ", ".join(zero),
-            transform=ax.transAxes,
-            fontsize=8,
-            va="bottom",
-        )
+        notes.append("KL = 0 at every position (not on a log axis): " + ", ".join(zero))
+    leading: dict[int, list[str]] = {}  # positions before a variant's first stored state: KL exactly 0, off the axis
+    for name in positive:
+        kl = positions[positions.variant == name].sort_values("position")["kl"].to_numpy()
+        n = int(np.argmax(kl > 0))
+        if n:
+            leading.setdefault(n, []).append(name)
+    for n, group in sorted(leading.items()):
+        notes.append(f"KL = 0 at positions 1-{n} (nothing stored yet; not on a log axis): " + ", ".join(group))
+    if notes:
+        ax.text(0.01, 0.01, "\n".join(notes), transform=ax.transAxes, fontsize=8, va="bottom")
     ax.set_xlabel("position (tokens read; the next one is predicted)")
     lines = (f"thin: per position; bold: centred rolling mean of {window} positions" if window > 1
              else "per position (too few positions to smooth)")  # fmt: skip

@@ -285,3 +285,15 @@ def test_the_heads_plot_labels_more_than_the_powers_of_ten_it_spans():
     shown = [t.get_text() for t in [*ax.get_yticklabels(), *ax.get_yticklabels(minor=True)]
              if t.get_text() and lo <= t.get_position()[1] <= hi]  # fmt: skip
     assert np.log10(hi / lo) > 2 and len(shown) >= 5, shown
+
+
+def test_kl_plot_says_where_a_variant_has_kl_zero_before_its_first_stored_state():
+    """kl.png dropped replay curves at positions 1-16 (KL exactly 0 on a log axis) without a word."""
+    from ssmquant.evaluate.plots import kl_figure
+
+    positions, summary, rep = eval_tables(64)
+    replay = positions.variant.str.endswith("replay16") & (positions.position <= 16)
+    positions.loc[replay, "kl"] = 0.0
+    fig = kl_figure(positions, summary, rep)
+    texts = " ".join(t.get_text() for t in fig.axes[0].texts)
+    assert "KL = 0 at positions 1-16" in texts and all(v in texts for v in ORDER if v.endswith("replay16"))
