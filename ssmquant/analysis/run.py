@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from .. import __version__, kinds
-from ..engines.deployments import SettingView, Target, engines_running, violations
+from ..engines.deployments import Target, engines_running, violations
 from ..engines.profiles import EngineError, check_variant
 from ..errors import SsmquantError
 from ..formats import Encoding, FormatError, parse
@@ -360,12 +360,11 @@ def engines_note(variant: Variant, kind: str, dims=None, arch=None) -> str:
     """Which engines serve ``variant`` as measured (engine facts, each engine's newest release read): "engines:
     FlashInfer 0.7.4", or "engines: none (vLLM 0.33.0, ...)" naming those checked. A variant measured with an engine
     profile (``~vllm``) names that engine alone."""
-    view = SettingView.of(variant.format, variant.scheme)
     if variant.engine != "ideal":
         target = Target.make(variant.engine, dims=dims, arch=arch)
         label = f"{target.name} {target.version}"
-        return f"engine: {label}" if not violations(target, view, kind) else f"engine: {label} does not serve it"
-    runs, not_runs = engines_running(view, kind, dims, arch)
+        return f"engine: {label}" if not violations(target, variant, kind) else f"engine: {label} does not serve it"
+    runs, not_runs = engines_running(variant, kind, dims, arch)
     return f"engines: {', '.join(runs)}" if runs else f"engines: none ({', '.join(not_runs)} checked)"
 
 

@@ -35,7 +35,7 @@ from ..formats import Encoding, FormatError, Rounding, ScaleMode, StateFormat, p
 from ..kinds import LayerDims
 from ..replay.schemes import BUFFER_DTYPES, Scheme, SchemeError, SchemeKind, parse_scheme
 from ..replay.trace import cycle_window
-from ..replay.variants import Variant
+from ..replay.variants import StorageFacts, Variant
 
 # the cycle mean (RMS over the horizon window's steps) and the cycle max (its worst step) of each quantity
 METRICS = ("out_rel_err", "state_rel_err", "out_rel_err_max", "state_rel_err_max")
@@ -116,7 +116,7 @@ def parse_method(spec: str) -> CalibrationMethod:
 
 
 @dataclass(frozen=True)
-class Setting:
+class Setting(StorageFacts):
     """format x scheme (+ the calibration of a static format's scales).
 
     calibration: a CalibrationMethod label ("max", "percentile99.99", "mse") for ':static' formats, else None;
@@ -160,35 +160,6 @@ class Setting:
 
     def __str__(self) -> str:
         return self.name
-
-    @property
-    def encoding(self) -> str:
-        return self.format.encoding.value
-
-    @property
-    def scale_mode(self) -> str:
-        return self.format.scale_mode.value
-
-    @property
-    def granularity(self) -> str:
-        return self.format.granularity.name
-
-    @property
-    def rounding(self) -> str:
-        return self.format.rounding.value
-
-    @property
-    def scheme_kind(self) -> str:
-        return self.scheme.kind.value
-
-    @property
-    def buffer_len(self) -> int:
-        """Replay buffer length L (0 for conventional decoding)."""
-        return 0 if self.scheme.kind is SchemeKind.CONVENTIONAL else self.scheme.buffer_len
-
-    @property
-    def draft_tokens(self) -> int:
-        return self.scheme.draft_tokens if self.scheme.kind is SchemeKind.SPEC else 0
 
     @property
     def is_static(self) -> bool:

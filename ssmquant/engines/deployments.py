@@ -249,31 +249,6 @@ def takeable_by_any(setting, layer_kind: str, targets=None) -> bool:
     return any(not violations(t, setting, layer_kind) for t in targets)
 
 
-@dataclass(frozen=True)
-class SettingView:
-    """What the rules read of a measured setting, made from a format and a scheme (``of``): for callers that hold a
-    ``replay.Variant`` rather than a ``calibrate.Setting`` (which has the same attributes)."""
-
-    encoding: str
-    scale_mode: str
-    granularity: str
-    rounding: str
-    scheme_kind: str
-    buffer_len: int  # replay buffer length L, 0 for conventional decoding
-    draft_tokens: int
-    format: object  # the formats.StateFormat
-    scheme: object  # the replay.Scheme
-
-    @classmethod
-    def of(cls, fmt, scheme) -> SettingView:
-        kind = scheme.kind.value
-        return cls(
-            fmt.encoding.value, fmt.scale_mode.value, fmt.granularity.name, fmt.rounding.value, kind,
-            0 if kind == "conventional" else scheme.buffer_len, scheme.draft_tokens if kind == "spec" else 0,
-            fmt, scheme,
-        )  # fmt: skip
-
-
 def engines_running(setting, layer_kind: str, dims=None, arch=None) -> tuple[list[str], list[str]]:
     """(labels of the engines that run ``setting`` as measured, labels of those that do not), each engine at its
     newest release read, on sm90 ("FlashInfer 0.7.4"); ``dims``: the layer sizes (None: sizes unchecked)."""

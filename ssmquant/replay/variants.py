@@ -13,7 +13,7 @@ import torch
 
 from ..errors import SsmquantError
 from ..formats import FormatError, Rounding, ScaleMode, StateFormat, parse
-from .schemes import DEFAULT_BUFFER_LEN, Scheme, SchemeError, parse_scheme
+from .schemes import DEFAULT_BUFFER_LEN, Scheme, SchemeError, SchemeKind, parse_scheme
 
 # The engine profiles a variant may name (`~engine`): the arithmetic of each is `ssmquant.engines.profiles`, which
 # takes its list from here (a variant is parsed below the engines); "ideal" is the emulation without an engine.
@@ -24,8 +24,45 @@ class VariantError(SsmquantError, ValueError):
     """A variant spec or option is not valid."""
 
 
+class StorageFacts:
+    """What the engine rules (``engines.deployments.violations``) read of a setting, derived from its ``format``
+    and ``scheme``: shared by ``Variant`` and ``calibrate.Setting``."""
+
+    format: StateFormat
+    scheme: Scheme
+
+    @property
+    def encoding(self) -> str:
+        return self.format.encoding.value
+
+    @property
+    def scale_mode(self) -> str:
+        return self.format.scale_mode.value
+
+    @property
+    def granularity(self) -> str:
+        return self.format.granularity.name
+
+    @property
+    def rounding(self) -> str:
+        return self.format.rounding.value
+
+    @property
+    def scheme_kind(self) -> str:
+        return self.scheme.kind.value
+
+    @property
+    def buffer_len(self) -> int:
+        """Replay buffer length L (0 for conventional decoding)."""
+        return 0 if self.scheme.kind is SchemeKind.CONVENTIONAL else self.scheme.buffer_len
+
+    @property
+    def draft_tokens(self) -> int:
+        return self.scheme.draft_tokens if self.scheme.kind is SchemeKind.SPEC else 0
+
+
 @dataclass(frozen=True)
-class Variant:
+class Variant(StorageFacts):
     """format x scheme, plus the stochastic-rounding seed and (for static formats) the decode scales.
 
     static_scale: FP32 decode scales for ':static' formats, shape [H, rows // group_rows] or with a
