@@ -13,7 +13,7 @@ PACKAGE = ROOT / "ssmquant"
 # ARCHITECTURE.md's layers, from the bottom: a package may import those of a lower rank (or its own rank's
 # earlier entries, where the table names the order: report reads analysis, evaluate and calibrate read both)
 LAYERS = [
-    ("__version__", "errors", "provenance", "memory", "defaults"),
+    ("__version__", "errors", "filemodes", "provenance", "memory", "defaults"),
     ("formats",),
     ("kinds",),
     ("replay",),

@@ -18,13 +18,13 @@ time are the real ones.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 
 from ..errors import SsmquantError
+from ..filemodes import follow_umask
 from .loading import LoadedModel, ModelSource, detect_architecture
 from .placement import DEFAULT_HEADROOM_GIB, balanced_plan, device_room, model_units, plan_loads
 from .presets import GDNShape, Mamba2Shape, Preset, get_preset
@@ -240,7 +240,7 @@ def build_random_checkpoint(
         "config_provenance": config_provenance(preset, config, overrides),
     }
     (out / "ssmquant_build.json").write_text(json.dumps(summary, indent=2) + "\n")
-    _follow_umask(out)
+    follow_umask(out)  # safetensors writes 0600
     progress(f"wrote {out} ({nbytes / 2**30:.1f} GiB) in {summary['seconds']:.1f} s")
     del model
     return summary
@@ -371,15 +371,6 @@ def build_random_model(
         model, byte_tokenizer(int(text.vocab_size)), full, detect_architecture(full), source,
         torch.device(used[0]), DTYPES[dtype], notes,
     )  # fmt: skip
-
-
-def _follow_umask(out: Path) -> None:
-    """Give the checkpoint's files the modes a plain open gives (0666 less the umask): safetensors writes 0600."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    for path in out.iterdir():
-        if path.is_file() and not path.is_symlink():
-            path.chmod(0o666 & ~mask)
 
 
 def estimate_parameters(preset: str | Preset, *, num_layers: int | None = None, overrides: dict | None = None) -> int:
