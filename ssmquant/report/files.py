@@ -8,6 +8,7 @@ when complete, so an interrupted run (Ctrl-C) never leaves a half-written DIR.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import pathlib
@@ -329,7 +330,7 @@ def claim_out_dir(out_dir, force: bool, command: str = "analyze"):
         raise
     _claims[key] = fd
     try:
-        clean_leftovers(key)
+        clean_leftovers(key, command)
         check_out_dir(out_dir, force, command)
         yield out
     finally:
@@ -536,18 +537,14 @@ class OutputWarning(UserWarning):
 def _leftovers(out: pathlib.Path) -> list[pathlib.Path]:
     """The temporary siblings of DIR a run creates: ``.DIR.tmp-*`` (being written), ``.DIR.old-*`` (the output
     being replaced), ``.DIR.probe-*`` (the writability probe)."""
-    return sorted(p for kind in ("tmp", "old", "probe") for p in out.parent.glob(f".{glob_escape(out.name)}.{kind}-*"))
+    return sorted(p for kind in ("tmp", "old", "probe") for p in out.parent.glob(f".{glob.escape(out.name)}.{kind}-*"))
 
 
-def glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", name)
-
-
-def clean_leftovers(out: pathlib.Path) -> list[pathlib.Path]:
-    """Remove what runs into ``out`` killed by an uncatchable signal left beside it; the caller holds DIR's lock,
-    so no live run is writing them. Only ssmquant's own: a ``.DIR.tmp-*`` holding PARTIAL_MARKER or OUTPUT_MARKER,
-    the files a ``.DIR.old-*`` output lists (anything else in it stays), an empty ``.DIR.probe-*``. Returns what was
-    removed."""
+def clean_leftovers(out: pathlib.Path, command: str) -> list[pathlib.Path]:
+    """Remove what runs of ``command`` into ``out`` killed by an uncatchable signal left beside it; the caller holds
+    DIR's lock, so no live run is writing them. Only ssmquant's own: a ``.DIR.tmp-*`` holding PARTIAL_MARKER or
+    OUTPUT_MARKER, the files a ``.DIR.old-*`` output of ``command`` lists (anything else in it stays), an empty
+    ``.DIR.probe-*``. Returns what was removed."""
     removed = []
     for path in _leftovers(out):
         if path.is_symlink() or not path.is_dir():
@@ -556,7 +553,7 @@ def clean_leftovers(out: pathlib.Path) -> list[pathlib.Path]:
         if kind == "tmp" and ((path / PARTIAL_MARKER).is_file() or (path / OUTPUT_MARKER).is_file()):
             shutil.rmtree(path, ignore_errors=True)
         elif kind == "old":
-            _remove_listed(path)
+            _remove_listed(path, command)
         elif kind == "probe":
             with contextlib.suppress(OSError):
                 path.rmdir()
@@ -565,17 +562,10 @@ def clean_leftovers(out: pathlib.Path) -> list[pathlib.Path]:
     return removed
 
 
-def _remove_listed(directory: pathlib.Path) -> list[str]:
-    """Remove the files of the ssmquant output ``directory`` lists in its OUTPUT_MARKER (or report), then the
-    directories left empty, ``directory`` itself included. Returns the paths (relative) that are not ssmquant's and
-    stay."""
-    command = None
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
-        command = json.loads((directory / OUTPUT_MARKER).read_text()).get("command")
-    if command not in REPORT_FILES:
-        command = next((c for c, f in REPORT_FILES.items() if (directory / f).is_file()), None)
-    listed = (_listed_files(directory, command) if command else None) or set()
-    for rel in listed:
+def _remove_listed(directory: pathlib.Path, command: str) -> list[str]:
+    """Remove the files ``directory``, an output of ``command``, lists (``_listed_files``), then the directories
+    left empty, ``directory`` itself included. Returns the paths (relative) that are not ssmquant's and stay."""
+    for rel in _listed_files(directory, command) or set():
         path = directory / rel
         if path.is_file() or path.is_symlink():
             with contextlib.suppress(OSError):
@@ -647,7 +637,7 @@ def _replace(out: pathlib.Path, new: pathlib.Path, command: str) -> None:
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     out.rename(old)
     new.rename(out)
-    stay = _remove_listed(old)
+    stay = _remove_listed(old, command)
     if not stay:
         return
     clashes = [rel for rel in stay if (out / rel).exists() or (out / rel).is_symlink()]
@@ -655,7 +645,7 @@ def _replace(out: pathlib.Path, new: pathlib.Path, command: str) -> None:
         for rel in stay:
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             (old / rel).rename(out / rel)
-        _remove_listed(old)
+        _remove_listed(old, command)
         warnings.warn(
             f"--out {out}: kept {', '.join(stay)}, written into it while this run worked (not ssmquant's)",
             OutputWarning,
