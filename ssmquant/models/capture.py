@@ -40,7 +40,7 @@ from ..replay.reference import reference_decode
 from .compat import tested_range, transformers_version, untested_transformers_note, warn_if_untested_transformers
 from .loading import LoadedModel
 from .mixers import CaptureError, SSMMixer, find_ssm_mixers
-from .taps import MixerTap, expected_layouts, tap_for
+from .taps import MixerTap, expected_layouts, listen, tap_for
 from .text import CORPUS_PATH, calibration_batch
 from .torch_path import quiet_cpu_fallback_notices, use_torch_path_on_cpu
 
@@ -204,15 +204,9 @@ def _hooked(mixers: dict[int, SSMMixer], taps: dict[int, MixerTap], state: _Stat
     handles = []
     try:
         for layer, mixer in mixers.items():
-            tap, recorded = taps[layer], {}
-            for name in tap.recorded:
+            tap = taps[layer]
 
-                def record(_m, _args, output, name=name, recorded=recorded):
-                    recorded[name] = output
-
-                handles.append(getattr(mixer.module, name).register_forward_hook(record))
-
-            def at_norm(_m, args, layer=layer, mixer=mixer, tap=tap, recorded=recorded):
+            def at_norm(recorded, args, layer=layer, mixer=mixer, tap=tap):
                 if layer in state.done:
                     return
                 missing = [n for n in tap.recorded if n not in recorded]
@@ -225,13 +219,12 @@ def _hooked(mixers: dict[int, SSMMixer], taps: dict[int, MixerTap], state: _Stat
                 meta = dict(state.meta, layer=layer, kind=tap.kind)
                 native = _build(tap.kind, tap.derive(mixer.module, recorded), state.steps, meta)
                 native.meta["capture_error"] = _verify(native, args[0], mixer, tap)
-                recorded.clear()
                 state.done.add(layer)
                 state.on_layer(layer, _deliver(native, state.device, state.dtype))
                 if state.stop_early and state.done >= state.wanted:
                     raise _AllLayersCaptured
 
-            handles.append(getattr(mixer.module, tap.norm).register_forward_pre_hook(at_norm))
+            handles += listen(mixer.module, tap, at_norm)
         yield
     finally:
         for h in handles:

@@ -153,9 +153,29 @@ def tap_for(kind: str, mixer: torch.nn.Module) -> MixerTap | None:
     return None
 
 
+def listen(mixer: torch.nn.Module, tap: MixerTap, at_norm: Callable[[Recorded, tuple], None]) -> list:
+    """Hook ``mixer`` as ``tap`` reads it: forward hooks record the outputs of ``tap.recorded``, and a forward
+    pre-hook on ``tap.norm`` calls ``at_norm(recorded, norm_args)`` (the norm's first argument is the layer's own scan
+    output), then forgets the recorded outputs. Returns the hook handles, for the caller to remove."""
+    recorded: Recorded = {}
+
+    def before_norm(_m, args):
+        try:
+            at_norm(recorded, args)
+        finally:
+            recorded.clear()
+
+    handles = [
+        getattr(mixer, n).register_forward_hook(lambda _m, _a, output, n=n: recorded.__setitem__(n, output))
+        for n in tap.recorded
+    ]
+    handles.append(getattr(mixer, tap.norm).register_forward_pre_hook(before_norm))
+    return handles
+
+
 def expected_layouts(kind: str) -> str:
     """The layouts of ``kind`` capture reads, for error messages: "family (attr, attr, ...)"."""
     return "; ".join(f"{t.family} ({', '.join((*t.recorded, t.norm))})" for t in TAPS if t.kind == kind)
 
 
-__all__ = ["TAPS", "MixerTap", "causal_conv", "expected_layouts", "tap_for"]
+__all__ = ["TAPS", "MixerTap", "causal_conv", "expected_layouts", "listen", "tap_for"]

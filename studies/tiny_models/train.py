@@ -491,25 +491,21 @@ def capture_decays(model):
     the mixers' projections, derived at their gated norm), so the model computes exactly what it would without.
     """
     from ssmquant.models import find_ssm_mixers
-    from ssmquant.models.taps import tap_for
+    from ssmquant.models.taps import listen, tap_for
 
     acc: dict[int, list[torch.Tensor]] = {}
     hooks = []
     for i, mixer in find_ssm_mixers(model).items():
-        tap, recorded = tap_for(mixer.kind, mixer.module), {}
-        for name in tap.recorded:
-            hooks.append(getattr(mixer.module, name).register_forward_hook(
-                lambda _m, _a, out, name=name, recorded=recorded: recorded.__setitem__(name, out)))
+        tap = tap_for(mixer.kind, mixer.module)
 
-        def at_norm(_m, _args, i=i, module=mixer.module, tap=tap, recorded=recorded):
+        def at_norm(recorded, _args, i=i, module=mixer.module, tap=tap):
             with torch.no_grad():
                 raw = tap.derive(module, recorded)
             log_a = raw["dt"] * raw["A"] if tap.kind == "mamba2" else raw["g"].float()  # [b, T, H] / [b, T, H(, Dk)]
             log_a = log_a.reshape(*log_a.shape[:2], -1)
             acc.setdefault(i, []).append(log_a.reshape(-1, log_a.shape[-1]).double().cpu())
-            recorded.clear()
 
-        hooks.append(getattr(mixer.module, tap.norm).register_forward_pre_hook(at_norm))
+        hooks += listen(mixer.module, tap, at_norm)
     try:
         yield acc
     finally:
