@@ -305,14 +305,13 @@ def plan_export(
             )
         )
     if glob is not None and glob.name != chosen.name:
-        if violations(dep, glob, kind):
-            reasons = [v.message for v in violations(dep, glob, kind)]
-        elif in_global is not None:  # feasible here, but as small as the pick and off the engine's fused kernel
+        reasons = [v.message for v in violations(dep, glob, kind)]
+        if not reasons and in_global is not None:  # feasible here, as small as the pick, off the fused kernel
             reasons = [
                 f"{dep.name} runs it off its fused kernel (on a fallback) where {chosen.name} is as small and stays "
                 f"on it (worst {metric} {_f(pick.entry['max_error'])}, within the budget)"
             ]
-        else:
+        elif not reasons:
             reasons = [
                 f"it does not meet the budget on every layer (worst {metric} "
                 f"{_f(recipe.config['global'].get('max_error'))})"
