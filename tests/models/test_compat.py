@@ -4,10 +4,7 @@ capture that does not reproduce its layer one `Error:` line naming the layer and
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -38,12 +35,12 @@ def test_the_installed_transformers_is_a_tested_one():
     assert compat.is_tested(compat.transformers_version()), compat.transformers_version()
 
 
-def _run(code: str, args: list[str], tmp_path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def _run(code: str, args: list[str], tmp_path):
+    """The CLI with ``code`` run first in its process (``tests.test_cli.run_cli``)."""
+    from tests.test_cli import run_cli
+
     prog = f"import sys\n{code}\nfrom ssmquant.cli import main\nsys.argv = ['ssmquant', *sys.argv[1:]]\nmain()\n"
-    return subprocess.run(
-        [sys.executable, "-c", prog, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
-    )
+    return run_cli(args, cwd=tmp_path, prefix=["-c", prog])
 
 
 @pytest.mark.slow
