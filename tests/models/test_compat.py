@@ -4,13 +4,11 @@ capture that does not reproduce its layer one `Error:` line naming the layer and
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 
 import pytest
 
 from ssmquant.models import compat
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 TINY = ["--model", "tiny-nemotron", "--layers", "0", "--formats", "int8", "--schemes", "conventional", "--device",
         "cpu", "--steps", "8", "--batch", "1"]  # fmt: skip
 
