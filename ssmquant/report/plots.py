@@ -224,10 +224,13 @@ def drift_figure(traces: pd.DataFrame, summary: pd.DataFrame, report: dict):
 
     One legend for the figure, below the panels. Colour = format, line style = scheme, one line width; the thick
     line is each window's mean (RMS over its steps); in the output panels a thin faint line of the same style is
-    each window's worst step, the statistic the budget (the horizontal line) is compared with. Each replay
-    scheme's first flush is marked (curves before it coincide for all formats: only the input buffer is rounded).
-    Exactly-zero errors (no place on a log axis) are drawn as triangles on the bottom edge. The step axis is
-    labelled at powers of two and padded so that no marker sits on the frame.
+    each window's worst step, the statistic the budget (the horizontal line) is compared with. A window's value is
+    drawn over the steps it covers (from its first step to its last), so every curve starts at step 1 whatever the
+    window length (a window holds whole flush cycles of every scheme). Each replay scheme's first flush is marked
+    (curves before it coincide for all formats: only the input buffer is rounded). Exactly-zero errors (no place
+    on a log axis) are drawn as triangles in a band at the bottom of the panel, one row per variant, over the
+    windows where they occur. The step axis is labelled at powers of two and padded so that no marker sits on the
+    frame.
     """
     worst, median = pick_layers(summary)
     layers = [worst] if worst == median else [worst, median]
@@ -241,8 +244,10 @@ def drift_figure(traces: pd.DataFrame, summary: pd.DataFrame, report: dict):
     )
     data = _split_variant(traces[traces.layer.isin(layers)])
     has_max = "out_rel_err_max" in data.columns
-    lo = float(min([*data.step[data.step > 0], *flushes.values()], default=1))
+    starts = data.window_start if "window_start" in data.columns else data.step
+    lo = float(min([*starts[starts > 0], *flushes.values()], default=1))
     hi = float(max(data.step.max() if len(data) else 1, lo))
+    flushes = {sch: step for sch, step in flushes.items() if step <= hi}  # a flush after the run marks nothing
     zeros_drawn = False
     for col, layer in enumerate(layers):
         for row, (metric, label) in enumerate((("out_rel_err", "output"), ("state_rel_err", "state"))):
@@ -259,22 +264,19 @@ def drift_figure(traces: pd.DataFrame, summary: pd.DataFrame, report: dict):
                 continue
             for v in order:
                 dv = positive[positive.variant == v]
-                ax.plot(dv.step, dv[metric], linewidth=LINE_WIDTH, **styles[v])
+                ax.plot(*_over_windows(dv, metric), linewidth=LINE_WIDTH, **styles[v])
                 if row == 0 and has_max:
                     dm = d[(d.variant == v) & (d.out_rel_err_max > 0) & np.isfinite(d.out_rel_err_max)]
-                    ax.plot(dm.step, dm.out_rel_err_max, linewidth=PEAK_LINE_WIDTH, alpha=0.5, **styles[v])
+                    ax.plot(*_over_windows(dm, "out_rel_err_max"), linewidth=PEAK_LINE_WIDTH, alpha=0.5, **styles[v])
             if row == 0 and budget is not None:
                 ax.axhline(budget, zorder=1.5, **BUDGET_STYLE)
             ax.set_yscale("log")
             ax.grid(True, which="both", alpha=0.3)
-            floor = ax.get_ylim()[0]
-            for v in order:
-                z = d[(d.variant == v) & (d[metric] == 0)]
-                if len(z):
-                    ax.scatter(z.step, np.full(len(z), floor), marker="v", s=36, color=styles[v]["color"],
-                               clip_on=False, zorder=5)  # fmt: skip
-                    zeros_drawn = True
-            ax.set_ylim(bottom=floor)
+            zeros = [(v, d[(d.variant == v) & (d[metric] == 0)]) for v in order]
+            zeros = [(v, z) for v, z in zeros if len(z)]
+            if zeros:
+                _zero_band(ax, zeros, styles)
+                zeros_drawn = True
             for sch, step in flushes.items():
                 ax.axvline(step, color="0.45", linestyle=dashes[sch], linewidth=0.9, alpha=0.7)
     handles = style_handles(colours, dashes)
@@ -287,12 +289,41 @@ def drift_figure(traces: pd.DataFrame, summary: pd.DataFrame, report: dict):
         handles.append(Line2D([], [], color="0.3", marker="v", linestyle="none", label="error exactly 0"))
     for sch, step in flushes.items():
         handles.append(Line2D([], [], color="0.45", linestyle=dashes[sch], linewidth=0.9, label=f"{sch}: 1st flush, step {step}"))
-    _legend_below(fig, handles, "colour: format · dashes: scheme · thick: window mean (RMS over its steps)")
+    window = int((data.step - data.window_start + 1).max()) if "window_start" in data.columns and len(data) else 1
+    span = f"{window}-step window" if window > 1 else "step"
+    _legend_below(fig, handles, f"colour: format · dashes: scheme · thick: each {span}'s mean (RMS over its steps)")
     note = ""
     if flushes:
         note = "\nbefore a replay scheme's first flush only its input buffer is rounded: its curves coincide for all formats"
     fig.suptitle(f"Error drift over the decode horizon\n{subtitle(report)}{note}", fontsize=11)
     return fig
+
+
+def _over_windows(d: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of a staircase that draws each window's value over the steps it covers, from its ``window_start`` to
+    its ``step`` (its last step); plain points at the window ends for tables without window starts."""
+    if "window_start" not in d.columns or d.empty:
+        return d.step.to_numpy(), d[metric].to_numpy()
+    d = d.sort_values("step")
+    x = np.stack([d.window_start.to_numpy(), d.step.to_numpy()], axis=1).ravel()
+    y = np.repeat(d[metric].to_numpy(), 2)
+    return x, y
+
+
+ZERO_ROW = 0.03  # the height of one variant's row of zero-error markers, as a fraction of the panel
+
+
+def _zero_band(ax, zeros: list[tuple[str, pd.DataFrame]], styles: dict) -> None:
+    """Exactly-zero errors (no place on a log axis) as triangles at the bottom of the panel, one row per variant
+    (markers of different variants at one step neither stack nor hide each other), inside the frame: the y axis is
+    extended downwards so that the band lies below every curve."""
+    band = ZERO_ROW * (len(zeros) + 0.5)
+    lo, hi = (np.log10(v) for v in ax.get_ylim())
+    ax.set_ylim(bottom=10 ** ((lo - band * hi) / (1 - band)))  # the old bottom now sits at the band's top
+    for row, (v, z) in enumerate(zeros):
+        y = np.full(len(z), ZERO_ROW * (row + 0.5))
+        ax.scatter(z.step, y, marker="v", s=20, color=styles[v]["color"], transform=ax.get_xaxis_transform(),
+                   zorder=5)  # fmt: skip
 
 
 def heatmap_values(summary: pd.DataFrame) -> tuple[str, str]:

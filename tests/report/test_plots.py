@@ -73,7 +73,7 @@ def _close():
     plt.close("all")
 
 
-@pytest.mark.parametrize("steps,least,most", [(48, 3, 3), (512, 4, 7), (4096, 4, 7), (131072, 4, 7)])
+@pytest.mark.parametrize("steps,least,most", [(48, 4, 7), (512, 4, 7), (4096, 4, 7), (131072, 4, 7)])
 def test_the_step_axis_has_readable_tick_labels(steps, least, most):
     traces, _, summary = tables(steps)
     fig = plots.drift_figure(traces, summary, report(steps))
@@ -297,3 +297,42 @@ def test_kl_plot_says_where_a_variant_has_kl_zero_before_its_first_stored_state(
     fig = kl_figure(positions, summary, rep)
     texts = " ".join(t.get_text() for t in fig.axes[0].texts)
     assert "KL = 0 at positions 1-16" in texts and all(v in texts for v in ORDER if v.endswith("replay16"))
+
+
+def _curve_starts(fig) -> set[float]:
+    return {float(np.min(ln.get_xdata())) for ax in panels(fig) for ln in ax.get_lines() if len(ln.get_xdata()) > 2}
+
+
+def test_drift_curves_start_at_the_first_step_of_their_first_window():
+    """With replay4 beside replay16 the windows are 16 steps long: every curve started at step 16 (the first
+    window's end) and replay4's first-flush marker stood left of all data (issue 42). Each window is now drawn over
+    the steps it covers."""
+    traces, _, summary = tables(256)
+    traces = traces.assign(variant=traces.variant.str.replace("replay16", "replay4"))
+    summary = summary.assign(variant=summary.variant.str.replace("replay16", "replay4"))
+    rep = report(256)
+    rep["first_write_steps"] = {"conventional": 1, "replay4": 4}
+    fig = plots.drift_figure(traces, summary, rep)
+    assert _curve_starts(fig) == {1.0}
+    for ax in panels(fig):
+        (flush,) = [ln for ln in ax.get_lines() if tuple(ln.get_xdata()) == (4, 4)]
+        lo, _ = ax.get_xlim()
+        assert lo < 1  # the marker lies within the curves' span, not left of it
+
+
+def test_drift_zero_error_markers_neither_stack_nor_leave_the_frame():
+    """Zero errors of several variants at one step were drawn on top of each other on the bottom edge, half
+    outside the frame: each variant now has its own row inside the panel, below every curve."""
+    traces, _, summary = tables(64)
+    early = traces.step <= 16
+    traces.loc[early, "state_rel_err"] = 0.0
+    fig = plots.drift_figure(traces, summary, report(64))
+    ax = [a for a in panels(fig) if a.get_title().endswith("state error")][0]
+    rows = [c.get_offsets()[:, 1] for c in ax.collections]
+    assert len(rows) == len(ORDER)
+    heights = {float(r[0]) for r in rows}
+    assert len(heights) == len(ORDER) and all(0 < h < 0.5 for h in heights)  # axes fractions: inside the frame
+    band_top = plots.ZERO_ROW * (len(ORDER) + 0.5)
+    lo, hi = np.log10(ax.get_ylim())
+    lowest = min(np.log10(ln.get_ydata()).min() for ln in ax.get_lines() if len(ln.get_xdata()) > 2)
+    assert (lowest - lo) / (hi - lo) >= band_top - 1e-9  # no curve runs through the band
