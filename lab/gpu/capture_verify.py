@@ -17,8 +17,7 @@ from ssmquant.models import capture as capture_mod
 from ssmquant.models import capture_all
 from ssmquant.models.build import build_random_model
 
-PRESETS = [("nemotron-3-nano", 5), ("qwen3.5-9b", 4), ("qwen3-next-80b", 4), ("glm-5.3-flash", 4),
-           ("kimi-linear-48b-a3b", 4)]  # fmt: skip
+PRESETS = [("nemotron-3-nano", 5), ("qwen3.5-9b", 4), ("qwen3-next-80b", 4)]  # the kinds `build` makes
 
 
 def timed(fn, *args):
@@ -49,7 +48,7 @@ def main() -> None:
             _, t_plain = timed(capture_all, loaded, ids)
         finally:
             capture_mod._verify = verify
-        errs = {i: round(x.meta["capture_error"], 5) for i, x in caps.items()}
+        errs = {i: f"{x.meta['capture_error']:.2e}" for i, x in caps.items()}
         print(
             f"{preset}: layers {sorted(caps)} capture_error {errs} capture {t_verified:.2f} s "
             f"(without verification {t_plain:.2f} s)"

@@ -583,7 +583,10 @@ def load_model(
                     notes.append("accelerate is not installed: the model is loaded on one GPU only")
         else:
             device_map = None
-    kwargs = {"dtype": dt, "local_files_only": bool(local_files_only), "trust_remote_code": False}
+    # use_kernels=False: the modelling files' own torch paths, which capture verifies against. From transformers
+    # 5.25 the default kernelizes the model on a GPU with kernels downloaded from the Hub, which fails offline (the
+    # kernels' publisher cannot be verified) and swaps the mixers' code for third-party code.
+    kwargs = {"dtype": dt, "local_files_only": bool(local_files_only), "trust_remote_code": False, "use_kernels": False}
     if device_map is not None:
         kwargs["device_map"] = device_map
     try:

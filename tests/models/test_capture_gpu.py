@@ -36,13 +36,12 @@ def test_gpu_bf16_capture(request, fixture, kind, arch, steps):
 
 
 # Full-size random-init slices of the real models (transformers' own initialisation, bf16 on the GPU): every layer's
-# capture verified against the layer's own scan output over the first VERIFY_STEPS of 512 tokens.
+# capture verified against the layer's own scan output over the first VERIFY_STEPS of 512 tokens. `build` makes
+# Mamba-2 and GDN models; KDA is covered at bf16 by test_gpu_bf16_capture's Kimi-Linear checkpoint.
 FULL_SIZE = [
     ("nemotron-3-nano", 5),
     ("qwen3.5-9b", 4),
     ("qwen3-next-80b", 4),
-    ("glm-5.3-flash", 4),
-    ("kimi-linear-48b-a3b", 4),
 ]
 
 

@@ -146,3 +146,11 @@ def test_tokenizer_files_or_byte_level(nemotron_dir, hf_tokenizer_dir, tmp_path)
 def test_bad_dtype(nemotron_dir):
     with pytest.raises(ModelLoadError, match="unknown dtype 'float8'"):
         load_cpu(nemotron_dir, dtype="float8")
+
+
+def test_models_load_with_their_own_torch_paths_not_hub_kernels(nemotron_dir):
+    """transformers 5.25 kernelizes a model by default, with kernels downloaded from the Hub on a GPU (offline: a
+    ValueError about the kernels' publisher; online: third-party code in place of the mixers' own): ssmquant loads
+    with use_kernels=False, the paths capture verifies against."""
+    loaded = load_cpu(nemotron_dir)
+    assert loaded.model.use_kernels is False
