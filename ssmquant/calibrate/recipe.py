@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import __version__
+from .. import __version__, kinds
 from ..engines.profiles import ENGINES, arithmetic
 from ..errors import SsmquantError
 from ..report.files import write_atomically
@@ -380,8 +380,8 @@ def validate_document(doc: dict) -> None:
     _need(doc, "producer", dict, "the document")
     model = _need(doc, "model", dict, "the document")
     kind = _need(model, "layer_kind", str, "model")
-    if kind not in ("mamba2", "gdn", "kda"):
-        _fail(f"model.layer_kind must be 'mamba2', 'gdn' or 'kda', got {kind!r}")
+    if kind not in kinds.names():
+        _fail(f"model.layer_kind must be one of {', '.join(map(repr, kinds.names()))}, got {kind!r}")
     dims = _need(model, "dims", dict, "model")
     for k in ("heads", "rows", "state_dim", "groups"):
         v = _need(dims, k, int, "model.dims")

@@ -35,7 +35,7 @@ from ..analysis.sources import (
     resolve_run_devices,
 )
 from ..engines.deployments import TARGETS, Target, deployments, describe_deployments, takeable_by_any, violations
-from ..engines.facts import ENGINE_NAMES, EngineVersionError
+from ..engines.facts import ENGINE_NAMES, SERVED_KINDS, EngineVersionError
 from ..engines.profiles import EngineError, check_engine
 from ..formats import FormatError
 from ..kinds import InputError, after_prompt
@@ -322,6 +322,12 @@ def calibrate(
     engine_pool = {name for name, e in runs_on.items() if e}
     research_pool = {s.name for s in settings}
     if cfg.choose_among == "engines":
+        if not any(source.layer_kind in SERVED_KINDS[t.engine] for t in targets):
+            served = "; ".join(f"{ENGINE_NAMES[e]} serves {', '.join(kinds)}" for e, kinds in SERVED_KINDS.items())
+            raise CalibrateError(
+                f"--choose-among engines: no engine serves {source.layer_kind} layers ({served}); choose among "
+                "research settings (--choose-among research)"
+            )
         if not engine_pool:
             raise CalibrateError(
                 f"--choose-among engines: none of the {len(all_settings)} settings runs on "

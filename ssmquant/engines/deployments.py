@@ -32,6 +32,7 @@ from .facts import (
     ENGINE_NAMES,
     ENGINES,
     FACTS,
+    SERVED_KINDS,
     VERSIONS,
     VLLM_PR_BUILD,
     EngineVersionError,
@@ -205,11 +206,16 @@ def violations(target, setting, layer_kind: str, draft_tokens=None, *, version=N
     """Why `target` cannot run `setting` as measured, as Violations (rule, message, fact id); [] if it can.
 
     target: a Target, or an engine name ("vllm" | "trtllm" | "flashinfer") completed by version (None: the
-    newest release read), gpu (None: sm90), draft_tokens and dims. layer_kind: "mamba2" | "gdn" | "kda".
+    newest release read), gpu (None: sm90), draft_tokens and dims. layer_kind: a kind name (``SERVED_KINDS`` says which each engine
+    serves).
     """
     if not isinstance(target, Target):
         target = Target.make(target, version, gpu, draft_tokens, dims)
     out: list[Violation] = []
+    served = SERVED_KINDS[target.engine]
+    if layer_kind not in served:
+        served_names = ", ".join(served)
+        return [_v("layer_kind", None, f"{target.name} serves no {layer_kind} layers (it serves {served_names})")]
     _common(target, setting, out)
     if layer_kind == "kda":
         _kda(target, setting, out)

@@ -23,6 +23,13 @@ from ..errors import SsmquantError
 
 ENGINES = ("vllm", "trtllm", "flashinfer")
 ENGINE_NAMES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "flashinfer": "FlashInfer"}
+# The layer kinds each engine serves (ssmquant's kind names); the facts below refine what each serves them with.
+# A kind outside an engine's list gets one violation naming the kinds it serves, before any other rule is read.
+SERVED_KINDS: dict[str, tuple[str, ...]] = {
+    "vllm": ("mamba2", "gdn", "kda"),
+    "trtllm": ("mamba2", "gdn", "kda"),
+    "flashinfer": ("mamba2", "gdn", "kda"),
+}
 
 # Releases read, oldest first (vLLM and FlashInfer: the PyPI wheels; TensorRT-LLM: its repository at one
 # commit of main, because its PyPI package is a 10 kB stub that downloads the wheel from NVIDIA's own index,

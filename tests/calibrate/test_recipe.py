@@ -82,7 +82,7 @@ def test_other_schema_version_is_refused_naming_both(recipe_dir):
     [
         (lambda d: d.pop("budget"), "the document is missing 'budget'"),
         (lambda d: d["budget"].update(metric="kl"), "budget.metric must be one of out_rel_err, state_rel_err, out_rel_err_max, state_rel_err_max"),
-        (lambda d: d["model"].update(layer_kind="rwkv"), "model.layer_kind must be 'mamba2', 'gdn' or 'kda'"),
+        (lambda d: d["model"].update(layer_kind="rwkv"), "model.layer_kind must be one of 'mamba2', 'gdn', 'kda'"),
         (lambda d: d["layers"][0]["setting"].update(format="int4"), r"layers\[0\].setting: invalid setting"),
         (lambda d: d["layers"][0].update(state_scale=None), r"layers\[0\] is static but state_scale is None"),
         (lambda d: d["layers"].append(d["layers"][0]), "layer 0 appears twice"),

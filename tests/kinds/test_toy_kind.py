@@ -197,3 +197,34 @@ def test_analyze_synthetic_runs_the_toy_kind(tmp_path):
     assert sorted(summary["layer"].unique()) == [0, 1] and len(summary) == 2 * 4
     assert summary["out_rel_err"].between(0, 1).all() and math.isfinite(summary["out_rel_err"].max())
     assert {"drift.png", "heatmap.png", "heads.png", "memory.csv"} <= {p.name for p in out.iterdir()}
+
+
+def test_calibrate_runs_the_toy_kind(tmp_path):
+    """calibrate measures the toy kind on the torch reference and writes its recipe among research settings (issue
+    43: it died in the recipe's own check of the layer kind); among the engines' settings it is refused in one line,
+    since no engine serves it."""
+    out = tmp_path / "recipe"
+    args = ["calibrate", "--model", "toy-gla", "--synthetic", "--horizon", "48", "--batch", "2", "--heldout-batch",
+            "2", "--budget", "0.05", "--device", "cpu", "-q", "--out", str(out)]  # fmt: skip
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1 and res.output.startswith("Error: --choose-among engines: no engine serves toy layers")
+    res = CliRunner().invoke(main, [*args, "--choose-among", "research"])
+    assert res.exit_code == 0, res.output
+    from ssmquant.calibrate.recipe import load_recipe
+
+    recipe = load_recipe(out)
+    assert recipe.layer_kind == "toy" and sorted(d.layer for d in recipe.layers) == [0, 1]
+
+
+@pytest.mark.parametrize("target", ["vllm", "trtllm", "flashinfer"])
+def test_export_refuses_the_toy_kind_cleanly(tmp_path, target):
+    """No engine serves the toy kind: export says so in one line, never a traceback."""
+    out = tmp_path / "recipe"
+    res = CliRunner().invoke(main, ["calibrate", "--model", "toy-gla", "--synthetic", "--horizon", "32", "--batch", "1",
+                                    "--heldout-batch", "1", "--budget", "0.05", "--candidates", "int8",
+                                    "--schemes", "conventional", "--choose-among", "research", "--device", "cpu",
+                                    "-q", "--out", str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["export", str(out), "--target", target])
+    assert res.exit_code in (1, 2) and res.output.startswith("Error:"), res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
