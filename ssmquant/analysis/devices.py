@@ -41,6 +41,27 @@ def torch_threads(n: int):
             torch.set_num_threads(before)
 
 
+CPU_EMULATION_THREADS = 1
+
+
+@contextlib.contextmanager
+def emulation_threads(devices):
+    """One torch intra-op thread while the emulation runs on a CPU; restored afterwards. Nothing changes when any
+    emulation device is a GPU.
+
+    A layer's tensors are small (one step of tiny-nemotron is 4 x 8 x 64 x 128 elements) and each step is dozens of
+    small ops, so a second intra-op thread gains little, while the speed of libgomp's barrier after every op depends
+    on what else runs: it spins at full speed only while the process has no more OpenMP threads than the machine
+    has cores, which a capture thread with an OpenMP pool of its own breaks. With two threads per pool the same
+    layer ran 4-5x slower while a capture thread lived beside it than after it ended; with one it runs at one speed.
+    """
+    if not devices or any(torch.device(d).type != "cpu" for d in devices):
+        yield
+        return
+    with torch_threads(CPU_EMULATION_THREADS):
+        yield
+
+
 class DeviceError(SsmquantError, ValueError):
     """Bad emulation devices; the message names the entry and the accepted forms."""
 
@@ -253,7 +274,9 @@ def run_on_devices(
     # kernels (Triton's JIT and its cache), once, in one thread
     warmed = {d: threading.Event() for d in devices}
     threads = [
-        threading.Thread(target=worker, args=(d, k), name=f"ssmquant-emulate-{d}" + (f"-lane{k}" if k else ""), daemon=True)
+        threading.Thread(
+            target=worker, args=(d, k), name=f"ssmquant-emulate-{d}" + (f"-lane{k}" if k else ""), daemon=True
+        )
         for d in devices
         for k in range(per_device)
     ]

@@ -35,7 +35,7 @@ from ..replay.schemes import SchemeError
 from ..replay.variants import Variant, VariantError
 from ..simulate import start_simulation
 from ..sizing import LayerEstimate, format_seconds
-from .devices import assign_layers, run_on_devices
+from .devices import assign_layers, emulation_threads, run_on_devices
 from .fit import (
     DEFAULT_BUDGET,
     DIVERGED,
@@ -580,60 +580,71 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     ahead = source.can_make_ahead and cfg.devices is None and lanes == 1
     sizes = dict(steps=cfg.steps, batch=cfg.batch, backend=chosen_backend, recorded=cfg.steps // record_every,
                  workers=len(emu_devices), lanes=lanes, ahead=ahead, prompt=cfg.prompt)  # fmt: skip
-    per_step = plan_layers(source, layers, variants, device=emu_devices[0], measure_time=notify is not None, **sizes)
-    for dev in emu_devices[1:]:  # every emulation device holds one layer's emulation at a time
-        plan_layers(source, layers, variants, device=dev, **sizes)
-    if per_step is not None:
-        notify(
-            f"estimate: about {format_seconds(per_step * cfg.steps * len(layers))} to emulate {len(layers)} layers x "
-            f"{len(variants)} variants x {cfg.steps} steps x batch {cfg.batch} (torch backend, "
-            f"{1e3 * per_step:.3g} ms per layer-step measured on this machine; loading and capture not included)"
+    # the probe measures the emulation as it will run: the same threads
+    with emulation_threads(emu_devices):
+        per_step = plan_layers(
+            source, layers, variants, device=emu_devices[0], measure_time=notify is not None, **sizes
         )
-    if progress:
-        progress(0, len(layers), None)
-    assignment = assign_layers(layers, emu_devices, source.layer_devices)
-    in_use = {d for d in [device, *emu_devices, *(source.layer_devices or {}).values()] if d.type == "cuda"}
-    in_use = sorted({torch.device("cuda", d.index or 0) for d in in_use}, key=str)
-    for d in in_use:
-        torch.cuda.reset_peak_memory_stats(d)
-    done = []
-
-    def emulate(layer, inputs, dev):
-        """Queue the layer's emulation (validation errors raise here); ``reduce`` waits for it."""
-        t_sim = time.perf_counter()
-        inputs = inputs.to(dev)
-        inputs.meta.setdefault("layer", layer)
-        try:
-            inputs = after_prompt(inputs, cfg.prompt)  # validates the prompt's steps too
-            pending = start_simulation(inputs, variants, backend=cfg.backend, record_every=record_every)
-        except ValueError as err:
-            raise AnalyzeError(f"layer {layer}: {err}") from err
-        return pending, time.perf_counter() - t_sim
-
-    kernels: dict[str, str] = {}  # variant -> the fused kernel that ran it ("cuda", "triton", "engine"), GPU backends
-
-    def reduce(layer, started):
-        pending, sim_s = started
-        t_wait = time.perf_counter()
-        trace = pending.result()
-        kernels.update(trace.meta.get("kernels", {}))
-        sim_s += time.perf_counter() - t_wait  # the wait for the device: emulation, as before
-        frame = trace.to_frame()
-        frame.insert(0, "layer", layer)
-        summary_rows = summarize_layer(layer, source.layer_kind, trace, variants, cfg.budget)
-        return frame, head_table(layer, trace), summary_rows, sim_s
-
-    estimate = LayerEstimate(len(layers), len(emu_devices) * lanes, notify)
-
-    def finished(layer, _result, seconds):
-        done.append(layer)
-        estimate.done(seconds)
+        for dev in emu_devices[1:]:  # every emulation device holds one layer's emulation at a time
+            plan_layers(source, layers, variants, device=dev, **sizes)
+        if per_step is not None:
+            notify(
+                f"estimate: about {format_seconds(per_step * cfg.steps * len(layers))} to emulate {len(layers)} layers x "
+                f"{len(variants)} variants x {cfg.steps} steps x batch {cfg.batch} (torch backend, "
+                f"{1e3 * per_step:.3g} ms per layer-step measured on this machine; loading and capture not included)"
+            )
         if progress:
-            progress(len(done), len(layers), layer)
+            progress(0, len(layers), None)
+        assignment = assign_layers(layers, emu_devices, source.layer_devices)
+        in_use = {d for d in [device, *emu_devices, *(source.layer_devices or {}).values()] if d.type == "cuda"}
+        in_use = sorted({torch.device("cuda", d.index or 0) for d in in_use}, key=str)
+        for d in in_use:
+            torch.cuda.reset_peak_memory_stats(d)
+        done = []
 
-    results, run = run_on_devices(
-        source.iter_layers(layers, ahead=ahead), assignment, emulate, on_result=finished, lanes=lanes, complete=reduce
-    )
+        def emulate(layer, inputs, dev):
+            """Queue the layer's emulation (validation errors raise here); ``reduce`` waits for it."""
+            t_sim = time.perf_counter()
+            inputs = inputs.to(dev)
+            inputs.meta.setdefault("layer", layer)
+            try:
+                inputs = after_prompt(inputs, cfg.prompt)  # validates the prompt's steps too
+                pending = start_simulation(inputs, variants, backend=cfg.backend, record_every=record_every)
+            except ValueError as err:
+                raise AnalyzeError(f"layer {layer}: {err}") from err
+            return pending, time.perf_counter() - t_sim
+
+        kernels: dict[
+            str, str
+        ] = {}  # variant -> the fused kernel that ran it ("cuda", "triton", "engine"), GPU backends
+
+        def reduce(layer, started):
+            pending, sim_s = started
+            t_wait = time.perf_counter()
+            trace = pending.result()
+            kernels.update(trace.meta.get("kernels", {}))
+            sim_s += time.perf_counter() - t_wait  # the wait for the device: emulation, as before
+            frame = trace.to_frame()
+            frame.insert(0, "layer", layer)
+            summary_rows = summarize_layer(layer, source.layer_kind, trace, variants, cfg.budget)
+            return frame, head_table(layer, trace), summary_rows, sim_s
+
+        estimate = LayerEstimate(len(layers), len(emu_devices) * lanes, notify)
+
+        def finished(layer, _result, seconds):
+            done.append(layer)
+            estimate.done(seconds)
+            if progress:
+                progress(len(done), len(layers), layer)
+
+        results, run = run_on_devices(
+            source.iter_layers(layers, ahead=ahead),
+            assignment,
+            emulate,
+            on_result=finished,
+            lanes=lanes,
+            complete=reduce,
+        )
     traces = [results[i][0] for i in layers]
     heads = [results[i][1] for i in layers]
     summary = [row for i in layers for row in results[i][2]]

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 import torch
 
-from ..analysis.devices import assign_layers, run_on_devices
+from ..analysis.devices import assign_layers, emulation_threads, run_on_devices
 from ..analysis.sources import (
     LayerSource,
     SourceError,
@@ -71,7 +71,6 @@ from .timing import (
     RunClock,
     TimedItems,
     TimeLeft,
-    emulation_threads,
     mse_samples_at,
     probe_layer,
 )

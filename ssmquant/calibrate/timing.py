@@ -1,12 +1,6 @@
 """How long a calibration takes, measured on this machine, and how its CPU emulation runs.
 
-- ``emulation_threads``: on a CPU the emulation runs with one torch intra-op thread. A layer's tensors are small
-  (one step of tiny-nemotron is 2 x 8 x 64 x 128 elements) and each step is dozens of small ops, so a second
-  intra-op thread gains nothing, while libgomp's barrier after every op spins at full speed whenever the process
-  has no more OpenMP threads than the machine has cores. That is the state of a run whenever no capture thread
-  holds an OpenMP pool of its own, i.e. for the last layer and the verification's last layer (the capture thread
-  has ended): on a shared 2-core machine the same layer then took 5-20x as long as the others, with 3-4x the CPU
-  time (``ssmquant/calibrate/README.md``, "Time").
+- ``emulation_threads`` (``analysis.devices``): on a CPU the emulation runs with one torch intra-op thread.
 - ``probe_layer``: the whole per-layer pipeline (statistics, static scales with a few MSE samples, one chunk of
   the candidates) on random inputs of the run's exact shapes and batch for a few steps, timed; a ``Costs`` model
   scales it to the horizon.
@@ -17,37 +11,21 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 import time
 from dataclasses import dataclass
 
-import torch
-
-from ..analysis.devices import torch_threads
 from ..sizing import format_seconds, random_inputs
 from .scales import DEFAULT_MSE_SAMPLES, MSE_FROM, calibrate_scales
 from .stats import collect_stats
 
-CPU_EMULATION_THREADS = 1
 # the emulation thread got less than this share of a core while measured: the machine is busy, say so with a range
 BUSY_SHARE = 0.8
 PROBE_CHUNK = 16  # candidates simulated by the probe (one simulate call of the run holds up to 16)
 PROBE_MSE_SAMPLES = 4
 # until the verification's settings are known: the decision, the global setting and one more engine pick per layer
 VERIFY_SETTINGS_GUESS = 3
-
-
-@contextlib.contextmanager
-def emulation_threads(devices):
-    """One torch intra-op thread while the emulation runs on a CPU (module docstring); restored afterwards.
-    Nothing changes when any emulation device is a GPU."""
-    if not devices or any(torch.device(d).type != "cpu" for d in devices):
-        yield
-        return
-    with torch_threads(CPU_EMULATION_THREADS):
-        yield
 
 
 def mse_samples_at(steps: int, samples: int = DEFAULT_MSE_SAMPLES) -> int:

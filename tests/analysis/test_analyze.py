@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from click.testing import CliRunner
 
 from ssmquant.analysis import AnalyzeConfig, AnalyzeError, SourceError, analyze, fit_power_law
@@ -514,3 +515,26 @@ def test_the_cli_default_budget_is_the_library_default():
 
     option = next(p for p in main.commands["analyze"].params if p.name == "budget")
     assert option.default == DEFAULT_BUDGET == AnalyzeConfig().budget
+
+
+def test_the_cpu_emulation_and_its_time_probe_run_on_one_thread(monkeypatch):
+    """analyze's CPU emulation ran on torch's default thread pool beside the capture thread's own pool: with more
+    OpenMP threads than cores, libgomp stops spinning between the many small ops of a step and the first layers
+    ran 4-5x slower than the probe that estimates them (issue 42 case 12). It now runs on one thread, as calibrate's
+    and eval's do, and the probe measures it so."""
+    import ssmquant.analysis.run as run_mod
+    import ssmquant.analysis.sources as sources_mod
+
+    seen = []
+    start, probe = run_mod.start_simulation, sources_mod.probe_step_seconds
+    monkeypatch.setattr(
+        run_mod, "start_simulation", lambda *a, **k: (seen.append(torch.get_num_threads()), start(*a, **k))[1]
+    )
+    monkeypatch.setattr(
+        sources_mod, "probe_step_seconds", lambda *a, **k: (seen.append(torch.get_num_threads()), probe(*a, **k))[1]
+    )
+    before = torch.get_num_threads()
+    analyze(AnalyzeConfig(model="tiny-nemotron", steps=32, batch=1, layers=[0, 2], formats=["int8"]),
+            notify=lambda line: None)  # fmt: skip
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == before

@@ -5,9 +5,10 @@ range where the machine is busy."""
 import pytest
 import torch
 
+from ssmquant.analysis.devices import emulation_threads
 from ssmquant.calibrate import timing
 from ssmquant.calibrate.stats import iter_reference_states
-from ssmquant.calibrate.timing import Costs, LayerCost, RunClock, TimeLeft, emulation_threads, mse_samples_at
+from ssmquant.calibrate.timing import Costs, LayerCost, RunClock, TimeLeft, mse_samples_at
 
 from .helpers import tiny_calibration, tiny_mamba2
 
