@@ -28,16 +28,8 @@ class FormatError(SsmquantError, ValueError):
     """A format spec string or format option is not valid."""
 
 
-class Encoding(enum.Enum):
-    """Element encodings of a stored state; each member's facts are its `EncodingSpec` (``encodings.py``)."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP8_E4M3 = "fp8_e4m3"
-    INT8 = "int8"
-    NVFP4 = "nvfp4"
-    INT16 = "int16"
+class _EncodingFacts:
+    """What an `Encoding` member knows: its `EncodingSpec` (``encodings.py``) and the facts read from it."""
 
     @property
     def spec(self) -> EncodingSpec:
@@ -63,6 +55,13 @@ class Encoding(enum.Enum):
     def kernel_code(self) -> int:
         """The constexpr FMT of the fused kernels."""
         return self.spec.kernel_code
+
+
+# The element encodings of a stored state, one member per `EncodingSpec` (Encoding.FP8_E4M3 is "fp8_e4m3"): the
+# specs are the one list of encodings, this enum their names.
+Encoding = enum.Enum(
+    "Encoding", [(name.upper(), name) for name in SPECS], type=_EncodingFacts, module=__name__, qualname="Encoding"
+)
 
 
 # Names accepted by `parse` for the encoding part.

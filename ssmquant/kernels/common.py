@@ -12,7 +12,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .rounding import fake_quant_tile, round_to_bf16, round_to_grid, stream_key
+from ..formats.grids import FP16
+from .rounding import constant, fake_quant_tile, round_to_bf16, round_to_grid, stream_key
+
+FP16_MBITS = constant(FP16.mantissa_bits)
+FP16_EMIN = constant(FP16.min_exponent)
+FP16_MAX = constant(FP16.max_value)
 
 # Variants carried by one launch. Six is the default variant list of `analyze` (fp8_e4m3, int8 and nvfp4
 # under conventional and replay16 decoding); the register budget (`plan_launches`) sets the tile.
@@ -41,22 +46,67 @@ def register_cap(num_warps: int) -> int | None:
 BUFFER_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
 
 
+# A slot spec's fields, low bits first: format code, SR, STATIC, buffer code, then the group's rows above them.
+FORMAT_BITS = 4
+BUFFER_BITS = 2
+_SR = 2**FORMAT_BITS
+_STATIC = 2 * _SR
+_BUFFER = 2 * _STATIC
+_GROUP = _BUFFER * 2**BUFFER_BITS
+
+
 def slot_spec(fmt_code: int, group_rows: int, static: bool, sr: bool, buf_code: int) -> int:
-    """Pack one slot's constexpr choices: format code (3 bits), SR, STATIC, buffer code (2 bits), group rows.
+    """Pack one slot's constexpr choices: format code (FORMAT_BITS), SR, STATIC, buffer code (BUFFER_BITS), group
+    rows; a code too wide for its field is a ValueError, never a neighbour's bit.
 
     A slot of format code 0 (fp32) and buffer code 0 (fp32) computes what the kernel's FP32 reference computes, from
     the same state: the kernels give it the reference's step instead of computing that again, because two copies of
-    one computation are left to the compiler's choice of which products to contract into FMAs, made per expression
-    (on the H200, Triton 3.6, a KDA launch with SR nvfp4 slots beside it gave such a slot squared errors of 1e-14 to
-    1e-12), where an FP32 variant's error is 0 by definition."""
-    return fmt_code | (int(sr) << 3) | (int(static) << 4) | (buf_code << 5) | (group_rows << 7)
+    one computation are left to the compiler's choice of which products to contract into FMAs, made per expression,
+    where an FP32 variant's error is 0 by definition."""
+    if not 0 <= fmt_code < 2**FORMAT_BITS:
+        raise ValueError(f"format code {fmt_code} does not fit the slot spec's {FORMAT_BITS} bits")
+    if not 0 <= buf_code < 2**BUFFER_BITS:
+        raise ValueError(f"buffer code {buf_code} does not fit the slot spec's {BUFFER_BITS} bits")
+    if group_rows < 1:
+        raise ValueError(f"group rows must be >= 1, got {group_rows}")
+    return fmt_code + _SR * int(sr) + _STATIC * int(static) + _BUFFER * buf_code + _GROUP * group_rows
+
+
+@triton.constexpr_function
+def spec_format(spec):
+    """The format code of a slot spec (`slot_spec`); the spec_* functions also run on the host."""
+    return spec % _SR
+
+
+@triton.constexpr_function
+def spec_sr(spec):
+    """Whether a slot spec rounds stochastically."""
+    return (spec // _SR) % 2 == 1
+
+
+@triton.constexpr_function
+def spec_static(spec):
+    """Whether a slot spec takes static scales."""
+    return (spec // _STATIC) % 2 == 1
+
+
+@triton.constexpr_function
+def spec_buffer(spec):
+    """The buffer code of a slot spec."""
+    return (spec // _BUFFER) % 2**BUFFER_BITS
+
+
+@triton.constexpr_function
+def spec_group(spec):
+    """The rows per scale group of a slot spec."""
+    return spec // _GROUP
 
 
 @triton.constexpr_function
 def slot_takes_reference_step(spec):
     """Whether the slot of this spec (`slot_spec`) is format code 0 (fp32) with buffer code 0 (fp32), so that the
     kernels give it the reference's step as its own (a compile-time bool)."""
-    return spec % 8 == 0 and (spec // 32) % 4 == 0
+    return spec % _SR == 0 and (spec // _BUFFER) % 2**BUFFER_BITS == 0
 
 
 @triton.jit
@@ -65,7 +115,7 @@ def round_buffer(v, BUF: tl.constexpr):
     if BUF == 1:
         return round_to_bf16(v, 0, False)
     elif BUF == 2:
-        return round_to_grid(v, 0.0, 10, -14, 65504.0, False, False)
+        return round_to_grid(v, 0.0, FP16_MBITS, FP16_EMIN, FP16_MAX, False, False)
     else:
         return v
 
@@ -73,13 +123,13 @@ def round_buffer(v, BUF: tl.constexpr):
 @triton.jit
 def slot_round_buffer(v, SPEC: tl.constexpr):
     """`round_buffer` with the slot's buffer dtype."""
-    return round_buffer(v, (SPEC // 32) % 4)
+    return round_buffer(v, spec_buffer(SPEC))
 
 
 @triton.jit
 def slot_static_scale(scale_ptr, k, slot_stride, head_base, rows, row_ok, BLOCK_P: tl.constexpr, SPEC: tl.constexpr):
     """Slot k's static decode scale of each row [BLOCK_P] (ones when the slot scales dynamically)."""
-    if (SPEC // 16) % 2 == 1:
+    if spec_static(SPEC):
         return tl.load(scale_ptr + k * slot_stride + head_base + rows, mask=row_ok, other=1.0)
     else:
         return tl.full([BLOCK_P], 1.0, tl.float32)
@@ -98,22 +148,44 @@ def slot_initial_state(sv0_ptr, k, slot_stride, offs, mask, s_ref, NV: tl.conste
 
 @triton.jit
 def slot_write(
-    s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, BN: tl.constexpr, BR: tl.constexpr, SPEC: tl.constexpr,
-    KMAJOR: tl.constexpr = False
+    s,
+    k,
+    t,
+    bt,
+    BT,
+    write_ptr,
+    seed_ptr,
+    static_scale,
+    sr_index,
+    BN: tl.constexpr,
+    BR: tl.constexpr,
+    SPEC: tl.constexpr,
+    KMAJOR: tl.constexpr = False,
 ):
     """Slot k's store-and-reload of its state tile at step t, if its write mask [NV, B, T] says so (KMAJOR: the
     tile's state dim in `fake_quant_tile`'s k-major order)."""
     if tl.load(write_ptr + k * BT + bt) != 0:
         key = stream_key(tl.load(seed_ptr + k), t)
         s = fake_quant_tile(
-            s, static_scale, sr_index, key, BN, BR, SPEC % 8, SPEC // 128, (SPEC // 16) % 2 == 1, (SPEC // 8) % 2 == 1,
+            s,
+            static_scale,
+            sr_index,
+            key,
+            BN,
+            BR,
+            spec_format(SPEC),
+            spec_group(SPEC),
+            spec_static(SPEC),
+            spec_sr(SPEC),
             KMAJOR,
         )
     return s
 
 
 @triton.jit
-def store_slot_metrics(metrics_ptr, k, slot_stride, base, s_var, s_ref, y_var, y_ref, ss_ref, yy_ref, TILE: tl.constexpr):
+def store_slot_metrics(
+    metrics_ptr, k, slot_stride, base, s_var, s_ref, y_var, y_ref, ss_ref, yy_ref, TILE: tl.constexpr
+):
     """Slot k's partial sums at a recorded step, to metrics [NV, R, B, H, NPB, 4] (base: this program's
     offset within one slot): ||S~ - S||^2, ||S||^2 over its tile, ||y~ - y||^2, ||y||^2 over its rows
     (the reference's two, ss_ref and yy_ref, are summed once for all slots)."""

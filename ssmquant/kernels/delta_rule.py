@@ -50,14 +50,44 @@ from .common import (
     slot_static_scale,
     slot_takes_reference_step,
     slot_write,
+    spec_format,
+    spec_group,
+    spec_sr,
+    spec_static,
     store_slot_metrics,
 )
 from .registry import FusedKernel, register
-from .rounding import FMT_NVFP4, INTERPRETING, group_reduce_max, tile_columns
+from .rounding import (
+    FMT_NVFP4,
+    INTERPRETING,
+    encoding_of_code,
+    fmt_integer_grid,
+    fmt_max_code,
+    group_reduce_max,
+    tile_columns,
+)
 
-_E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
-_E4M3_MAGIC_SCALE = tl.constexpr(1.5 * 2.0**20)  # 1.5 * 2^(e + 20) has an FP32 ulp of 2^(e - 3), E4M3's spacing
 _INT_MAGIC = tl.constexpr(1.5 * 2.0**23)  # ulp 1 over (2^23, 2^24): x + M - M rounds |x| < 2^22 half to even
+
+
+@triton.constexpr_function
+def _min_normal(fmt):
+    """2^E_min: the smallest normal magnitude of the float grid of format code ``fmt``."""
+    return 2.0 ** encoding_of_code(fmt).grid.min_exponent
+
+
+@triton.constexpr_function
+def _magic_scale(fmt):
+    """1.5 x 2^(23 - M) for a float grid of M mantissa bits: 1.5 x 2^(e + 23 - M) has an FP32 ulp of 2^(e - M), the
+    grid's spacing in the binade of 2^e."""
+    return 1.5 * 2.0 ** (23 - encoding_of_code(fmt).grid.mantissa_bits)
+
+
+@triton.constexpr_function
+def _fast_round_takes(spec):
+    """Whether `_fake_quant_8bit_rne` rounds this slot: an 8-bit encoding with one scale per row group, RNE."""
+    enc = encoding_of_code(spec_format(spec))
+    return enc.scale_layout == "group" and enc.bits == 8 and not spec_sr(spec)
 _FP32_MAX = tl.constexpr(3.4028234663852886e38)
 
 
@@ -87,10 +117,7 @@ def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FM
     A value that rounds to zero comes back +0 (`fake_quant_tile` keeps the sign of -0): no metric and no later
     nonzero value sees a zero's sign.
     """
-    if FMT == 3:
-        qmax = 448.0
-    else:
-        qmax = 127.0
+    qmax: tl.constexpr = fmt_max_code(FMT)
     if STATIC:
         dec = static_scale
         mult = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), dec)
@@ -103,13 +130,13 @@ def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FM
     x = _mul_rn(s, mult[None, :])
     if STATIC:
         x = tl.clamp(x, -qmax, qmax, propagate_nan=tl.PropagateNan.ALL)
-    if FMT == 3:
-        p2 = (tl.maximum(tl.abs(x), _E4M3_MIN_NORMAL).to(tl.uint32, bitcast=True) & 0x7F800000).to(
+    if fmt_integer_grid(FMT):
+        m = _INT_MAGIC
+    else:
+        p2 = (tl.maximum(tl.abs(x), _min_normal(FMT)).to(tl.uint32, bitcast=True) & 0x7F800000).to(
             tl.float32, bitcast=True
         )
-        m = p2 * _E4M3_MAGIC_SCALE
-    else:
-        m = _INT_MAGIC
+        m = p2 * _magic_scale(FMT)
     return ((x + m) - m) * dec[None, :]
 
 
@@ -123,7 +150,7 @@ def per_step_offsets(num_warps: int, specs: tuple[int, ...]) -> bool:
     against 296 on KDA; GDN nvfp4 RNE 756 against 743, within the runs' spread), while the other one-warp launches
     hoist (GDN fp8_e4m3 867 against 823, fp8_e4m3:sr 322 / 321; KDA fp8_e4m3:sr 333 / 322;
     `lab/gpu/launch_option_ab.py`; KDA's per-row RNE runs in its CUDA kernel where that is available)."""
-    return num_warps > 1 or all(spec % 8 == FMT_NVFP4 for spec in specs)
+    return num_warps > 1 or all(spec_format(spec) == FMT_NVFP4 for spec in specs)
 
 
 @triton.jit
@@ -143,9 +170,9 @@ def _slot_write(
 ):
     """`common.slot_write`, with FP8 / INT8 RNE slots rounded by `_fake_quant_8bit_rne` when FAST_ROUND; those
     take their write-mask byte `flag` from the caller (`_step_inputs`: loaded a step ahead under PREFETCH)."""
-    if FAST_ROUND and (SPEC % 8 == 3 or SPEC % 8 == 4) and (SPEC // 8) % 2 == 0:  # FP8 / INT8, RNE
+    if FAST_ROUND and _fast_round_takes(SPEC):
         if flag != 0:
-            s = _fake_quant_8bit_rne(s, static_scale, BN, BR, SPEC % 8, SPEC // 128, (SPEC // 16) % 2 == 1)
+            s = _fake_quant_8bit_rne(s, static_scale, BN, BR, spec_format(SPEC), spec_group(SPEC), spec_static(SPEC))
     else:
         s = slot_write(s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, BN, BR, SPEC, KMAJOR)
     return s

@@ -25,7 +25,16 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..kinds.mamba2 import mamba2_decays
-from .common import slot_initial_state, slot_round_buffer, slot_static_scale, slot_takes_reference_step
+from .common import (
+    slot_initial_state,
+    slot_round_buffer,
+    slot_static_scale,
+    slot_takes_reference_step,
+    spec_format,
+    spec_group,
+    spec_sr,
+    spec_static,
+)
 from .registry import FusedKernel, register
 from .rounding import INTERPRETING, fake_quant_tile, stream_key, tile_columns
 
@@ -87,10 +96,10 @@ def _slot_write(
             key,
             BN,
             BR,
-            SPEC % 8,
-            SPEC // 128,
-            (SPEC // 16) % 2 == 1,
-            (SPEC // 8) % 2 == 1,
+            spec_format(SPEC),
+            spec_group(SPEC),
+            spec_static(SPEC),
+            spec_sr(SPEC),
             KMAJOR,
             True,  # per-head nvfp4: one scalar s2, quotients clamped (`fake_quant_tile`)
         )

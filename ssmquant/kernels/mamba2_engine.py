@@ -29,7 +29,24 @@ from ..replay.naive import stored_initial_states
 from ..replay.schemes import SchemeKind
 from .common import BUFFER_CODES, round_buffer, store_metrics
 from .host import batch_slices
-from .rounding import FORMAT_CODES, fake_quant_tile, round_element, round_to_bf16, stream_key
+from .rounding import (
+    E4M3_MAX,
+    FMT_FP8,
+    FMT_FP16,
+    FMT_INT8,
+    FORMAT_CODES,
+    constant,
+    fake_quant_tile,
+    fmt_max_code,
+    round_element,
+    round_to_bf16,
+    stream_key,
+)
+
+# the format codes FlashInfer's own conversions below are written for
+FMT_E4M3 = constant(FMT_FP8)
+FMT_I8 = constant(FMT_INT8)
+FMT_F16 = constant(FMT_FP16)
 
 
 @triton.jit
@@ -139,7 +156,7 @@ def _sr_e4m3(v, chunk):
     frac = tl.where(normal, ip_n, ip) & 7
     sat = (e > 15) | ((e == 15) & (frac == 7))
     mag = tl.where(e == 0, frac.to(tl.float32) * 0.001953125, (8 + frac).to(tl.float32) * _pow2(e.to(tl.int32) - 10))
-    mag = tl.where(sat, 448.0, mag)
+    mag = tl.where(sat, E4M3_MAX, mag)
     mag = tl.where(ex == 0, 0.0, mag)
     return _signed(mag, sign == 1)
 
@@ -184,7 +201,7 @@ def _mamba2_engine_kernel(
     row_ok = rows < P
     col_ok = cols < N
     tile_ok = col_ok[:, None] & row_ok[None, :]
-    EIGHT: tl.constexpr = FMT == 3 or FMT == 4
+    EIGHT: tl.constexpr = FMT == FMT_E4M3 or FMT == FMT_I8  # FlashInfer's 8-bit checkpoints
     b64 = b.to(tl.int64)
     head_base = (b64 * H + h) * P
     state_offs = (head_base + rows)[None, :] * N + cols[:, None]
@@ -204,7 +221,7 @@ def _mamba2_engine_kernel(
     dec = ones
     if REPLAY and EIGHT:
         amax = tl.max(tl.abs(s_ref), axis=0)
-        qmax = 448.0 if FMT == 3 else 127.0
+        qmax: tl.constexpr = fmt_max_code(FMT)
         enc = tl.where(amax == 0.0, 1.0, _rcp(tl.where(amax == 0.0, 1.0, amax), rcp_ptr) * qmax)
         dec = _rcp(enc, rcp_ptr)
         codes = round_element(s_ref * enc[None, :], 0.0, 0, FMT, False)
@@ -291,16 +308,16 @@ def _mamba2_engine_kernel(
                     ts = (dec * tdec)[None, :]
                     rep = (codes.to(tl.float64) * ts.to(tl.float64) + acc.to(tl.float64)).to(tl.float32)
                     amax = tl.max(tl.abs(rep), axis=0)
-                    qmax = 448.0 if FMT == 3 else 127.0
+                    qmax: tl.constexpr = fmt_max_code(FMT)
                     enc = tl.where(amax == 0.0, 1.0, _rcp(tl.where(amax == 0.0, 1.0, amax), rcp_ptr) * qmax)
                     dec = _rcp(enc, rcp_ptr)
                     v = rep * enc[None, :]
                     if SR:
                         chunk = _ckpt_chunks(seed_hi + t + 1, global_head, rows, cols, N)
-                        if FMT == 3:
+                        if FMT == FMT_E4M3:
                             codes = _sr_e4m3(v, chunk)
                         else:
-                            codes = tl.minimum(tl.maximum(tl.floor(v + chunk.to(tl.float32) * 1.52587890625e-05), -127.0), 127.0)
+                            codes = tl.minimum(tl.maximum(tl.floor(v + chunk.to(tl.float32) * 1.52587890625e-05), -qmax), qmax)
                     else:
                         codes = round_element(v, 0.0, 0, FMT, False)
                     codes = tl.where(tile_ok, codes, 0.0)
@@ -322,7 +339,7 @@ def _mamba2_engine_kernel(
                 s_var = a * s_var + bb[:, None] * (dt * xb)[None, :]
             y = tl.sum(s_var * cvec[:, None], axis=0) + d * x
             if write:
-                if FMT == 2 and SR and not SSU:  # FlashInfer's fp16 SR: Philox word of (row, col - col % 4), word col % 4
+                if FMT == FMT_F16 and SR and not SSU:  # FlashInfer's fp16 SR: Philox word of (row, col - col % 4), word col % 4
                     offset = (global_head * N + rows.to(tl.int64) * N)[None, :] + (cols - cols % 4)[:, None].to(tl.int64)
                     r0, r1, r2, r3 = tl.randint4x(seed_hi + t, offset, 10)
                     word = _select4(r0, r1, r2, r3, (cols % 4)[:, None]).to(tl.int64) & 0xFFFFFFFF

@@ -16,18 +16,117 @@ import triton
 import triton.language as tl
 
 from ..formats import Encoding
-
-# constexpr codes of the element encodings, read from each encoding's object (`formats.encodings`); the @triton.jit
-# code below branches on these values (FMT == 3: fp8_e4m3, ...), which tests/kernels check against this table
-FORMAT_CODES = {e: e.kernel_code for e in Encoding}
-FMT_FP32, FMT_BF16, FMT_FP16, FMT_FP8, FMT_INT8, FMT_NVFP4, FMT_INT16 = (
-    FORMAT_CODES[e]
-    for e in (Encoding.FP32, Encoding.BF16, Encoding.FP16, Encoding.FP8_E4M3, Encoding.INT8, Encoding.NVFP4, Encoding.INT16)
-)
+from ..formats.encodings import SPECS
+from ..formats.grids import E2M1, E4M3, E4M3_MIN_SUBNORMAL
 
 # Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) has no libdevice; its arithmetic is numpy's, correctly
 # rounded and never fused.
 INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+def constant(value):
+    """A module-level constant that @triton.jit code reads: a constexpr for the compiler; the plain number under the
+    interpreter, whose tl.minimum / tl.maximum return a constexpr argument unconverted."""
+    return value if os.environ.get("TRITON_INTERPRET", "0") == "1" else tl.constexpr(value)
+
+
+# constexpr codes of the element encodings, read from each encoding's object (`formats.encodings`): a kernel takes
+# one code FMT and reads the encoding's facts from it at compile time (`fmt_layout`, `fmt_mbits`, ...), so that a
+# new encoding with a known layout needs no change here
+FORMAT_CODES = {e: e.kernel_code for e in Encoding}
+FMT_FP32, FMT_BF16, FMT_FP16, FMT_FP8, FMT_INT8, FMT_NVFP4, FMT_INT16 = (
+    FORMAT_CODES[e]
+    for e in (
+        Encoding.FP32,
+        Encoding.BF16,
+        Encoding.FP16,
+        Encoding.FP8_E4M3,
+        Encoding.INT8,
+        Encoding.NVFP4,
+        Encoding.INT16,
+    )
+)
+_SPEC_OF_CODE = {spec.kernel_code: spec for spec in SPECS.values()}
+assert len(_SPEC_OF_CODE) == len(SPECS), "two encodings share a kernel code"
+
+# How an encoding stores its elements, as the kernels branch on it (``fmt_layout``): kept as is (fp32), rounded on
+# the bit pattern (bf16), rounded to a float grid without a scale (fp16, plain casts), on a grid with one FP32
+# scale per row group (fp8, int8, int16), or NVFP4's two levels.
+_LAYOUTS = {"exact": 0, "pattern": 1, "grid": 2, "group": 3, "two-level": 4}
+LAYOUT_EXACT = constant(_LAYOUTS["exact"])
+LAYOUT_PATTERN = constant(_LAYOUTS["pattern"])
+LAYOUT_GRID = constant(_LAYOUTS["grid"])
+LAYOUT_GROUP = constant(_LAYOUTS["group"])
+LAYOUT_TWO_LEVEL = constant(_LAYOUTS["two-level"])
+
+
+@triton.constexpr_function
+def encoding_of_code(fmt):
+    """The `EncodingSpec` of a kernel format code, at compile time or on the host."""
+    return _SPEC_OF_CODE[int(fmt)]
+
+
+@triton.constexpr_function
+def fmt_layout(fmt):
+    """The LAYOUT_* code of format code ``fmt``."""
+    spec = encoding_of_code(fmt)
+    if spec.scale_layout != "none":
+        return _LAYOUTS[spec.scale_layout]
+    if spec.pattern_bits is not None:
+        return _LAYOUTS["pattern"]
+    return _LAYOUTS["grid"] if spec.grid is not None else _LAYOUTS["exact"]
+
+
+@triton.constexpr_function
+def fmt_mbits(fmt):
+    """Mantissa bits of the element grid of format code ``fmt``."""
+    return encoding_of_code(fmt).grid.mantissa_bits
+
+
+@triton.constexpr_function
+def fmt_emin(fmt):
+    """Exponent of the smallest normal binade of the element grid of ``fmt``."""
+    return encoding_of_code(fmt).grid.min_exponent
+
+
+@triton.constexpr_function
+def fmt_grid_max(fmt):
+    """Largest magnitude of the element grid of ``fmt``."""
+    return encoding_of_code(fmt).grid.max_value
+
+
+@triton.constexpr_function
+def fmt_saturates(fmt):
+    """Whether the element grid of ``fmt`` clamps to its largest magnitude (else it overflows to inf)."""
+    return encoding_of_code(fmt).grid.saturating
+
+
+@triton.constexpr_function
+def fmt_max_code(fmt):
+    """The grid magnitude a scale group's amax maps onto (scaled formats)."""
+    return encoding_of_code(fmt).max_code
+
+
+@triton.constexpr_function
+def fmt_integer_grid(fmt):
+    """Whether the element grid of ``fmt`` has spacing 1 wherever it is used (int8, int16: its smallest normal
+    binade starts at 2^mantissa_bits)."""
+    grid = encoding_of_code(fmt).grid
+    return grid.min_exponent == grid.mantissa_bits
+
+
+# NVFP4's constants, from its grids: E2M1 elements, E4M3 block scales clamped to [2^-9, 448], and the
+# second-level scale amax / (6 x 448)
+_NVFP4 = SPECS[Encoding.NVFP4.value]
+E2M1_MBITS = constant(E2M1.mantissa_bits)
+E2M1_EMIN = constant(E2M1.min_exponent)
+E2M1_MAX = constant(E2M1.max_value)
+E4M3_MBITS = constant(E4M3.mantissa_bits)
+E4M3_EMIN = constant(E4M3.min_exponent)
+E4M3_MAX = constant(E4M3.max_value)
+BLOCK_SCALE_MIN = constant(E4M3_MIN_SUBNORMAL)
+NVFP4_MAX_CODE = constant(_NVFP4.max_code)
+assert _NVFP4.grid is E2M1 and _NVFP4.max_code == E2M1.max_value * E4M3.max_value
 
 # random-bit mixer constants (see ssmquant.formats.random)
 _MIX_MUL_1 = 0x7FEB352D
@@ -111,24 +210,16 @@ def round_to_bf16(v, bits, SR: tl.constexpr):
 
 @triton.jit
 def round_e4m3(v, u, SR: tl.constexpr):
-    return round_to_grid(v, u, 3, -6, 448.0, True, SR)
+    return round_to_grid(v, u, E4M3_MBITS, E4M3_EMIN, E4M3_MAX, True, SR)
 
 
 @triton.jit
 def round_element(v, u, bits, FMT: tl.constexpr, SR: tl.constexpr):
     """Round elements already divided by their scale to the element grid of FMT."""
-    if FMT == 1:
+    if fmt_layout(FMT) == LAYOUT_PATTERN:
         return round_to_bf16(v, bits, SR)
-    elif FMT == 2:
-        return round_to_grid(v, u, 10, -14, 65504.0, False, SR)
-    elif FMT == 3:
-        return round_to_grid(v, u, 3, -6, 448.0, True, SR)
-    elif FMT == 4:
-        return round_to_grid(v, u, 7, 7, 127.0, True, SR)
-    elif FMT == 5:
-        return round_to_grid(v, u, 1, 0, 6.0, True, SR)
-    elif FMT == 6:
-        return round_to_grid(v, u, 15, 15, 32767.0, True, SR)
+    elif fmt_layout(FMT) != LAYOUT_EXACT:
+        return round_to_grid(v, u, fmt_mbits(FMT), fmt_emin(FMT), fmt_grid_max(FMT), fmt_saturates(FMT), SR)
     else:
         return v
 
@@ -192,9 +283,9 @@ def fake_quant_tile(
     (Triton 3.6, two alternating runs each): GDN 1.16x -> 1.18-1.21x (replay16 0.97x -> 1.00-1.02x), KDA 1.05x -> 0.98x
     (replay16 0.93x -> 0.945x); so the delta-rule kernel leaves it off.
     """
-    if FMT == 0:
+    if fmt_layout(FMT) == LAYOUT_EXACT:
         return s
-    if FMT == 5:  # nvfp4 draws its SR bits where it rounds (`nvfp4_blocks`)
+    if fmt_layout(FMT) == LAYOUT_TWO_LEVEL:  # nvfp4 draws its SR bits where it rounds (`nvfp4_blocks`)
         if KMAJOR:
             return _nvfp4_tile(
                 tl.reshape(s, [16, BN // 16, BR]), static_scale, index, key, BN, BR, GROUP, STATIC, SR, 0, HEAD_SCALAR
@@ -208,20 +299,15 @@ def fake_quant_tile(
     if SR:
         bits = keyed_bits(key, index)
         u = uniform_from_bits(bits)
-    if FMT == 1 or FMT == 2:
+    if fmt_layout(FMT) != LAYOUT_GROUP:  # unscaled: bf16, fp16, plain casts
         return round_element(s, u, bits, FMT, SR)
-    else:  # FMT 3, 4, 6: FP8 E4M3, INT8, INT16 with one scale per row group
+    else:  # one scale per row group: fp8, int8, int16
         if STATIC:
             dec = static_scale
             mult = tl.math.div_rn(tl.full([BR], 1.0, tl.float32), dec)
         else:
             amax = group_reduce_max(tl.abs(s), BN, BR, GROUP)
-            if FMT == 3:
-                max_code = tl.full([BR], 448.0, tl.float32)
-            elif FMT == 4:
-                max_code = tl.full([BR], 127.0, tl.float32)
-            else:
-                max_code = tl.full([BR], 32767.0, tl.float32)
+            max_code = tl.full([BR], fmt_max_code(FMT), tl.float32)
             mult = tl.math.div_rn(max_code, tl.where(amax == 0.0, 1.0, amax))
             # amax 0, or so small that the multiplier overflows: 1, as formats.codec.scales_from_amax
             mult = tl.where((amax == 0.0) | (mult > 3.4028234663852886e38), 1.0, mult)
@@ -289,7 +375,7 @@ def _tile_max(x):
 @triton.jit
 def _second_level_scale(amax):
     """NVFP4's second-level scale of a group amax (any shape): amax / (6 x 448) correctly rounded, 1 where 0."""
-    s2 = tl.math.div_rn(amax, tl.zeros_like(amax) + 2688.0)
+    s2 = tl.math.div_rn(amax, tl.zeros_like(amax) + NVFP4_MAX_CODE)
     return tl.where(s2 == 0.0, 1.0, s2)
 
 
@@ -351,7 +437,9 @@ def reciprocal_rn(b):
     if INTERPRETING:
         return tl.math.div_rn(tl.full(b.shape, 1.0, tl.float32), b)
     else:
-        y0 = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [b], dtype=tl.float32, is_pure=True, pack=1)
+        y0 = tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [b], dtype=tl.float32, is_pure=True, pack=1
+        )
         return tl.fma(-tl.fma(b, y0, -1.0), y0, y0)
 
 
@@ -383,7 +471,7 @@ def _sr_e2m1(quotients, index, key):
     The draws are made here, where they are used, so that they are not held beside the tile through the write, and
     in the block view, so that the quotients are not reshaped back and forth for them."""
     u = uniform_from_bits(keyed_bits(key, tl.reshape(index, quotients.shape)))
-    return round_to_grid(quotients, u, 1, 0, 6.0, True, True)
+    return round_to_grid(quotients, u, E2M1_MBITS, E2M1_EMIN, E2M1_MAX, True, True)
 
 
 @triton.jit
@@ -392,7 +480,7 @@ def _reference_decode_scales(bamax, den, s2):
     bamax / den (den = 6 s2) correctly rounded, 1 where 0, clamped to [2^-9, 448] and rounded to E4M3."""
     bs = tl.math.div_rn(bamax, den)
     bs = tl.where(bs == 0.0, 1.0, bs)
-    return round_e4m3(tl.minimum(tl.maximum(bs, 0.001953125), 448.0), 0.0, False) * s2
+    return round_e4m3(tl.minimum(tl.maximum(bs, BLOCK_SCALE_MIN), E4M3_MAX), 0.0, False) * s2
 
 
 @triton.jit
@@ -437,7 +525,7 @@ def nvfp4_blocks(
     if ONE_S2:  # the scalar decides the branch; the arithmetic takes it splat to the tile's rows
         take_exact = ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # also NaN
         s2 = tl.broadcast_to(s2, [1, 1, BR])
-    den = 6.0 * s2  # [1, 1, BR]
+    den = E2M1_MAX * s2  # [1, 1, BR]
     if EXACT_SR:
         d = _reference_decode_scales(bamax, den, s2)
         return _sr_e2m1(tl.math.div_rn(blocks, d), index, key), d
@@ -445,7 +533,7 @@ def nvfp4_blocks(
     # under RNE every element of such a block rounds to 0 with either scale (see _S2_MIN), and q d is 0 either way;
     # under SR a zero draw rounds a nonzero element up to 0.5 d, which differs, but such an element (at most
     # 6 s2 2^-150) lies below d 2^-126 with either d, so the SR check below sends its tile to the exact path
-    bs = tl.minimum(tl.maximum(quotient_rn(bamax, den, reciprocal_rn(den)), 0.001953125), 448.0)
+    bs = tl.minimum(tl.maximum(quotient_rn(bamax, den, reciprocal_rn(den)), BLOCK_SCALE_MIN), E4M3_MAX)
     d = rne_centered(bs, 3, -6) * s2
     rd = reciprocal_rn(d)
     if not ONE_S2:
@@ -484,13 +572,17 @@ def nvfp4_blocks(
         if SR:
             q = _sr_e2m1(tl.math.div_rn(blocks, d), index, key)
         else:
-            q = round_to_grid(tl.math.div_rn(blocks, d), 0.0, 1, 0, 6.0, True, False)
+            q = round_to_grid(tl.math.div_rn(blocks, d), 0.0, E2M1_MBITS, E2M1_EMIN, E2M1_MAX, True, False)
     else:
         quotients = quotient_rn(blocks, d, rd)
         if SR:
             q = _sr_e2m1(quotients, index, key)
-        elif STATIC or ONE_S2:  # quotients of any size (a static scale below the state's range), clamped as the reference
-            q = rne_centered(tl.clamp(quotients, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL), 1, 0)
+        elif (
+            STATIC or ONE_S2
+        ):  # quotients of any size (a static scale below the state's range), clamped as the reference
+            q = rne_centered(
+                tl.clamp(quotients, -E2M1_MAX, E2M1_MAX, propagate_nan=tl.PropagateNan.ALL), E2M1_MBITS, E2M1_EMIN
+            )
         else:
             q = rne_centered(quotients, 1, 0)
     return q, d
