@@ -40,12 +40,17 @@ MSE_FROM = 0.5  # mse samples the second half of the horizon
 
 def decode_scale(encoding: Encoding, amax: torch.Tensor) -> torch.Tensor:
     """FP32 decode scale of a group with amax `amax`, as the dynamic encoder computes it (1 where amax = 0)."""
-    if encoding in (Encoding.FP8_E4M3, Encoding.INT8, Encoding.INT16):
+    layout = encoding.spec.scale_layout
+    if layout == "group":
         return scales_from_amax(parse(encoding.value), amax.float())[1]
-    if encoding is Encoding.NVFP4:
+    if layout == "two-level":
         s = ieee_div(amax.float(), encoding.max_code)
         return torch.where(s == 0, torch.ones_like(s), s)
-    raise CalibrateError(f"{encoding.value} has no scale; static scales apply to fp8_e4m3, int8, int16 and nvfp4")
+    raise CalibrateError(f"{encoding.value} has no scale; static scales apply to {_scaled_names()}")
+
+
+def _scaled_names() -> str:
+    return ", ".join(e.value for e in Encoding if e.scaled)
 
 
 def _static_format(encoding: Encoding) -> StateFormat:
@@ -100,7 +105,7 @@ def calibrate_scales(
         enc_name, label, gran = key
         enc = Encoding(enc_name)
         if not enc.scaled:
-            raise CalibrateError(f"{enc_name} has no scale; static scales apply to fp8_e4m3, int8 and nvfp4")
+            raise CalibrateError(f"{enc_name} has no scale; static scales apply to {_scaled_names()}")
         method = parse_method(label)
         if method.kind == "max":
             amax = stats.row_amax if gran == "row" else stats.head_amax

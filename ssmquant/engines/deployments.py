@@ -32,6 +32,7 @@ from .facts import (
     ENGINE_NAMES,
     ENGINES,
     FACTS,
+    RULED_ENCODINGS,
     SERVED_KINDS,
     VERSIONS,
     VLLM_PR_BUILD,
@@ -216,6 +217,9 @@ def violations(target, setting, layer_kind: str, draft_tokens=None, *, version=N
     if layer_kind not in served:
         served_names = ", ".join(served)
         return [_v("layer_kind", None, f"{target.name} serves no {layer_kind} layers (it serves {served_names})")]
+    if setting.encoding not in RULED_ENCODINGS:
+        detail = f"{target.name} stores no {setting.encoding} SSM state that ssmquant's engine facts know of"
+        return [_v("dtype", _DTYPE_FACT[target.engine], detail, quote=False)]
     _common(target, setting, out)
     if layer_kind == "kda":
         _kda(target, setting, out)

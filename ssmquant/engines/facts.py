@@ -30,6 +30,10 @@ SERVED_KINDS: dict[str, tuple[str, ...]] = {
     "trtllm": ("mamba2", "gdn", "kda"),
     "flashinfer": ("mamba2", "gdn", "kda"),
 }
+# The state encodings the facts below were read for (what each engine stores is then their rules' business). A
+# state encoding outside this list is refused for every engine until its facts are read: the rules name the encodings
+# they refuse, and an unnamed one would pass them unchecked.
+RULED_ENCODINGS = ("fp32", "bf16", "fp16", "int8", "fp8_e4m3", "nvfp4", "int16")
 
 # Releases read, oldest first (vLLM and FlashInfer: the PyPI wheels; TensorRT-LLM: its repository at one
 # commit of main, because its PyPI package is a 10 kB stub that downloads the wheel from NVIDIA's own index,

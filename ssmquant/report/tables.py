@@ -11,15 +11,17 @@ from ..analysis.run import verdict_note, verdicts
 from ..formats import Encoding, StateFormat, parse, standard_formats
 from ..models import get_preset, list_presets, shipped_layouts
 
-_SCALE_NOTE = {
-    Encoding.FP32: "none (reference)",
-    Encoding.BF16: "none",
-    Encoding.FP16: "none",
-    Encoding.FP8_E4M3: "FP32 per row, amax/448",
-    Encoding.INT8: "FP32 per row, amax/127",
-    Encoding.INT16: "FP32 per row, amax/32767",
-    Encoding.NVFP4: "E4M3 per 16 elements x FP32 per row",
-}
+
+def scale_note(encoding: Encoding) -> str:
+    """How an encoding's elements are scaled, read from its spec: 'FP32 per row, amax/448', 'none', ..."""
+    spec = encoding.spec
+    if spec.scale_layout == "group":
+        return f"FP32 per row, amax/{spec.max_code:g}"
+    if spec.scale_layout == "two-level":
+        return f"E4M3 per {spec.block} elements x FP32 per row"
+    if spec.grid is None and spec.pattern_bits is None:
+        return "none (reference)"
+    return "none (saturating cast)" if spec.grid is not None and spec.grid.saturating else "none"
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -46,7 +48,7 @@ def formats_frame(shape: tuple[int, ...], formats: list[StateFormat | str] | Non
                 "bits/element (with scales)": round(fmt.bits_per_element(shape), 3),
                 "bytes per state": nbytes,
                 "capacity vs fp32": round(fmt.capacity_factor(shape), 3),
-                "scales": _SCALE_NOTE[fmt.encoding],
+                "scales": scale_note(fmt.encoding),
             }
         )
     return pd.DataFrame(rows)

@@ -30,7 +30,8 @@ GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")]
 
-ENCODINGS = ["fp32", "bf16", "fp16", "fp8_e4m3", "int8", "nvfp4"]
+# every encoding the formats list (int16, FlashInfer's selective_state_update state, has test_int16_tile.py)
+ENCODINGS = [e.value for e in formats.Encoding if e is not formats.Encoding.INT16]
 
 
 def small_or_full(kind):
