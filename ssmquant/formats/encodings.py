@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .grids import E2M1, E4M3, FP16, INT8, INT16, FloatGrid
+from .grids import E2M1, E4M3, E5M2, FP16, INT8, INT16, FloatGrid
 
 SCALE_LAYOUTS = ("none", "group", "two-level")
 
@@ -68,5 +68,9 @@ SPECS: dict[str, EncodingSpec] = {
         EncodingSpec("nvfp4", 4, "two-level", E2M1, E2M1.max_value * E4M3.max_value, torch.uint8, 5, block=16),
         # FlashInfer's scaled int16 state of selective_state_update
         EncodingSpec("int16", 16, "group", INT16, INT16.max_value, torch.int16, 6),
+        EncodingSpec("fp8_e5m2", 8, "group", E5M2, E5M2.max_value, torch.float8_e5m2, 7, aliases=("e5m2",)),
+        # the plain casts of FlashInfer's GDN prefill state (float8_e4m3fn / float8_e5m2, no scale): RNE, saturating
+        EncodingSpec("fp8_e4m3_cast", 8, "none", E4M3, None, torch.float8_e4m3fn, 8),
+        EncodingSpec("fp8_e5m2_cast", 8, "none", E5M2, None, torch.float8_e5m2, 9),
     )
 }

@@ -46,6 +46,9 @@ class FloatGrid:
 # exponent range and is rounded on the bit pattern instead (`round_to_bf16`).
 E4M3 = FloatGrid("e4m3", mantissa_bits=3, min_exponent=-6, max_value=448.0, saturating=True)
 E2M1 = FloatGrid("e2m1", mantissa_bits=1, min_exponent=0, max_value=6.0, saturating=True)
+# E5M2 saturates too: the conversions the engines store an FP8 state with (PTX cvt.rn.satfinite, CuTe's .to()) clamp
+# to the largest finite value, where torch's float8_e5m2 cast overflows to inf
+E5M2 = FloatGrid("e5m2", mantissa_bits=2, min_exponent=-14, max_value=57344.0, saturating=True)
 FP16 = FloatGrid("fp16", mantissa_bits=10, min_exponent=-14, max_value=65504.0, saturating=False)
 # INT8 as a grid: spacing 2^(max(e, 7) - 7) = 1 for every |v| < 256, saturating at 127. Rounding it like
 # the float grids (on |v|, sign restored) keeps one rounding routine, and one SR convention, for all.

@@ -538,3 +538,26 @@ def test_the_cpu_emulation_and_its_time_probe_run_on_one_thread(monkeypatch):
             notify=lambda line: None)  # fmt: skip
     assert seen and set(seen) == {1}
     assert torch.get_num_threads() == before
+
+
+def test_fp8_e5m2_and_plain_casts_run_through_analyze_and_calibrate(tmp_path):
+    """fp8_e5m2 and the unscaled fp8 casts (issue 43) run through analyze, calibrate and the formats table from their
+    specs alone; no engine's facts cover them, so the verdict says no engine runs them."""
+    from ssmquant.report.tables import formats_frame
+
+    names = ["fp8_e5m2", "fp8_e4m3_cast", "fp8_e5m2_cast"]
+    frame = formats_frame((64, 64, 128), names).set_index("format")
+    assert frame.loc["fp8_e5m2", "scales"] == "FP32 per row, amax/57344"
+    assert frame.loc["fp8_e4m3_cast", "scales"] == "none (saturating cast)"
+    r = analyze(AnalyzeConfig(model="tiny-qwen", steps=32, batch=1, layers=[0], formats=names, schemes=["conventional"]))
+    assert set(r.summary.variant) == {f"{n}@conventional" for n in names}
+    assert (r.summary.out_rel_err > 0).all() and (r.summary.out_rel_err < 0.5).all()
+    assert r.summary.engines.str.startswith("engines: none").all()
+    out = tmp_path / "recipe"
+    res = CliRunner().invoke(main, ["calibrate", "--model", "tiny-qwen", "--horizon", "32", "--batch", "1",
+                                    "--heldout-batch", "1", "--layers", "0", "--budget", "0.5", "--candidates",
+                                    ",".join(names), "--schemes", "conventional", "--choose-among", "research",
+                                    "--device", "cpu", "-q", "--out", str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    cands = pd.read_csv(out / "candidates.csv")
+    assert {"fp8_e5m2", "fp8_e5m2:static", "fp8_e4m3_cast", "fp8_e5m2_cast"} <= set(cands["format"])

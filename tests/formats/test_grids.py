@@ -93,3 +93,38 @@ def test_int8_rne_matches_numpy_rint():
     got = round_integer(torch.clamp(v, -127, 127), Rounding.RNE, None)
     assert np.array_equal(got.numpy(), ref)
     assert np.array_equal(round_to_grid(v, INT8).numpy(), ref)  # the grid form the codec uses
+
+
+def all_finite_e5m2() -> torch.Tensor:
+    v = torch.arange(256, dtype=torch.uint8).view(torch.float8_e5m2).float()
+    return v[torch.isfinite(v)]
+
+
+def test_e5m2_matches_the_saturating_cast_bit_for_bit():
+    """E5M2 (issue 43: the fp8_e5m2 state of FlashInfer's GDN prefill): every finite code is fixed, midpoints round to
+    even, and values over 18 binades, subnormals (< 2^-14) to saturation (> 57344), round as torch's float8_e5m2 cast
+    of the clamped value (the engines' cvt.rn.satfinite clamps; torch's own cast overflows to inf)."""
+    from ssmquant.formats.grids import E5M2
+
+    v = all_finite_e5m2()
+    assert v.numel() == 248 and torch.equal(bits(round_to_grid(v, E5M2)), bits(v))
+    pos = torch.unique(v.abs())
+    mids = torch.cat([(pos[:-1] + pos[1:]) / 2, -(pos[:-1] + pos[1:]) / 2])
+    assert torch.equal(bits(round_to_grid(mids, E5M2)), bits(mids.to(torch.float8_e5m2).float()))
+    x = many_binades(1_000_000, -20, 18)
+    ref = torch.clamp(x, -57344.0, 57344.0).to(torch.float8_e5m2).float()
+    assert torch.equal(bits(round_to_grid(x, E5M2)), bits(ref))
+    for r in (Rounding.RNE, Rounding.SR):
+        u = torch.rand(x.shape, generator=torch.Generator().manual_seed(1))
+        assert float(round_to_grid(torch.tensor([1e9, -1e9]), E5M2, r, u[:2]).abs().max()) == 57344.0
+
+
+@pytest.mark.parametrize("name,dtype,top", [("fp8_e4m3_cast", torch.float8_e4m3fn, 448.0),
+                                            ("fp8_e5m2_cast", torch.float8_e5m2, 57344.0)])  # fmt: skip
+def test_a_plain_cast_state_is_the_saturating_cast_without_a_scale(name, dtype, top):
+    from ssmquant.formats import dequantize, parse, quantize
+
+    x = many_binades(4096, -22, 20).reshape(2, 4, 8, 64)
+    q = quantize(parse(name), x)
+    assert q.scale is None and q.codes.dtype == dtype
+    assert torch.equal(bits(dequantize(q)), bits(torch.clamp(x, -top, top).to(dtype).float()))

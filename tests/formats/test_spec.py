@@ -45,3 +45,14 @@ def test_parse_defaults():
 def test_parse_errors(spec, message):
     with pytest.raises(F.FormatError, match=message):
         F.parse(spec)
+
+
+def test_the_new_fp8_encodings_are_parsed_sized_and_scaled_from_their_specs():
+    from ssmquant.formats import Encoding, parse
+
+    e5 = parse("fp8_e5m2:head")
+    assert e5.encoding is Encoding.FP8_E5M2 and e5.encoding.max_code == 57344.0 and e5.encoding.scaled
+    assert parse("e5m2").encoding is Encoding.FP8_E5M2
+    cast = parse("fp8_e4m3_cast:sr")
+    assert not cast.encoding.scaled and cast.bytes_per_state((2, 64, 128)) == 2 * 64 * 128
+    assert parse("fp8_e5m2").bytes_per_state((2, 64, 128)) == 2 * 64 * 128 + 2 * 64 * 4
