@@ -473,7 +473,8 @@ def analyze_cmd(
     """Per-layer error of each state format over the decode horizon: tables, JSON, plots."""
     start_devices(device)
     from .analysis import AnalyzeConfig, analyze, default_model
-    from .report.files import claim_out_dir, prefetch_plotting, write_analysis
+    from .report.files import claim_out_dir, write_analysis
+    from .report.rendering import prefetch_plotting
     from .report.tables import memory_text, summary_table
 
     if quiet:

@@ -267,14 +267,14 @@ def tiny_run(tmp_path_factory):
 def test_plots_read_the_first_writes_from_the_report_and_need_no_torch(tiny_run, tmp_path):
     """report.json names each scheme's first rounded step; drawing from it imports no torch (a plotting process
     of its own needs nothing else of it), and the PNGs are those drawn with the steps computed from the schemes."""
-    from ssmquant.report import files
+    from ssmquant.report import files, plots, rendering
 
     out, _ = tiny_run
     traces, heads, summary, report = files.load_analysis(out)
     assert report["first_write_steps"] == {"conventional": 1, "replay16": 16}
     code = (
-        "import sys; from ssmquant.report.files import load_analysis, _plots; "
-        f"t, h, s, r = load_analysis({str(out)!r}); _plots().render_all(t, h, s, r, {str(tmp_path)!r}); "
+        "import sys; from ssmquant.report.files import load_analysis; from ssmquant.report.rendering import ready_plots; "
+        f"t, h, s, r = load_analysis({str(out)!r}); ready_plots().render_all(t, h, s, r, {str(tmp_path)!r}); "
         "print('torch' in sys.modules)"
     )
     res = run_cli([], prefix=["-c", code])
@@ -283,8 +283,8 @@ def test_plots_read_the_first_writes_from_the_report_and_need_no_torch(tiny_run,
     del without["first_write_steps"]
     b = tmp_path / "b"
     b.mkdir()
-    files._plots().render_all(traces, heads, summary, without, b)
-    for name in files.PLOT_FILES:
+    rendering.ready_plots().render_all(traces, heads, summary, without, b)
+    for name in plots.PLOT_FILES:
         assert (tmp_path / name).read_bytes() == (b / name).read_bytes(), name
 
 
@@ -294,38 +294,38 @@ def test_forked_plots_are_the_pngs_the_process_itself_draws(tiny_run, tmp_path, 
 
     import pandas as pd
 
-    from ssmquant.report import files
+    from ssmquant.report import files, plots, rendering
 
     out, _ = tiny_run
     traces, heads, summary, report = files.load_analysis(out)
     result = types.SimpleNamespace(traces=traces, heads=heads, summary=summary,
                                    memory=pd.read_csv(out / "memory.csv"), report=lambda: dict(report))  # fmt: skip
-    monkeypatch.setattr(files, "PLOT_FORK_MIN_CPUS", 1)
-    assert files._can_fork()
+    monkeypatch.setattr(rendering, "PLOT_FORK_MIN_CPUS", 1)
+    assert rendering.can_fork()
     children = []
-    fork = files.os.fork
-    monkeypatch.setattr(files.os, "fork", lambda: children.append(1) or fork())
+    fork = rendering.os.fork
+    monkeypatch.setattr(rendering.os, "fork", lambda: children.append(1) or fork())
     a = files.write_analysis(result, tmp_path / "a")
     written = json.loads((a / "report.json").read_text())
-    assert written["files"][-4:] == [*files.PLOT_FILES, "report.json"]
+    assert written["files"][-4:] == [*plots.PLOT_FILES, "report.json"]
     b = tmp_path / "b"
     b.mkdir()
-    files._plots().render_all(traces, heads, summary, dict(report), b)
-    for name in files.PLOT_FILES:
+    rendering.ready_plots().render_all(traces, heads, summary, dict(report), b)
+    for name in plots.PLOT_FILES:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
-    assert len(children) == len(files.PLOT_FILES) - 1  # this process drew the last plot itself
+    assert len(children) == len(plots.PLOT_FILES) - 1  # this process drew the last plot itself
 
 
 def test_a_forked_plot_that_fails_names_its_plot(tiny_run, tmp_path, monkeypatch, capfd):
     import types
 
-    from ssmquant.report import files
+    from ssmquant.report import files, rendering
 
     out, _ = tiny_run
     traces, heads, summary, report = files.load_analysis(out)
     result = types.SimpleNamespace(traces=traces, heads=heads, summary=summary, memory=summary,
                                    report=lambda: dict(report))  # fmt: skip
-    plots = files._plots()
+    plots = rendering.ready_plots()
     render_one = plots.render_one
 
     def broken(name, *args):
@@ -333,7 +333,7 @@ def test_a_forked_plot_that_fails_names_its_plot(tiny_run, tmp_path, monkeypatch
             raise ValueError("no heatmap today")
         return render_one(name, *args)
 
-    monkeypatch.setattr(files, "PLOT_FORK_MIN_CPUS", 1)
+    monkeypatch.setattr(rendering, "PLOT_FORK_MIN_CPUS", 1)
     monkeypatch.setattr(plots, "render_one", broken)
     with pytest.raises(RuntimeError, match=r"the process plotting heatmap.png \(status 1\) failed"):
         files.write_analysis(result, tmp_path / "a")

@@ -14,11 +14,8 @@ import os
 import pathlib
 import re
 import shutil
-import sys
 import tempfile
-import threading
 import time
-import traceback
 import warnings
 
 import pandas as pd
@@ -26,111 +23,12 @@ import pandas as pd
 from .. import __version__
 from ..errors import SsmquantError
 from ..filemodes import follow_umask
+from .rendering import can_fork, fork_plots, ready_plots
 
 try:
     import fcntl
 except ImportError:  # not on Windows: claim_out_dir's lock falls back to a pid file
     fcntl = None
-
-PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
-# With at least this many cores (and os.fork, on Linux), the plots render at once: the process forks one child
-# per plot but the last, which inherits the imported plotting stack and the tables (nothing to import or
-# pass), renders its plot into the output directory and exits; this process writes the tables, then renders
-# the last plot. The PNGs are the bytes an in-process render writes (tests/test_cli.py). 0 turns it off.
-# (Forked children beat a plotting process per plot that imports the stack itself, and one plotting process fed
-# through a pipe, by several seconds on a GPU host: benchmarks/RESULTS.md, "analyze".)
-PLOT_FORK_MIN_CPUS = 4
-
-_prefetch: threading.Thread | None = None
-
-
-def prefetch_plotting() -> None:
-    """Get the plots ready while the analysis runs: a background thread imports the plotting stack (matplotlib,
-    seaborn and the scipy it imports: about 1-2 s) and loads the fonts. ``write_analysis`` and ``replot`` wait
-    for it before plotting; an error in it surfaces there, in the main thread."""
-    global _prefetch
-    if _prefetch is None and "ssmquant.report.plots" not in sys.modules:
-        _prefetch = threading.Thread(target=_warm_plots, name="ssmquant-plot-prefetch", daemon=True)
-        _prefetch.start()
-
-
-def _can_fork() -> bool:
-    return bool(PLOT_FORK_MIN_CPUS) and sys.platform.startswith("linux") and (os.cpu_count() or 1) >= PLOT_FORK_MIN_CPUS
-
-
-def _fork_plots(traces, heads, summary, report: dict, out_dir):
-    """Start rendering PLOT_FILES at once: one forked child per plot but the last. Returns ``wait(render=True)``,
-    which renders the last plot in this process (unless ``render`` is false: after an error elsewhere) and
-    waits for the children; it returns the file names, or raises RuntimeError naming each plot whose child
-    failed (its traceback is on stderr).
-
-    A child only draws with matplotlib (no CUDA, no threads of its own) and leaves with os._exit, so none of
-    the parent's state is torn down twice."""
-    plots = _plots()
-    names = list(PLOT_FILES)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    children: dict[str, int] = {}
-
-    def wait(render: bool = True) -> list[str]:
-        try:
-            if render:
-                plots.render_one(names[-1], traces, heads, summary, report, out_dir)
-        finally:
-            failed = []
-            for name, pid in children.items():
-                _, status = os.waitpid(pid, 0)
-                if os.waitstatus_to_exitcode(status) != 0:
-                    failed.append(f"{name} (status {os.waitstatus_to_exitcode(status)})")
-        if failed:
-            raise RuntimeError(f"the process plotting {', '.join(failed)} failed; its traceback is above")
-        return names
-
-    try:
-        for name in names[:-1]:
-            with warnings.catch_warnings():
-                # Python warns that forking a multi-threaded process may deadlock the child: the other threads
-                # (CUDA's, torch's pools) hold no lock the child's drawing takes
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-            if pid == 0:  # the child
-                status = 1
-                try:
-                    plots.render_one(name, traces, heads, summary, report, out_dir)
-                    status = 0
-                except KeyboardInterrupt:
-                    status = 130
-                except BaseException:  # noqa: BLE001 - reported on stderr, the parent names the plot
-                    traceback.print_exc()
-                finally:
-                    sys.stderr.flush()
-                    os._exit(status)
-            children[name] = pid
-    except BaseException:
-        wait(render=False)
-        raise
-    return wait
-
-
-def _warm_plots() -> None:
-    try:
-        _plots_module().warm_up()
-    except Exception:  # noqa: BLE001 - re-raised by the main thread's own import or plot
-        pass
-
-
-def _plots():
-    """The plots module, once a running prefetch has finished (matplotlib is not thread-safe)."""
-    if _prefetch is not None:
-        _prefetch.join()
-    return _plots_module()
-
-
-def _plots_module():
-    from . import plots  # matplotlib and seaborn (1-2 s) are imported only when plotting
-
-    return plots
-
 
 class OutputError(SsmquantError, ValueError):
     """The output directory cannot be used (exists and is not empty without --force, ...)."""
@@ -679,8 +577,8 @@ def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) 
         report = result.report()
         # forked children render while this process writes the tables
         waiting = None
-        if plots and _can_fork():
-            waiting = _fork_plots(result.traces, result.heads, result.summary, report, tmp)
+        if plots and can_fork():
+            waiting = fork_plots(result.traces, result.heads, result.summary, report, tmp)
         try:
             files = [
                 write_table(result.traces, tmp, "traces"),
@@ -698,7 +596,7 @@ def write_analysis(result, out_dir, *, force: bool = False, plots: bool = True) 
             files += waiting()
         elif plots:
             # matplotlib and seaborn are imported only when plotting (or by prefetch_plotting, meanwhile)
-            files += _plots().render_all(result.traces, result.heads, result.summary, report, tmp)
+            files += ready_plots().render_all(result.traces, result.heads, result.summary, report, tmp)
         # the time of this write, beside analyze()'s stages (report.json itself is not counted); with
         # forked children plots_s is the last plot and the wait for them after the tables are written
         report["stages"] = {
@@ -734,4 +632,4 @@ def load_analysis(out_dir) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, di
 def replot(out_dir) -> list[str]:
     """Re-render the plots of an analysis directory from its saved tables (`ssmquant plot DIR`)."""
     traces, heads, summary, report = load_analysis(out_dir)
-    return _plots().render_all(traces, heads, summary, report, out_dir)
+    return ready_plots().render_all(traces, heads, summary, report, out_dir)

@@ -39,7 +39,7 @@ from matplotlib.ticker import (  # noqa: E402
     NullFormatter,
 )
 
-from .files import PLOT_FILES  # noqa: E402
+PLOT_FILES = ("drift.png", "heatmap.png", "heads.png")
 
 
 def subtitle(report: dict) -> str:
