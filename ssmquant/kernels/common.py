@@ -31,11 +31,8 @@ def register_cap(num_warps: int) -> int | None:
     """ptxas's register cap (.maxnreg) for a delta-rule launch of num_warps warps: the most registers per thread with
     which a block of num_warps warps still fits the register file (255 up to 8 warps, 128 at 16), none for one warp.
     Without it ptxas, told the block size (.reqntid) and facing more live values than the register file holds, may
-    trade registers for occupancy: the GDN kernel at the per-head tiling (BLOCK_P 128, 8 warps) with an SR slot got
-    32 registers per thread, a 3256 B stack frame and 11 KB of spill loads (Triton 3.6's ptxas 12.8, sm_90a); with
-    the cap 255 registers and 3 KB. A cap above what the block can hold makes the launch fail (out of resources:
-    threads). One-warp launches (the planned per-row tilings) do not spill, and the cap moved their allocation
-    (168 -> 189 registers for two Mamba-2 variants): left alone."""
+    trade registers for occupancy and spill the state tiles; a cap above what the block can hold makes the launch
+    fail (out of resources: threads). One-warp launches do not spill and take no cap (lab/KERNEL_NOTES.md)."""
     if num_warps <= 1:
         return None
     fits = REGISTER_FILE // (32 * num_warps) // REGISTER_GRANULE * REGISTER_GRANULE

@@ -143,13 +143,9 @@ def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FM
 def per_step_offsets(num_warps: int, specs: tuple[int, ...]) -> bool:
     """Whether a launch of num_warps warps carrying slots `specs` (`common.slot_spec`) computes its input and SR
     offsets per step (`_per_step`) instead of letting LLVM hoist them out of the time loop. The several-warp launches
-    do: at their whole-head tiles (128 rows x 8 warps, the reference's and a slot's states 128 of the 255 registers per
-    thread) ptxas spilled the state tiles every step while the hoisted offsets stayed in registers (GDN per-head SR 53
-    against 245 G elem-steps/s on an H200). So do one-warp launches whose every slot is nvfp4, whose write holds more
-    live values (H200, one variant per launch, per-step against hoisted: nvfp4:sr 300 against 282 G/s on GDN, 306
-    against 296 on KDA; GDN nvfp4 RNE 756 against 743, within the runs' spread), while the other one-warp launches
-    hoist (GDN fp8_e4m3 867 against 823, fp8_e4m3:sr 322 / 321; KDA fp8_e4m3:sr 333 / 322;
-    `lab/gpu/launch_option_ab.py`; KDA's per-row RNE runs in its CUDA kernel where that is available)."""
+    do: at their whole-head tiles the hoisted offsets stay in registers while ptxas spills the state tiles every
+    step. So do one-warp launches whose every slot is nvfp4, whose write holds more live values; the other one-warp
+    launches hoist (lab/KERNEL_NOTES.md)."""
     return num_warps > 1 or all(spec_format(spec) == FMT_NVFP4 for spec in specs)
 
 

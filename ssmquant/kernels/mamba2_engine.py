@@ -56,8 +56,8 @@ def _bf16(v):
 
 @triton.jit
 def _signed(mag, negative):
-    """mag with its sign bit set where `negative`: -0.0 stays -0.0. Triton 3.6 compiles a float's unary minus as
-    0 - x (`semantic.minus`; 3.9 emits fneg), which turns -(+0.0) into +0.0, so the kernel negates no float."""
+    """mag with its sign bit set where `negative`: -0.0 stays -0.0. Some Triton releases compile a float's unary minus
+    as 0 - x, which turns -(+0.0) into +0.0, so the kernel negates no float."""
     bits = mag.to(tl.int32, bitcast=True) | (negative.to(tl.int32) << 31)
     return bits.to(tl.float32, bitcast=True)
 
@@ -253,8 +253,8 @@ def _mamba2_engine_kernel(
                     y = tl.sum(codes * cvec[:, None], axis=0) * (fac * dec) + cbn * xb
                 else:
                     y = tl.sum(_bf16(codes) * cvec[:, None], axis=0) * fac + cbn * xb
-                # the ring loops are not unrolled (range, not static_range): unrolled, the sm_90a compile of a replay
-                # variant took 9-12 s and 19-25k PTX lines (Triton 3.6, lab/bench/twin_ptx.py), rolled 1-3 s and 5-10k
+                # the ring loops are not unrolled (range, not static_range): unrolled, a replay variant's compile takes
+                # several times as long (lab/KERNEL_NOTES.md)
                 for j in range(L):
                     st = tl.minimum(start + j, T - 1)
                     xj = tl.load(x_ptr + ((b64 * T + st) * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32)

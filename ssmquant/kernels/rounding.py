@@ -277,11 +277,8 @@ def fake_quant_tile(
     element k): with the default layout each thread then holds whole 16-element blocks (mamba2.py).
     Only nvfp4 looks at the order; every other format reduces over the whole state dim.
     HEAD_SCALAR: an nvfp4 tile that is one scale group (GROUP = BR, per-head scales) takes its s2 as one scalar and
-    clamps its quotients instead of checking its blocks (`nvfp4_blocks`, ONE_S2). Measured on an H200 (dynamic
-    nvfp4:head, conventional, time against fp8_e4m3:head): the Mamba-2 tile (64 rows, 16 warps) 1.25x -> 1.05x; the
-    delta-rule tile (128 rows, 16 warps, spilling at either) 0.80x -> 1.07x. At the delta-rule kernel's 8 warps
-    (Triton 3.6, two alternating runs each): GDN 1.16x -> 1.18-1.21x (replay16 0.97x -> 1.00-1.02x), KDA 1.05x -> 0.98x
-    (replay16 0.93x -> 0.945x); so the delta-rule kernel leaves it off.
+    clamps its quotients instead of checking its blocks (`nvfp4_blocks`, ONE_S2): faster for the Mamba-2 tile, not for
+    the delta-rule kernel's, which leaves it off (lab/KERNEL_NOTES.md).
     """
     if fmt_layout(FMT) == LAYOUT_EXACT:
         return s
@@ -362,13 +359,8 @@ def _nvfp4_tile(
 @triton.jit
 def _tile_max(x):
     """The max of a block-view value (rank 3: blocks, per-block or per-row values) over all its axes, a scalar;
-    axis 0 first, which lies inside each thread in both block views.
-
-    Reduced in one pass instead (tl.max over all axes, the value flattened in its layout's order), the whole-head
-    delta-rule step had 6 barriers fewer in Triton 3.9's sm_90 code, yet measured slower on an H200 under Triton 3.6
-    (nvfp4:head conventional: GDN 392 -> 366, Mamba-2 712 -> 620 G/s; fp8_e4m3:head within 2%); so did one pass of
-    the head amax and its smallest nonzero block amax that spares heads without small blocks the second reduction
-    (GDN 395 -> 388 G/s)."""
+    axis 0 first, which lies inside each thread in both block views (faster than one pass over the flattened value:
+    lab/KERNEL_NOTES.md)."""
     return tl.max(tl.max(tl.max(x, axis=0), axis=0), axis=0)
 
 
