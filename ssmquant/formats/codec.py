@@ -14,9 +14,11 @@ Scale arithmetic (shared bit for bit with the Triton helpers and with nvidia-mod
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from .encodings import FormatError
 from .grids import (
     E4M3,
     E4M3_MAX,
@@ -28,7 +30,9 @@ from .grids import (
     round_to_grid,
 )
 from .random import check_seed, random_bits, uniform_from_bits
-from .spec import NVFP4_BLOCK, FormatError, ScaleMode, StateFormat
+
+if TYPE_CHECKING:  # the formats' specs build on this module (StateFormat.quantize): annotations only
+    from .spec import StateFormat
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ def group_shape(fmt: StateFormat, state_shape: tuple[int, ...]) -> tuple[int, ..
 
 def _static_scale(fmt: StateFormat, scale, state: torch.Tensor) -> torch.Tensor:
     """Check a static scale: shape = the group shape, or its trailing dims (shared across leading dims)."""
-    if fmt.scale_mode is not ScaleMode.STATIC:
+    if fmt.scale_mode.value != "static":
         if scale is not None:
             raise FormatError(f"{fmt.name} uses dynamic scales; pass scale only to a ':static' format")
         return None
@@ -168,7 +172,7 @@ class Encoded:
             return self.values * s_rows
         d = self.block_scale * s_rows  # [..., rows, nblocks]
         v = self.values
-        return (v.reshape(*v.shape[:-1], -1, NVFP4_BLOCK) * d[..., None]).reshape(v.shape)
+        return (v.reshape(*v.shape[:-1], -1, fmt.encoding.spec.block) * d[..., None]).reshape(v.shape)
 
 
 def encode(

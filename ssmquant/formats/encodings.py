@@ -18,7 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import SsmquantError
 from .grids import E2M1, E4M3, E5M2, FP16, INT8, INT16, FloatGrid
+
+
+class FormatError(SsmquantError, ValueError):
+    """A format spec string or format option is not valid (the formats package's one error type)."""
 
 SCALE_LAYOUTS = ("none", "group", "two-level")
 

@@ -19,13 +19,9 @@ import math
 import re
 from dataclasses import dataclass
 
-from ..errors import SsmquantError
-from .encodings import SPECS, EncodingSpec
+from . import codec
+from .encodings import SPECS, EncodingSpec, FormatError
 from .grids import Rounding
-
-
-class FormatError(SsmquantError, ValueError):
-    """A format spec string or format option is not valid."""
 
 
 class _EncodingFacts:
@@ -177,23 +173,15 @@ class StateFormat:
     # -- numerics (delegated) ------------------------------------------------------------------------
     def quantize(self, state, *, scale=None, seed=None, stream: int = 0):
         """Encode `state` [..., rows, state_dim] -> QuantizedState (see `codec.quantize`)."""
-        return _codec().quantize(self, state, scale=scale, seed=seed, stream=stream)
+        return codec.quantize(self, state, scale=scale, seed=seed, stream=stream)
 
     def dequantize(self, q):
         """QuantizedState -> FP32 tensor of the original shape (see `codec.dequantize`)."""
-        return _codec().dequantize(q)
+        return codec.dequantize(q)
 
     def fake_quant(self, state, *, scale=None, seed=None, stream: int = 0):
         """dequantize(quantize(state)): FP32 tensor, same shape, values on the format's grid."""
-        codec = _codec()
         return codec.dequantize(codec.quantize(self, state, scale=scale, seed=seed, stream=stream))
-
-
-def _codec():
-    """The codec module (`codec.py` builds on this module's classes, so it is imported where first used)."""
-    from . import codec  # codec imports this module: a cycle at import time otherwise
-
-    return codec
 
 
 ENCODING_NAMES = tuple(e.value for e in Encoding)
