@@ -27,9 +27,6 @@ DIVERGED = 1.0  # relative error: the error is as large as the signal
 # recorded steps past the first write; "unreliable": a fit with r^2 < MIN_FORECAST_R2; ">=1": a reliable fit whose
 # forecast reaches DIVERGED (a power law of a relative error means nothing beyond it). Checked in that order: an
 # unreliable fit says nothing, not even that it crosses 1.
-FORECAST_STATUSES = ("ok", "diverged", "no fit", "unreliable", ">=1")
-
-
 @dataclass(frozen=True)
 class PowerFit:
     """err(t) ~ a * t^b over steps [t_first, t_last]; r2 of the log-log regression; NaN when unfit."""
@@ -130,9 +127,6 @@ def fit_power_law(steps: np.ndarray, err: np.ndarray, first_write: int) -> Power
 # The link is indirect (different runs of the same models and corpus; tiny models, 160 predictions): a budget for a
 # real checkpoint should come from its own `ssmquant eval`.
 DEFAULT_BUDGET = 0.02
-VERDICTS = ("under", "over", "diverged", "unknown")
-
-
 def peak_verdict(peak: float, budget: float) -> str:
     """'under' / 'over' / 'diverged' of a measured worst step against ``budget``."""
     if not np.isfinite(peak) or peak >= DIVERGED:

@@ -37,9 +37,6 @@ from .settings import (
 )
 
 MAX_VARIANTS_PER_CALL = 16
-ROLES = ("candidate", "fallback")
-
-
 class BudgetError(CalibrateError):
     """No candidate meets the budget on some layer (or no uniform setting with --global).
 

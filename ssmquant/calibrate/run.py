@@ -18,7 +18,7 @@ import gc
 import math
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -772,10 +772,6 @@ def _uniform_failure_table(uniform: pd.DataFrame, takeable: dict[str, bool], cfg
             "bytes_per_sequence": t["bytes"],
         }
     )
-
-
-def config_dict(cfg: CalibrateConfig) -> dict:
-    return asdict(cfg)
 
 
 __all__ = ["BudgetError", "CalibrateConfig", "CalibrateError", "CalibrationResult", "SourceError", "calibrate"]

@@ -76,11 +76,6 @@ def to_rows(state: torch.Tensor, kind: str) -> torch.Tensor:
     return state.transpose(-1, -2) if kinds.get(kind).cache_transposed else state
 
 
-def from_rows(state: torch.Tensor, kind: str) -> torch.Tensor:
-    """Inverse of ``to_rows``: [B, H, rows, state_dim] -> the cache's layout (a view)."""
-    return state.transpose(-1, -2) if kinds.get(kind).cache_transposed else state
-
-
 def get_state(cache, layer: SSMLayer, step: int) -> torch.Tensor:
     """The cached recurrent state of ``layer`` after decode step ``step`` (0-based); an error if there is none."""
     try:

@@ -50,6 +50,10 @@ class EncodingSpec:
     pattern_bits: int | None = None
     aliases: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        if self.scale_layout not in SCALE_LAYOUTS:
+            raise ValueError(f"{self.name}: scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
+
     @property
     def scaled(self) -> bool:
         """True when elements are stored with FP32 scales."""

@@ -59,8 +59,6 @@ INT16 = FloatGrid("int16", mantissa_bits=15, min_exponent=15, max_value=32767.0,
 
 E4M3_MAX = E4M3.max_value
 E2M1_MAX = E2M1.max_value
-INT8_MAX = 127.0
-INT16_MAX = 32767.0
 # Magnitudes of E2M1, in code order 0..7 (a code is sign << 3 | index).
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # The smallest positive E4M3 value (a subnormal); NVFP4 block scales are clamped to at least this.

@@ -55,7 +55,6 @@ assert len(_SPEC_OF_CODE) == len(SPECS), "two encodings share a kernel code"
 _LAYOUTS = {"exact": 0, "pattern": 1, "grid": 2, "group": 3, "two-level": 4}
 LAYOUT_EXACT = constant(_LAYOUTS["exact"])
 LAYOUT_PATTERN = constant(_LAYOUTS["pattern"])
-LAYOUT_GRID = constant(_LAYOUTS["grid"])
 LAYOUT_GROUP = constant(_LAYOUTS["group"])
 LAYOUT_TWO_LEVEL = constant(_LAYOUTS["two-level"])
 
@@ -128,10 +127,6 @@ BLOCK_SCALE_MIN = constant(E4M3_MIN_SUBNORMAL)
 NVFP4_MAX_CODE = constant(_NVFP4.max_code)
 assert _NVFP4.grid is E2M1 and _NVFP4.max_code == E2M1.max_value * E4M3.max_value
 
-# random-bit mixer constants (see ssmquant.formats.random)
-_MIX_MUL_1 = 0x7FEB352D
-_MIX_MUL_2 = 0x1B873593
-_STREAM_SALT = 0x3C6EF372
 
 
 @triton.jit
