@@ -36,8 +36,8 @@ from .rounding import (
     FMT_INT8,
     FORMAT_CODES,
     constant,
+    encoding_of_code,
     fake_quant_tile,
-    fmt_max_code,
     round_element,
     round_to_bf16,
     stream_key,
@@ -181,6 +181,12 @@ def _fingerprint(v, weight, ok, TILE: tl.constexpr):
     return tl.sum(tl.reshape(tl.where(ok, bits, 0), [TILE]), axis=0)
 
 
+@triton.constexpr_function
+def _checkpoint_max_code(fmt):
+    """The grid magnitude an 8-bit checkpoint row's amax maps onto (1 for the unscaled formats, which never read it)."""
+    return encoding_of_code(fmt).max_code or 1.0
+
+
 @triton.jit
 def _mamba2_engine_kernel(
     x_ptr, dt_ptr, a_ptr, bm_ptr, cm_ptr, d_ptr, s0_ptr, sv0_ptr, write_ptr, metrics_ptr,
@@ -202,6 +208,7 @@ def _mamba2_engine_kernel(
     col_ok = cols < N
     tile_ok = col_ok[:, None] & row_ok[None, :]
     EIGHT: tl.constexpr = FMT == FMT_E4M3 or FMT == FMT_I8  # FlashInfer's 8-bit checkpoints
+    QMAX: tl.constexpr = _checkpoint_max_code(FMT)
     b64 = b.to(tl.int64)
     head_base = (b64 * H + h) * P
     state_offs = (head_base + rows)[None, :] * N + cols[:, None]
@@ -221,8 +228,7 @@ def _mamba2_engine_kernel(
     dec = ones
     if REPLAY and EIGHT:
         amax = tl.max(tl.abs(s_ref), axis=0)
-        qmax: tl.constexpr = fmt_max_code(FMT)
-        enc = tl.where(amax == 0.0, 1.0, _rcp(tl.where(amax == 0.0, 1.0, amax), rcp_ptr) * qmax)
+        enc = tl.where(amax == 0.0, 1.0, _rcp(tl.where(amax == 0.0, 1.0, amax), rcp_ptr) * QMAX)
         dec = _rcp(enc, rcp_ptr)
         codes = round_element(s_ref * enc[None, :], 0.0, 0, FMT, False)
         s_var = codes * dec[None, :]
@@ -308,8 +314,7 @@ def _mamba2_engine_kernel(
                     ts = (dec * tdec)[None, :]
                     rep = (codes.to(tl.float64) * ts.to(tl.float64) + acc.to(tl.float64)).to(tl.float32)
                     amax = tl.max(tl.abs(rep), axis=0)
-                    qmax: tl.constexpr = fmt_max_code(FMT)
-                    enc = tl.where(amax == 0.0, 1.0, _rcp(tl.where(amax == 0.0, 1.0, amax), rcp_ptr) * qmax)
+                    enc = tl.where(amax == 0.0, 1.0, _rcp(tl.where(amax == 0.0, 1.0, amax), rcp_ptr) * QMAX)
                     dec = _rcp(enc, rcp_ptr)
                     v = rep * enc[None, :]
                     if SR:
@@ -317,7 +322,7 @@ def _mamba2_engine_kernel(
                         if FMT == FMT_E4M3:
                             codes = _sr_e4m3(v, chunk)
                         else:
-                            codes = tl.minimum(tl.maximum(tl.floor(v + chunk.to(tl.float32) * 1.52587890625e-05), -qmax), qmax)
+                            codes = tl.minimum(tl.maximum(tl.floor(v + chunk.to(tl.float32) * 1.52587890625e-05), -QMAX), QMAX)
                     else:
                         codes = round_element(v, 0.0, 0, FMT, False)
                     codes = tl.where(tile_ok, codes, 0.0)
