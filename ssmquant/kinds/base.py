@@ -344,6 +344,12 @@ class LayerKind:
         """Random validated inputs of ``dims`` with realistic ranges (time estimates)."""
         raise NotImplementedError
 
+    # -- transformers' configs ------------------------------------------------------------------------------
+    def config_layout(self, text_config) -> tuple[tuple[int, int, int], int]:
+        """((heads, rows, state_dim) of one layer's state, groups) read from a model's transformers text config
+        (``models.loading.ssm_layout``); a kind with no transformers model has none."""
+        raise KindError(f"{self.title} layers have no transformers config mapping")
+
     def __repr__(self) -> str:
         return f"<layer kind {self.name}>"
 

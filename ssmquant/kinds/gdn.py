@@ -85,5 +85,9 @@ class GatedDeltaNet(DeltaRuleKind):
     def random_gate(self, batch, steps, dims, gen, device):
         return -torch.rand(batch, steps, dims.heads, generator=gen).to(device)
 
+    def config_layout(self, text_config):
+        t = text_config  # value heads x value dim x key dim; the key heads are the q / k groups
+        return (t.linear_num_value_heads, t.linear_value_head_dim, t.linear_key_head_dim), t.linear_num_key_heads
+
 
 GDN = register(GatedDeltaNet())

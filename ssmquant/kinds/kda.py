@@ -109,5 +109,9 @@ class KimiDeltaAttention(DeltaRuleKind):
     def random_gate(self, batch, steps, dims, gen, device):
         return -torch.rand(batch, steps, dims.heads, dims.state_dim, generator=gen).to(device)
 
+    def config_layout(self, text_config):
+        t = text_config  # every head has its own q / k: as many groups as heads
+        return (t.linear_num_heads, t.linear_head_dim, t.linear_head_dim), t.linear_num_heads
+
 
 KDA = register(KimiDeltaAttention())

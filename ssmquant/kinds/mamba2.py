@@ -284,6 +284,11 @@ class Mamba2(LayerKind):
                             torch.ones(h, device=device)).validate()  # fmt: skip
 
 
+    def config_layout(self, text_config):
+        t = text_config
+        return (t.mamba_num_heads, t.mamba_head_dim, t.ssm_state_size), t.n_groups
+
+
 MAMBA2 = register(Mamba2())
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from .. import kinds
 from ..errors import SsmquantError
 from .compat import warn_if_untested_transformers
 from .mixers import KNOWN_LAYER_KINDS
@@ -320,15 +321,7 @@ def ssm_layout(config) -> dict:
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     types = list(text.layer_types)
     ssm = tuple(i for i, t in enumerate(types) if t == "linear_attention")
-    if arch.layer_kind == "mamba2":
-        shape = (text.mamba_num_heads, text.mamba_head_dim, text.ssm_state_size)
-        groups = text.n_groups
-    elif arch.layer_kind == "kda":
-        shape = (text.linear_num_heads, text.linear_head_dim, text.linear_head_dim)
-        groups = text.linear_num_heads
-    else:
-        shape = (text.linear_num_value_heads, text.linear_value_head_dim, text.linear_key_head_dim)
-        groups = text.linear_num_key_heads
+    shape, groups = kinds.get(arch.layer_kind).config_layout(text)
     return {
         "layer_kind": arch.layer_kind,
         "num_layers": len(types),

@@ -228,3 +228,9 @@ def test_export_refuses_the_toy_kind_cleanly(tmp_path, target):
     res = CliRunner().invoke(main, ["export", str(out), "--target", target])
     assert res.exit_code in (1, 2) and res.output.startswith("Error:"), res.output
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+
+
+def test_a_kind_without_a_transformers_model_says_so_when_asked_for_its_config_layout():
+    """The config mapping lives behind the kind (``LayerKind.config_layout``); the toy has none."""
+    with pytest.raises(kinds.KindError, match="no transformers config mapping"):
+        Toy().config_layout(None)
