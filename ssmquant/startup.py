@@ -30,8 +30,9 @@ def start_devices(device: str) -> None:
     NVIDIA GPU is likely (``_likely_nvidia_gpu``: no torch needed to tell), else once torch sees a GPU. Its
     import of ``triton.runtime.cache`` does not import torch, nor does torch's import import Triton, so the two
     imports cannot wait on each other; should the command's own import of Triton meet it, Python's per-module
-    import locks make one wait for the other. Started after torch's import, it raced the first launch, which then
-    spent most of 0.66 s of host time reading and hashing libtriton.so (an H200 profile, benchmarks/RESULTS.md). Errors are left to the command's own device checks, which name the problem."""
+    import locks make one wait for the other. Started after torch's import, it would race the first launch, which then
+    spends its host time reading and hashing libtriton.so (lab/DESIGN_NOTES.md). Errors are left to the command's
+    own device checks, which name the problem."""
     if device == "cpu":
         return
     import threading
@@ -44,8 +45,8 @@ def start_devices(device: str) -> None:
 
     early = _likely_nvidia_gpu()
     if early:
-        # before torch's import, which takes 1.3-5.8 s on the H200 machines and holds the GIL while the hash does
-        # not: the hash (0.6-0.9 s) is done by the first launch instead of racing it
+        # before torch's import, which takes seconds and holds the GIL while the hash does not: the hash is done
+        # by the first launch instead of racing it
         threading.Thread(target=warm_triton, name="ssmquant-triton-key", daemon=True).start()
 
     import torch

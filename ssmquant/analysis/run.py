@@ -55,11 +55,8 @@ HEAD_TABLE_POINTS = 8
 # Layers each GPU emulates at once, one CUDA stream each (analysis.devices.run_on_devices): while one
 # layer's kernels run, another's host work (its tables, the host syncs of its launches) proceeds and the next
 # layer's inputs are made, so the GPU does not wait for the host between layers.
-# 1 (off): two lanes were not faster on an H200, and `lab/gpu/lanes_check.py` found heads.csv's state_rel_err
-# different from the one-lane run. That difference was CUDA's atomic index_add_
-# in the window sums, whose order changes from run to run (two one-lane runs differed too); the sums are now
-# added in step order (replay.trace.WindowAccumulator). One lane pipelines a layer's host work behind the next
-# layer's kernels instead (run_on_devices' complete=).
+# 1 (off): two lanes are not faster than one lane that pipelines a layer's host work behind the next layer's
+# kernels (run_on_devices' complete=; lab/DESIGN_NOTES.md).
 GPU_LANES = 1
 
 

@@ -38,7 +38,7 @@ int8 max_window=16 module, `cuobjdump -sass`), modelled here and fitted on a dum
     factors' exponents), each truncated toward zero 25 bits below it, summed exactly, the sum truncated to
     FP32 (`hmma`); the 8-bit state term is then one `FFMA(code, decode_scale * total_decay, mma)`;
   - encode = rcp.approx(amax) * QMAX, stored decode scale = rcp.approx(encode) (`MUFU.RCP`);
-  - MUFU.EX2 and MUFU.RCP are the H200's own functions, tabulated there and shipped as a compact exact model
+  - MUFU.EX2 and MUFU.RCP are sm_90's own functions, tabulated there and shipped as a compact exact model
     (`mufu.ex2_sm90`, `mufu.rcp_sm90`: 0.26 MB; RCP = RN(1/m) + a 2-bit correction per significand, EX2 =
     argument truncated to 2^-23, then a 2-bit correction to RN(2^x) per fraction).
 With all of it, every decode scale and FP32 replayed state word of the H200 dump is reproduced bit for bit
@@ -88,7 +88,7 @@ def ex2_rz(v: torch.Tensor) -> torch.Tensor:
 
 
 def ex2_approx(v: torch.Tensor) -> torch.Tensor:
-    """ex2.approx.ftz.f32 (MUFU.EX2) on FP32 v, bit for bit as the H200 computes it (`mufu.ex2_sm90`)."""
+    """ex2.approx.ftz.f32 (MUFU.EX2) on FP32 v, bit for bit as sm_90 computes it (`mufu.ex2_sm90`)."""
     return mufu.ex2_sm90(v)
 
 
@@ -103,7 +103,7 @@ def rcp_rn(x: torch.Tensor) -> torch.Tensor:
 
 
 def rcp_approx(x: torch.Tensor) -> torch.Tensor:
-    """rcp.approx.ftz.f32 (MUFU.RCP) on FP32 x, bit for bit as the H200 computes it (`mufu.rcp_sm90`)."""
+    """rcp.approx.ftz.f32 (MUFU.RCP) on FP32 x, bit for bit as sm_90 computes it (`mufu.rcp_sm90`)."""
     return mufu.rcp_sm90(x)
 
 
@@ -133,7 +133,7 @@ HMMA_EXTRA_BITS = 2  # alignment width 24 + 2 bits: fitted on the dump's FP32 fl
 
 
 def hmma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None) -> torch.Tensor:
-    """One tensor-core MMA `c + a @ b` as the H200 computes it for bf16 operands and FP32 accumulation.
+    """One tensor-core MMA `c + a @ b` as sm_90 computes it for bf16 operands and FP32 accumulation.
 
     a [..., P, K] and b [..., K, N] hold bf16 values (as FP32), c [..., P, N] FP32 or None (a zero
     accumulator). Each product a_k b_k is exact; its exponent is taken as e(a_k) + e(b_k). All products

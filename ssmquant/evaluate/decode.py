@@ -147,12 +147,11 @@ def decode_attention(device: torch.device, cudnn: bool = False):
     """Inside: scaled-dot-product attention on a CUDA ``device`` without cuDNN's fused kernel, unless ``cudnn``.
 
     Recent torch CUDA builds put cuDNN's attention first on sm90 / sm100 (aten/src/ATen/native/transformers/cuda/
-    sdp_utils.cpp, ``check_prefer_cudnn_attention``; on an H200 with torch 2.11+cu130 and cuDNN 9.19
-    ``torch._fused_sdp_choice`` picked it for every decode step), and its host side builds a cuDNN graph and
+    sdp_utils.cpp, ``check_prefer_cudnn_attention``), and its host side builds a cuDNN graph and
     execution plan for every new set of shapes and strides, cached per thread (aten/src/ATen/native/cudnn/MHA.cpp,
     ``MHAParams``). A teacher-forced decode has a new KV length at every step, so the first run of a process built
-    one plan per step: the new lengths cost tens of milliseconds of host time per step, and the first run of a
-    process decoded 1.8x slower than a repeat (nemotron-h-8b on an H200, benchmarks/RESULTS.md). And cuDNN's
+    one plan per step: the new lengths cost host time at every step, and the first run of a process decodes slower
+    than a repeat (lab/DESIGN_NOTES.md). And cuDNN's
     outputs were not the same bits from run to run (the FP32 reference's logits too), even from the same cached
     plans on the same values.
 

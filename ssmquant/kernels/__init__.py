@@ -51,7 +51,7 @@ __all__ = [
 
 # FP32 state elements per thread, summed over every state a launch carries (the reference and NV variants): one
 # warp per 16 x 128 tile with two states (2 x 64 elements per thread) is the fastest tiling for both layer kinds, and
-# twice that spills (lab/KERNEL_NOTES.md). A launch carrying NV variants keeps the same budget: 128 / (NV + 1) elements per state and thread,
+# twice that spills (lab/DESIGN_NOTES.md). A launch carrying NV variants keeps the same budget: 128 / (NV + 1) elements per state and thread,
 # rounded down to a power of two, so its tile has fewer rows per warp (six variants: a [128, 4] tile per
 # warp). Compiled for sm_90a, none of the planned tilings spills, and every tiling with twice the rows does
 # (`python benchmarks/run.py sass`).
@@ -109,7 +109,7 @@ def plan_launches(
     for idx in buckets.values():
         # a group that needs several warps even alone (a whole head per program) launches one variant at a time:
         # sharing a launch saves the reference's work but costs more in the registers of the extra states
-        # (lab/KERNEL_NOTES.md). The others fit MAX_SLOTS variants in one warp's rows.
+        # (lab/DESIGN_NOTES.md). The others fit MAX_SLOTS variants in one warp's rows.
         size = 1 if plan_blocks([variants[idx[0]]], rows, state_dim)[1] > 1 else MAX_SLOTS
         for j in range(0, len(idx), size):
             chunk = idx[j : j + size]

@@ -32,7 +32,7 @@ def register_cap(num_warps: int) -> int | None:
     which a block of num_warps warps still fits the register file (255 up to 8 warps, 128 at 16), none for one warp.
     Without it ptxas, told the block size (.reqntid) and facing more live values than the register file holds, may
     trade registers for occupancy and spill the state tiles; a cap above what the block can hold makes the launch
-    fail (out of resources: threads). One-warp launches do not spill and take no cap (lab/KERNEL_NOTES.md)."""
+    fail (out of resources: threads). One-warp launches do not spill and take no cap (lab/DESIGN_NOTES.md)."""
     if num_warps <= 1:
         return None
     fits = REGISTER_FILE // (32 * num_warps) // REGISTER_GRANULE * REGISTER_GRANULE

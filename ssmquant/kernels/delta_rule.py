@@ -145,7 +145,7 @@ def per_step_offsets(num_warps: int, specs: tuple[int, ...]) -> bool:
     offsets per step (`_per_step`) instead of letting LLVM hoist them out of the time loop. The several-warp launches
     do: at their whole-head tiles the hoisted offsets stay in registers while ptxas spills the state tiles every
     step. So do one-warp launches whose every slot is nvfp4, whose write holds more live values; the other one-warp
-    launches hoist (lab/KERNEL_NOTES.md)."""
+    launches hoist (lab/DESIGN_NOTES.md)."""
     return num_warps > 1 or all(spec_format(spec) == FMT_NVFP4 for spec in specs)
 
 

@@ -35,7 +35,7 @@ Layout: one warp per (batch, value head, 16 value rows); lane l holds row l % 16
 [64 (l // 16), 64 (l // 16) + 64) of both states (64 + 64 registers), so every Dk sum is 64 in-lane FMAs and one
 shuffle. Each step's k, q and decay vectors are loaded a step ahead and staged through shared memory: by cp.async
 straight into it where they need no conversion (fp32 q and k, no buffered copy of k: ASYNC_LOADS), so that no
-registers hold them in flight (the states take nearly all 255; lab/KERNEL_NOTES.md), else into registers.
+registers hold them in flight (the states take nearly all 255; lab/DESIGN_NOTES.md), else into registers.
 
 Covers (`eligible`): KDA with Dk = 128 and Dv a multiple of 16; FP8 E4M3, INT8 or NVFP4, RNE, dynamic scales per
 row (NVFP4: its second-level scale per row; per-head or static scales and stochastic rounding stay in the Triton

@@ -3,7 +3,7 @@
 One program owns one (batch, head) and a block of BLOCK_P rows of the head's state S[P, N], held as a
 transposed tile [N, BLOCK_P]: rows on the fast axis, so that the reductions over the state dim (the
 output S C and the per-row amax) stay inside each thread (a row-major tile's reductions cross threads and
-warps every step; lab/KERNEL_NOTES.md). It
+warps every step; lab/DESIGN_NOTES.md). It
 reads each step's inputs once, keeps the FP32 reference state and the emulated state of every variant
 it carries (NV slots) in registers for the whole time loop, and writes only the per-step metrics. Its
 torch reference is `ssmquant.replay.naive` (state form), which it follows op for op: a = exp(dt A) is

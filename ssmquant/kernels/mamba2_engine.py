@@ -94,7 +94,7 @@ def _trunc_f64(v):
 
 @triton.jit
 def _rcp(v, rcp_ptr):
-    """MUFU.RCP (rcp.approx.ftz.f32) of finite FP32 v as the H200 computes it (`mufu.rcp_sm90`, bit for bit):
+    """MUFU.RCP (rcp.approx.ftz.f32) of finite FP32 v as sm_90 computes it (`mufu.rcp_sm90`, bit for bit):
     RN(1/m) of the significand m plus its tabulated correction (rcp_ptr: int8 [2^23]), times 2^-e."""
     bits = v.to(tl.int32, bitcast=True)
     mant = bits & 0x7FFFFF
@@ -260,7 +260,7 @@ def _mamba2_engine_kernel(
                 else:
                     y = tl.sum(_bf16(codes) * cvec[:, None], axis=0) * fac + cbn * xb
                 # the ring loops are not unrolled (range, not static_range): unrolled, a replay variant's compile takes
-                # several times as long (lab/KERNEL_NOTES.md)
+                # several times as long (lab/DESIGN_NOTES.md)
                 for j in range(L):
                     st = tl.minimum(start + j, T - 1)
                     xj = tl.load(x_ptr + ((b64 * T + st) * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32)

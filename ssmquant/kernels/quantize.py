@@ -169,7 +169,7 @@ def store_state_triton(
     if flags.shape != (b * h, 2) or flags.dtype != torch.int32 or not flags.is_contiguous():
         raise ValueError(f"flags must be a contiguous int32 [{b * h}, 2] tensor, got {flags.dtype} {tuple(flags.shape)}")
     block_r, block_n = triton.next_power_of_2(r), triton.next_power_of_2(n)
-    # 32 tile elements per thread, the most at which a Mamba-2 head [64, 128] does not spill (lab/KERNEL_NOTES.md).
+    # 32 tile elements per thread, the most at which a Mamba-2 head [64, 128] does not spill (lab/DESIGN_NOTES.md).
     # Warps change no result: the tile's reductions are max and integer sums.
     warps = min(16, max(4, block_r * block_n // 1024))
     _store_state_kernel[(b * h,)](

@@ -273,7 +273,7 @@ def fake_quant_tile(
     Only nvfp4 looks at the order; every other format reduces over the whole state dim.
     HEAD_SCALAR: an nvfp4 tile that is one scale group (GROUP = BR, per-head scales) takes its s2 as one scalar and
     clamps its quotients instead of checking its blocks (`nvfp4_blocks`, ONE_S2): faster for the Mamba-2 tile, not for
-    the delta-rule kernel's, which leaves it off (lab/KERNEL_NOTES.md).
+    the delta-rule kernel's, which leaves it off (lab/DESIGN_NOTES.md).
     """
     if fmt_layout(FMT) == LAYOUT_EXACT:
         return s
@@ -355,7 +355,7 @@ def _nvfp4_tile(
 def _tile_max(x):
     """The max of a block-view value (rank 3: blocks, per-block or per-row values) over all its axes, a scalar;
     axis 0 first, which lies inside each thread in both block views (faster than one pass over the flattened value:
-    lab/KERNEL_NOTES.md)."""
+    lab/DESIGN_NOTES.md)."""
     return tl.max(tl.max(tl.max(x, axis=0), axis=0), axis=0)
 
 

@@ -32,8 +32,8 @@ QUANTITIES = ("state", "out")
 STATS = ("mean", "max", "last")
 # The Triton backend's per-step metrics of one launch are [NV, T, b, H, row blocks, 4] fp32; the batch is cut
 # into slices so that this buffer stays under the budget whatever T x batch (Nemotron-3-Nano's six variants at
-# 4096 steps: 384 MiB per sequence, two sequences per launch; on an H200 four launches of two sequences take
-# the time of one of eight). A constant, not a share of the free memory: the order of the float64
+# 4096 steps: 384 MiB per sequence, two sequences per launch; several small launches take the time of one large
+# one: lab/DESIGN_NOTES.md). A constant, not a share of the free memory: the order of the float64
 # sums over the batch (the pooled maxima) follows the slices and must not depend on the machine's state.
 METRIC_BUFFER_BYTES = 1 << 30
 # pooling name -> (per_batch, per_head)
