@@ -158,9 +158,10 @@ def slot_write(
     BR: tl.constexpr,
     SPEC: tl.constexpr,
     KMAJOR: tl.constexpr = False,
+    HEAD_SCALAR: tl.constexpr = False,
 ):
     """Slot k's store-and-reload of its state tile at step t, if its write mask [NV, B, T] says so (KMAJOR: the
-    tile's state dim in `fake_quant_tile`'s k-major order)."""
+    tile's state dim in `fake_quant_tile`'s k-major order; HEAD_SCALAR: `fake_quant_tile`'s per-head nvfp4 path)."""
     if tl.load(write_ptr + k * BT + bt) != 0:
         key = stream_key(tl.load(seed_ptr + k), t)
         s = fake_quant_tile(
@@ -175,6 +176,7 @@ def slot_write(
             spec_static(SPEC),
             spec_sr(SPEC),
             KMAJOR,
+            HEAD_SCALAR,
         )
     return s
 

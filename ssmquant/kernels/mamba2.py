@@ -30,13 +30,13 @@ from .common import (
     slot_round_buffer,
     slot_static_scale,
     slot_takes_reference_step,
-    spec_format,
-    spec_group,
-    spec_sr,
-    spec_static,
+    slot_write,
 )
 from .registry import FusedKernel, register
-from .rounding import INTERPRETING, fake_quant_tile, stream_key, tile_columns
+from .rounding import INTERPRETING, constant, tile_columns
+
+# the Mamba-2 tile takes `fake_quant_tile`'s per-head nvfp4 path: one scalar s2, quotients clamped
+HEAD_SCALAR = constant(True)
 
 
 @triton.jit
@@ -67,43 +67,6 @@ def _store_slot_metrics(metrics_ptr, k, slot_stride, base, s_var, s_ref, y_var, 
     tl.store(p + 1, ss_ref)
     tl.store(p + 2, tl.sum(dy * dy, axis=0))
     tl.store(p + 3, yy_ref)
-
-
-@triton.jit
-def _slot_write(
-    s,
-    k,
-    t,
-    bt,
-    BT,
-    write_ptr,
-    seed_ptr,
-    static_scale,
-    sr_index,
-    BN: tl.constexpr,
-    BR: tl.constexpr,
-    SPEC: tl.constexpr,
-    KMAJOR: tl.constexpr,
-):
-    """Slot k's store-and-reload of its state tile at step t, if its write mask [NV, B, T] says so (`common.slot_write`
-    for a tile in KMAJOR order)."""
-    if tl.load(write_ptr + k * BT + bt) != 0:
-        key = stream_key(tl.load(seed_ptr + k), t)
-        s = fake_quant_tile(
-            s,
-            static_scale,
-            sr_index,
-            key,
-            BN,
-            BR,
-            spec_format(SPEC),
-            spec_group(SPEC),
-            spec_static(SPEC),
-            spec_sr(SPEC),
-            KMAJOR,
-            True,  # per-head nvfp4: one scalar s2, quotients clamped (`fake_quant_tile`)
-        )
-    return s
 
 
 @triton.jit
@@ -210,22 +173,22 @@ def _mamba2_emulate_kernel(
         s_ref = _mul_add_rn(a, s_ref, bvec[:, None] * (dt * x)[None, :])
         y_ref = tl.sum(s_ref * cvec[:, None], axis=0) + d * x
         v0, y0 = _slot_update(v0, s_ref, y_ref, a, dt, x, bvec, cvec, d, SPEC0)
-        v0 = _slot_write(v0, 0, t, bt, BT, write_ptr, seed_ptr, c0, sr_index, BLOCK_N, BLOCK_P, SPEC0, KMAJOR)
+        v0 = slot_write(v0, 0, t, bt, BT, write_ptr, seed_ptr, c0, sr_index, BLOCK_N, BLOCK_P, SPEC0, KMAJOR, HEAD_SCALAR)
         if NV > 1:
             v1, y1 = _slot_update(v1, s_ref, y_ref, a, dt, x, bvec, cvec, d, SPEC1)
-            v1 = _slot_write(v1, 1, t, bt, BT, write_ptr, seed_ptr, c1, sr_index, BLOCK_N, BLOCK_P, SPEC1, KMAJOR)
+            v1 = slot_write(v1, 1, t, bt, BT, write_ptr, seed_ptr, c1, sr_index, BLOCK_N, BLOCK_P, SPEC1, KMAJOR, HEAD_SCALAR)
         if NV > 2:
             v2, y2 = _slot_update(v2, s_ref, y_ref, a, dt, x, bvec, cvec, d, SPEC2)
-            v2 = _slot_write(v2, 2, t, bt, BT, write_ptr, seed_ptr, c2, sr_index, BLOCK_N, BLOCK_P, SPEC2, KMAJOR)
+            v2 = slot_write(v2, 2, t, bt, BT, write_ptr, seed_ptr, c2, sr_index, BLOCK_N, BLOCK_P, SPEC2, KMAJOR, HEAD_SCALAR)
         if NV > 3:
             v3, y3 = _slot_update(v3, s_ref, y_ref, a, dt, x, bvec, cvec, d, SPEC3)
-            v3 = _slot_write(v3, 3, t, bt, BT, write_ptr, seed_ptr, c3, sr_index, BLOCK_N, BLOCK_P, SPEC3, KMAJOR)
+            v3 = slot_write(v3, 3, t, bt, BT, write_ptr, seed_ptr, c3, sr_index, BLOCK_N, BLOCK_P, SPEC3, KMAJOR, HEAD_SCALAR)
         if NV > 4:
             v4, y4 = _slot_update(v4, s_ref, y_ref, a, dt, x, bvec, cvec, d, SPEC4)
-            v4 = _slot_write(v4, 4, t, bt, BT, write_ptr, seed_ptr, c4, sr_index, BLOCK_N, BLOCK_P, SPEC4, KMAJOR)
+            v4 = slot_write(v4, 4, t, bt, BT, write_ptr, seed_ptr, c4, sr_index, BLOCK_N, BLOCK_P, SPEC4, KMAJOR, HEAD_SCALAR)
         if NV > 5:
             v5, y5 = _slot_update(v5, s_ref, y_ref, a, dt, x, bvec, cvec, d, SPEC5)
-            v5 = _slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, BLOCK_N, BLOCK_P, SPEC5, KMAJOR)
+            v5 = slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, BLOCK_N, BLOCK_P, SPEC5, KMAJOR, HEAD_SCALAR)
         rec = tl.cast(t, tl.int64)  # every step is recorded
         base = (((rec * B + b) * H + h) * npb + pid_p) * 4
         ss = _sum_squares(s_ref)

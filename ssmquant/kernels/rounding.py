@@ -27,7 +27,7 @@ INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 def constant(value):
     """A module-level constant that @triton.jit code reads: a constexpr for the compiler; the plain number under the
     interpreter, whose tl.minimum / tl.maximum return a constexpr argument unconverted."""
-    return value if os.environ.get("TRITON_INTERPRET", "0") == "1" else tl.constexpr(value)
+    return value if INTERPRETING.value else tl.constexpr(value)
 
 
 # constexpr codes of the element encodings, read from each encoding's object (`formats.encodings`): a kernel takes
