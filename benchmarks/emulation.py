@@ -56,7 +56,7 @@ FORMATS = ["fp8_e4m3", "int8", "nvfp4"]
 # per head; such a row's "x fp8 time" is against fp8_e4m3 with the same modifiers when that ran too
 MODIFIERS = ("sr", "head")
 SCHEMES = ["conventional", "replay16"]
-KINDS = ("mamba2", "gdn", "kda")
+KINDS = kinds.names()
 # torch.compile modes of the compiled peer; the CUDA-graph ones run the in-place loop (`compiled_peer_loop`).
 # max-autotune-no-cudagraphs (inductor autotunes every kernel's launch configuration, coordinate descent) is
 # accepted but not in the default list: its compile takes far longer than the GPU runs allow.

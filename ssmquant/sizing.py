@@ -95,7 +95,7 @@ def launch_metric_bytes_per_sequence(dims: LayerDims, variants: int, steps: int)
     """Bytes of one sequence's per-step metrics in a launch carrying min(variants, 6) variants: NV x T x H x
     row blocks x 4 fp32, the row blocks from the tile that ``kernels.plan_blocks`` picks for dynamic scales
     (rows per warp from the register budget of 128 state elements per thread over the NV + 1 states; the
-    formula of ``kernels._rows_per_warp``, here without importing Triton). An upper bound for formats whose
+    formula of ``kernels.planning._rows_per_warp``, here without importing Triton). An upper bound for formats whose
     scale groups need more rows (fewer, larger blocks)."""
     nv = max(1, min(variants, MAX_LAUNCH_VARIANTS))
     per_state = 1 << ((128 // (nv + 1)).bit_length() - 1)

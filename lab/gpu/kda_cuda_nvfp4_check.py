@@ -95,7 +95,7 @@ def triton_launch(inputs, name: str):
 
 
 def cuda_launch(inputs, name: str):
-    """A closure launching the CUDA kernel for one variant, as `_kda_cuda_steps` does (the whole batch)."""
+    """A closure launching the CUDA kernel for one variant, as `kda_cuda.variant_steps` does (the whole batch)."""
     v = parse_variant(name)
     assert kda_cuda.eligible(v, "kda", inputs.state_dim, inputs.rows), name
     fmt, buf = kda_cuda.variant_config(v)

@@ -45,15 +45,15 @@ if os.environ.get("NVFP4_CHECK_PKG"):
 from benchmarks.common import cuda_times  # noqa: E402
 from benchmarks.emulation import drain, layer_inputs  # noqa: E402
 from ssmquant import formats, kinds  # noqa: E402
-from ssmquant.kernels import emulate_triton, emulate_triton_steps, fake_quant_triton, kda_cuda  # noqa: E402
+from ssmquant.kernels import emulate_triton, emulate_triton_steps, fake_quant_triton  # noqa: E402
 from ssmquant.replay import Variant, parse_variant  # noqa: E402
 
-KINDS = ("mamba2", "gdn", "kda")
+KINDS = kinds.names()
 TESTS = [f"tests/kernels/{name}.py" for name in (
     "test_nvfp4_fast_round", "test_nvfp4_write", "test_rounding_ties", "test_emulation_kernels", "test_multi_variant",
 )]  # fmt: skip
 
-kda_cuda.available = lambda device=None: False  # KDA's eligible variants would run in the CUDA kernel otherwise
+os.environ["SSMQUANT_KDA_CUDA"] = "0"  # KDA's eligible variants would run in the CUDA kernel otherwise
 # without a GPU (a check of the script: TRITON_INTERPRET=1, small layers, few steps) on the CPU
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -3,10 +3,10 @@
 `emulate_triton_steps` is the backend that `ssmquant.simulate(..., backend="triton")` dispatches to; it trusts
 inputs already validated by `simulate`. A layer kind's fused kernel registers itself (`registry.py`: how to prepare
 its inputs and launch it); `mamba2.py` and `delta_rule.py` (GDN and KDA) carry up to MAX_SLOTS variants per launch
-beside one FP32 reference; `plan_launches` groups the variants and picks the tile from a register budget;
-`mamba2_engine.py` emulates engine profiles. On a CUDA GPU, the KDA
-variants that `kda_cuda.py` covers (8-bit RNE with per-row dynamic scales, Dk = 128) run in its CUDA kernel
-instead, one variant per launch (`fused_kernels` says which kernel runs each variant). Shared rounding helpers
+beside one FP32 reference; `planning.plan_launches` groups the variants and picks the tile from a register budget;
+`mamba2_engine.py` emulates engine profiles. A kind may also register one-variant kernels (`VariantKernel`) that run
+the variants they cover in place of its fused kernel: on a CUDA GPU, KDA's 8-bit RNE variants with per-row dynamic
+scales and Dk = 128 run in `kda_cuda.py` (`fused_kernels` says which kernel runs each variant). Shared rounding helpers
 live in `rounding.py`; each kernel's torch reference is `ssmquant.replay.naive` (state form) and, for
 the tile fake-quant, `ssmquant.formats.codec`.
 """
@@ -20,22 +20,22 @@ import torch
 import triton
 
 from ..engines.profiles import arithmetic
-from ..formats import Rounding, ScaleMode
+from ..formats import ScaleMode
 from ..kinds import LayerInputs
 from ..replay.naive import stored_initial_states
 from ..replay.trace import METRIC_BUFFER_BYTES
 from ..replay.variants import Variant
-from . import kda_cuda
-from .common import BUFFER_CODES, MAX_SLOTS, slot_spec
+from .common import MAX_SLOTS
 from .host import batch_slices, seeds_on, write_mask_on
 from .mamba2_engine import engine_steps
-from .quantize import fake_quant_triton, group_rows_for_kernel, store_state_triton
-from .registry import FusedKernel, has_kernel, kernel_of, register
-from .rounding import FORMAT_CODES
+from .planning import plan_blocks, plan_launches, variant_slot_spec
+from .quantize import fake_quant_triton, store_state_triton
+from .registry import FusedKernel, VariantKernel, has_kernel, kernel_of, register, variant_kernels_of
 
 __all__ = [
     "FusedKernel",
     "MAX_SLOTS",
+    "VariantKernel",
     "emulate_triton",
     "emulate_triton_steps",
     "fake_quant_triton",
@@ -47,87 +47,6 @@ __all__ = [
     "store_state_triton",
 ]
 
-
-
-# FP32 state elements per thread, summed over every state a launch carries (the reference and NV variants): one
-# warp per 16 x 128 tile with two states (2 x 64 elements per thread) is the fastest tiling for both layer kinds, and
-# twice that spills (lab/DESIGN_NOTES.md). A launch carrying NV variants keeps the same budget: 128 / (NV + 1) elements per state and thread,
-# rounded down to a power of two, so its tile has fewer rows per warp (six variants: a [128, 4] tile per
-# warp). Compiled for sm_90a, none of the planned tilings spills, and every tiling with twice the rows does
-# (`python benchmarks/run.py sass`).
-_STATE_ELEMENTS_PER_THREAD = 128
-_MAX_WARPS = 16
-
-
-def _rows_needed(variant: Variant, rows: int) -> int:
-    """Rows one program must hold for the variant's scale groups (a per-head scale: the whole head)."""
-    fmt = variant.format
-    full = triton.next_power_of_2(rows)
-    if not fmt.encoding.scaled:
-        return 1
-    return full if fmt.granularity.rows is None else min(full, fmt.granularity.rows)
-
-
-def _rows_per_warp(nv: int, state_dim: int) -> int:
-    per_state = 1 << ((_STATE_ELEMENTS_PER_THREAD // (nv + 1)).bit_length() - 1)  # power of two
-    return max(1, 32 * per_state // triton.next_power_of_2(state_dim))
-
-
-def plan_blocks(variants: list[Variant], rows: int, state_dim: int) -> tuple[int, int]:
-    """(BLOCK_P rows per program, num_warps) for one launch carrying `variants` on [rows, state_dim] head
-    states: rows per warp from the register budget, and enough rows for the coarsest scale group."""
-    per_warp = _rows_per_warp(len(variants), state_dim)
-    block_p = min(triton.next_power_of_2(rows), max([per_warp] + [_rows_needed(v, rows) for v in variants]))
-    return block_p, min(_MAX_WARPS, max(1, block_p // per_warp))
-
-
-def plan_launches(
-    variants: list[Variant], rows: int, state_dim: int, tiling: tuple[int, int] | None = None, kind: str = "mamba2"
-) -> list[tuple[list[int], tuple[int, int]]]:
-    """Group the ideal (non-engine) variants into launches: [(variant indices, (BLOCK_P, num_warps))].
-
-    Variants whose scale groups need the same rows per program (at the smallest tile of a full launch)
-    share launches of at most MAX_SLOTS, in their given order; variants needing several warps even alone (a whole
-    head per program) launch one at a time. tiling: one (BLOCK_P, num_warps) for every
-    launch (benchmark sweeps and tests), which must hold every variant's scale group. kind: the layer kind
-    (an engine profile whose arithmetic on it is the ideal one, `profiles.arithmetic`, launches here too).
-    """
-    ideal = [i for i, v in enumerate(variants) if arithmetic(v.engine, kind) == "ideal"]
-    if tiling is not None:
-        for i in ideal:
-            if _rows_needed(variants[i], rows) > tiling[0]:
-                raise ValueError(
-                    f"tiling BLOCK_P={tiling[0]} is smaller than the scale group of {variants[i].name} "
-                    f"({_rows_needed(variants[i], rows)} rows)"
-                )
-        return [(ideal[j : j + MAX_SLOTS], tiling) for j in range(0, len(ideal), MAX_SLOTS)]
-    smallest = _rows_per_warp(MAX_SLOTS, state_dim)
-    buckets: dict[int, list[int]] = {}
-    for i in ideal:
-        buckets.setdefault(max(smallest, _rows_needed(variants[i], rows)), []).append(i)
-    out = []
-    for idx in buckets.values():
-        # a group that needs several warps even alone (a whole head per program) launches one variant at a time:
-        # sharing a launch saves the reference's work but costs more in the registers of the extra states
-        # (lab/DESIGN_NOTES.md). The others fit MAX_SLOTS variants in one warp's rows.
-        size = 1 if plan_blocks([variants[idx[0]]], rows, state_dim)[1] > 1 else MAX_SLOTS
-        for j in range(0, len(idx), size):
-            chunk = idx[j : j + size]
-            out.append((chunk, plan_blocks([variants[i] for i in chunk], rows, state_dim)))
-    return out
-
-
-def variant_slot_spec(variant: Variant, rows: int, block_p: int) -> int:
-    """`common.slot_spec` of an ideal variant in a launch of block_p rows per program on heads of `rows` rows (a
-    per-head scale group is the program's rows)."""
-    fmt = variant.format
-    return slot_spec(
-        FORMAT_CODES[fmt.encoding],
-        block_p if fmt.granularity.rows is None else group_rows_for_kernel(fmt, rows, block_p),
-        fmt.scale_mode is ScaleMode.STATIC,
-        fmt.rounding is Rounding.SR,
-        BUFFER_CODES[variant.scheme.buffer_dtype] if variant.scheme.rounds_buffer else 0,
-    )
 
 
 def _static_rows(variants: list[Variant], bsz: int, heads: int, rows: int, device) -> torch.Tensor | None:
@@ -145,49 +64,18 @@ def _static_rows(variants: list[Variant], bsz: int, heads: int, rows: int, devic
 
 
 def fused_kernels(inputs: LayerInputs, variants: list[Variant]) -> list[str]:
-    """Which fused kernel runs each variant on these inputs: "cuda" (`kda_cuda.py`), "engine" (an engine profile's
-    own kernel, `mamba2_engine.py`) or "triton" (the kind's registered kernel)."""
-    cuda = kda_cuda.available(inputs.device)
+    """Which kernel runs each variant on these inputs: "engine" (an engine profile's own kernel,
+    `mamba2_engine.py`), the name of a one-variant kernel registered for the kind that is available on the inputs'
+    device and covers the variant (KDA's "cuda", `kda_cuda.py`), or "triton" (the kind's fused kernel)."""
+    singles = [k for k in variant_kernels_of(inputs.kind) if k.available(inputs.device)]
     out = []
     for v in variants:
         if arithmetic(v.engine, inputs.kind) != "ideal":
             out.append("engine")
-        elif cuda and kda_cuda.eligible(v, inputs.kind, inputs.state_dim, inputs.rows):
-            out.append("cuda")
-        else:
-            out.append("triton")
+            continue
+        single = next((k for k in singles if k.eligible(v, inputs.kind, inputs.state_dim, inputs.rows)), None)
+        out.append("triton" if single is None else single.name)
     return out
-
-
-def _kda_cuda_steps(
-    inputs: LayerInputs, variants: list[Variant], indices: list[int], shared: dict, s0, metric_budget: int, stored
-):
-    """`emulate_triton_steps` for the variants at ``indices``, each in its own launch of `kda_cuda`'s kernel
-    (stored: each variant's initial state, s0 stored in its format, or None)."""
-    bsz, steps, heads, rows = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows
-    q, k = shared["q"], shared["k"]
-    if q.dtype != k.dtype:  # the kernel reads both with one load
-        q, k = q.float(), k.float()
-    blocks = rows // kda_cuda.ROWS_PER_WARP
-    for i in indices:
-        v = variants[i]
-        fmt, buf = kda_cuda.variant_config(v)
-        write, always = write_mask_on(v.scheme, bsz, steps, inputs.device)
-        for b0, b1 in batch_slices(bsz, steps * heads * blocks * 4 * 4, metric_budget):
-            m = kda_cuda.kda_cuda_launch(
-                q[b0:b1],
-                k[b0:b1],
-                shared["v"][b0:b1],
-                shared["alpha"][b0:b1],
-                shared["beta"][b0:b1],
-                None if s0 is None else s0[b0:b1],
-                write[b0:b1],
-                fmt=fmt,
-                buf=buf,
-                always=always,
-                slot_s0=None if stored is None else stored[i][b0:b1].contiguous(),
-            )
-            yield i, b0, m.sum(3)  # row-block partial sums -> [T, b, H, 4]
 
 
 def emulate_triton_steps(
@@ -204,7 +92,7 @@ def emulate_triton_steps(
     contiguous and the decays computed once; the ideal variants are grouped by `plan_launches` so that
     one launch reads each step's inputs once and advances the FP32 reference once for up to MAX_SLOTS
     variants (a variant's metrics are bit-identical to those of a launch of it alone at the same tiling).
-    KDA variants that `kda_cuda` covers run in its CUDA kernel on a GPU (`fused_kernels`).
+    Variants that a one-variant kernel of the kind covers run in it (`fused_kernels`: KDA's CUDA kernel on a GPU).
     tiling: (BLOCK_P, num_warps) to override the plan (benchmark sweeps); metric_budget: bytes of one
     launch's metric buffer.
     """
@@ -220,10 +108,12 @@ def emulate_triton_steps(
     for i, variant in enumerate(variants):
         if kernels[i] == "engine":  # an engine profile: its own kernel (mamba2_engine.py)
             yield from engine_steps(inputs, variant, i, shared, s0, metric_budget, None if stored is None else stored[i])
-    on_cuda = [i for i, name in enumerate(kernels) if name == "cuda"]
-    if on_cuda:
-        yield from _kda_cuda_steps(inputs, variants, on_cuda, shared, s0, metric_budget, stored)
-    rest = [i for i, name in enumerate(kernels) if name != "cuda"]
+    singles = {k.name: k for k in variant_kernels_of(inputs.kind)}
+    for i, name in enumerate(kernels):
+        if name in singles:
+            for b0, m in singles[name].steps(inputs, variants[i], shared, s0, metric_budget, None if stored is None else stored[i]):
+                yield i, b0, m
+    rest = [i for i, name in enumerate(kernels) if name not in singles]
     for sub, (block_p, num_warps) in plan_launches([variants[i] for i in rest], rows, sdim, tiling, inputs.kind):
         idx = [rest[j] for j in sub]
         group = [variants[i] for i in idx]

@@ -57,6 +57,8 @@ import torch
 
 from ..formats import Encoding, Rounding, ScaleMode
 from .common import BUFFER_CODES as _BUFFERS
+from .host import batch_slices, write_mask_on
+from .registry import VariantKernel, register_variant_kernel
 
 DK = 128  # key channels the kernel is written for (two lanes x 64 per row)
 ROWS_PER_WARP = 16
@@ -215,3 +217,34 @@ def kda_cuda_launch(
     args = [q, k, v, alpha, beta, s0_arg, sv0_arg, write, metrics, states_arg, bsz, steps, hv, hk, dv]
     fn(grid=(npb, bsz * hv, 1), block=(32, 1, 1), args=args)
     return metrics
+
+
+def variant_steps(inputs, variant, shared: dict, s0, metric_budget: int, stored):
+    """One eligible variant through the kernel, one batch slice per launch: yields (b0, metrics [T, b, H, 4]).
+    shared: the fused kernel's operands (q, k, v, alpha, beta); stored: the variant's initial state as stored, or
+    None."""
+    q, k = shared["q"], shared["k"]
+    if q.dtype != k.dtype:  # the kernel reads both with one load
+        q, k = q.float(), k.float()
+    bsz, steps, heads = inputs.batch, inputs.steps, inputs.num_heads
+    blocks = inputs.rows // ROWS_PER_WARP
+    fmt, buf = variant_config(variant)
+    write, always = write_mask_on(variant.scheme, bsz, steps, inputs.device)
+    for b0, b1 in batch_slices(bsz, steps * heads * blocks * 4 * 4, metric_budget):
+        m = kda_cuda_launch(
+            q[b0:b1],
+            k[b0:b1],
+            shared["v"][b0:b1],
+            shared["alpha"][b0:b1],
+            shared["beta"][b0:b1],
+            None if s0 is None else s0[b0:b1],
+            write[b0:b1],
+            fmt=fmt,
+            buf=buf,
+            always=always,
+            slot_s0=None if stored is None else stored[b0:b1].contiguous(),
+        )
+        yield b0, m.sum(3)  # row-block partial sums -> [T, b, H, 4]
+
+
+register_variant_kernel("kda", VariantKernel("cuda", available, eligible, variant_steps))

@@ -1,9 +1,13 @@
 """The registry of fused kernels per layer kind: a kernel module registers its kind's kernel when it is imported
-(``kernels/__init__.py`` imports every module of the package), so a new kind's kernel is one new module."""
+(``kernels/__init__.py`` imports every module of the package), so a new kind's kernel is one new module.
+
+Two sorts: a kind's ``FusedKernel`` (every variant, several per launch beside one FP32 reference) and any number of
+``VariantKernel``s (one variant per launch, on the devices and for the variants they say they cover, in place of the
+fused kernel: KDA's CUDA kernel)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -42,3 +46,32 @@ def has_kernel(kind: str) -> bool:
 def kernel_of(kind: str) -> FusedKernel:
     """The fused kernel registered for the layer kind named ``kind``."""
     return _KERNELS[kind]
+
+
+@dataclass(frozen=True)
+class VariantKernel:
+    """A kernel that computes some variants of one layer kind, one variant per launch, in place of its fused kernel.
+
+    name: what ``fused_kernels`` reports for the variants it runs; available(device) -> whether it can run there;
+    eligible(variant, kind, state_dim, rows) -> whether it computes that variant; steps(inputs, variant, shared, s0,
+    metric_budget, stored) -> yields (b0, metrics [T, b, H, 4] fp32) per batch slice, shared being the fused
+    kernel's operands and stored the variant's initial state as stored (or None)."""
+
+    name: str
+    available: Callable[[torch.device], bool]
+    eligible: Callable[..., bool]
+    steps: Callable[..., Iterator[tuple[int, torch.Tensor]]]
+
+
+_VARIANT_KERNELS: dict[str, list[VariantKernel]] = {}
+
+
+def register_variant_kernel(kind: str, kernel: VariantKernel) -> VariantKernel:
+    """Register a one-variant kernel for the layer kind named ``kind`` (tried in registration order)."""
+    _VARIANT_KERNELS.setdefault(kind, []).append(kernel)
+    return kernel
+
+
+def variant_kernels_of(kind: str) -> tuple[VariantKernel, ...]:
+    """The one-variant kernels registered for the layer kind named ``kind``."""
+    return tuple(_VARIANT_KERNELS.get(kind, ()))

@@ -11,7 +11,7 @@ drifted, would change some bits here. Tiny shapes in Triton's CPU interpreter; t
 import pytest
 import torch
 
-from ssmquant import formats
+from ssmquant import formats, kinds
 from ssmquant.kernels import MAX_SLOTS, emulate_triton, emulate_triton_steps, plan_launches
 from ssmquant.kernels.common import MAX_REGISTERS, REGISTER_FILE, REGISTER_GRANULE, register_cap
 from ssmquant.replay import Variant, parse_variant, parse_variants, reference_decode
@@ -58,7 +58,7 @@ def with_static(inp):
 
 @needs_triton
 @pytest.mark.slow  # 10-20 s each in the interpreter: 12 launches
-@pytest.mark.parametrize("kind", ["mamba2", "gdn", "kda"])
+@pytest.mark.parametrize("kind", kinds.names())
 def test_each_variant_of_a_shared_launch_is_bit_identical_to_its_own_launch(kind):
     inp = tiny(kind)
     inp.initial_state = torch.randn(inp.state_shape, device=inp.device) * 0.1

@@ -41,7 +41,7 @@ def layer(kind):
     return make(batch=2, steps=21, key_heads=1, value_heads=2, dk=48, dv=12)
 
 
-@pytest.mark.parametrize("kind", ["mamba2", "gdn", "kda"])
+@pytest.mark.parametrize("kind", kinds.names())
 def test_decoding_after_a_prompt_matches_the_torch_reference(kind):
     inp = layer(kind).validate()
     prompt = inp.steps // 2

@@ -1,0 +1,96 @@
+"""Launch planning of the fused kernels: which ideal variants share a launch and at which tile.
+
+A launch carries the FP32 reference and up to MAX_SLOTS variants; the tile (BLOCK_P rows per program, num_warps)
+comes from a register budget and from the coarsest scale group a variant of the launch needs in one program.
+"""
+
+from __future__ import annotations
+
+import triton
+
+from ..engines.profiles import arithmetic
+from ..formats import Rounding, ScaleMode
+from ..replay.variants import Variant
+from .common import BUFFER_CODES, MAX_SLOTS, slot_spec
+from .quantize import group_rows_for_kernel
+from .rounding import FORMAT_CODES
+
+# FP32 state elements per thread, summed over every state a launch carries (the reference and NV variants): one
+# warp per 16 x 128 tile with two states (2 x 64 elements per thread) is the fastest tiling for both layer kinds, and
+# twice that spills (lab/DESIGN_NOTES.md). A launch carrying NV variants keeps the same budget: 128 / (NV + 1) elements per state and thread,
+# rounded down to a power of two, so its tile has fewer rows per warp (six variants: a [128, 4] tile per
+# warp). Compiled for sm_90a, none of the planned tilings spills, and every tiling with twice the rows does
+# (`python benchmarks/run.py sass`).
+_STATE_ELEMENTS_PER_THREAD = 128
+_MAX_WARPS = 16
+
+
+def _rows_needed(variant: Variant, rows: int) -> int:
+    """Rows one program must hold for the variant's scale groups (a per-head scale: the whole head)."""
+    fmt = variant.format
+    full = triton.next_power_of_2(rows)
+    if not fmt.encoding.scaled:
+        return 1
+    return full if fmt.granularity.rows is None else min(full, fmt.granularity.rows)
+
+
+def _rows_per_warp(nv: int, state_dim: int) -> int:
+    per_state = 1 << ((_STATE_ELEMENTS_PER_THREAD // (nv + 1)).bit_length() - 1)  # power of two
+    return max(1, 32 * per_state // triton.next_power_of_2(state_dim))
+
+
+def plan_blocks(variants: list[Variant], rows: int, state_dim: int) -> tuple[int, int]:
+    """(BLOCK_P rows per program, num_warps) for one launch carrying `variants` on [rows, state_dim] head
+    states: rows per warp from the register budget, and enough rows for the coarsest scale group."""
+    per_warp = _rows_per_warp(len(variants), state_dim)
+    block_p = min(triton.next_power_of_2(rows), max([per_warp] + [_rows_needed(v, rows) for v in variants]))
+    return block_p, min(_MAX_WARPS, max(1, block_p // per_warp))
+
+
+def plan_launches(
+    variants: list[Variant], rows: int, state_dim: int, tiling: tuple[int, int] | None = None, kind: str = "mamba2"
+) -> list[tuple[list[int], tuple[int, int]]]:
+    """Group the ideal (non-engine) variants into launches: [(variant indices, (BLOCK_P, num_warps))].
+
+    Variants whose scale groups need the same rows per program (at the smallest tile of a full launch)
+    share launches of at most MAX_SLOTS, in their given order; variants needing several warps even alone (a whole
+    head per program) launch one at a time. tiling: one (BLOCK_P, num_warps) for every
+    launch (benchmark sweeps and tests), which must hold every variant's scale group. kind: the layer kind
+    (an engine profile whose arithmetic on it is the ideal one, `profiles.arithmetic`, launches here too).
+    """
+    ideal = [i for i, v in enumerate(variants) if arithmetic(v.engine, kind) == "ideal"]
+    if tiling is not None:
+        for i in ideal:
+            if _rows_needed(variants[i], rows) > tiling[0]:
+                raise ValueError(
+                    f"tiling BLOCK_P={tiling[0]} is smaller than the scale group of {variants[i].name} "
+                    f"({_rows_needed(variants[i], rows)} rows)"
+                )
+        return [(ideal[j : j + MAX_SLOTS], tiling) for j in range(0, len(ideal), MAX_SLOTS)]
+    smallest = _rows_per_warp(MAX_SLOTS, state_dim)
+    buckets: dict[int, list[int]] = {}
+    for i in ideal:
+        buckets.setdefault(max(smallest, _rows_needed(variants[i], rows)), []).append(i)
+    out = []
+    for idx in buckets.values():
+        # a group that needs several warps even alone (a whole head per program) launches one variant at a time:
+        # sharing a launch saves the reference's work but costs more in the registers of the extra states
+        # (lab/DESIGN_NOTES.md). The others fit MAX_SLOTS variants in one warp's rows.
+        size = 1 if plan_blocks([variants[idx[0]]], rows, state_dim)[1] > 1 else MAX_SLOTS
+        for j in range(0, len(idx), size):
+            chunk = idx[j : j + size]
+            out.append((chunk, plan_blocks([variants[i] for i in chunk], rows, state_dim)))
+    return out
+
+
+def variant_slot_spec(variant: Variant, rows: int, block_p: int) -> int:
+    """`common.slot_spec` of an ideal variant in a launch of block_p rows per program on heads of `rows` rows (a
+    per-head scale group is the program's rows)."""
+    fmt = variant.format
+    return slot_spec(
+        FORMAT_CODES[fmt.encoding],
+        block_p if fmt.granularity.rows is None else group_rows_for_kernel(fmt, rows, block_p),
+        fmt.scale_mode is ScaleMode.STATIC,
+        fmt.rounding is Rounding.SR,
+        BUFFER_CODES[variant.scheme.buffer_dtype] if variant.scheme.rounds_buffer else 0,
+    )
