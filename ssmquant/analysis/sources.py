@@ -52,7 +52,7 @@ class LayerSource:
     """A model's SSM layers and a way to get their inputs, one layer at a time.
 
     kind: "shipped" | "checkpoint" | "synthetic"; name: the model's name; layers: the decoder-layer
-    indices of its SSM layers; layer_kind: "mamba2" | "gdn" | "kda"; state_shape: (heads, rows, state_dim);
+    indices of its SSM layers; layer_kind: a registered layer kind's name; state_shape: (heads, rows, state_dim);
     describe: the provenance dict written into report.json; groups: Mamba-2 B/C groups, GDN key heads or
     KDA heads (None: unknown, taken as heads by the estimates); prefill: the checkpoint's config when capture
     runs a prefill (for the memory estimate), None for synthetic inputs; layer_devices: the device holding

@@ -53,7 +53,7 @@ def layer_seed(seed: int, layer: int) -> int:
 
 @dataclass(frozen=True)
 class SSMLayer:
-    """One SSM layer: decoder-layer index and kind ("mamba2" | "gdn" | "kda")."""
+    """One SSM layer: decoder-layer index and the name of its registered layer kind."""
 
     index: int
     kind: str

@@ -21,6 +21,7 @@ from .base import (
     LayerKind,
     LiteralReplay,
     Physics,
+    TransformersFamily,
     after_prompt,
     expand_groups,
     get,
@@ -29,6 +30,7 @@ from .base import (
     of,
     raise_input_error,
     register,
+    registered,
     remember_valid,
     step_metrics,
 )
@@ -54,6 +56,7 @@ __all__ = [
     "LiteralReplay",
     "Mamba2Inputs",
     "Physics",
+    "TransformersFamily",
     "after_prompt",
     "buffer_round",
     "expand_groups",
@@ -74,6 +77,7 @@ __all__ = [
     "of",
     "raise_input_error",
     "register",
+    "registered",
     "remember_valid",
     "step_metrics",
 ]

@@ -9,7 +9,9 @@ A layer kind (Mamba-2, Gated DeltaNet, Kimi Delta Attention, ...) is one module 
 - its **FP32 recurrence**: the decays, one decode step of the state and the output (`Physics`), and the
   checkpoint-plus-buffer computation of replay (`LiteralReplay`);
 - what the **sizing** needs: bytes of the inputs and of the torch emulation per token, of a replay ring row,
-  of a prefill; random inputs of a given shape for timing.
+  of a prefill; random inputs of a given shape for timing;
+- its **transformers facts** as data: the model families that have it (`TransformersFamily`: architectures,
+  model_types), how their config maps to its state layout, the mixer classes it matches (`is_mixer`).
 
 `register` makes a kind known by name (``kinds.get("gdn")``); everything above this package dispatches
 through the kind object (``kinds.of(inputs)``), never on the kind's name. ARCHITECTURE.md says how to add a kind.
@@ -145,12 +147,14 @@ class LayerInputs:
     [B, T, ...] tensors, the others are per-layer parameters; every kind has ``initial_state`` (optional
     [B, H, rows, state_dim]) and ``meta`` (a dict that travels with the results).
 
-    A subclass sets ``kind`` (the name its LayerKind is registered under), SEQUENCE_FIELDS, the properties
+    A subclass sets ``kind`` (the name its LayerKind is registered under), SEQUENCE_FIELDS, ACTIVATION_FIELD (the
+    sequence field a model hands over in its activation dtype, the dtype a capture is verified by), the properties
     ``batch``, ``steps``, ``num_heads``, ``rows``, ``state_dim``, ``num_groups`` and ``device``, and ``validate``
     (which ends with ``remember_valid(self)`` and returns self)."""
 
     kind: ClassVar[str]
     SEQUENCE_FIELDS: ClassVar[tuple[str, ...]]
+    ACTIVATION_FIELD: ClassVar[str]
 
     @property
     def state_shape(self) -> tuple[int, int, int, int]:
@@ -283,6 +287,19 @@ class LiteralReplay:
         self.held = torch.where(flush, 0, self.held)
 
 
+@dataclass(frozen=True)
+class TransformersFamily:
+    """A transformers model family whose SSM layers are of one kind: name (ssmquant's family key, in outputs),
+    architectures (the config's ``architectures`` class names it accepts) and model_types (config ``model_type`` ->
+    the architecture assumed where ``architectures`` is absent); image_text: transformers maps its published
+    checkpoint to ``AutoModelForImageTextToText`` only."""
+
+    name: str
+    architectures: tuple[str, ...]
+    model_types: dict[str, str]
+    image_text: bool = False
+
+
 class LayerKind:
     """One layer kind: the object everything above this package dispatches through (module docstring)."""
 
@@ -344,7 +361,21 @@ class LayerKind:
         """Random validated inputs of ``dims`` with realistic ranges (time estimates)."""
         raise NotImplementedError
 
-    # -- transformers' configs ------------------------------------------------------------------------------
+    # -- transformers' models --------------------------------------------------------------------------------
+    # the models that have this kind, for people ("NemotronH")
+    model_names: ClassVar[str] = ""
+    transformers_families: ClassVar[tuple[TransformersFamily, ...]] = ()
+    # a transformers module is this kind's mixer when its class name ends in one of these and it has every one of
+    # the attributes
+    mixer_class_suffixes: ClassVar[tuple[str, ...]] = ()
+    mixer_attributes: ClassVar[tuple[str, ...]] = ()
+
+    def is_mixer(self, module) -> bool:
+        """Whether a transformers module is a mixer of this kind (by class name and attributes)."""
+        return bool(self.mixer_class_suffixes) and type(module).__name__.endswith(self.mixer_class_suffixes) and all(
+            hasattr(module, a) for a in self.mixer_attributes
+        )
+
     def config_layout(self, text_config) -> tuple[tuple[int, int, int], int]:
         """((heads, rows, state_dim) of one layer's state, groups) read from a model's transformers text config
         (``models.loading.ssm_layout``); a kind with no transformers model has none."""
@@ -383,3 +414,8 @@ def of(inputs: LayerInputs) -> LayerKind:
 def names() -> tuple[str, ...]:
     """Names of the registered kinds, in registration order."""
     return tuple(_KINDS)
+
+
+def registered() -> tuple[LayerKind, ...]:
+    """The registered kinds, in registration order."""
+    return tuple(_KINDS.values())

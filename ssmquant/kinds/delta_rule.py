@@ -48,6 +48,7 @@ class DeltaRuleInputs(LayerInputs):
     meta: dict = field(default_factory=dict)
 
     SEQUENCE_FIELDS = ("q", "k", "v", "g", "beta")
+    ACTIVATION_FIELD = "v"
 
     @property
     def batch(self) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Checks, raise_input_error, register
+from .base import Checks, TransformersFamily, raise_input_error, register
 from .delta_rule import DeltaRuleInputs, DeltaRuleKind, delta_rule
 
 
@@ -61,6 +61,21 @@ class GatedDeltaNet(DeltaRuleKind):
     title = "Gated DeltaNet"
     short = "GDN"
     inputs_type = GDNInputs
+    model_names = "Qwen3.5, Qwen3-Next"
+    transformers_families = (
+        TransformersFamily(
+            "qwen3_5",
+            ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"),
+            {"qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_text": "Qwen3_5ForCausalLM"},
+        ),
+        TransformersFamily(
+            "qwen3_5_moe",
+            ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"),
+            {"qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"},
+        ),
+        TransformersFamily("qwen3_next", ("Qwen3NextForCausalLM",), {"qwen3_next": "Qwen3NextForCausalLM"}),
+    )
+    mixer_class_suffixes = ("GatedDeltaNet",)
 
     def decays(self, inputs):
         return gdn_decays(inputs)

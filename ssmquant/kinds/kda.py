@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Checks, InputError, register
+from .base import Checks, InputError, TransformersFamily, register
 from .delta_rule import DeltaRuleInputs, DeltaRuleKind, delta_rule, kda_decay
 
 
@@ -81,6 +81,20 @@ class KimiDeltaAttention(DeltaRuleKind):
     title = "Kimi Delta Attention"
     short = "KDA"
     inputs_type = KDAInputs
+    model_names = "GLM-5.3-Flash, Kimi-Linear"
+    # transformers 5.24 maps glm5_next only in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+    transformers_families = (
+        TransformersFamily(
+            "glm5_next",
+            ("Glm5NextForConditionalGeneration",),
+            {"glm5_next": "Glm5NextForConditionalGeneration"},
+            image_text=True,
+        ),
+        TransformersFamily("kimi_linear", ("KimiLinearForCausalLM",), {"kimi_linear": "KimiLinearForCausalLM"}),
+    )
+    # KimiLinearDeltaAttention, Glm5NextTextLinearAttention: a per-channel forget gate tells them from softmax ones
+    mixer_class_suffixes = ("DeltaAttention", "LinearAttention")
+    mixer_attributes = ("forget_gate",)
     # no engine stores an 8-bit or NVFP4 KDA state: what vLLM (Kimi-K3, GLM-5.3-Flash), FlashInfer and TensorRT-LLM
     # offer below float32 is a bfloat16 state rounded at every token (ssmquant/engines/facts.py, vllm.kda_*,
     # flashinfer.fused_kda_decode, trtllm.kda), so analyze asks whether that is good enough by default

@@ -24,6 +24,7 @@ from .base import (
     LayerKind,
     LiteralReplay,
     Physics,
+    TransformersFamily,
     expand_groups,
     raise_input_error,
     register,
@@ -59,6 +60,7 @@ class Mamba2Inputs(LayerInputs):
 
     kind = "mamba2"
     SEQUENCE_FIELDS = ("x", "dt", "B", "C")
+    ACTIVATION_FIELD = "x"
 
     @property
     def batch(self) -> int:
@@ -225,6 +227,11 @@ class Mamba2(LayerKind):
     title = "Mamba-2"
     short = "Mamba-2"
     inputs_type = Mamba2Inputs
+    model_names = "NemotronH"
+    transformers_families = (
+        TransformersFamily("nemotron_h", ("NemotronHForCausalLM",), {"nemotron_h": "NemotronHForCausalLM"}),
+    )
+    mixer_class_suffixes = ("Mamba2Mixer",)
     default_chunk = 128
 
     def decays(self, inputs):

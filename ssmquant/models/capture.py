@@ -34,7 +34,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ..kinds import GDNInputs, InputError, KDAInputs, Mamba2Inputs, remember_valid
+from .. import kinds
+from ..kinds import InputError, LayerInputs, remember_valid
 from ..memory import free_bytes
 from ..replay.reference import reference_decode
 from .compat import tested_range, transformers_version, untested_transformers_note, warn_if_untested_transformers
@@ -43,8 +44,6 @@ from .mixers import CaptureError, SSMMixer, find_ssm_mixers
 from .taps import MixerTap, expected_layouts, listen, tap_for
 from .text import CORPUS_PATH, calibration_batch
 from .torch_path import quiet_cpu_fallback_notices, use_torch_path_on_cpu
-
-LayerInputs = Mamba2Inputs | GDNInputs | KDAInputs
 
 # Steps of every captured layer that verification decodes: two of Mamba-2's 128-token chunks, four of the delta
 # rules' 64-token ones, so that a chunk boundary of the model's scan lies inside the check.
@@ -72,19 +71,12 @@ class _ConsumerClosed(Exception):
     """The consumer of ``iter_capture`` stopped reading: abort the prefill."""
 
 
-_PER_STEP = {
-    "mamba2": ("x", "dt", "B", "C"),
-    "gdn": ("q", "k", "v", "g", "beta"),
-    "kda": ("q", "k", "v", "g", "beta"),
-}
-_INPUT_CLASSES = {"mamba2": Mamba2Inputs, "gdn": GDNInputs, "kda": KDAInputs}
-
-
 def _build(kind: str, raw: dict, steps: int, meta: dict) -> LayerInputs:
     """The validated inputs of the first ``steps`` steps, on the model's device and in its dtypes (views, no copy)."""
-    fields = {n: (v[:, :steps] if v is not None and n in _PER_STEP[kind] else v) for n, v in raw.items()}
+    inputs_type = kinds.get(kind).inputs_type
+    fields = {n: (v[:, :steps] if v is not None and n in inputs_type.SEQUENCE_FIELDS else v) for n, v in raw.items()}
     try:
-        return _INPUT_CLASSES[kind](**fields, meta=dict(meta)).validate()
+        return inputs_type(**fields, meta=dict(meta)).validate()
     except InputError as exc:  # e.g. an overflow in a low-precision model: say which layer
         raise CaptureError(f"layer {meta.get('layer')}: the captured inputs are invalid: {exc}") from exc
 
@@ -95,7 +87,7 @@ def _deliver(inputs: LayerInputs, device, dtype) -> LayerInputs:
     for f in dataclasses.fields(inputs):
         v = getattr(inputs, f.name)
         if isinstance(v, torch.Tensor):
-            cast = dtype if dtype is not None and f.name in _PER_STEP[inputs.kind] else v.dtype
+            cast = dtype if dtype is not None and f.name in inputs.SEQUENCE_FIELDS else v.dtype
             v = v.to(device=device, dtype=cast, copy=True)
         out[f.name] = v
     delivered = dataclasses.replace(inputs, **out)
@@ -112,7 +104,7 @@ def _verify(inputs: LayerInputs, scan_output: torch.Tensor, mixer: SSMMixer, tap
     n = min(inputs.steps, VERIFY_STEPS)
     y_ref, _, _ = reference_decode(inputs.slice_steps(0, n))
     y_model = scan_output.detach().reshape(inputs.batch, -1, inputs.num_heads, inputs.rows)[:, :n].float()
-    act = (inputs.x if inputs.kind == "mamba2" else inputs.v).dtype
+    act = getattr(inputs, inputs.ACTIVATION_FIELD).dtype
     tol = VERIFY_TOLERANCE.get(act, VERIFY_TOLERANCE[torch.bfloat16])
     err = float((y_ref - y_model).norm() / y_model.norm().clamp_min(torch.finfo(torch.float32).tiny))
     if not err <= tol:  # NaN fails too
@@ -135,7 +127,7 @@ def _concat_batch(kind: str, parts: list[LayerInputs], meta: dict) -> LayerInput
     """Join the micro-batches of one layer along the batch (per-step tensors; per-head ones are shared)."""
     if len(parts) == 1:
         return parts[0]
-    joined = {name: torch.cat([getattr(p, name) for p in parts]) for name in _PER_STEP[kind]}
+    joined = {name: torch.cat([getattr(p, name) for p in parts]) for name in parts[0].SEQUENCE_FIELDS}
     return dataclasses.replace(parts[0], **joined, meta=dict(meta))
 
 

@@ -31,7 +31,7 @@ import torch
 from .. import kinds
 from ..errors import SsmquantError
 from .compat import warn_if_untested_transformers
-from .mixers import KNOWN_LAYER_KINDS
+from .mixers import known_layer_kinds
 from .placement import DEFAULT_HEADROOM_GIB, balanced_plan, device_room, model_units
 from .presets import Preset, PresetError, get_preset, list_presets
 from .text import ByteTokenizer
@@ -64,35 +64,26 @@ class ArchInfo:
 
     architecture: str
     model_type: str
-    family: str  # "nemotron_h" | "qwen3_5" | "qwen3_5_moe" | "qwen3_next" | "glm5_next" | "kimi_linear"
-    layer_kind: str  # "mamba2" | "gdn" | "kda"
+    family: str  # a `kinds.TransformersFamily` name ("nemotron_h", "qwen3_5", ...)
+    layer_kind: str  # a registered layer kind's name
 
 
-# architecture class name -> (family, layer kind). Names as transformers 5.x spells them.
+# architecture class name -> (family, layer kind), and model_type -> (family, layer kind, the architecture
+# assumed when `architectures` is absent): from the registered kinds' transformers families
 SUPPORTED_ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "NemotronHForCausalLM": ("nemotron_h", "mamba2"),
-    "Qwen3_5ForCausalLM": ("qwen3_5", "gdn"),
-    "Qwen3_5ForConditionalGeneration": ("qwen3_5", "gdn"),
-    "Qwen3_5MoeForCausalLM": ("qwen3_5_moe", "gdn"),
-    "Qwen3_5MoeForConditionalGeneration": ("qwen3_5_moe", "gdn"),
-    "Qwen3NextForCausalLM": ("qwen3_next", "gdn"),
-    "Glm5NextForConditionalGeneration": ("glm5_next", "kda"),
-    "KimiLinearForCausalLM": ("kimi_linear", "kda"),
+    arch: (fam.name, kind.name)
+    for kind in kinds.registered()
+    for fam in kind.transformers_families
+    for arch in fam.architectures
 }
-# model_type -> (family, layer kind, the architecture assumed when `architectures` is absent)
 SUPPORTED_MODEL_TYPES: dict[str, tuple[str, str, str]] = {
-    "nemotron_h": ("nemotron_h", "mamba2", "NemotronHForCausalLM"),
-    "qwen3_5": ("qwen3_5", "gdn", "Qwen3_5ForConditionalGeneration"),
-    "qwen3_5_text": ("qwen3_5", "gdn", "Qwen3_5ForCausalLM"),
-    "qwen3_5_moe": ("qwen3_5_moe", "gdn", "Qwen3_5MoeForConditionalGeneration"),
-    "qwen3_5_moe_text": ("qwen3_5_moe", "gdn", "Qwen3_5MoeForCausalLM"),
-    "qwen3_next": ("qwen3_next", "gdn", "Qwen3NextForCausalLM"),
-    "glm5_next": ("glm5_next", "kda", "Glm5NextForConditionalGeneration"),
-    "kimi_linear": ("kimi_linear", "kda", "KimiLinearForCausalLM"),
+    model_type: (fam.name, kind.name, arch)
+    for kind in kinds.registered()
+    for fam in kind.transformers_families
+    for model_type, arch in fam.model_types.items()
 }
-# Families whose published checkpoint is an image-text-to-text model: transformers maps them to no
-# AutoModelForCausalLM class (5.24 maps glm5_next only in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING).
-_IMAGE_TEXT_FAMILIES = {"glm5_next"}
+# families whose published checkpoint transformers maps to no AutoModelForCausalLM class
+_IMAGE_TEXT_FAMILIES = {fam.name for kind in kinds.registered() for fam in kind.transformers_families if fam.image_text}
 
 
 @dataclass(frozen=True)
@@ -289,7 +280,7 @@ def detect_architecture(config: dict) -> ArchInfo:
         raise UnsupportedArchitectureError(
             f"{archs[0] if archs else model_type or 'this checkpoint'} has linear-attention layers of a kind ssmquant "
             f"does not know (architectures {archs or 'none'}, model_type {model_type or 'none'!r}); known kinds: "
-            + "; ".join(f"{k}: {v}" for k, v in KNOWN_LAYER_KINDS.items())
+            + "; ".join(f"{k}: {v}" for k, v in known_layer_kinds().items())
             + f"; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     raise UnsupportedArchitectureError(

@@ -10,14 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import kinds
 from ..errors import SsmquantError
 
-# The layer kinds ssmquant emulates, and the transformers mixers of each (named in refusals).
-KNOWN_LAYER_KINDS = {
-    "mamba2": "Mamba-2 (NemotronH)",
-    "gdn": "Gated DeltaNet (Qwen3.5, Qwen3-Next)",
-    "kda": "Kimi Delta Attention (GLM-5.3-Flash, Kimi-Linear)",
-}
+
+def known_layer_kinds() -> dict[str, str]:
+    """The registered layer kinds that transformers models have, and those models (named in refusals)."""
+    return {k.name: f"{k.title} ({k.model_names})" for k in kinds.registered() if k.transformers_families}
 
 
 class CaptureError(SsmquantError, RuntimeError):
@@ -28,17 +27,17 @@ class CaptureError(SsmquantError, RuntimeError):
 @dataclass(frozen=True)
 class SSMMixer:
     layer: int
-    kind: str  # "mamba2" | "gdn" | "kda"
+    kind: str  # a registered layer kind's name
     module: torch.nn.Module
 
 
 def find_ssm_mixers(model: torch.nn.Module) -> dict[int, SSMMixer]:
     """The SSM mixers of a transformers model, by decoder-layer index.
 
-    Mamba-2: modules whose class name ends in ``Mamba2Mixer``; GDN: in ``GatedDeltaNet``; KDA: in
-    ``DeltaAttention`` or ``LinearAttention`` with a per-channel ``forget_gate`` (``KimiLinearDeltaAttention``,
-    ``Glm5NextTextLinearAttention``). A layer that the config types "linear_attention" but whose mixer is
-    none of these is refused, naming its class and the known kinds.
+    A module is a mixer of the first registered kind whose ``is_mixer`` matches it (Mamba-2: class names ending in
+    ``Mamba2Mixer``; GDN: in ``GatedDeltaNet``; KDA: in ``DeltaAttention`` or ``LinearAttention`` with a
+    per-channel ``forget_gate``). A layer that the config types "linear_attention" but whose mixer is none of
+    these is refused, naming its class and the known kinds.
     """
     found: dict[int, SSMMixer] = {}
     for _, mod in model.named_modules():
@@ -57,14 +56,7 @@ def find_ssm_mixers(model: torch.nn.Module) -> dict[int, SSMMixer]:
 
 
 def _mixer_kind(mod: torch.nn.Module) -> str | None:
-    cls = type(mod).__name__
-    if cls.endswith("Mamba2Mixer"):
-        return "mamba2"
-    if cls.endswith("GatedDeltaNet"):
-        return "gdn"
-    if cls.endswith(("DeltaAttention", "LinearAttention")) and hasattr(mod, "forget_gate"):
-        return "kda"
-    return None
+    return next((k.name for k in kinds.registered() if k.is_mixer(mod)), None)
 
 
 def _refuse_unknown_linear_layers(model: torch.nn.Module, found: dict[int, SSMMixer]) -> None:
@@ -85,5 +77,5 @@ def _refuse_unknown_linear_layers(model: torch.nn.Module, found: dict[int, SSMMi
     raise CaptureError(
         f"layer {missing[0]} is a linear-attention layer (config layer_types) but its mixer "
         f"({', '.join(sorted(at)) or 'no module with that layer_idx'}) is of no layer kind ssmquant knows; known "
-        "kinds: " + "; ".join(f"{k}: {v}" for k, v in KNOWN_LAYER_KINDS.items())
+        "kinds: " + "; ".join(f"{k}: {v}" for k, v in known_layer_kinds().items())
     )

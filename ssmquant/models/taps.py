@@ -111,7 +111,7 @@ class MixerTap:
     """One mixer layout: the submodules to record, the derivation of the recurrence inputs, the gated norm."""
 
     family: str
-    kind: str  # the layer kind ("mamba2" | "gdn" | "kda")
+    kind: str  # the family's registered layer kind
     recorded: tuple[str, ...]
     norm: str
     derive: Callable[[torch.nn.Module, Recorded], dict]
