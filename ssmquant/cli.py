@@ -72,7 +72,7 @@ def _restore_handlers(previous: dict) -> None:
 
 
 def _version_warnings_as_lines() -> None:
-    """Print the library's UntestedVersionWarning (``models.compat``) and OutputWarning (``report.files``) as one
+    """Print the library's UntestedVersionWarning (``models.compat``) and OutputWarning (``report.outdir``) as one
     `Warning:` line on stderr, not Python's two-line warning with a source path. Matched by class name: importing
     those modules here would load torch and pandas before every command."""
     import warnings
@@ -200,11 +200,11 @@ def _out_option(command: str, what: str = "Output directory."):
 
 
 def _out_dir(out_dir: str | None, command: str, model: str, synthetic: bool = False) -> str:
-    """--out, or a new directory named after the model (``report.files.default_out_dir``), said on stderr (also
+    """--out, or a new directory named after the model (``report.outdir.default_out_dir``), said on stderr (also
     with --quiet: it is where the results go)."""
     if out_dir is not None:
         return out_dir
-    from .report.files import default_out_dir
+    from .report.outdir import default_out_dir
 
     out = default_out_dir(command, model, synthetic=synthetic)
     _info(f"output: {out} (no --out given)")
@@ -473,7 +473,8 @@ def analyze_cmd(
     """Per-layer error of each state format over the decode horizon: tables, JSON, plots."""
     start_devices(device)
     from .analysis import AnalyzeConfig, analyze, default_model
-    from .report.files import claim_out_dir, write_analysis
+    from .report.files import write_analysis
+    from .report.outdir import claim_out_dir
     from .report.rendering import prefetch_plotting
     from .report.tables import memory_text, summary_table
 
@@ -663,7 +664,7 @@ def eval_cmd(
     """End to end: decode held-out text with each variant's stored SSM state; KL, top-1 agreement, loss change vs FP32."""
     from .analysis import default_model
     from .evaluate import EvalConfig, evaluate, parse_eval_variants, summary_text, variant_grid, write_eval
-    from .report.files import claim_out_dir
+    from .report.outdir import claim_out_dir
 
     if variants is not None and (formats or schemes or rounding):
         raise click.UsageError("give either --variants or --formats/--schemes/--rounding, not both")
@@ -874,7 +875,7 @@ def calibrate_cmd(
     from .analysis import default_model
     from .calibrate import BudgetError, CalibrateConfig, calibrate, write_recipe
     from .calibrate.summary import summary_text, verification_failure
-    from .report.files import claim_out_dir
+    from .report.outdir import claim_out_dir
 
     _quiet_modelopt()
     if quiet:

@@ -155,7 +155,7 @@ def test_failed_write_is_one_error_line_and_leaves_nothing(tmp_path, monkeypatch
     def disk_full(root):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("ssmquant.report.files.follow_umask", disk_full)
+    monkeypatch.setattr("ssmquant.report.outdir.follow_umask", disk_full)
     out = tmp_path / "out"
     res = cli(["analyze", *TINY, "--steps", 8, "--batch", 1, "--no-plots", "--out", out])
     assert_user_error(res, "cannot write --out", "No space left on device")

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from ssmquant.cli import main
-from ssmquant.report.files import OUTPUT_MARKER, OutputError, check_out_dir, write_atomically
+from ssmquant.report.outdir import OUTPUT_MARKER, OutputError, check_out_dir, write_atomically
 
 # the smallest analyze run: one layer of a synthetic preset, one variant, no plots
 ANALYZE = ["analyze", "--model", "nemotron-3-nano", "--synthetic", "--steps", "4", "--batch", "1", "--layers", "0",

@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-from ssmquant.report.files import OutputWarning, lock_path, write_atomically
+from ssmquant.report.outdir import OutputWarning, lock_path, write_atomically
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ANALYZE = ["analyze", "--model", "nemotron-3-nano", "--synthetic", "--steps", "4", "--batch", "1", "--layers", "0",
@@ -164,7 +164,7 @@ def test_calibrate_force_replaces_a_recipe_with_the_exports_made_from_it(tmp_pat
     """The README's workflow writes exports into the recipe directory: a later `calibrate --force` refused them as
     files calibrate did not write. They are ssmquant's, made from the recipe being replaced: they go with it; a
     file of the user's among them still stops the run."""
-    from ssmquant.report.files import OutputError, check_out_dir
+    from ssmquant.report.outdir import OutputError, check_out_dir
 
     recipe = tmp_path / "recipe"
     write_atomically(recipe, False, lambda d: (d / "ssm_quant_config.json").write_text("{}"), command="calibrate")

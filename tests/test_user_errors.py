@@ -181,7 +181,7 @@ def test_out_where_nothing_can_be_created_is_refused_before_the_work(no_inputs):
 
 HOLD = """
 import sys, time
-from ssmquant.report.files import claim_out_dir
+from ssmquant.report.outdir import claim_out_dir
 with claim_out_dir(sys.argv[1], False, "analyze"):
     print("held", flush=True)
     time.sleep(120)
@@ -236,7 +236,7 @@ def test_out_is_optional_and_never_replaces(tmp_path, monkeypatch):
 
 
 def test_default_out_names_the_command_and_the_model(tmp_path, monkeypatch):
-    from ssmquant.report.files import default_out_dir, lock_path
+    from ssmquant.report.outdir import default_out_dir, lock_path
 
     monkeypatch.chdir(tmp_path)
     assert str(default_out_dir("eval", "./ckpt/my-model/")) == os.path.join("ssmquant-out", "eval-my-model")

@@ -506,20 +506,31 @@ def memory_table(source: LayerSource, variants: list[Variant], num_layers: int) 
     return pd.DataFrame(rows)
 
 
-def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> AnalysisResult:
-    """Run the analysis. progress: optional callable(done_layers, total_layers, layer_index) for a bar;
-    notify: optional callable(line) that receives the time estimate before the emulation starts (the
-    estimate is measured only when notify is given) and, after the first layer, what it implies for the rest.
-    model: a LoadedModel already in memory (``load_model``, ``models.build.build_random_model``, possibly
-    spread over several GPUs) to capture from instead of loading ``cfg.model``. With several emulation
-    devices (``cfg.devices``) each layer is emulated on the GPU holding it, or round-robin
-    (``analysis.devices``); each GPU emulates GPU_LANES layers at once, one worker thread and CUDA stream each.
+def _stages(load_s: float, after_load_s: float, run, emulated_s: float, device, emu_devices, in_use) -> dict:
+    """report.json's stage times (seconds) and peak GPU memory (GiB) of one analysis; per device with several."""
+    stages = {
+        "load_s": round(load_s, 3),
+        # capture runs in a worker thread beside the emulation: this is the time spent waiting for it
+        "capture_wait_s": round(run.wait_s, 3),
+        "emulate_s": round(emulated_s, 3),  # summed over devices: above the wall time when they overlap
+        "layers_wall_s": round(run.wall_s, 3),  # from the first layer requested to the last one done
+        "tables_s": round(after_load_s - run.wall_s, 3),
+        "peak_gpu_memory_GiB": round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+        if device.type == "cuda"
+        else None,
+    }
+    if len(emu_devices) > 1 or len(in_use) > 1:
+        stages["emulation_devices"] = {str(d): sorted(run.layers.get(str(d), [])) for d in emu_devices}
+        stages["busy_s_per_device"] = {d: round(v, 3) for d, v in run.busy_s.items()}
+        stages["peak_gpu_memory_GiB_per_device"] = {
+            str(d): round(torch.cuda.max_memory_allocated(d) / 2**30, 3) for d in in_use
+        }
+    return stages
 
-    Raises AnalyzeError / SourceError with a message naming the problem, SizingError (before any layer
-    runs) when the run's memory estimate exceeds the free memory; NaN/Inf in captured inputs raise
-    InputError naming the layer and step.
-    """
-    t0 = time.time()
+
+def _checked(cfg: AnalyzeConfig) -> tuple[AnalyzeConfig, list, bool]:
+    """(the config with its formats and recording window settled, its variants, whether unrunnable variants are
+    skipped); AnalyzeError naming the first setting that cannot run."""
     if cfg.steps < 1 or cfg.batch < 1:
         raise AnalyzeError(f"--steps and --batch must be >= 1, got steps={cfg.steps}, batch={cfg.batch}")
     if not (math.isfinite(cfg.budget) and 0 < cfg.budget < DIVERGED):
@@ -543,11 +554,30 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
             f"after step {max(first_write_step(v) for v in variants)}), so its error would read 0: raise --steps or "
             "lower --buffer-len"
         )
-    device, emu_devices, chosen_backend = resolve_run_devices(cfg.device, cfg.devices, cfg.backend, model=model)
     record_every = cfg.record_every or cycle_window([flush_cycle(v) for v in variants], cfg.steps, MAX_RECORDED_STEPS)
     if not 1 <= record_every <= cfg.steps:
         raise AnalyzeError(f"--record-every must lie in [1, --steps={cfg.steps}], got {record_every}")
     cfg = replace(cfg, record_every=record_every)  # report.json names the window actually used
+    return cfg, variants, skip
+
+
+def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> AnalysisResult:
+    """Run the analysis. progress: optional callable(done_layers, total_layers, layer_index) for a bar;
+    notify: optional callable(line) that receives the time estimate before the emulation starts (the
+    estimate is measured only when notify is given) and, after the first layer, what it implies for the rest.
+    model: a LoadedModel already in memory (``load_model``, ``models.build.build_random_model``, possibly
+    spread over several GPUs) to capture from instead of loading ``cfg.model``. With several emulation
+    devices (``cfg.devices``) each layer is emulated on the GPU holding it, or round-robin
+    (``analysis.devices``); each GPU emulates GPU_LANES layers at once, one worker thread and CUDA stream each.
+
+    Raises AnalyzeError / SourceError with a message naming the problem, SizingError (before any layer
+    runs) when the run's memory estimate exceeds the free memory; NaN/Inf in captured inputs raise
+    InputError naming the layer and step.
+    """
+    t0 = time.time()
+    cfg, variants, skip = _checked(cfg)
+    device, emu_devices, chosen_backend = resolve_run_devices(cfg.device, cfg.devices, cfg.backend, model=model)
+    record_every = cfg.record_every
     source = open_source(
         cfg.model,
         synthetic=cfg.synthetic,
@@ -646,23 +676,7 @@ def analyze(cfg: AnalyzeConfig, *, model=None, progress=None, notify=None) -> An
     heads = [results[i][1] for i in layers]
     summary = [row for i in layers for row in results[i][2]]
     emulated = sum(results[i][3] for i in layers)
-    stages = {
-        "load_s": round(t_loaded - t0, 3),
-        # capture runs in a worker thread beside the emulation: this is the time spent waiting for it
-        "capture_wait_s": round(run.wait_s, 3),
-        "emulate_s": round(emulated, 3),  # summed over devices: above the wall time when they overlap
-        "layers_wall_s": round(run.wall_s, 3),  # from the first layer requested to the last one done
-        "tables_s": round(time.time() - t_loaded - run.wall_s, 3),
-        "peak_gpu_memory_GiB": round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
-        if device.type == "cuda"
-        else None,
-    }
-    if len(emu_devices) > 1 or len(in_use) > 1:
-        stages["emulation_devices"] = {str(d): sorted(run.layers.get(str(d), [])) for d in emu_devices}
-        stages["busy_s_per_device"] = {d: round(v, 3) for d, v in run.busy_s.items()}
-        stages["peak_gpu_memory_GiB_per_device"] = {
-            str(d): round(torch.cuda.max_memory_allocated(d) / 2**30, 3) for d in in_use
-        }
+    stages = _stages(t_loaded - t0, time.time() - t_loaded, run, emulated, device, emu_devices, in_use)
     return AnalysisResult(
         config=cfg,
         source={

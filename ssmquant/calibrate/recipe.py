@@ -25,7 +25,7 @@ import torch
 from .. import __version__, kinds
 from ..engines.profiles import ENGINES, arithmetic
 from ..errors import SsmquantError
-from ..report.files import write_atomically
+from ..report.outdir import write_atomically
 from .settings import CHOICES, METRICS, CalibrateError, LayerDims, Setting, other_metric, setting_bytes
 
 SCHEMA_VERSION = 1

@@ -11,7 +11,8 @@ import pathlib
 
 import pandas as pd
 
-from ..report.files import OutputError, read_table, write_atomically, write_table
+from ..report.files import read_table, write_table
+from ..report.outdir import OutputError, write_atomically
 from .plots import render_all
 
 REPORT_NAME = "eval.json"

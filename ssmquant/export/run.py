@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..calibrate.recipe import RecipeError, load_recipe
 from ..engines.deployments import TARGET_NAMES, UnknownTargetError, check_target
 from ..engines.facts import FACTS
-from ..report.files import OutputError, write_atomically
+from ..report.outdir import OutputError, write_atomically
 from .plan import ExportError, ExportPlan, plan_export
 from .profile import profile_check
 from .targets import WRITERS, vllm_hf_patch

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from ssmquant.analysis import AnalyzeConfig, AnalyzeError, SourceError, analyze, fit_power_law
 from ssmquant.cli import main
-from ssmquant.report.files import OutputError, load_analysis, write_atomically
+from ssmquant.report.files import load_analysis
+from ssmquant.report.outdir import OutputError, write_atomically
 
 SYNTH = ["--model", "nemotron-3-nano", "--synthetic", "--layers", "0,2", "--steps", "24", "--batch", "1"]
 

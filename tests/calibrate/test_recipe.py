@@ -15,7 +15,7 @@ from ssmquant.calibrate import (
     load_recipe,
     write_recipe,
 )
-from ssmquant.report.files import OUTPUT_MARKER
+from ssmquant.report.outdir import OUTPUT_MARKER
 
 from .helpers import HEADS, ROWS, tiny_calibration
 
