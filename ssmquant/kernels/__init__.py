@@ -1,14 +1,10 @@
 """Fused kernels: multi-step decode emulation of Mamba-2, Gated DeltaNet and KDA layers, registered per layer kind.
 
-`emulate_triton_steps` is the backend that `ssmquant.simulate(..., backend="triton")` dispatches to; it trusts
-inputs already validated by `simulate`. A layer kind's fused kernel registers itself (`registry.py`: how to prepare
-its inputs and launch it); `mamba2.py` and `delta_rule.py` (GDN and KDA) carry up to MAX_SLOTS variants per launch
-beside one FP32 reference; `planning.plan_launches` groups the variants and picks the tile from a register budget;
-`mamba2_engine.py` emulates engine profiles. A kind may also register one-variant kernels (`VariantKernel`) that run
-the variants they cover in place of its fused kernel: on a CUDA GPU, KDA's 8-bit RNE variants with per-row dynamic
-scales and Dk = 128 run in `kda_cuda.py` (`fused_kernels` says which kernel runs each variant). Shared rounding helpers
-live in `rounding.py`; each kernel's torch reference is `ssmquant.replay.naive` (state form) and, for
-the tile fake-quant, `ssmquant.formats.codec`.
+`emulate_triton_steps` is `ssmquant.simulate(..., backend="triton")`'s backend; it trusts inputs `simulate` validated.
+Each kind registers a fused kernel (`registry.py`) that carries up to MAX_SLOTS variants beside one FP32 reference
+(`mamba2.py`, `delta_rule.py`) and may register one-variant kernels that run the variants they cover instead
+(`kda_cuda.py`); `planning.py` groups the variants into launches; `mamba2_engine.py` runs engine profiles.
+Torch references: `ssmquant.replay.naive` (state form) and `ssmquant.formats.codec` (tile fake-quant).
 """
 
 from __future__ import annotations
@@ -64,9 +60,8 @@ def _static_rows(variants: list[Variant], bsz: int, heads: int, rows: int, devic
 
 
 def fused_kernels(inputs: LayerInputs, variants: list[Variant]) -> list[str]:
-    """Which kernel runs each variant on these inputs: "engine" (an engine profile's own kernel,
-    `mamba2_engine.py`), the name of a one-variant kernel registered for the kind that is available on the inputs'
-    device and covers the variant (KDA's "cuda", `kda_cuda.py`), or "triton" (the kind's fused kernel)."""
+    """Which kernel runs each variant on these inputs: "engine" (`mamba2_engine.py`), the name of a one-variant
+    kernel of the kind available on the inputs' device that covers the variant (KDA's "cuda"), or "triton"."""
     singles = [k for k in variant_kernels_of(inputs.kind) if k.available(inputs.device)]
     out = []
     for v in variants:
@@ -87,26 +82,23 @@ def emulate_triton_steps(
 ):
     """Run every variant through the fused kernels, one batch slice at a time.
 
-    Yields (variant index, b0, metrics [T, b, H, 4] fp32 on the inputs' device) with the metrics of
-    sequences b0..b0+b at every step (the kernel's row-block partial sums added). Inputs are made
-    contiguous and the decays computed once; the ideal variants are grouped by `plan_launches` so that
-    one launch reads each step's inputs once and advances the FP32 reference once for up to MAX_SLOTS
-    variants (a variant's metrics are bit-identical to those of a launch of it alone at the same tiling).
-    Variants that a one-variant kernel of the kind covers run in it (`fused_kernels`: KDA's CUDA kernel on a GPU).
-    tiling: (BLOCK_P, num_warps) to override the plan (benchmark sweeps); metric_budget: bytes of one
+    Yields (variant index, b0, metrics [T, b, H, 4] fp32 on the inputs' device) for sequences b0..b0+b at every
+    step (row-block partial sums added). The ideal variants share launches (`plan_launches`); a variant's metrics
+    are bit-identical to those of a launch of it alone at the same tiling. `fused_kernels` says which kernel runs
+    each variant. tiling: (BLOCK_P, num_warps) overriding the plan (benchmark sweeps); metric_budget: bytes of one
     launch's metric buffer.
     """
     dev = inputs.device
     bsz, steps, heads, rows, sdim = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows, inputs.state_dim
     s0 = None if inputs.initial_state is None else inputs.initial_state.float().contiguous()
-    # each variant's own state before step 0: s0 stored in its format (replay.naive), None without s0
+    # each variant's state before step 0 (s0 stored in its format), None without s0
     stored = stored_initial_states(inputs, variants)
     fused = kernel_of(inputs.kind)
     shared = fused.operands(inputs)
     launch, per_sequence = fused.launch, fused.per_sequence
     kernels = fused_kernels(inputs, variants)
     for i, variant in enumerate(variants):
-        if kernels[i] == "engine":  # an engine profile: its own kernel (mamba2_engine.py)
+        if kernels[i] == "engine":
             yield from engine_steps(inputs, variant, i, shared, s0, metric_budget, None if stored is None else stored[i])
     singles = {k.name: k for k in variant_kernels_of(inputs.kind)}
     for i, name in enumerate(kernels):
@@ -145,8 +137,7 @@ def emulate_triton_steps(
 def emulate_triton(inputs: LayerInputs, variants: list[Variant], *, tiling: tuple[int, int] | None = None):
     """Every variant through the fused kernel; returns the per-step metrics [V, T, B, H, 4] fp32.
 
-    The whole per-step buffer is materialised: for tests and benchmarks. `simulate` streams the batch
-    slices of `emulate_triton_steps` into window statistics instead.
+    Materialises the whole per-step buffer: for tests and benchmarks (`simulate` streams `emulate_triton_steps`).
     """
     out = torch.full(
         (len(variants), inputs.steps, inputs.batch, inputs.num_heads, 4), float("nan"), device=inputs.device

@@ -1,10 +1,11 @@
-"""@triton.jit pieces shared by the emulation kernels (other than rounding), and the slot specs of a
-multi-variant launch.
+"""@triton.jit pieces shared by the emulation kernels (other than rounding), and the slot specs of a launch.
 
-A launch carries up to MAX_SLOTS variants ("slots") beside one FP32 reference state. Each slot's
-compile-time choices (element format, rows per scale group, static scales, stochastic rounding, buffer
-dtype) are packed into one constexpr integer (`slot_spec`), unpacked in the kernel by the helpers
-below; its runtime data (write mask, seed, static scales) sit in tensors stacked over the slots.
+A launch carries up to MAX_SLOTS variants ("slots") beside one FP32 reference state; a program holds its rows of a
+head's state, reference and slots, in registers for all T steps as a transposed tile [state_dim, BLOCK_P] (rows on
+the fast axis: per-row reductions stay inside a thread; state dim in `rounding.tile_columns`' k-major order), reads
+each step's inputs once and writes only per-step metrics. A slot computes exactly what it computes launched alone.
+A slot's compile-time choices are one constexpr integer (`slot_spec`, unpacked by the spec_* helpers); its runtime
+data (write mask, seed, static scales) sit in tensors stacked over the slots.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ FP16_MBITS = constant(FP16.mantissa_bits)
 FP16_EMIN = constant(FP16.min_exponent)
 FP16_MAX = constant(FP16.max_value)
 
-# Variants carried by one launch. Six is the default variant list of `analyze` (fp8_e4m3, int8 and nvfp4
-# under conventional and replay16 decoding); the register budget (`plan_launches`) sets the tile.
+# Variants carried by one launch: `analyze`'s default list (fp8_e4m3, int8, nvfp4 x conventional, replay16)
 MAX_SLOTS = 6
 MAX_REGISTERS = 255  # per thread, sm_90
 REGISTER_FILE = 65536  # 32-bit registers per SM (and per thread block), sm_90
@@ -28,11 +28,9 @@ REGISTER_GRANULE = 8  # registers per thread are allocated in multiples of 8 (25
 
 
 def register_cap(num_warps: int) -> int | None:
-    """ptxas's register cap (.maxnreg) for a delta-rule launch of num_warps warps: the most registers per thread with
-    which a block of num_warps warps still fits the register file (255 up to 8 warps, 128 at 16), none for one warp.
-    Without it ptxas, told the block size (.reqntid) and facing more live values than the register file holds, may
-    trade registers for occupancy and spill the state tiles; a cap above what the block can hold makes the launch
-    fail (out of resources: threads). One-warp launches do not spill and take no cap (lab/DESIGN_NOTES.md)."""
+    """ptxas's register cap (.maxnreg) for a delta-rule launch of num_warps warps: the most registers per thread at
+    which the block still fits the register file (255 up to 8 warps, 128 at 16); None for one warp, which does not
+    spill. Without it ptxas may trade registers for occupancy and spill the state tiles (lab/DESIGN_NOTES.md)."""
     if num_warps <= 1:
         return None
     fits = REGISTER_FILE // (32 * num_warps) // REGISTER_GRANULE * REGISTER_GRANULE
@@ -56,10 +54,8 @@ def slot_spec(fmt_code: int, group_rows: int, static: bool, sr: bool, buf_code: 
     """Pack one slot's constexpr choices: format code (FORMAT_BITS), SR, STATIC, buffer code (BUFFER_BITS), group
     rows; a code too wide for its field is a ValueError, never a neighbour's bit.
 
-    A slot of format code 0 (fp32) and buffer code 0 (fp32) computes what the kernel's FP32 reference computes, from
-    the same state: the kernels give it the reference's step instead of computing that again, because two copies of
-    one computation are left to the compiler's choice of which products to contract into FMAs, made per expression,
-    where an FP32 variant's error is 0 by definition."""
+    A slot of format and buffer code 0 (fp32) takes the reference's step instead of computing it again: the compiler
+    may contract two copies of one computation into FMAs differently, and an FP32 variant's error must be 0."""
     if not 0 <= fmt_code < 2**FORMAT_BITS:
         raise ValueError(f"format code {fmt_code} does not fit the slot spec's {FORMAT_BITS} bits")
     if not 0 <= buf_code < 2**BUFFER_BITS:
@@ -101,8 +97,7 @@ def spec_group(spec):
 
 @triton.constexpr_function
 def slot_takes_reference_step(spec):
-    """Whether the slot of this spec (`slot_spec`) is format code 0 (fp32) with buffer code 0 (fp32), so that the
-    kernels give it the reference's step as its own (a compile-time bool)."""
+    """Whether this slot takes the reference's step as its own: fp32 format and buffer (`slot_spec`)."""
     return spec % _SR == 0 and (spec // _BUFFER) % 2**BUFFER_BITS == 0
 
 
@@ -134,9 +129,8 @@ def slot_static_scale(scale_ptr, k, slot_stride, head_base, rows, row_ok, BLOCK_
 
 @triton.jit
 def slot_initial_state(sv0_ptr, k, slot_stride, offs, mask, s_ref, NV: tl.constexpr, HAS_SV0: tl.constexpr):
-    """Slot k's state tile before step 0: its own initial state from [NV, B, H, rows, state_dim] (the layer's
-    initial state stored once in the slot's format: ``replay.naive.stored_initial_states``), or the reference's
-    tile s_ref without one (no initial state, or slot k unused)."""
+    """Slot k's state tile before step 0: from [NV, B, H, rows, state_dim] (the initial state stored in the slot's
+    format, ``replay.naive.stored_initial_states``), else the reference's tile s_ref."""
     if HAS_SV0 and k < NV:
         return tl.load(sv0_ptr + k * slot_stride + offs, mask=mask, other=0.0)
     else:
@@ -160,8 +154,7 @@ def slot_write(
     KMAJOR: tl.constexpr = False,
     HEAD_SCALAR: tl.constexpr = False,
 ):
-    """Slot k's store-and-reload of its state tile at step t, if its write mask [NV, B, T] says so (KMAJOR: the
-    tile's state dim in `fake_quant_tile`'s k-major order; HEAD_SCALAR: `fake_quant_tile`'s per-head nvfp4 path)."""
+    """Slot k's `fake_quant_tile` of its state tile at step t, where its write mask [NV, B, T] says so."""
     if tl.load(write_ptr + k * BT + bt) != 0:
         key = stream_key(tl.load(seed_ptr + k), t)
         s = fake_quant_tile(
@@ -185,9 +178,8 @@ def slot_write(
 def store_slot_metrics(
     metrics_ptr, k, slot_stride, base, s_var, s_ref, y_var, y_ref, ss_ref, yy_ref, TILE: tl.constexpr
 ):
-    """Slot k's partial sums at a recorded step, to metrics [NV, R, B, H, NPB, 4] (base: this program's
-    offset within one slot): ||S~ - S||^2, ||S||^2 over its tile, ||y~ - y||^2, ||y||^2 over its rows
-    (the reference's two, ss_ref and yy_ref, are summed once for all slots)."""
+    """Slot k's partial sums at a recorded step to metrics [NV, R, B, H, NPB, 4] (base: this program's offset in a
+    slot), as `store_metrics`; the reference's two (ss_ref, yy_ref) are summed once for all slots."""
     ds = s_var - s_ref
     dy = y_var - y_ref
     p = metrics_ptr + k * slot_stride + base

@@ -1,36 +1,15 @@
 """Fused delta-rule decode emulation (Gated DeltaNet and KDA): all T steps of one layer, for up to
 MAX_SLOTS variants, in one launch.
 
-One program owns one (batch, value head) and a block of BLOCK_P value channels (rows) of the head's
-state [Dv, Dk], held as a transposed tile [Dk, BLOCK_P] with rows on the fast axis: the delta rule's
-S k, the output S q and the per-row amax are reductions over Dk that stay inside each thread. The two
-layer kinds differ only in the decay (constexpr VEC_DECAY): GDN's alpha_t is one scalar per head, KDA's
-a vector over the key channels [Dk] that scales the tile along its first axis. Each step's inputs are
-read once; the FP32 reference and the emulated state of every variant carried (NV slots) live in
-registers for the whole time loop, and only per-step metrics are written. A slot computes exactly what
-it computes when launched alone.
+One program owns one (batch, value head) and BLOCK_P value rows of the head's state [Dv, Dk], as a tile
+[Dk, BLOCK_P] (`common`). GDN and KDA differ only in the decay (VEC_DECAY): one scalar per head, or a vector over Dk.
 
-Reference: `ssmquant.replay.naive` (state form; `kda_advance` for KDA), followed op for op with the
-decays alpha = exp(g) precomputed by the caller (`kinds.gdn_decays` [B, T, Hv] /
-`kda_decays` [B, T, Hv, Dk]). The row reductions run in a different order than torch's, so u_t (which
-feeds the state) differs from the reference by FP32 noise.
-
-Arithmetic: the launcher compiles with FMA contraction on, as Triton does by default and as the engines'
-own Triton kernels run (fla 0.6.0 fla/ops/kda/fused_recurrent.py and gated_delta_rule/fused_recurrent.py,
-which vLLM calls, launch without `enable_fp_fusion`; their `b_h += b_k[:, None] * b_v[None, :]` compiles to
-fma.rn.f32). The dots S k and S q, the rank-1 update (one rounding, `tl.fma`) and the metrics' sums of
-squares are FMAs; the torch reference rounds each product, so the two differ by FP32 noise of the order of
-the reduction order, which they differ in anyway (u_t feeds the state, so no KDA/GDN state is bit-exact to
-torch; the tests bound the difference). The writes must round exactly as the reference does: their scaled
-value s * mult is an explicit mul.rn (`_mul_rn`), which no later add can absorb into an FMA.
-The tile's key dim is held in k-major order (KMAJOR, as in mamba2.py): each lane holds whole 16-element nvfp4 blocks,
-where the channel order split every block over two lanes (GDN nvfp4: 29.9 -> 27.2 instructions per element-step,
-fp8 23.9; the Dk sums, and so u_t, move by FP32 noise).
-FP8 / INT8 RNE writes take `_fake_quant_8bit_rne` (magic-number rounding, 7 instructions per element instead
-of 13), whose values equal `rounding.fake_quant_tile`'s bit for bit (tests/kernels/test_delta_rule_paths.py,
-exhaustive over every FP32 input on a GPU). SASS of the time loop, fp8_e4m3 conventional at GLM-5.3-Flash
-shapes (sm_90a, [128, 16] tile per warp): 25.3 instructions per element-step, 36.4 without the two
-(`python benchmarks/run.py sass`; benchmarks/RESULTS.md).
+Reference: `ssmquant.replay.naive` (`kda_advance` for KDA), op for op, with alpha = exp(g) precomputed by the caller
+(`kinds.gdn_decays` [B, T, Hv] / `kda_decays` [B, T, Hv, Dk]). Compiled with FMA contraction, as the engines' own
+Triton kernels (fla's fused_recurrent) run: the dots, the rank-1 update and the metric sums are FMAs and the Dk sums
+run in another order than torch's, so states differ from the reference by FP32 noise (the tests bound it). The
+writes round exactly as the reference: s * mult is an explicit mul.rn (`_mul_rn`). FP8 / INT8 RNE writes take
+`_fake_quant_8bit_rne`, equal bit for bit to `rounding.fake_quant_tile` (tests/kernels/test_delta_rule_paths.py).
 
 _kernel -> launcher (`delta_rule_launch`, no validation; `ssmquant.simulate` validates).
 """
@@ -93,9 +72,8 @@ _FP32_MAX = tl.constexpr(3.4028234663852886e38)
 
 @triton.jit
 def _mul_rn(a, b):
-    """a * b rounded to FP32 on its own (mul.rn): under FMA contraction a plain product followed by an add may
-    become one FMA, which would round s * mult + M once where the reference rounds s * mult first. The launcher
-    compiles with enable_reflect_ftz=False, else libdevice would pick mul.rn.ftz and flush subnormal s to zero."""
+    """a * b rounded on its own (mul.rn), never contracted with a later add into an FMA. Needs the launcher's
+    enable_reflect_ftz=False, else libdevice picks mul.rn.ftz and flushes subnormals."""
     if INTERPRETING:  # no libdevice there, and no contraction either
         return a * b
     else:
@@ -107,15 +85,10 @@ def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FM
                          STATIC: tl.constexpr):
     """`rounding.fake_quant_tile` for FP8 E4M3 (FMT 3) and INT8 (FMT 4) with RNE, in fewer instructions.
 
-    The same scales (mult, dec, with the same guards) and the same grid value for every element, from signed
-    values: x + M - M with M = 1.5 * 2^(e + 20), 2^e the power of two at or below max(|x|, 2^-6), rounds x half
-    to even at E4M3's spacing 2^(e - 3) (2^-9 in its subnormal range), because x + M lies in
-    [2^(e + 20), 2^(e + 21)) whose FP32 ulp is that spacing, and the subtraction is exact; INT8 takes
-    M = 1.5 * 2^23 (spacing 1). Dynamic scales keep |x| <= QMAX (1 + 2^-23), which rounds to QMAX, so only
-    static scales clamp (saturating: +-inf -> +-QMAX). NaN, which no state may hold (formats.codec refuses it),
-    stays NaN, as in torch's float8 cast (`fake_quant_tile` returns +-QMAX: its clamp is a plain minimum).
-    A value that rounds to zero comes back +0 (`fake_quant_tile` keeps the sign of -0): no metric and no later
-    nonzero value sees a zero's sign.
+    The same scales, and each element rounded half to even by x + M - M: M = 1.5 x 2^(e + 20) for E4M3 (2^e the power
+    of two at or below max(|x|, 2^-6), so x + M's ulp is the grid's spacing), 1.5 x 2^23 for INT8. Only static scales
+    clamp (dynamic ones keep |x| <= QMAX). Unlike `fake_quant_tile`, NaN stays NaN (the codec refuses NaN states) and
+    a zero comes back +0, which no metric sees.
     """
     qmax: tl.constexpr = fmt_max_code(FMT)
     if STATIC:
@@ -141,18 +114,16 @@ def _fake_quant_8bit_rne(s, static_scale, BN: tl.constexpr, BR: tl.constexpr, FM
 
 
 def per_step_offsets(num_warps: int, specs: tuple[int, ...]) -> bool:
-    """Whether a launch of num_warps warps carrying slots `specs` (`common.slot_spec`) computes its input and SR
-    offsets per step (`_per_step`) instead of letting LLVM hoist them out of the time loop. The several-warp launches
-    do: at their whole-head tiles the hoisted offsets stay in registers while ptxas spills the state tiles every
-    step. So do one-warp launches whose every slot is nvfp4, whose write holds more live values; the other one-warp
-    launches hoist (lab/DESIGN_NOTES.md)."""
+    """Whether a launch computes its input and SR offsets per step (`_per_step`) instead of letting LLVM hoist them
+    out of the time loop, which costs registers: several-warp launches (else ptxas spills the state tiles) and
+    one-warp launches whose every slot is nvfp4 (lab/DESIGN_NOTES.md)."""
     return num_warps > 1 or all(spec_format(spec) == FMT_NVFP4 for spec in specs)
 
 
 @triton.jit
 def _per_step(x, t):
-    """x through a move that depends on the time step t (the same values): values computed from it are computed in
-    each step, where LLVM would hoist loop invariants out of the time loop and hold them in registers throughout."""
+    """x unchanged, through a move that depends on t, so that values computed from it are not hoisted out of the
+    time loop."""
     if INTERPRETING:
         return x
     else:
@@ -164,8 +135,8 @@ def _slot_write(
     s, k, t, bt, BT, write_ptr, seed_ptr, static_scale, sr_index, flag, BN: tl.constexpr, BR: tl.constexpr,
     SPEC: tl.constexpr, FAST_ROUND: tl.constexpr, KMAJOR: tl.constexpr
 ):
-    """`common.slot_write`, with FP8 / INT8 RNE slots rounded by `_fake_quant_8bit_rne` when FAST_ROUND; those
-    take their write-mask byte `flag` from the caller (`_step_inputs`: loaded a step ahead under PREFETCH)."""
+    """`common.slot_write`, FP8 / INT8 RNE slots through `_fake_quant_8bit_rne` when FAST_ROUND; those take their
+    write-mask byte `flag` from `_step_inputs`."""
     if FAST_ROUND and _fast_round_takes(SPEC):
         if flag != 0:
             s = _fake_quant_8bit_rne(s, static_scale, BN, BR, spec_format(SPEC), spec_group(SPEC), spec_static(SPEC))
@@ -204,8 +175,8 @@ def _step_inputs(q_ptr, k_ptr, v_ptr, alpha_ptr, beta_ptr, write_ptr, bt, BT, HV
 
 @triton.jit
 def _rank1(s, k, u, FP_FUSION: tl.constexpr):
-    """s + k u^T on a tile [BLOCK_N, BLOCK_P]: one FMA per element under FP_FUSION (one rounding, as fla's
-    `b_h += b_k[:, None] * b_v[None, :]` compiles), else the reference's product-then-sum."""
+    """s + k u^T on a tile [BLOCK_N, BLOCK_P]: one FMA per element under FP_FUSION (as fla's update compiles), else
+    the reference's product-then-sum."""
     if FP_FUSION:
         return tl.fma(k[:, None], u[None, :], s)
     else:
@@ -214,8 +185,8 @@ def _rank1(s, k, u, FP_FUSION: tl.constexpr):
 
 @triton.jit
 def _slot_update(s, s_ref, y_ref, alpha, kvec, qvec, v, beta, SPEC: tl.constexpr, FP_FUSION: tl.constexpr):
-    """One variant's step: decay, the delta rule with its buffered k and u in its buffer dtype, output. An FP32 slot
-    with FP32 buffers takes the reference's step (s_ref, y_ref, already advanced) as its own (`common.slot_spec`)."""
+    """One variant's step (decay, delta rule with k and u in its buffer dtype, output), or the reference's
+    (s_ref, y_ref, already advanced) for an FP32 slot (`common.slot_spec`)."""
     if slot_takes_reference_step(SPEC):
         return s_ref, y_ref
     kb = slot_round_buffer(kvec, SPEC)
@@ -227,8 +198,8 @@ def _slot_update(s, s_ref, y_ref, alpha, kvec, qvec, v, beta, SPEC: tl.constexpr
 
 @triton.jit
 def _tile_sum_sq(x, TILE: tl.constexpr, FP_FUSION: tl.constexpr):
-    """Sum of squares over a tile [BLOCK_N, BLOCK_P]: under FP_FUSION over the key dim first (a chain of FMAs
-    inside each thread), else over the flattened tile in `common.store_slot_metrics`' order."""
+    """Sum of squares over a tile [BLOCK_N, BLOCK_P]: under FP_FUSION over the key dim first (an in-thread FMA
+    chain), else in `common.store_slot_metrics`' order."""
     if FP_FUSION:
         return tl.sum(tl.sum(x * x, axis=0), axis=0)
     else:
@@ -305,9 +276,6 @@ def _delta_rule_emulate_kernel(
     h = pid_bh % HV
     hk = h // V_PER_K
     rows = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    # KMAJOR: the default layout spreads the tile's axis 0 over two lanes with a stride, so in k-major order each lane
-    # holds whole 16-element nvfp4 blocks (block maxima and scales without shuffles, each computed by one lane instead
-    # of two). The Dk sums run in another order than with channel order, which moves u_t by FP32 noise (docstring).
     cols = tile_columns(BLOCK_N, KMAJOR)
     row_ok = rows < DV
     col_ok = cols < DK
@@ -342,7 +310,6 @@ def _delta_rule_emulate_kernel(
     metrics_stride = npb.to(tl.int64) * T * B * HV * 4  # one slot's metrics [T, B, Hv, NPB, 4]
 
     # PREFETCH: step 0's inputs here; each step then loads the next one's (the last step its own again, unused)
-    # before its arithmetic
     if PREFETCH:
         nk, nq, nvec, na, nb, nw0, nw1, nw2, nw3, nw4, nw5 = _step_inputs(
             q_ptr, k_ptr, v_ptr, alpha_ptr, beta_ptr, write_ptr, b64 * T, BT, HV, HK, h, hk, DV, DK, rows,
@@ -404,10 +371,8 @@ def _delta_rule_emulate_kernel(
             _store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
 
 
-# Launches whose grid puts a head's row blocks first by default: (kind, BLOCK_P, num_warps) measured faster that
-# way, bit-identical: KDA at GLM-5.3-Flash shapes with the planned one-variant tiling (BLOCK_P 16, one warp), about
-# 2-3% faster for fp8_e4m3 and int8 conventional in every run (lab/gpu/kda_tiles.py; benchmarks/RESULTS.md). Not
-# measured alone at other tilings nor for GDN, so those keep the previous order. Prefetch stays off: slower there.
+# (kind, BLOCK_P, num_warps) whose grid puts a head's row blocks first by default: the launches measured faster so
+# (lab/DESIGN_NOTES.md); the others keep the previous order. Prefetch stays off: it was slower there.
 ROW_BLOCKS_FIRST_DEFAULT = {("kda", 16, 1)}
 
 
@@ -435,26 +400,15 @@ def delta_rule_launch(
     """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, T, B, Hv, NPB, 4].
 
     s0: [B, Hv, Dv, Dk] fp32, the reference's initial state, or None (zeros); slot_s0: [NV, B, Hv, Dv, Dk] fp32,
-    each slot's own initial state (s0 stored in its format), or None (each slot starts from s0; needs s0 when
-    given).
-
-    alpha: [B, T, Hv] (GDN) or [B, T, Hv, Dk] (KDA, the decay per key channel); write: [NV, B, T] int8;
-    seeds: [NV] int64; static_scale_rows: [NV, B, Hv, Dv] fp32 (ones for dynamic slots) or None when no
-    slot is static; specs: `common.slot_spec` of each slot, whose rows group divides block_p.
-    fast_round (default on): FP8 / INT8 RNE writes through `_fake_quant_8bit_rne` (the same values as
-    `fake_quant_tile`, fewer instructions); off: `fake_quant_tile`.
-    fp_fusion (default on): FMA contraction, as the engines' Triton kernels compile (module docstring); off:
-    every product rounded before its sum (enable_fp_fusion=False), as torch computes.
-    The two switches exist for the tests that prove fast_round changes no metric bit and for benchmarks that
-    time the previous path (both off) in the same run as the default.
-    prefetch: each step loads the next step's inputs (k, q, v, decay, beta, the write-mask bytes) before its own
-    arithmetic, so their global-memory latency overlaps a step's work instead of stalling its start; the same
-    values in the same arithmetic, so the metrics are bit-identical either way (tests/kernels/test_delta_rule_paths.py).
-    row_blocks_first: grid (NPB, B * Hv) instead of (B * Hv, NPB): the NPB programs of one head, which read the same
-    inputs every step, are launched next to each other (in one wave) instead of B * Hv programs apart (in different
-    waves, each of which then reads all inputs from HBM again); the order of work only, bit-identical as well.
-    None (the default): on where it was measured faster (`ROW_BLOCKS_FIRST_DEFAULT`: KDA at BLOCK_P 16, one warp)
-    and CUDA's grid allows it (B * Hv <= 65535), off elsewhere.
+    each slot's initial state (s0 stored in its format), or None (each slot starts from s0; needs s0 when given).
+    alpha: [B, T, Hv] (GDN) or [B, T, Hv, Dk] (KDA); write: [NV, B, T] int8; seeds: [NV] int64;
+    static_scale_rows: [NV, B, Hv, Dv] fp32 (ones for dynamic slots) or None when no slot is static;
+    specs: `common.slot_spec` of each slot, whose rows group divides block_p.
+    fast_round: FP8 / INT8 RNE writes by `_fake_quant_8bit_rne`, else `fake_quant_tile`; fp_fusion: FMA contraction,
+    else every product rounded, as torch (both off: the previous path, for tests and benchmarks).
+    prefetch: each step loads the next step's inputs before its arithmetic; row_blocks_first: grid (NPB, B * Hv), a
+    head's programs (same inputs) in one wave, None: `ROW_BLOCKS_FIRST_DEFAULT` where B * Hv <= 65535. Both reorder
+    work only: the metrics are bit-identical (tests/kernels/test_delta_rule_paths.py).
     """
     bsz, steps, hv, dv = v.shape
     hk, dk = k.shape[2], k.shape[3]
@@ -500,7 +454,7 @@ def delta_rule_launch(
         FP_FUSION=fp_fusion,
         PREFETCH=prefetch and steps > 0,  # no step 0 to load ahead of the loop otherwise
         ROW_BLOCKS_FIRST=row_blocks_first,
-        KMAJOR=block_n % 16 == 0,  # whole nvfp4 blocks per lane (see the kernel)
+        KMAJOR=block_n % 16 == 0,  # whole nvfp4 blocks per lane
         PER_STEP_OFFSETS=per_step_offsets(num_warps, specs),
         NV=nv,
         SPEC0=padded[0],
@@ -511,7 +465,7 @@ def delta_rule_launch(
         SPEC5=padded[5],
         num_warps=num_warps,
         enable_fp_fusion=fp_fusion,
-        enable_reflect_ftz=False,  # libdevice's mul_rn (the write's product) keeps subnormals, as a plain multiply
+        enable_reflect_ftz=False,  # _mul_rn keeps subnormals
         maxnreg=register_cap(num_warps),
     )
     return metrics

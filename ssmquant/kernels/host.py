@@ -17,11 +17,8 @@ def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
     return t.pin_memory().to(dev, non_blocking=True)
 
 
-# Host-side tensors a launch needs that depend only on the variants and the shape: built, pinned and copied once
-# per process instead of once per launch. On a GPU host these few CPU ops on [B, T] tensors (the mask,
-# its all(), pinning, the copy) took 1.3-26.9 ms per launch, varying from call to call, while the GPU waited
-# (benchmarks/RESULTS.md); every layer of a model asks for the same ones. The cached tensors are read,
-# never written.
+# Cached per process, not built per launch: every layer asks for the same ones, and building them stalls the GPU
+# (lab/DESIGN_NOTES.md). The cached tensors are read, never written.
 @functools.lru_cache(maxsize=32)
 def write_mask_on(scheme, bsz: int, steps: int, device: torch.device) -> tuple[torch.Tensor, bool]:
     """The scheme's write mask [B, T] as int8 on ``device``, and whether every step writes."""

@@ -1,50 +1,19 @@
 """Fused KDA decode emulation as a CUDA kernel (compiled at run time by NVRTC): one RNE variant with dynamic per-row
-scales (FP8 E4M3, INT8 or NVFP4) beside the FP32 reference, all T steps in one launch.
+scales (FP8 E4M3, INT8 or NVFP4) beside the FP32 reference, all T steps in one launch; `available` and `eligible`
+say where it replaces `delta_rule.py`'s Triton kernel, which issues more instructions per element-step
+(lab/DESIGN_NOTES.md).
 
-Why CUDA beside `delta_rule.py`'s Triton kernel: at GLM-5.3-Flash shapes the Triton kernel is issue-bound at
-24.5 instructions per element-step (benchmarks/RESULTS.md), and what it spends above the work
-itself is what Triton decides: its in-thread sums are pairwise trees (1.5 instructions per element instead of one
-FMA), its per-step sums over the warp are serial shuffle chains, and FP8 rounding is written as arithmetic (its
-interpreter's float8 casts are wrong). Here each sum is four FMA chains, the step's four metric sums are one
-reduce-scatter over the warp issued at the top of the next step (their shuffles overlap that step's arithmetic),
-the write of a conventional variant has no branch, and FP8 E4M3 rounds by the hardware conversion
-(cvt.rn.satfinite.e4m3x2.f32, then back through f16x2: exact, and equal to torch's float8_e4m3fn cast over every
-finite FP32 value |x| <= 448, tests/kernels/test_kda_cuda.py). 19.2 instructions per element-step
-(`python benchmarks/run.py sass`).
-
-NVFP4 writes (16-element blocks along Dk, E4M3 block scales, E2M1 elements, s2 = row amax / 2688, 1 where 0) give
-the values of `formats.codec.encode` (a zero may come back +0 where the codec keeps -0), as `rounding.nvfp4_blocks`
-computes them: a lane holds 4 whole blocks of its row, the row amax takes one shuffle; the reference's correctly
-rounded divisions (block amax / 6 s2, element / d) come from one correctly rounded reciprocal per lane and block and
-Markstein's correction (three instructions per quotient, exact in FP32's normal range), and the elements are rounded
-by a centred magic-number addition. Where s2 leaves [2^-68, 2^90] or a block's largest quotient exceeds 6.5 (a
-block scale in E4M3's subnormal range rounded far down), which the per-row and per-block values tell before any
-element is touched, the warp takes the reference's divisions instead (kda_cuda.cu); a block scale quotient too small
-to be exact needs no check (its elements round to 0 with either scale: rounding.py). 23.9 instructions per
-element-step (fp8 19.2; `python benchmarks/run.py sass`); the element alone takes 8 (quotient 3, rounding 4,
-decode 1) where FP8 takes about 4 with the hardware conversion, which E2M1 lacks on sm_90. Tests:
-tests/kernels/test_kda_cuda.py, against the codec on the kernel's own pre-write states (the DEBUG_STATES build) and
-on crafted states (`nvfp4_write`); lab/gpu/kda_cuda_nvfp4_check.py runs them with a speed comparison.
-
-The kernel computes what `delta_rule.py` computes for these variants (its docstring: the reference
-`replay.naive.kda_advance` op for op, the rank-1 update and the dots as FMAs, the write's products rounded on
-their own), in another order of the Dk sums, so the two agree to FP32 noise, not bit for bit; the tests hold both
-to the same bound against the torch reference.
+It computes what `delta_rule.py` computes, in another order of the Dk sums (the two agree to FP32 noise); FP8 E4M3
+rounds by the hardware conversion (cvt.rn.satfinite.e4m3x2.f32: torch's float8_e4m3fn cast for finite |x| <= 448),
+NVFP4 as `rounding.nvfp4_blocks`, with its fallbacks (kda_cuda.cu). tests/kernels/test_kda_cuda.py holds it to the
+Triton kernel's bound and checks its writes against the codec (`nvfp4_write`, the DEBUG_STATES build).
 
 Layout: one warp per (batch, value head, 16 value rows); lane l holds row l % 16 and key channels
-[64 (l // 16), 64 (l // 16) + 64) of both states (64 + 64 registers), so every Dk sum is 64 in-lane FMAs and one
-shuffle. Each step's k, q and decay vectors are loaded a step ahead and staged through shared memory: by cp.async
-straight into it where they need no conversion (fp32 q and k, no buffered copy of k: ASYNC_LOADS), so that no
-registers hold them in flight (the states take nearly all 255; lab/DESIGN_NOTES.md), else into registers.
+[64 (l // 16), 64 (l // 16) + 64) of both states. k, q and the decays are staged a step ahead through shared memory
+(cp.async where no conversion is needed: ASYNC_LOADS), keeping the registers for the states.
 
-Covers (`eligible`): KDA with Dk = 128 and Dv a multiple of 16; FP8 E4M3, INT8 or NVFP4, RNE, dynamic scales per
-row (NVFP4: its second-level scale per row; per-head or static scales and stochastic rounding stay in the Triton
-kernel); any write mask (conventional, replay, speculative); buffered k and u in fp32, bf16 or fp16; an initial state;
-q, k, v in fp32, bf16 or fp16. Everything else runs in the Triton kernel. Needs compute capability >= 8.9 (the
-E4M3 conversion) and torch's NVRTC wrapper; SSMQUANT_KDA_CUDA=0 turns it off.
-
-`kda_cuda.cu` -> `kernel_source` (its #defines) -> `_compiled` (NVRTC, cached per configuration) -> `kda_cuda_launch` (no validation;
-`ssmquant.simulate` validates).
+`kda_cuda.cu` -> `kernel_source` (its #defines) -> `_compiled` (NVRTC, cached per configuration) -> `kda_cuda_launch`
+(no validation; `ssmquant.simulate` validates).
 """
 
 from __future__ import annotations
@@ -136,8 +105,7 @@ def available(device: torch.device) -> bool:
 
 def eligible(variant, kind: str, state_dim: int, rows: int) -> bool:
     """Whether the kernel computes this variant: KDA, Dk = 128, Dv a multiple of 16, FP8 E4M3, INT8 or NVFP4 with
-    RNE and dynamic scales per row, buffered inputs in fp32, bf16 or fp16 (the ideal arithmetic: no engine profile).
-    NVFP4 with per-head (or other multi-row) or static second-level scales and every SR variant run in Triton."""
+    RNE and dynamic per-row scales, buffered inputs in fp32, bf16 or fp16; any write mask and initial state."""
     fmt = variant.format
     return (
         kind == "kda"
@@ -204,7 +172,6 @@ def kda_cuda_launch(
     bsz, steps, hv, dv = v.shape
     hk = k.shape[2]
     npb = dv // ROWS_PER_WARP
-    # NaN-filled: a metric the kernel fails to write stays NaN and fails every check downstream
     metrics = torch.full((steps, bsz, hv, npb, 4), float("nan"), device=v.device, dtype=torch.float32)
     fn = _compiled(
         "kda_emulate", fmt, buf, always, s0 is not None, q.dtype, v.dtype, states is not None, slot_s0 is not None

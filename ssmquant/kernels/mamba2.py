@@ -1,18 +1,11 @@
 """Fused Mamba-2 decode emulation: all T steps of one layer, for up to MAX_SLOTS variants, in one launch.
 
-One program owns one (batch, head) and a block of BLOCK_P rows of the head's state S[P, N], held as a
-transposed tile [N, BLOCK_P]: rows on the fast axis, so that the reductions over the state dim (the
-output S C and the per-row amax) stay inside each thread (a row-major tile's reductions cross threads and
-warps every step; lab/DESIGN_NOTES.md). It
-reads each step's inputs once, keeps the FP32 reference state and the emulated state of every variant
-it carries (NV slots) in registers for the whole time loop, and writes only the per-step metrics. Its
-torch reference is `ssmquant.replay.naive` (state form), which it follows op for op: a = exp(dt A) is
-precomputed by the caller (shared by both backends), the state update is a * S + (dt * x) B^T with no
-fused multiply-add (mul.rn, add.rn), and the store at a write step is `fake_quant_tile`, the exact mirror
-of `ssmquant.formats.codec.encode`. A slot computes exactly what it computes when launched alone. The
-outputs S C and the metric sums, which no state depends on, are compiled with FMA contraction (their
-summation order differs from torch's anyway; the tests compare them with tolerances). The tile's state
-dim is held in k-major order (KMAJOR), which puts whole nvfp4 blocks in each lane.
+One program owns one (batch, head) and BLOCK_P rows of the head's state S[P, N], as a transposed tile [N, BLOCK_P]
+(the layout: `common`; its measurement: lab/DESIGN_NOTES.md).
+
+Reference: `ssmquant.replay.naive` (state form), op for op, with a = exp(dt A) precomputed by the caller: the state
+update a * S + (dt * x) B^T without FMA (`_mul_add_rn`), the write `fake_quant_tile`. The outputs S C and the metric
+sums, which no state depends on, are contracted into FMAs (the tests compare them with tolerances).
 
 _kernel -> launcher (`mamba2_launch`, no validation; `ssmquant.simulate` validates).
 """
@@ -41,8 +34,7 @@ HEAD_SCALAR = constant(True)
 
 @triton.jit
 def _mul_add_rn(a, b, c):
-    """a * b + c rounded twice, as torch computes it: the kernel is compiled with FMA contraction on (for the
-    output dots and the metric sums), and mul.rn / add.rn with an explicit rounding mode are never contracted."""
+    """a * b + c rounded twice, as torch computes it: explicit mul.rn / add.rn are never contracted into an FMA."""
     if INTERPRETING:  # no libdevice there, and no fused multiply-add either
         return a * b + c
     else:
@@ -51,16 +43,13 @@ def _mul_add_rn(a, b, c):
 
 @triton.jit
 def _sum_squares(a):
-    """sum of a^2 over a tile [BN, BR]: over the state dim (in-thread, so the products and adds contract to one
-    FMA chain per row), then over the rows."""
+    """sum of a^2 over a tile [BN, BR]: over the state dim (an in-thread FMA chain), then over the rows."""
     return tl.sum(tl.sum(a * a, axis=0), axis=0)
 
 
 @triton.jit
 def _store_slot_metrics(metrics_ptr, k, slot_stride, base, s_var, s_ref, y_var, y_ref, ss_ref, yy_ref):
-    """Slot k's partial sums at a recorded step, to metrics [NV, R, B, H, NPB, 4] (base: this program's offset
-    within one slot): ||S~ - S||^2, ||S||^2 over its tile, ||y~ - y||^2, ||y||^2 over its rows (the reference's
-    two, ss_ref and yy_ref, are summed once for all slots)."""
+    """`common.store_slot_metrics`, with the tile's sum of squares taken by `_sum_squares`."""
     dy = y_var - y_ref
     p = metrics_ptr + k * slot_stride + base
     tl.store(p + 0, _sum_squares(s_var - s_ref))
@@ -124,9 +113,6 @@ def _mamba2_emulate_kernel(
     h = pid_bh % H
     g = h // HEADS_PER_GROUP
     rows = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    # KMAJOR: the default layout spreads the tile's axis 0 over lanes with a stride, so in k-major order each lane
-    # holds whole 16-element blocks (nvfp4 block maxima and scales without shuffles, each computed by one lane
-    # instead of all); every other use is order-free
     cols = tile_columns(BLOCK_N, KMAJOR)
     row_ok = rows < P
     col_ok = cols < N
@@ -135,8 +121,8 @@ def _mamba2_emulate_kernel(
     b64 = b.to(tl.int64)
     head_base = (b64 * H + h) * P
     state_offs = (head_base + rows)[None, :] * N + cols[:, None]  # [BLOCK_N, BLOCK_P] flat indices
-    # N is contiguous in memory; told so, Triton lays the whole loop out along it (32 lanes over N, every
-    # per-row reduction crossing lanes: the slow tile). Hidden, the tile keeps the rows on the lanes.
+    # N's contiguity hidden (max_contiguous 1): told, Triton would put the lanes along N and the rows' reductions
+    # would cross lanes
     s0_offs = (head_base + rows)[None, :] * N + tl.max_contiguous(cols, 1)[:, None]
     if HAS_S0:
         s_ref = tl.load(s0_ptr + s0_offs, mask=tile_ok, other=0.0)
@@ -227,18 +213,15 @@ def mamba2_launch(
     """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, T, B, H, NPB, 4].
 
     s0: [B, H, P, N] fp32, the reference's initial state, or None (zeros); slot_s0: [NV, B, H, P, N] fp32, each
-    slot's own initial state (s0 stored in its format), or None (each slot starts from s0; needs s0 when given).
-
-    write: [NV, B, T] int8 write masks; seeds: [NV] int64; static_scale_rows: [NV, B, H, P] fp32 decode
-    scale of each row (ones for dynamic slots) or None when no slot is static; specs: `common.slot_spec`
-    of each slot, whose rows group divides block_p.
+    slot's initial state (s0 stored in its format), or None (each slot starts from s0; needs s0 when given).
+    write: [NV, B, T] int8; seeds: [NV] int64; static_scale_rows: [NV, B, H, P] fp32 (ones for dynamic slots) or
+    None when no slot is static; specs: `common.slot_spec` of each slot, whose rows group divides block_p.
     """
     bsz, steps, heads, p = x.shape
     groups, n = bm.shape[2], bm.shape[3]
     block_n = triton.next_power_of_2(n)
     npb = triton.cdiv(p, block_p)
     nv = len(specs)
-    # NaN-filled: a metric the kernel fails to write stays NaN and fails every check downstream
     metrics = torch.full((nv, steps, bsz, heads, npb, 4), float("nan"), device=x.device, dtype=torch.float32)
     dummy = torch.empty(1, device=x.device, dtype=torch.float32)
     padded = tuple(specs) + (0,) * (6 - nv)
@@ -268,7 +251,7 @@ def mamba2_launch(
         HAS_S0=s0 is not None,
         HAS_SV0=slot_s0 is not None,
         NV=nv,
-        KMAJOR=block_n % 16 == 0,  # whole nvfp4 blocks per lane (see the kernel)
+        KMAJOR=block_n % 16 == 0,  # whole nvfp4 blocks per lane
         SPEC0=padded[0],
         SPEC1=padded[1],
         SPEC2=padded[2],

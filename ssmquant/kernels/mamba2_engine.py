@@ -1,14 +1,11 @@
 """Fused Mamba-2 decode emulation under an engine profile (`flashinfer`): all T steps in one launch.
 
-The Triton twin of `ssmquant.engines.emulation.Mamba2EngineStep` (its torch reference, followed op for
-op; the profile is described in `ssmquant.engines.profiles`). Layout as `mamba2.py`: one program per
-(batch, head, block of BLOCK_P rows), the state held as a transposed tile [N, BLOCK_P]. Besides the FP32
-reference and the state the metrics see, a replay variant keeps its checkpoint (code values and per-row
-decode scales, or the stored values) and reads its ring back from the inputs in global memory. The
-coefficient tables (`profiles.flashinfer_tables`) are computed once in torch and read here, so both
-backends apply the same bits; replay sums run over the ring in order, as in the reference. Stochastic
-rounding of 8-bit checkpoints and of conventional fp16 state draws FlashInfer's Philox words
-(`tl.randint4x` is the same stream as `philox_randint4x`) and applies its conversions.
+The Triton twin of `ssmquant.engines.emulation.Mamba2EngineStep`, its torch reference, op for op (profiles:
+`ssmquant.engines.profiles`). Layout as `mamba2.py`. Besides the FP32 reference and the metric state, a replay
+variant keeps its checkpoint (code values and per-row decode scales, or the stored values) and reads its ring back
+from the inputs. The coefficient tables (`profiles.flashinfer_tables`) come from torch, so both backends apply the
+same bits; replay sums run over the ring in order, as in the reference. SR of 8-bit checkpoints and of conventional
+fp16 states draws FlashInfer's Philox words (`tl.randint4x` is `philox_randint4x`'s stream).
 
 _kernel -> launcher (`mamba2_engine_launch`, no validation; `ssmquant.simulate` validates).
 """
@@ -56,8 +53,8 @@ def _bf16(v):
 
 @triton.jit
 def _signed(mag, negative):
-    """mag with its sign bit set where `negative`: -0.0 stays -0.0. Some Triton releases compile a float's unary minus
-    as 0 - x, which turns -(+0.0) into +0.0, so the kernel negates no float."""
+    """mag with its sign bit set where `negative`, so that -0.0 stays -0.0: the kernel negates no float, as some
+    Triton releases compile -x as 0 - x (lab/DESIGN_NOTES.md)."""
     bits = mag.to(tl.int32, bitcast=True) | (negative.to(tl.int32) << 31)
     return bits.to(tl.float32, bitcast=True)
 
@@ -259,8 +256,7 @@ def _mamba2_engine_kernel(
                     y = tl.sum(codes * cvec[:, None], axis=0) * (fac * dec) + cbn * xb
                 else:
                     y = tl.sum(_bf16(codes) * cvec[:, None], axis=0) * fac + cbn * xb
-                # the ring loops are not unrolled (range, not static_range): unrolled, a replay variant's compile takes
-                # several times as long (lab/DESIGN_NOTES.md)
+                # ring loops rolled (range, not static_range): unrolling multiplies compile time (lab/DESIGN_NOTES.md)
                 for j in range(L):
                     st = tl.minimum(start + j, T - 1)
                     xj = tl.load(x_ptr + ((b64 * T + st) * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32)
@@ -375,17 +371,14 @@ def mamba2_engine_launch(
 ) -> torch.Tensor:  # fmt: skip
     """Launch on contiguous inputs; returns per-step metrics [T, B, H, NPB, 4] (fp32).
 
-    s0: [B, H, P, N] fp32, the reference's initial state, or None (zeros); slot_s0: [B, H, P, N] fp32, the
-    variant's state before step 0 (s0 stored in its format), or None (s0 itself). An 8-bit replay checkpoint is
-    the engine's own encoding of s0 either way.
-
-    tables: `FlashInferTables` sliced to this batch (replay), or None (conventional). a_engine: the vllm /
-    trtllm conventional arithmetic with these decays [B, T, H] (`triton_ssu.ssu_decays`), None otherwise. seed: the variant's
-    seed (the engine's rand_seed of call c is `philox.engine_seed(seed, c)`; ssmquant's stream for the
-    rest). Per-row scales need the whole state row in one program: block_p covers the rows given.
-    probe: (fingerprints int64 [T, B, H, NPB, 3], outputs fp32 [T, B, H, P]) filled at every step with the
-    row block's `engines.twin.fingerprint` of the metric state, the checkpoint codes and the decode scales,
-    and the variant's output (a separately compiled kernel; None: neither is computed).
+    s0: [B, H, P, N] fp32, the reference's initial state, or None (zeros); slot_s0: the same shape, the variant's
+    state before step 0 (s0 stored in its format), or None (s0). An 8-bit replay checkpoint is the engine's own
+    encoding of s0 either way. tables: `FlashInferTables` of this batch slice (replay), or None. a_engine: decays
+    [B, T, H] of the vllm / trtllm conventional arithmetic (`triton_ssu.ssu_decays`), or None. seed: the variant's
+    (the engine's call c draws `philox.engine_seed(seed, c)`). block_p covers the rows (per-row scales).
+    probe: (fingerprints int64 [T, B, H, NPB, 3], outputs fp32 [T, B, H, P]) filled at every step with
+    `engines.twin.fingerprint` of the metric state, the checkpoint codes and the decode scales, and the output
+    (a separate compile; None: not computed).
     """
     bsz, steps, heads, p = x.shape
     groups, n = bm.shape[2], bm.shape[3]

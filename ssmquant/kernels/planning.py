@@ -1,8 +1,5 @@
-"""Launch planning of the fused kernels: which ideal variants share a launch and at which tile.
-
-A launch carries the FP32 reference and up to MAX_SLOTS variants; the tile (BLOCK_P rows per program, num_warps)
-comes from a register budget and from the coarsest scale group a variant of the launch needs in one program.
-"""
+"""Launch planning of the fused kernels: which ideal variants share a launch, at which tile (BLOCK_P rows per
+program, num_warps): from a register budget and the coarsest scale group of the launch's variants."""
 
 from __future__ import annotations
 
@@ -15,12 +12,9 @@ from .common import BUFFER_CODES, MAX_SLOTS, slot_spec
 from .quantize import group_rows_for_kernel
 from .rounding import FORMAT_CODES
 
-# FP32 state elements per thread, summed over every state a launch carries (the reference and NV variants): one
-# warp per 16 x 128 tile with two states (2 x 64 elements per thread) is the fastest tiling for both layer kinds, and
-# twice that spills (lab/DESIGN_NOTES.md). A launch carrying NV variants keeps the same budget: 128 / (NV + 1) elements per state and thread,
-# rounded down to a power of two, so its tile has fewer rows per warp (six variants: a [128, 4] tile per
-# warp). Compiled for sm_90a, none of the planned tilings spills, and every tiling with twice the rows does
-# (`python benchmarks/run.py sass`).
+# FP32 state elements per thread, summed over the reference and the NV variants: the largest budget that does not
+# spill (lab/DESIGN_NOTES.md). Each state gets 128 / (NV + 1), rounded down to a power of two (six variants: a
+# [128, 4] tile per warp).
 _STATE_ELEMENTS_PER_THREAD = 128
 _MAX_WARPS = 16
 
@@ -52,11 +46,10 @@ def plan_launches(
 ) -> list[tuple[list[int], tuple[int, int]]]:
     """Group the ideal (non-engine) variants into launches: [(variant indices, (BLOCK_P, num_warps))].
 
-    Variants whose scale groups need the same rows per program (at the smallest tile of a full launch)
-    share launches of at most MAX_SLOTS, in their given order; variants needing several warps even alone (a whole
-    head per program) launch one at a time. tiling: one (BLOCK_P, num_warps) for every
-    launch (benchmark sweeps and tests), which must hold every variant's scale group. kind: the layer kind
-    (an engine profile whose arithmetic on it is the ideal one, `profiles.arithmetic`, launches here too).
+    Variants whose scale groups need the same rows per program share launches of at most MAX_SLOTS, in order; those
+    needing several warps even alone launch one at a time. tiling: one (BLOCK_P, num_warps) for every launch
+    (sweeps, tests), holding every variant's scale group. kind: for `profiles.arithmetic` (engine profiles whose
+    arithmetic is the ideal one launch here too).
     """
     ideal = [i for i, v in enumerate(variants) if arithmetic(v.engine, kind) == "ideal"]
     if tiling is not None:
@@ -73,9 +66,8 @@ def plan_launches(
         buckets.setdefault(max(smallest, _rows_needed(variants[i], rows)), []).append(i)
     out = []
     for idx in buckets.values():
-        # a group that needs several warps even alone (a whole head per program) launches one variant at a time:
-        # sharing a launch saves the reference's work but costs more in the registers of the extra states
-        # (lab/DESIGN_NOTES.md). The others fit MAX_SLOTS variants in one warp's rows.
+        # several warps even alone: one variant per launch, as the extra states' registers cost more than sharing
+        # the reference saves (lab/DESIGN_NOTES.md)
         size = 1 if plan_blocks([variants[idx[0]]], rows, state_dim)[1] > 1 else MAX_SLOTS
         for j in range(0, len(idx), size):
             chunk = idx[j : j + size]

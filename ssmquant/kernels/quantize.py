@@ -17,9 +17,8 @@ from .rounding import FORMAT_CODES, fake_quant_tile, stream_key, tile_columns
 
 @triton.jit
 def _state_tile(s_ptr, R, N, seed, stream, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, KMAJOR: tl.constexpr):
-    """Program m's tile of a [M, R, N] FP32 state, held transposed [BLOCK_N, BLOCK_R] as the emulation kernels hold
-    it (KMAJOR: the Mamba-2 kernel's column order): (m, row indices, element offsets, in-bounds mask, values with 0
-    outside, the stochastic-rounding key of (seed, stream)). The offsets are the element counters of SR."""
+    """Program m's tile of a [M, R, N] FP32 state, transposed [BLOCK_N, BLOCK_R] as the emulation kernels hold it:
+    (m, row indices, element offsets (SR's counters), in-bounds mask, values (0 outside), SR key of (seed, stream))."""
     m = tl.program_id(0).to(tl.int64)
     rows = tl.arange(0, BLOCK_R)
     cols = tile_columns(BLOCK_N, KMAJOR)
@@ -157,8 +156,8 @@ def store_state_triton(
     """Store a state [B, H, rows, state_dim] (contiguous FP32) in ``fmt`` in place: ``fake_quant_triton``'s values
     (the same bits) where ``keep`` [B] (int8, 1 = store) is set, or everywhere when it is None; the rest untouched.
     ``flags`` [B * H, 2] int32 receives, per (sequence, head) tile, the number of non-finite elements before and
-    after. One read and one write of the state, where fake-quant plus a masked copy and two finiteness checks
-    take six passes. Dynamic scales only (the evaluation's formats)."""
+    after. One pass over the state (fake-quant, masked copy and finiteness checks would take six). Dynamic scales
+    only (the evaluation's formats)."""
     check_seed(seed)
     if state.dtype != torch.float32 or not state.is_contiguous() or state.dim() != 4:
         raise ValueError(f"store_state_triton needs a contiguous float32 [B, H, rows, state_dim] state, got "
@@ -169,8 +168,7 @@ def store_state_triton(
     if flags.shape != (b * h, 2) or flags.dtype != torch.int32 or not flags.is_contiguous():
         raise ValueError(f"flags must be a contiguous int32 [{b * h}, 2] tensor, got {flags.dtype} {tuple(flags.shape)}")
     block_r, block_n = triton.next_power_of_2(r), triton.next_power_of_2(n)
-    # 32 tile elements per thread, the most at which a Mamba-2 head [64, 128] does not spill (lab/DESIGN_NOTES.md).
-    # Warps change no result: the tile's reductions are max and integer sums.
+    # 32 tile elements per thread: no spill on a Mamba-2 head [64, 128] (lab/DESIGN_NOTES.md); warps change no result
     warps = min(16, max(4, block_r * block_n // 1024))
     _store_state_kernel[(b * h,)](
         state,

@@ -1,9 +1,5 @@
-"""The registry of fused kernels per layer kind: a kernel module registers its kind's kernel when it is imported
-(``kernels/__init__.py`` imports every module of the package), so a new kind's kernel is one new module.
-
-Two sorts: a kind's ``FusedKernel`` (every variant, several per launch beside one FP32 reference) and any number of
-``VariantKernel``s (one variant per launch, on the devices and for the variants they say they cover, in place of the
-fused kernel: KDA's CUDA kernel)."""
+"""The kernels of each layer kind, registered by their modules on import (``kernels/__init__.py`` imports them all):
+one ``FusedKernel`` per kind and any number of ``VariantKernel``s."""
 
 from __future__ import annotations
 
@@ -50,12 +46,11 @@ def kernel_of(kind: str) -> FusedKernel:
 
 @dataclass(frozen=True)
 class VariantKernel:
-    """A kernel that computes some variants of one layer kind, one variant per launch, in place of its fused kernel.
+    """A kernel that runs some variants of one layer kind, one per launch, in place of its fused kernel.
 
-    name: what ``fused_kernels`` reports for the variants it runs; available(device) -> whether it can run there;
-    eligible(variant, kind, state_dim, rows) -> whether it computes that variant; steps(inputs, variant, shared, s0,
-    metric_budget, stored) -> yields (b0, metrics [T, b, H, 4] fp32) per batch slice, shared being the fused
-    kernel's operands and stored the variant's initial state as stored (or None)."""
+    name: what ``fused_kernels`` reports; available(device) -> bool; eligible(variant, kind, state_dim, rows) ->
+    bool; steps(inputs, variant, shared, s0, metric_budget, stored) -> yields (b0, metrics [T, b, H, 4] fp32) per
+    batch slice (shared: the fused kernel's operands; stored: the variant's initial state as stored, or None)."""
 
     name: str
     available: Callable[[torch.device], bool]

@@ -1,9 +1,8 @@
 """Shared @triton.jit helpers: rounding, random bits and block fake-quantization of every format.
 
-Each helper follows its torch reference in `ssmquant.formats` operation for operation, using only
-operations that are exact in FP32 or integer arithmetic (bit masks, power-of-two scaling, the 2^23
-round-to-nearest trick, correctly rounded `div_rn`), so that the GPU and Triton's CPU interpreter give
-the same bits as torch. Native float8 casts are not used: the interpreter's are wrong (ARCHITECTURE.md, "Testing").
+Each helper follows its torch reference in `ssmquant.formats` op for op, with operations exact in FP32 or integer
+arithmetic only, so that the GPU and Triton's CPU interpreter give torch's bits. No native float8 casts: the
+interpreter's are wrong (ARCHITECTURE.md, "Testing").
 
 Format codes (constexpr FMT): see `FORMAT_CODES`.
 """
@@ -19,8 +18,7 @@ from ..formats import Encoding
 from ..formats.encodings import SPECS
 from ..formats.grids import E2M1, E4M3, E4M3_MIN_SUBNORMAL
 
-# Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) has no libdevice; its arithmetic is numpy's, correctly
-# rounded and never fused.
+# Triton's interpreter (TRITON_INTERPRET=1, the CPU tests): no libdevice, numpy's arithmetic (never fused)
 INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
@@ -30,9 +28,8 @@ def constant(value):
     return value if INTERPRETING.value else tl.constexpr(value)
 
 
-# constexpr codes of the element encodings, read from each encoding's object (`formats.encodings`): a kernel takes
-# one code FMT and reads the encoding's facts from it at compile time (`fmt_layout`, `fmt_mbits`, ...), so that a
-# new encoding with a known layout needs no change here
+# constexpr codes of the element encodings: a kernel reads an encoding's facts from its code FMT at compile time
+# (`fmt_layout`, `fmt_mbits`, ...), so a new encoding with a known layout needs no change here
 FORMAT_CODES = {e: e.kernel_code for e in Encoding}
 FMT_FP32, FMT_BF16, FMT_FP16, FMT_FP8, FMT_INT8, FMT_NVFP4, FMT_INT16 = (
     FORMAT_CODES[e]
@@ -49,9 +46,8 @@ FMT_FP32, FMT_BF16, FMT_FP16, FMT_FP8, FMT_INT8, FMT_NVFP4, FMT_INT16 = (
 _SPEC_OF_CODE = {spec.kernel_code: spec for spec in SPECS.values()}
 assert len(_SPEC_OF_CODE) == len(SPECS), "two encodings share a kernel code"
 
-# How an encoding stores its elements, as the kernels branch on it (``fmt_layout``): kept as is (fp32), rounded on
-# the bit pattern (bf16), rounded to a float grid without a scale (fp16, plain casts), on a grid with one FP32
-# scale per row group (fp8, int8, int16), or NVFP4's two levels.
+# How an encoding stores its elements (``fmt_layout``): as is (fp32), on the bit pattern (bf16), on an unscaled
+# grid (fp16), on a grid with one FP32 scale per row group (fp8, int8, int16), or NVFP4's two levels
 _LAYOUTS = {"exact": 0, "pattern": 1, "grid": 2, "group": 3, "two-level": 4}
 LAYOUT_EXACT = constant(_LAYOUTS["exact"])
 LAYOUT_PATTERN = constant(_LAYOUTS["pattern"])
@@ -108,8 +104,7 @@ def fmt_max_code(fmt):
 
 @triton.constexpr_function
 def fmt_integer_grid(fmt):
-    """Whether the element grid of ``fmt`` has spacing 1 wherever it is used (int8, int16: its smallest normal
-    binade starts at 2^mantissa_bits)."""
+    """Whether the element grid of ``fmt`` has spacing 1 wherever it is used (int8, int16)."""
     grid = encoding_of_code(fmt).grid
     return grid.min_exponent == grid.mantissa_bits
 
@@ -166,9 +161,7 @@ def round_to_grid(
 
     Mirrors `ssmquant.formats.grids.round_to_grid`: clamp |v| (saturating grids), spacing
     2^(max(e, EMIN) - MBITS), round |v| / spacing to an integer (RNE via the 2^23 trick, or up iff
-    u < fraction), scale back, restore the sign bit. Saturating grids round to nearest in one addition
-    and one subtraction (`rne_with_distance`, the same values in fewer instructions); non-saturating ones
-    keep the steps above, which also carry an infinite |v| through.
+    u < fraction), scale back, restore the sign bit. Saturating RNE takes `rne_with_distance` (the same values).
     """
     vb = v.to(tl.uint32, bitcast=True)
     a = tl.abs(v)
@@ -263,17 +256,12 @@ def fake_quant_tile(
 ):
     """Store-and-reload of a state tile in format FMT: the FP32 values that come back.
 
-    The tile is transposed, s [BN, BR]: the state dim along axis 0 and rows along axis 1, the fast
-    axis, so that every per-row reduction (amax over the state dim) stays inside a thread.
-    static_scale: [BR] decode scale of each row's group (STATIC only); index: [BN, BR] flat element
-    indices (SR counters); key: the write's stream key. GROUP rows share one scale (GROUP divides BR;
-    a whole head is GROUP = BR). Padded rows / columns must hold zeros.
-    KMAJOR: the tile's axis 0 holds state column 16 i + k at position k * (BN // 16) + i (nvfp4 block i,
-    element k): with the default layout each thread then holds whole 16-element blocks (mamba2.py).
-    Only nvfp4 looks at the order; every other format reduces over the whole state dim.
-    HEAD_SCALAR: an nvfp4 tile that is one scale group (GROUP = BR, per-head scales) takes its s2 as one scalar and
-    clamps its quotients instead of checking its blocks (`nvfp4_blocks`, ONE_S2): faster for the Mamba-2 tile, not for
-    the delta-rule kernel's, which leaves it off (lab/DESIGN_NOTES.md).
+    s [BN, BR]: the transposed tile (state dim, rows); static_scale: [BR] decode scale of each row's group (STATIC
+    only); index: [BN, BR] flat element indices (SR counters); key: the write's stream key. GROUP rows share one scale
+    (GROUP divides BR; a whole head is GROUP = BR). Padded rows / columns must hold zeros.
+    KMAJOR: axis 0 in `tile_columns`' k-major order, whole nvfp4 blocks per thread (only nvfp4 looks at the order).
+    HEAD_SCALAR: a one-group nvfp4 tile takes its s2 as one scalar and clamps its quotients instead
+    of checking its blocks (`nvfp4_blocks`' ONE_S2): on for the Mamba-2 tile only (lab/DESIGN_NOTES.md).
     """
     if fmt_layout(FMT) == LAYOUT_EXACT:
         return s
@@ -325,14 +313,13 @@ def _nvfp4_tile(
     """`fake_quant_tile` for nvfp4 on the tile's block view, blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR]
     (BAXIS = 0): the FP32 values that come back, [BN, BR] in the tile's order.
 
-    Per-block and per-row values keep the block view's rank (size-1 axes: [NB, 1, BR] / [1, NB, BR], [1, 1, BR]),
-    so that they stay in the tile's register layout: reduced to a rank-2 [NB, BR], the delta-rule tile (whose lanes
-    split each block in two) went through shared memory and a layout of its own for the row amax and back.
+    Per-block and per-row values keep the block view's rank ([NB, 1, BR] / [1, NB, BR], [1, 1, BR]) so that they
+    stay in the tile's register layout, off shared memory.
     """
     bamax = tl.max(tl.abs(blocks), axis=BAXIS, keep_dims=True)  # [NB, 1, BR] / [1, NB, BR]
     if STATIC:
         s2 = tl.reshape(static_scale, [1, 1, BR])
-    elif GROUP == BR and HEAD_SCALAR:  # one scale group per tile (a whole head): s2 is one scalar, every lane's
+    elif GROUP == BR and HEAD_SCALAR:  # one group per tile: s2 one scalar
         s2 = _second_level_scale(_tile_max(bamax))
     else:  # the row amax is the max of its blocks' (max is exact: the same bits as over the elements)
         amax = tl.max(bamax, axis=1 - BAXIS, keep_dims=True)  # [1, 1, BR]
@@ -341,9 +328,8 @@ def _nvfp4_tile(
         elif GROUP > 1:
             amax = tl.reshape(group_max(tl.reshape(amax, [BR]), BR, GROUP), [1, 1, BR])
         s2 = _second_level_scale(amax)
-    # SR with rows groups smaller than the tile takes the reference's divisions: with the fast quotients beside
-    # group_max's reshapes, Triton (3.6 and 3.9) laid the block view out whole in every thread (make_llir ran for
-    # minutes); whole-tile groups reduce without a reshape and keep them
+    # SR with row groups smaller than the tile takes the reference's divisions: beside group_max's reshapes the fast
+    # quotients compile to a layout with the whole block view in every thread (lab/DESIGN_NOTES.md)
     exact_sr = SR and not STATIC and GROUP > 1 and GROUP < BR
     q, d = nvfp4_blocks(
         blocks, bamax, s2, index, key, BN, BR, BAXIS, STATIC, SR, GROUP == BR and HEAD_SCALAR and not STATIC, exact_sr
@@ -353,9 +339,8 @@ def _nvfp4_tile(
 
 @triton.jit
 def _tile_max(x):
-    """The max of a block-view value (rank 3: blocks, per-block or per-row values) over all its axes, a scalar;
-    axis 0 first, which lies inside each thread in both block views (faster than one pass over the flattened value:
-    lab/DESIGN_NOTES.md)."""
+    """The max of a rank-3 block-view value over all its axes, a scalar; axis 0 (in-thread in both block views)
+    first (lab/DESIGN_NOTES.md)."""
     return tl.max(tl.max(tl.max(x, axis=0), axis=0), axis=0)
 
 
@@ -366,15 +351,10 @@ def _second_level_scale(amax):
     return tl.where(s2 == 0.0, 1.0, s2)
 
 
-# The nvfp4 write divides every block amax by 6 s2 and every element by its block's decode scale d, correctly
-# rounded (`formats.codec.encode`). `nvfp4_blocks` gets the same quotients from one correctly rounded reciprocal
-# per row and per block (`quotient_rn`), exact while its intermediates stay in FP32's normal range; these bounds
-# keep them there. s2 in [2^-68, 2^90] puts every d = bs s2 (bs in [2^-9, 448]) in [2^-77, 2^99] and 6 s2 in
-# [2^-65, 2^93]: element quotients of magnitude >= 2^-26 (RNE only looks at those >= 0.25) and block scale quotients
-# >= 2^-9 (smaller ones are clamped to 2^-9) come back exact. A block scale quotient below 2^-100 may come back
-# inexact or 0 (the reference turns an underflow to 0 into a block scale of 1, not 2^-9), but every element of such
-# a block is at most 6 x 2^9 x 2^-100 times its d either way and rounds to 0 under RNE: the same values, so no check
-# (under SR a zero draw tells them apart; `nvfp4_blocks`' SR check covers those elements).
+# The s2 range within which `nvfp4_blocks`' reciprocal quotients (`quotient_rn`) equal the reference's divisions:
+# it keeps d = bs s2 in [2^-77, 2^99] and 6 s2 in [2^-65, 2^93], where element quotients >= 2^-26 and block scale
+# quotients >= 2^-9 are exact. A block scale quotient below 2^-100 may not be, but the block's elements round to 0
+# under RNE with either scale (SR: `nvfp4_blocks`' check).
 _S2_MIN = tl.constexpr(2.0**-68)
 _S2_MAX = tl.constexpr(2.0**90)
 
@@ -382,11 +362,9 @@ _S2_MAX = tl.constexpr(2.0**90)
 @triton.jit
 def rne_with_distance(a, MBITS: tl.constexpr, EMIN: tl.constexpr):
     """RNE of a >= 0, already clamped to the grid's max, to the float grid (MBITS, EMIN), and |a - rounded| in
-    units of the grid spacing (0.5 at a midpoint): (rounded, distance), both shaped like a.
+    units of the grid spacing: (rounded, distance), both shaped like a; `round_to_grid`'s values.
 
-    The values of `round_to_grid(a, 0, MBITS, EMIN, ...)`: with c = 2^23 x spacing (a power of two), a + c has
-    an ulp of one spacing, so the FP32 addition rounds a to the grid, half to even, and (a + c) - c is exact.
-    a - rounded is exact (at most half a spacing) and scaling it by 1 / spacing is exact.
+    With c = 2^23 x spacing, a + c has an ulp of one spacing, so (a + c) - c rounds a half to even, exactly.
     """
     eb = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, (EMIN + 127) << 23)  # biased exponent, at least EMIN
     c = (eb + ((23 - MBITS) << 23)).to(tl.float32, bitcast=True)
@@ -397,17 +375,12 @@ def rne_with_distance(a, MBITS: tl.constexpr, EMIN: tl.constexpr):
 
 @triton.jit
 def rne_centered(v, MBITS: tl.constexpr, EMIN: tl.constexpr):
-    """RNE of signed v to the float grid (MBITS, EMIN), |v| at most the grid's top value (callers clamp): the
-    values of `round_to_grid` in 4 instructions (sm_90) with no sign restore; a zero comes back +0 (the reference
-    keeps the sign of a -0, which no metric and no nonzero value sees); NaN stays NaN.
+    """RNE of signed v to the float grid (MBITS <= 21, EMIN), |v| at most the grid's top value (callers clamp):
+    `round_to_grid`'s values in 4 instructions, except that a zero comes back +0 (no metric sees a zero's sign);
+    NaN stays NaN.
 
-    With 2^E the power of two at or below m = max(|v|, 2^EMIN), the grid's spacing about v is sp = 2^(E - MBITS).
-    c = 1.5 x 2^(E + 23 - MBITS) (m's power of two times a constant: exact) sits in the middle of the binade
-    [2^(E + 23 - MBITS), 2^(E + 24 - MBITS)), whose ulp is sp, and v + c stays inside it for every |v| < 2^(E + 1)
-    (the distance to either end, 2^(E + 22 - MBITS), is at least 2^(E + 1) for MBITS <= 21). So t = RN(v + c)
-    (one FMA) is c plus v rounded to a multiple of sp, ties to an even multiple (c / sp is even), and t - c (FMA,
-    exact) is that multiple: v's nearest grid value (the grid holds every multiple of sp in [2^E, 2^(E + 1)], and
-    of 2^(EMIN - MBITS) below 2^EMIN), ties to the even mantissa.
+    With 2^E the power of two at or below max(|v|, 2^EMIN), v + c for c = 1.5 x 2^(E + 23 - MBITS) stays in a binade
+    whose ulp is the grid's spacing about v, so RN(v + c) - c is v rounded half to even, exactly.
     """
     m = tl.maximum(tl.abs(v), 2.0**EMIN)
     p = (m.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)  # 2^E
@@ -417,10 +390,8 @@ def rne_centered(v, MBITS: tl.constexpr, EMIN: tl.constexpr):
 
 @triton.jit
 def reciprocal_rn(b):
-    """1 / b correctly rounded, for |b| in [2^-120, 2^120]: the fast path of CUDA's __frcp_rn (its slow path takes
-    the ends of the exponent range only): y0 = rcp.approx.ftz.f32(b) (MUFU.RCP, within one ulp), then one
-    Newton-Raphson step with FMAs, y0 + y0 (1 - b y0), which rounds correctly. Three instructions (sm_90) against
-    about ten for `div_rn(1, b)` with its range check. In the interpreter, the division."""
+    """1 / b correctly rounded, for |b| in [2^-120, 2^120]: the fast path of CUDA's __frcp_rn, MUFU.RCP then one
+    Newton-Raphson step, y0 + y0 (1 - b y0), in three instructions. In the interpreter, the division."""
     if INTERPRETING:
         return tl.math.div_rn(tl.full(b.shape, 1.0, tl.float32), b)
     else:
@@ -434,14 +405,10 @@ def reciprocal_rn(b):
 def quotient_rn(a, b, y):
     """a / b correctly rounded, given y = RN(1 / b) (`reciprocal_rn`): three instructions instead of a division.
 
-    Markstein's theorem (Handbook of Floating-Point Arithmetic, 2nd ed., section 4.7): with y within half an ulp
-    of 1 / b and q = RN(a y) within one ulp of a / b, the residual r = a - b q is exact (one FMA) and
-    RN(q + r y) = RN(a / b), provided nothing underflows or overflows. For normal b and y, the residual
-    (|r| ~ 2^-23 |a|, a multiple of ulp(q) ulp(b)) stays exact while ulp(q) ulp(b) >= 2^-149: for |a / b| >= 2^-26
-    when b >= 2^-77 (the bounds `nvfp4_blocks` checks). Smaller quotients are within a few ulps of a / b, their
-    sign and zero kept, except within a few ulps of FP32's underflow. In the interpreter (numpy: no fused
-    multiply-add), the division itself. tests/kernels/test_nvfp4_fast_round.py checks the sequence against exact
-    rational arithmetic at the midpoints that matter, and on the GPU against the division.
+    By Markstein's theorem (Handbook of Floating-Point Arithmetic, 2nd ed., 4.7), q = RN(a y), r = a - b q (exact,
+    one FMA), RN(q + r y) = RN(a / b) while nothing underflows: for |a / b| >= 2^-26 when b >= 2^-77 (the bounds
+    `nvfp4_blocks` checks); smaller quotients come within a few ulps, sign and zero kept. In the interpreter, the
+    division. Pinned by tests/kernels/test_nvfp4_fast_round.py.
     """
     if INTERPRETING:
         return tl.math.div_rn(a, b)
@@ -453,10 +420,9 @@ def quotient_rn(a, b, y):
 
 @triton.jit
 def _sr_e2m1(quotients, index, key):
-    """Quotients in a block view rounded to E2M1 stochastically (saturating at 6), each element with its draw from
-    its counter in index [BN, BR] (the tile's order, reshaped to the block view as the tile was) and the write's key.
-    The draws are made here, where they are used, so that they are not held beside the tile through the write, and
-    in the block view, so that the quotients are not reshaped back and forth for them."""
+    """Quotients in a block view rounded to E2M1 stochastically (saturating at 6), each with its draw from its
+    counter in index [BN, BR] (the tile's order) and the write's key. Drawn here, in the block view, so that the
+    draws are not held beside the tile through the write nor the quotients reshaped for them."""
     u = uniform_from_bits(keyed_bits(key, tl.reshape(index, quotients.shape)))
     return round_to_grid(quotients, u, E2M1_MBITS, E2M1_EMIN, E2M1_MAX, True, True)
 
@@ -486,28 +452,18 @@ def nvfp4_blocks(
     EXACT_SR: tl.constexpr = False,
 ):
     """NVFP4 encode of 16-element blocks, as `formats.codec.encode`: (E2M1 values q shaped like blocks, decode
-    scales d [NB, 1, BR] / [1, NB, BR]) of blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR] (BAXIS = 0, the
-    elements of a block along axis 0), with block amax bamax shaped like d and second-level scales s2 [1, 1, BR]
-    (ONE_S2: one dynamic scalar s2 for the whole tile); index [BN, BR], key: SR's element counters in the tile's order
-    and stream key (`keyed_bits`; SR only: the uniforms are drawn where the quotients are rounded, so that they are
-    not held beside the tile through the write); STATIC: s2 is a static scale; EXACT_SR: SR by the reference's
-    divisions alone (see `_nvfp4_tile`).
+    scales d [NB, 1, BR] / [1, NB, BR]) of blocks [NB, 16, BR] (BAXIS = 1) or [16, NB, BR] (BAXIS = 0), with block
+    amax bamax shaped like d and second-level scales s2 [1, 1, BR] (ONE_S2: one dynamic scalar for the tile);
+    index [BN, BR], key: SR's element counters (tile order) and stream key; STATIC: s2 is a static scale;
+    EXACT_SR: SR by the reference's divisions alone (`_nvfp4_tile`).
 
-    The reference divides every block amax by 6 s2 and every element by its block's d, correctly rounded. Here one
-    correctly rounded reciprocal per row (of 6 s2) and one per block (of d) give the same quotients (`quotient_rn`);
-    RNE rounds them by `rne_centered`, SR by `round_to_grid` with the element's draw. The reciprocals give exact
-    quotients only within _S2_MIN.._S2_MAX; a tile where a row leaves that range (a row amax below about 10^-17 or
-    above 10^30) takes the reference's divisions instead, and so does, with dynamic RNE scales, a tile with a block
-    quotient above 6.5 (`rne_centered` needs |v| < 7; SR and static scales clamp at 6 as the reference does), and
-    with static scales one with a block quotient above 2^126 (near FP32's overflow the fast quotient is NaN). SR
-    also compares quotients far below the first grid step with its draw, where only whether a quotient is 0 counts
-    (a draw of 0 rounds any nonzero one up): the fast quotient keeps that except beside FP32's underflow, so a tile
-    with a nonzero element below d 2^-126 (a quotient in FP32's subnormal range) takes the reference's divisions too;
-    that also covers a block whose scale quotient underflows (its elements are below 6 s2 2^-150). With ONE_S2
-    (per-head scales: the tile is one group) RNE clamps its quotients too (two instructions per element) instead of
-    checking blocks, so that the branch waits on the scalar s2 alone rather than on a second reduction across the
-    warps of the head. Every check reads per-row, per-block or per-element values before any quotient is taken, and
-    each branch turns the blocks into q in place. A NaN element comes back NaN.
+    The reference's correctly rounded divisions (block amax / 6 s2, element / d) come from one reciprocal per row and
+    per block (`quotient_rn`), rounded by `rne_centered` (RNE) or `round_to_grid` (SR). A tile takes the reference's
+    divisions where the two could differ: a row's s2 outside _S2_MIN.._S2_MAX; with dynamic RNE scales, a block
+    quotient above 6.5 (`rne_centered` needs |v| < 7; a block scale in E4M3's subnormal range rounded far down); with
+    static scales, one above 2^126 (the fast quotient turns NaN); under SR, a nonzero element below d 2^-126 (whether
+    its quotient is 0 counts, which the fast one loses at FP32's underflow). With ONE_S2, RNE clamps its quotients
+    instead of checking blocks, so that the branch waits on the scalar s2 alone. A NaN element comes back NaN.
     """
     if ONE_S2:  # the scalar decides the branch; the arithmetic takes it splat to the tile's rows
         take_exact = ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # also NaN
@@ -516,44 +472,28 @@ def nvfp4_blocks(
     if EXACT_SR:
         d = _reference_decode_scales(bamax, den, s2)
         return _sr_e2m1(tl.math.div_rn(blocks, d), index, key), d
-    # a zero quotient (a zero block, or an underflow) is clamped to 2^-9 like a tiny one, where the reference takes 1:
-    # under RNE every element of such a block rounds to 0 with either scale (see _S2_MIN), and q d is 0 either way;
-    # under SR a zero draw rounds a nonzero element up to 0.5 d, which differs, but such an element (at most
-    # 6 s2 2^-150) lies below d 2^-126 with either d, so the SR check below sends its tile to the exact path
+    # a zero block scale quotient is clamped to 2^-9 where the reference takes 1: the same q d under RNE (_S2_MIN),
+    # and under SR its nonzero elements fall below d 2^-126, which sends the tile to the exact path
     bs = tl.minimum(tl.maximum(quotient_rn(bamax, den, reciprocal_rn(den)), BLOCK_SCALE_MIN), E4M3_MAX)
     d = rne_centered(bs, 3, -6) * s2
     rd = reciprocal_rn(d)
     if not ONE_S2:
         bad = ~((s2 >= _S2_MIN) & (s2 <= _S2_MAX))  # [1, 1, BR]; also NaN
         if not STATIC and not SR:
-            # dynamic scales put every quotient at or below 6 (x 16/15 where the block scale rounds down), except for
-            # a block scale in E4M3's subnormal range rounded far down (a block ~3 x 10^4 below its row's amax): a
-            # block whose largest quotient (RN(bamax rd) bounds every element's, within an ulp) exceeds 6.5 takes the
-            # exact path, and the others need no clamp (`rne_centered` is exact for |v| < 7, rounds (6, 7) to 6);
-            # SR clamps every quotient as the reference does
             bad = bad | (bamax * rd > 6.5)  # [NB, 1, BR] / [1, NB, BR]
         if STATIC:
-            # a static scale far below the state can put a quotient beyond FP32's range: the reference's division
-            # gives inf, clamped to 6, where RN(x y) = inf makes the corrected quotient inf - inf = NaN; such blocks
-            # (RN(bamax rd) above 2^126, every quotient of the block within an ulp of it or below) divide
             bad = bad | (bamax * rd > 2.0**126)
         take_exact = _tile_max(bad.to(tl.int32)) != 0
     if SR:
-        # SR rounds a quotient in (0, 2^-25) up to 0.5 exactly when its draw is 0, so there only whether it is 0
-        # counts, which the fast quotient keeps except near 2^-150, where RN(x / d) turns 0: a block with a nonzero
-        # element below t = d 2^-126 (its quotient under 2^-126) takes the exact path. One unsigned compare per block
-        # of per-element values that cost one integer add each: 2 bits(x) - 1 (the sign shifted out, a zero wrapping
-        # to the top) is ordered as |x| is, and below 2 bits(t) - 1 exactly when 0 < |x| < t (t's bits at least 1:
-        # a t that underflows to 0 admits no x)
+        # 2 bits(x) - 1 (sign shifted out, a zero wrapping to the top) is ordered as |x|: below 2 bits(t) - 1 exactly
+        # when 0 < |x| < t = d 2^-126
         xb = blocks.to(tl.uint32, bitcast=True)
         lowest = tl.min(xb + xb - 1, axis=BAXIS, keep_dims=True)  # shaped like d
         tb = tl.maximum((d * 2.0**-126).to(tl.uint32, bitcast=True), 1)
         tiny = lowest < tb + tb - 1
         take_exact = take_exact | (_tile_max(tiny.to(tl.int32)) != 0)
-    # one flag per tile from per-block and per-row values (axis 0 first: inside each thread in both block views),
-    # decided before any element is divided: each branch turns the blocks into q in place, where computing q first
-    # and the exact path after kept both alive (64 more registers per thread at the Mamba-2 tiling: 247 against
-    # fp8's 214, one warp fewer per SM)
+    # one flag per tile, decided before any element is divided, so that only one branch's values are live
+    # (lab/DESIGN_NOTES.md)
     if take_exact:
         d = _reference_decode_scales(bamax, den, s2)
         if SR:
