@@ -32,9 +32,9 @@ from .facts import (
     ENGINE_NAMES,
     ENGINES,
     FACTS,
+    RELEASES,
     RULED_ENCODINGS,
     SERVED_KINDS,
-    VERSIONS,
     VLLM_PR_BUILD,
     EngineVersionError,
     build,
@@ -68,6 +68,7 @@ KDA_FAMILIES = {
     "Glm5NextForCausalLM": "glm5next",
     "Glm5NextForConditionalGeneration": "glm5next",
     "KimiK3ForConditionalGeneration": "kimi_k3",
+    "KimiK31ForConditionalGeneration": "kimi_k3",  # vLLM 0.34.0: the Kimi-K3 class under a new name
     "KimiLinearForCausalLM": "kimi_linear",
 }
 KDA_FAMILY_NAMES = {"glm5next": "GLM-5.3-Flash", "kimi_k3": "Kimi-K3", "kimi_linear": "Kimi-Linear", None: "this"}
@@ -152,8 +153,10 @@ class Target:
         return FACTS[fact_id].holds(self.version)
 
     def at_least(self, version: str) -> bool:
-        order = VERSIONS[self.engine]
-        return order.index(self.version) >= order.index(version)
+        """Whether this target's release (a build's base release) is ``version`` or later."""
+        order = RELEASES[self.engine]
+        mine = self.build.base if self.build is not None else self.version
+        return order.index(mine) >= order.index(version)
 
     def drafts(self, setting) -> int:
         return setting.draft_tokens if self.draft_tokens is None else int(self.draft_tokens)
@@ -183,7 +186,8 @@ class Runtime:
     "conventional". window: logical replay window L (0: conventional); ring_rows: rows the engine allocates
     per sequence and layer; tokens: tokens per decode call (1 + drafts); env: environment variables the
     engine needs; prefix_caching: False where it must be off (vLLM), None where untouched; facts: ids
-    relied on.
+    relied on; state_copies: states per sequence and layer the engine reserves (state_copies_assume: the setting
+    assumed).
     """
 
     backend: str
@@ -193,6 +197,10 @@ class Runtime:
     env: dict[str, str] = field(default_factory=dict)
     prefix_caching: bool | None = None
     facts: list[str] = field(default_factory=list)
+    # copies of the layer's state the engine reserves per sequence (vLLM's state pages, TensorRT-LLM's
+    # intermediate states of a speculative step), and the engine setting that count assumes
+    state_copies: int = 1
+    state_copies_assume: str = "one state per sequence"
 
     @property
     def replay(self) -> bool:
@@ -322,7 +330,9 @@ def _flashinfer_8bit_shape(t: Target, s, out: list) -> None:
         )
 
 
-def _window(t: Target, s, T: int, fact: str, out: list) -> None:
+def _window(t: Target, s, T: int, fact: str, out: list, spec_fact: str | None = None) -> None:
+    """The FlashInfer replay window's two rules, each citing the fact that states it: the <= 16 cap (``fact``) and,
+    with drafts, L >= 1 + T (``spec_fact``, default ``fact``)."""
     L = s.buffer_len
     if L > FLASHINFER_MAX_WINDOW:
         out.append(
@@ -333,7 +343,9 @@ def _window(t: Target, s, T: int, fact: str, out: list) -> None:
             )
         )
     if T and L < 1 + T:
-        out.append(_v("spec_buffer", fact, f"speculative replay needs buffer length >= 1 + draft tokens: L={L}, T={T}"))
+        out.append(
+            _v("spec_buffer", spec_fact or fact, f"speculative replay needs buffer length >= 1 + draft tokens: L={L}, T={T}")
+        )
 
 
 def _kda(t: Target, s, out: list) -> None:
@@ -667,7 +679,7 @@ def _vllm(t: Target, s, kind: str, out: list) -> None:
                 )
             )
     else:
-        _window(t, s, T, "vllm.spec_fi" if T else "vllm.fi_max_window", out)
+        _window(t, s, T, "vllm.fi_max_window", out, spec_fact="vllm.spec_fi")
 
 
 def _vllm_backend(t: Target, s) -> str:
@@ -678,7 +690,7 @@ def _vllm_backend(t: Target, s) -> str:
     if not fi_replay:
         return "triton"
     needs_fi = s.encoding in EIGHT_BIT_ENCODINGS or t.drafts(s) > 0 or (s.rounding == "sr" and t.gpu // 10 != 10)
-    # FlashInfer needs no Model Runner V1 switch, so it is preferred whenever its window fits
+    # FlashInfer is preferred whenever its window fits (before 0.34.0 Triton ReplaySSM also needs Model Runner V1)
     return "flashinfer" if needs_fi or s.buffer_len <= FLASHINFER_MAX_WINDOW else "triton"
 
 
@@ -827,7 +839,52 @@ def _kda_runtime(target: Target, s, tokens: int) -> Runtime:
 
 
 def runtime(target: Target, setting, layer_kind: str) -> Runtime:
-    """How `target` runs `setting` (which must have no violations): backend, window, ring, env, prefix caching."""
+    """How `target` runs `setting` (which must have no violations): backend, window, ring, env, prefix caching,
+    and the state copies it reserves per sequence."""
+    rt = _runtime(target, setting, layer_kind)
+    rt.state_copies, rt.state_copies_assume, fact = state_copies(target, setting, layer_kind, rt)
+    if fact is not None and fact not in rt.facts:
+        rt.facts.append(fact)
+    return rt
+
+
+def _prefill_checkpoint_pages(target: Target, layer_kind: str) -> tuple[int, str]:
+    """vLLM's prefill-checkpoint page under prefix caching (fact vllm.state_pages): (pages, what decides it)."""
+    if layer_kind == "mamba2":
+        return 1, "Mamba-2's prefill checkpoint"
+    if layer_kind == "gdn":
+        # the FlashInfer GDN prefill is the default on SM 9.0, and on SM 10.x / 12.x with K = 128 under CUDA 13
+        fi_prefill = target.gpu == 90 or (target.gpu // 10 in (10, 12) and getattr(target.dims, "state_dim", 128) == 128)
+        return (1, "the FlashInfer GDN prefill's checkpoint (assumes CUDA 13 on SM 10.x / 12.x)") if fi_prefill else (0, "no FlashInfer GDN prefill")
+    return 0, "no FlashKDA prefill (its checkpoint would add one)"
+
+
+def state_copies(target: Target, setting, layer_kind: str, rt: Runtime) -> tuple[int, str, str | None]:
+    """(copies of one layer's state the engine reserves per sequence, the engine setting assumed, the fact id).
+
+    vLLM: its state pages, 1 + S without prefix caching, 2 + S + C with it (on by default for hybrid models);
+    S the draft tokens (0 under ReplaySSM), C a prefill checkpoint page. TensorRT-LLM: the live state plus
+    intermediate_ssm [1 + T] of a speculative step decoded without replay. FlashInfer: the caller's pool, one.
+    """
+    T = target.drafts(setting)
+    if target.engine == "vllm" and not target.holds("vllm.state_pages"):
+        return 1, f"one state counted: how vLLM {target.version} reserves state pages was not read", None
+    if target.engine == "vllm":
+        spec = 0 if rt.replay else T
+        if rt.prefix_caching is False:
+            return 1 + spec, f"prefix caching off; {spec} draft-token pages", "vllm.state_pages"
+        extra, why = _prefill_checkpoint_pages(target, layer_kind)
+        return (
+            2 + spec + extra,
+            f"prefix caching on (vLLM's default for hybrid models): 2 pages + {spec} draft-token pages + {extra} ({why})",
+            "vllm.state_pages",
+        )
+    if target.engine == "trtllm" and T and not rt.replay:
+        return 2 + T, f"speculative decoding without replay: the live state and intermediate_ssm [1 + {T}]", "trtllm.intermediate_ssm"
+    return 1, "one state per sequence", None
+
+
+def _runtime(target: Target, setting, layer_kind: str) -> Runtime:
     s, T = setting, target.drafts(setting)
     tokens = 1 + T
     e = target.engine
@@ -844,10 +901,15 @@ def runtime(target: Target, setting, layer_kind: str) -> Runtime:
             return Runtime(backend, 0, 0, tokens, facts=facts)
         L = s.buffer_len
         if backend == "flashinfer":
-            facts = ["vllm.fi_replay_no_prefix", "vllm.fi_max_window", "vllm.ring"] + (["vllm.spec_fi"] if T else [])
-            return Runtime(backend, L, L + tokens, tokens, prefix_caching=False, facts=facts)
+            facts = ["vllm.fi_max_window", "vllm.ring"] + (["vllm.spec_fi"] if T else [])
+            if target.holds("vllm.fi_replay_no_prefix"):
+                return Runtime(backend, L, L + tokens, tokens, prefix_caching=False, facts=["vllm.fi_replay_no_prefix", *facts])
+            # prefix caching stays on where the rings hold bfloat16 inputs, as measured; off otherwise
+            prefix = None if s.scheme.buffer_dtype == "bf16" else False
+            return Runtime(backend, L, L + tokens, tokens, prefix_caching=prefix, facts=["vllm.fi_replay_align", *facts])
         env = {"VLLM_USE_V2_MODEL_RUNNER": "0"} if target.holds("vllm.triton_replay_v1") else {}
         facts = ["vllm.ring"] + (["vllm.triton_replay_v1"] if env else [])
+        facts += ["vllm.v1_runner_removed"] if target.holds("vllm.v1_runner_removed") else []
         facts += ["vllm.replay_triton_only"] if target.holds("vllm.replay_triton_only") else []
         return Runtime(backend, L, L, tokens, env=env, facts=facts)
     if e == "trtllm":
@@ -875,7 +937,8 @@ def runtime(target: Target, setting, layer_kind: str) -> Runtime:
             return Runtime("flashinfer.fused_kda_decode", 0, 0, tokens, facts=["flashinfer.fused_kda_decode"])
         return Runtime("flashinfer.recurrent_kda", 0, 0, tokens, facts=["flashinfer.kda_decode"])
     if layer_kind != "mamba2":
-        return Runtime("flashinfer.gated_delta_rule_decode_pretranspose", 0, 0, tokens, facts=["flashinfer.gdn_decode"])
+        facts = ["flashinfer.gdn_decode"] + (["flashinfer.gdn_null_slot"] if s.encoding == "bf16" else [])
+        return Runtime("flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose", 0, 0, tokens, facts=facts)
     if not _replay(s):
         return Runtime("flashinfer.mamba.selective_state_update", 0, 0, tokens, facts=["flashinfer.ssu_dtypes"])
     L = s.buffer_len
@@ -888,7 +951,8 @@ def runtime(target: Target, setting, layer_kind: str) -> Runtime:
 def engine_bytes(target: Target, setting, layer_kind: str, dims, rt: Runtime | None = None) -> dict[str, int]:
     """Bytes per sequence and SSM layer in the engine's own buffers: {"state", "scales", "ring", "slot", "total"}.
 
-    state: the state tensor [heads, rows, state_dim]; scales: 8-bit decode scales, FP32 per row; ring: the
+    state: the state tensors [heads, rows, state_dim], times the copies the engine reserves per sequence
+    (``Runtime.state_copies``); scales: 8-bit decode scales, FP32 per row, as many; ring: the
     replay buffers the engine allocates (vLLM / FlashInfer: x, B and dt rows; TensorRT-LLM: two buffers of
     x, B, dt and dA_cumsum); slot: per-sequence bookkeeping (FlashInfer ring_start and
     prev_num_accepted_tokens; TensorRT-LLM prev_num_accepted_tokens and cache_buf_idx, shared by all
@@ -897,8 +961,8 @@ def engine_bytes(target: Target, setting, layer_kind: str, dims, rt: Runtime | N
     """
     rt = runtime(target, setting, layer_kind) if rt is None else rt
     s = setting
-    state = dims.heads * dims.rows * dims.state_dim * ELEMENT_BYTES[s.encoding]
-    scales = dims.heads * dims.rows * 4 if s.encoding in EIGHT_BIT_ENCODINGS else 0
+    state = rt.state_copies * dims.heads * dims.rows * dims.state_dim * ELEMENT_BYTES[s.encoding]
+    scales = rt.state_copies * dims.heads * dims.rows * 4 if s.encoding in EIGHT_BIT_ENCODINGS else 0
     act = {"bf16": 2, "fp16": 2, "fp32": 4}[s.scheme.buffer_dtype]
     ring = slot = 0
     if rt.replay and layer_kind == "kda":

@@ -56,6 +56,7 @@ VERSIONS: dict[str, tuple[str, ...]] = {
         "0.31.0",
         "0.32.0",
         "0.33.0",
+        "0.34.0",
         VLLM_PR_BUILD,
     ),  # fmt: skip
     "trtllm": (TRTLLM_MAIN,),
@@ -118,17 +119,31 @@ class Fact:
     read_in: tuple[str, ...] = field(default_factory=tuple)
 
     def holds(self, version: str) -> bool:
-        order = VERSIONS[self.engine]
+        """Whether the fact holds at ``version``: a release by the order of the releases read; a build as its base
+        release, except for the facts that the build itself starts (since) or ends (until)."""
+        builds = BUILDS.get(self.engine, {})
+        if version in builds:
+            if self.since == version:
+                return True
+            if self.until == version:
+                return False
+            version = builds[version].base
+        if self.since in builds:  # a fact of that build alone
+            return False
+        order = RELEASES[self.engine]
         i = order.index(version)
         lo = 0 if self.since is None else order.index(self.since)
-        hi = len(order) if self.until is None else order.index(self.until)
+        hi = len(order) if self.until is None or self.until in builds else order.index(self.until)
         return lo <= i < hi
 
     @property
     def range(self) -> str:
-        order = VERSIONS[self.engine]
+        builds = BUILDS.get(self.engine, {})
+        if self.since in builds:
+            return self.since
+        order = RELEASES[self.engine]
         lo = order[0] if self.since is None else self.since
-        if self.until is None:
+        if self.until is None or self.until in builds:
             return f"{lo} and later read" if lo != order[-1] else lo
         return f"{lo} to {order[order.index(self.until) - 1]}"
 
@@ -165,7 +180,9 @@ def _issue(what: str) -> Source:
     return Source("NVIDIA/TensorRT-LLM", f"(not read here) {what}", "as stated in ssmquant issue 26")
 
 
-V_ALL = VERSIONS["vllm"][:-1]
+# the releases read before 0.34.0 (a source read again at 0.34.0 names it beside them)
+V_ALL = VERSIONS["vllm"][: VERSIONS["vllm"].index("0.33.0") + 1]
+V34 = "0.34.0"
 
 FACTS: dict[str, Fact] = {
     f.id: f
@@ -176,7 +193,7 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "--mamba-ssm-cache-dtype takes auto, float32, float16, bfloat16 (MambaDType); any other value fails "
             "argument parsing",
-            (_vllm("vllm/config/cache.py", *V_ALL), _vllm("vllm/engine/arg_utils.py", "0.33.0")),
+            (_vllm("vllm/config/cache.py", *V_ALL), _vllm("vllm/engine/arg_utils.py", "0.33.0"), _vllm("vllm/config/cache.py", V34)),
             until=VLLM_PR_BUILD,
             quote="argument --mamba-ssm-cache-dtype: invalid choice: {value} (choose from 'auto', 'bfloat16', "
             "'float16', 'float32')",
@@ -195,7 +212,7 @@ FACTS: dict[str, Fact] = {
             "vllm.sr_fp16",
             "vllm",
             "stochastic rounding (--enable-mamba-cache-stochastic-rounding) needs --mamba-ssm-cache-dtype float16",
-            (_vllm("vllm/config/vllm.py", *V_ALL),),
+            (_vllm("vllm/config/vllm.py", *V_ALL), _vllm("vllm/config/vllm.py", V34),),
             until=VLLM_PR_BUILD,
             quote="Stochastic rounding for Mamba cache requires the SSM cache to be float16.",
         ),
@@ -213,7 +230,7 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "stochastic rounding on the Triton Mamba backend needs a compute capability 10.x GPU "
             "(is_device_capability_family(100)); the FlashInfer backend has no such check",
-            (_vllm("vllm/config/mamba.py", *V_ALL), _vllm("vllm/platforms/interface.py", "0.33.0")),
+            (_vllm("vllm/config/mamba.py", *V_ALL), _vllm("vllm/platforms/interface.py", "0.33.0"), _vllm("vllm/config/mamba.py", V34)),
             quote="Stochastic rounding for Mamba cache with triton backend requires compute capability 10.0 "
             "(data center Blackwell). [...] or set `--mamba-backend flashinfer`.",
         ),
@@ -222,7 +239,7 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "stochastic rounding is applied only by the Mamba selective-state-update backends; Gated DeltaNet "
             "layers decode with kernels that take no rounding option",
-            (_vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", "0.30.0", "0.31.0", "0.32.0", "0.33.0"),),
+            (_vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", "0.30.0", "0.31.0", "0.32.0", "0.33.0"), _vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", V34),),
             read_in=("0.30.0", "0.31.0", "0.32.0", "0.33.0"),
         ),
         Fact(
@@ -230,14 +247,14 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "--mamba-cache-philox-rounds defaults to 0: Triton's default rounds (tl.randint, 10) on the Triton "
             "backend, 10 on the FlashInfer backend",
-            (_vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", "0.33.0"),),
+            (_vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", "0.33.0"), _vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", V34),),
             quote="philox_rounds=self._mamba_config.stochastic_rounding_philox_rounds or 10",
         ),
         Fact(
             "vllm.replay_flags",
             "vllm",
             "ReplaySSM: --use-replayssm and --replayssm-buffer-len (default 16); absent before 0.27.0",
-            (_vllm("vllm/config/cache.py", "0.27.0", "0.33.0"),),
+            (_vllm("vllm/config/cache.py", "0.27.0", "0.33.0"), _vllm("vllm/config/cache.py", V34),),
             since="0.27.0",
             quote="replayssm_buffer_len: int = Field(default=16, gt=0)",
         ),
@@ -246,7 +263,7 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "ReplaySSM runs only for models marked SupportsReplaySSM: NemotronH (Mamba-2); Gated DeltaNet models "
             "decode conventionally",
-            (_vllm("vllm/model_executor/models/nemotron_h.py", "0.33.0"), _vllm("vllm/config/vllm.py", *V_ALL[2:])),
+            (_vllm("vllm/model_executor/models/nemotron_h.py", "0.33.0"), _vllm("vllm/config/vllm.py", *V_ALL[2:]), _vllm("vllm/config/vllm.py", V34)),
             since="0.27.0",
             quote="--use-replayssm is not supported for architecture {architecture!r}",
         ),
@@ -270,6 +287,7 @@ FACTS: dict[str, Fact] = {
                 _vllm("vllm/config/model.py", "0.33.0"),
             ),
             since="0.30.0",
+            until="0.34.0",
             quote="FlashInfer ReplaySSM does not support prefix caching yet; use --disable-prefix-caching",
         ),
         Fact(
@@ -279,6 +297,7 @@ FACTS: dict[str, Fact] = {
             "export sets VLLM_USE_V2_MODEL_RUNNER=0",
             (_vllm("vllm/config/vllm.py", "0.30.0", "0.31.0", "0.32.0", "0.33.0"),),
             since="0.30.0",
+            until="0.34.0",
             quote="Triton ReplaySSM requires Model Runner V1; use --mamba-backend flashinfer or Model Runner V1",
         ),
         Fact(
@@ -286,7 +305,7 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "FlashInfer ReplaySSM needs --replayssm-buffer-len <= 16 (checked by the config from 0.32.0, by "
             "the kernel's max_window assert before)",
-            (_vllm("vllm/config/vllm.py", "0.32.0", "0.33.0"), _fi("flashinfer/mamba/checkpointing_ssu.py")),
+            (_vllm("vllm/config/vllm.py", "0.32.0", "0.33.0"), _fi("flashinfer/mamba/checkpointing_ssu.py"), _vllm("vllm/config/vllm.py", V34)),
             since="0.30.0",
             quote="FlashInfer ReplaySSM requires --replayssm-buffer-len <= 16",
         ),
@@ -312,8 +331,8 @@ FACTS: dict[str, Fact] = {
             "vllm.spec_fi",
             "vllm",
             "Mamba-2 ReplaySSM with speculative decoding: FlashInfer backend only, --replayssm-buffer-len >= 1 + "
-            "num_speculative_tokens, no prefix caching",
-            (_vllm("vllm/config/vllm.py", "0.32.0", "0.33.0"),),
+            "num_speculative_tokens",
+            (_vllm("vllm/config/vllm.py", "0.32.0", "0.33.0"), _vllm("vllm/config/vllm.py", V34),),
             since="0.32.0",
             quote="FlashInfer ReplaySSM speculative decoding requires --replayssm-buffer-len >= 1 + "
             "num_speculative_tokens",
@@ -327,6 +346,7 @@ FACTS: dict[str, Fact] = {
             (
                 _vllm("vllm/model_executor/layers/mamba/mamba_utils.py", "0.30.0", "0.32.0", "0.33.0"),
                 _vllm("vllm/config/cache.py", "0.30.0", "0.32.0", "0.33.0"),
+                _vllm("vllm/model_executor/layers/mamba/mamba_utils.py", V34),
             ),
             since="0.27.0",
             quote="ReplaySSM logical history length B for Mamba2. Triton uses B physical rows and FlashInfer uses B+T",
@@ -337,8 +357,58 @@ FACTS: dict[str, Fact] = {
             "--mamba-cache-mode follows prefix caching ('align' with it, 'none' without); deprecated and without "
             "effect in 0.33.0",
             (_vllm("vllm/engine/arg_utils.py", "0.33.0"), _vllm("vllm/model_executor/models/config.py", "0.33.0")),
+            until="0.34.0",
             quote="--mamba-cache-mode is deprecated and will be removed in v0.33.0. It has no effect: Mamba prefix "
             "caching follows --enable-prefix-caching.",
+        ),
+        Fact(
+            "vllm.mamba_cache_mode_034",
+            "vllm",
+            "--mamba-cache-mode follows prefix caching ('align' with it, 'none' without); deprecated and without "
+            "effect",
+            (_vllm("vllm/engine/arg_utils.py", V34), _vllm("vllm/model_executor/models/config.py", V34)),
+            since="0.34.0",
+            quote="--mamba-cache-mode is deprecated and will be removed in v0.34.0. It has no effect: Mamba prefix "
+            "caching follows --enable-prefix-caching.",
+        ),
+        Fact(
+            "vllm.v1_runner_removed",
+            "vllm",
+            "Model Runner V1 is gone: VLLM_USE_V2_MODEL_RUNNER set to anything but 1 stops start-up, so Triton "
+            "ReplaySSM runs on the default runner with no environment variable",
+            (_vllm("vllm/platforms/interface.py", V34), _vllm("vllm/envs.py", V34)),
+            since="0.34.0",
+            quote="VLLM_USE_V2_MODEL_RUNNER={value} is no longer supported: Model Runner V1 has been removed. Unset "
+            "this variable.",
+        ),
+        Fact(
+            "vllm.fi_replay_align",
+            "vllm",
+            "FlashInfer ReplaySSM takes prefix caching (mamba_cache_mode 'align', on by default for hybrid models), "
+            "with or without speculative decoding, when the model dtype is bfloat16 (its replay rings hold the "
+            "inputs in it); the prefixes are materialised by flashinfer.mamba.replayssm_materialize. With another "
+            "model dtype the export turns prefix caching off",
+            (_vllm("vllm/config/vllm.py", V34), _vllm("vllm/v1/worker/replayssm_utils.py", V34)),
+            since="0.34.0",
+            quote="FlashInfer ReplaySSM align requires bfloat16 model inputs for its replay rings; SSM state cache "
+            "dtype is independent",
+        ),
+        Fact(
+            "vllm.state_pages",
+            "vllm",
+            "state pages reserved per sequence and Mamba layer group: 1 + S without prefix caching, 2 + S + C with "
+            "it (mamba_cache_mode 'align'); S = num_speculative_tokens, 0 under --use-replayssm; C = 1 prefill "
+            "checkpoint page for Mamba-2, for Qwen GDN only with the FlashInfer GDN prefill (the default on SM 9.0, "
+            "and on SM 10.x / 12.x with K = 128 and CUDA 13), for Kimi-K3 / GLM KDA only with the FlashKDA prefill, "
+            "0 for Kimi-Linear. A page holds the conv and SSM states, padded to the attention page size in hybrids",
+            (
+                _vllm("vllm/v1/kv_cache_interface.py", "0.33.0", V34),
+                _vllm("vllm/model_executor/layers/mamba/abstract.py", "0.33.0", V34),
+                _vllm("vllm/model_executor/layers/mamba/mamba_mixer2.py", V34),
+                _vllm("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py", V34),
+            ),
+            since="0.33.0",
+            quote="page_size_bytes * (2 + self.num_speculative_blocks + self.num_prefill_checkpoint_blocks)",
         ),
         Fact(
             "vllm.hf_nemotron",
@@ -346,7 +416,7 @@ FACTS: dict[str, Fact] = {
             "with --mamba-ssm-cache-dtype auto, NemotronH takes mamba_ssm_cache_dtype from the top level of the HF "
             "config (default float32) with getattr, unchecked: a value the release has no kernel for (int8) is "
             "not refused there; an explicit flag wins",
-            (_vllm("vllm/model_executor/models/config.py", *V_ALL),),
+            (_vllm("vllm/model_executor/models/config.py", *V_ALL), _vllm("vllm/model_executor/models/config.py", V34),),
             quote='mamba_ssm_cache_dtype: MambaDType = getattr(hf_config, "mamba_ssm_cache_dtype", '
             "cls.DEFAULT_MAMBA_SSM_CACHE_DTYPE)",
         ),
@@ -357,7 +427,7 @@ FACTS: dict[str, Fact] = {
             "text_config of the multimodal Qwen3_5(Moe)ForConditionalGeneration checkpoints, the top level of "
             "Qwen3_5(Moe)ForCausalLM); a top-level key of a multimodal checkpoint is ignored. Qwen3-Next and the "
             "KDA models read no HF key: the flag is their only knob",
-            (_vllm("vllm/model_executor/models/config.py", *V_ALL),),
+            (_vllm("vllm/model_executor/models/config.py", *V_ALL), _vllm("vllm/model_executor/models/config.py", V34),),
             quote='mamba_ssm_dtype = getattr(hf_text_config, "mamba_ssm_dtype", None)',
         ),
         Fact(
@@ -366,7 +436,7 @@ FACTS: dict[str, Fact] = {
             "Qwen's fused CUDA GDN decode takes a float32 or bfloat16 recurrent state only (and a bf16 model, K = V "
             "= 128, SM 8.0+); a float16 state falls back to the Triton GDN path, while bfloat16 is the same size "
             "and stays on the fused kernel",
-            (_vllm("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py", *V_ALL[4:]),),
+            (_vllm("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py", *V_ALL[4:]), _vllm("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py", V34),),
             since="0.28.0",
             quote="FUSED_GDN_STATE_DTYPES = (torch.float32, torch.bfloat16)",
         ),
@@ -384,7 +454,7 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "MambaStateDtypeCalculator.kda_state_dtype maps the SSM cache dtype it is given to the KDA recurrent "
             "state: auto -> float32, float32, bfloat16; any other value raises at model construction",
-            (_vllm("vllm/model_executor/layers/mamba/mamba_utils.py", *V_ALL[6:]),),
+            (_vllm("vllm/model_executor/layers/mamba/mamba_utils.py", *V_ALL[6:]), _vllm("vllm/model_executor/layers/mamba/mamba_utils.py", V34),),
             since="0.30.0",
             quote="KDA recurrent state supports only auto, float32, and bfloat16; got {value}",
         ),
@@ -393,7 +463,7 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "Kimi-K3's KDA layer (KimiK3DeltaAttention) passes --mamba-ssm-cache-dtype to kda_state_dtype: its "
             "state follows the flag (float32 or bfloat16)",
-            (_vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[6:]),),
+            (_vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[6:]), _vllm("vllm/models/kimi_k3/nvidia/kda.py", V34),),
             since="0.30.0",
             quote="self.cache_config.mamba_ssm_cache_dtype,",
         ),
@@ -406,6 +476,7 @@ FACTS: dict[str, Fact] = {
             (
                 _vllm("vllm/models/glm5next/common/kda.py", "0.31.0", "0.32.0", "0.33.0"),
                 _vllm("vllm/models/glm5next/nvidia/kda.py", "0.30.0"),
+                _vllm("vllm/models/glm5next/common/kda.py", V34),
             ),
             since="0.32.0",
             quote="self.cache_config.mamba_ssm_cache_dtype,",
@@ -416,7 +487,7 @@ FACTS: dict[str, Fact] = {
             "Kimi-Linear's KDA layer (kimi_gdn_linear_attn.py, KimiLinearForCausalLM without Kimi-K3's full-rank "
             "gate) passes only the conv cache dtype to kda_state_dtype: its state stays float32 whatever "
             "--mamba-ssm-cache-dtype says, and it never reads use_kda_recoverssm",
-            (_vllm("vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py", *V_ALL),),
+            (_vllm("vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py", *V_ALL), _vllm("vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py", V34),),
             quote="return MambaStateDtypeCalculator.kda_state_dtype(self.model_config.dtype, "
             "self.cache_config.mamba_cache_dtype)",
         ),
@@ -425,9 +496,9 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "--kda-decode-backend {auto, native, flashinfer, triton} (default auto), read by Kimi-K3's KDA layer "
             "only: auto takes the native fused kernel (float32 state, head_dim 128, 12/24/48/96 heads per GPU, no "
-            "drafts, SM 90 / 10.x / 12.x), else FlashInfer's fused_kda_decode (SM 10.x, float32 or bfloat16 state, "
-            "no drafts), else Triton",
-            (_vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[6:]), _vllm("vllm/engine/arg_utils.py", *V_ALL[6:])),
+            "drafts, SM 90 / 10.x / 12.x), else Triton; FlashInfer's fused_kda_decode (SM 10.x, float32 or bfloat16 "
+            "state, no drafts) runs only when asked for with --kda-decode-backend flashinfer",
+            (_vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[6:]), _vllm("vllm/engine/arg_utils.py", *V_ALL[6:]), _vllm("vllm/models/kimi_k3/nvidia/kda.py", V34)),
             since="0.30.0",
             quote='choices=["auto", "native", "flashinfer", "triton"]',
         ),
@@ -435,9 +506,10 @@ FACTS: dict[str, Fact] = {
             "vllm.recoverssm",
             "vllm",
             "KDA replay is RecoverSSM: --use-replayssm with speculative decoding on a Kimi architecture "
-            "(KimiLinearForCausalLM, KimiK3ForConditionalGeneration), the Triton Mamba backend, no stochastic "
+            "(KimiLinearForCausalLM, KimiK3ForConditionalGeneration; KimiK31ForConditionalGeneration from 0.34.0), "
+            "the Triton Mamba backend, no stochastic "
             "rounding, bfloat16 or float32 state; only Kimi-K3's layer implements it",
-            (_vllm("vllm/config/vllm.py", *V_ALL[5:]), _vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[5:])),
+            (_vllm("vllm/config/vllm.py", *V_ALL[5:]), _vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[5:]), _vllm("vllm/config/vllm.py", V34)),
             since="0.29.0",
             quote="RecoverSSM supports bfloat16/float32 SSM state caches, not --enable-mamba-cache-stochastic-rounding",
         ),
@@ -445,7 +517,7 @@ FACTS: dict[str, Fact] = {
             "vllm.glm_no_replay",
             "vllm",
             "GLM-5.3-Flash (Glm5Next) is not a SupportsReplaySSM model: --use-replayssm is refused for it",
-            (_vllm("vllm/config/vllm.py", *V_ALL[6:]),),
+            (_vllm("vllm/config/vllm.py", *V_ALL[6:]), _vllm("vllm/config/vllm.py", V34),),
             since="0.30.0",
             quote="--use-replayssm is not supported for architecture {architecture!r}",
         ),
@@ -454,7 +526,7 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "a speculative config needs a method (mtp, ngram, eagle3, ...) or a draft model: with "
             "num_speculative_tokens alone vLLM assumes a draft model and refuses",
-            (_vllm("vllm/config/speculative.py", *V_ALL),),
+            (_vllm("vllm/config/speculative.py", *V_ALL), _vllm("vllm/v1/worker/gpu/spec_decode/speculator_config.py", V34),),
             quote="num_speculative_tokens was provided but without speculative model.",
         ),
         # -- TensorRT-LLM -------------------------------------------------------------------------------
@@ -504,6 +576,21 @@ FACTS: dict[str, Fact] = {
             (_trt("tensorrt_llm/_torch/modules/mamba/cache_manager.py", "2829508"),),
             quote="Replay kernel Philox requires 100 <= sm < 120; using legacy MTP path for stochastic rounding "
             "support",
+        ),
+        Fact(
+            "trtllm.intermediate_ssm",
+            "trtllm",
+            "with speculative decoding and replay off, the Mamba cache manager allocates intermediate_ssm_states "
+            "[layers, max_batch_size, tokens per step = 1 + draft tokens, *state] in the SSM cache dtype beside the "
+            "live states: 2 + T states per sequence and layer; with replay on it allocates none",
+            (
+                Source(
+                    "NVIDIA/TensorRT-LLM",
+                    "tensorrt_llm/_torch/pyexecutor/kv_cache/mamba_cache_manager/common.py",
+                    "main, several snapshots of a code index (commit not pinned)",
+                ),
+            ),
+            quote="Legacy SSM intermediate buffer is only needed when replay is disabled",
         ),
         Fact(
             "trtllm.replay_history",
@@ -690,6 +777,17 @@ FACTS: dict[str, Fact] = {
             "V >= 128, and V a multiple of its tile (8)",
             (_fi("flashinfer/gdn_decode.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),),
             quote='assert K >= 128, f"K must be at least 128, got K={K}"',
+        ),
+        Fact(
+            "flashinfer.gdn_null_slot",
+            "flashinfer",
+            "Gated DeltaNet decode, bfloat16 fast path (K = V = 128): an index of -1 (padding) is redirected to "
+            "slot 0, which the kernel reads and writes; the pool needs one slot more than the sequences it holds, "
+            "live indices in [1, pool). The float32 path skips -1 entries. gated_delta_rule_decode_pretranspose "
+            "is flashinfer.gdn_decode's, not exported at the top level",
+            (_fi("flashinfer/gdn_decode.py", "0.7.4"), _fi("flashinfer/__init__.py", "0.7.4")),
+            quote="The caller must therefore allocate the pool with an extra leading slot (`pool_size = "
+            "num_real_slots + 1`) and keep real slots at indices `1..pool_size-1`.",
         ),
         Fact(
             "flashinfer.gdn_decode_state",

@@ -39,6 +39,12 @@ class ExportResult:
         ]
         for d in p.dropped:
             lines.append(d.short_line(self.metric))
+        rt, per_layer = p.runtime, p.engine_bytes["total"]
+        lines.append(
+            f"memory: {per_layer * p.num_ssm_layers:,} bytes per sequence in {p.deployment.name}'s buffers over "
+            f"{p.num_ssm_layers} SSM layers ({rt.state_copies} state cop{'y' if rt.state_copies == 1 else 'ies'} per "
+            f"layer: {rt.state_copies_assume})"
+        )
         lines.append(
             f"{len(p.notes)} notes, the engine's constraint for each dropped setting and the facts relied on: "
             f"{self.out_dir / SUMMARY_NAME}"
@@ -116,6 +122,8 @@ def export(
         },
         "engine_bytes_per_sequence": {
             "per_layer": plan.engine_bytes,
+            "state_copies": rt.state_copies,
+            "state_copies_assume": rt.state_copies_assume,
             "ssm_layers": plan.num_ssm_layers,
             "total": plan.engine_bytes["total"] * plan.num_ssm_layers,
         },
@@ -232,6 +240,9 @@ def _summary(result: ExportResult, recipe, files: dict[str, str]) -> str:
         "| per SSM layer | state | scales | ring | slot bookkeeping | total |",
         "|---|---|---|---|---|---|",
         f"| bytes | {b['state']:,} | {b['scales']:,} | {b['ring']:,} | {b['slot']:,} | {b['total']:,} |",
+        "",
+        f"The state and scales count **{rt.state_copies} cop{'y' if rt.state_copies == 1 else 'ies'}** of the layer's "
+        f"state per sequence, as {name} reserves them: {rt.state_copies_assume}.",
         "",
         f"Over the model's {n} SSM layers: **{b['total'] * n:,} bytes per sequence**.",
         "",

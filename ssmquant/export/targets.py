@@ -295,12 +295,17 @@ def flashinfer_kwargs(plan: ExportPlan, recipe: Recipe) -> dict:
             }
         return out
     if recipe.layer_kind != "mamba2":
+        null_slot = "flashinfer.gdn_null_slot" in rt.facts
         return {
             "function": rt.backend,
             "layers": layers,
-            "initial_state": {"dtype": TORCH_DTYPES[s.encoding], "shape": ["cache", d.heads, d.rows, d.state_dim]},
-            "layout": "V-major: [pool, HV, V, K] (V = value head dim, K = key head dim)",
-            "constraints": [FACTS["flashinfer.gdn_decode"].says],
+            "initial_state": {
+                "dtype": TORCH_DTYPES[s.encoding],
+                "shape": ["cache + 1" if null_slot else "cache", d.heads, d.rows, d.state_dim],
+            },
+            "layout": "V-major: [pool, HV, V, K] (V = value head dim, K = key head dim)"
+            + ("; slot 0 is the null slot that -1 (padding) indices write: live indices are in [1, cache]" if null_slot else ""),
+            "constraints": [FACTS[f].says for f in rt.facts],
         }
     inp = _input_dtype(plan)
     out: dict = {
@@ -468,8 +473,10 @@ _SNIPPET_GDN = '''
 HV, V, K = {heads}, {rows}, {state_dim}  # value heads, value head dim, key head dim
 FUNCTION = "{function}"
 
+NULL_SLOT = {null_slot}  # bfloat16 state: slot 0 is written for -1 (padding) indices; live slots are 1..CACHE
+
 # one V-major state pool [pool, HV, V, K] per SSM layer
-LAYERS = {{layer: {{"state": _alloc(CACHE, HV, V, K, dtype={state_dtype})}} for layer in SSM_LAYERS}}
+LAYERS = {{layer: {{"state": _alloc(CACHE + NULL_SLOT, HV, V, K, dtype={state_dtype})}} for layer in SSM_LAYERS}}
 state = LAYERS[SSM_LAYERS[0]]["state"]  # the first SSM layer's, for a one-layer test
 
 # per decode step (T = 1) and layer, with q, k [B, 1, H, K], v [B, 1, HV, V], a, b [B, 1, HV], A_log, dt_bias [HV]:
@@ -559,7 +566,7 @@ def flashinfer_snippet(plan: ExportPlan, recipe: Recipe, kw: dict) -> str:
             return head + _SNIPPET_FUSED_KDA.format(**fmt)
         return head + _SNIPPET_KDA.format(**fmt, window=rt.window)
     if recipe.layer_kind != "mamba2":
-        return head + _SNIPPET_GDN.format(**fmt)
+        return head + _SNIPPET_GDN.format(**fmt, null_slot=int("flashinfer.gdn_null_slot" in rt.facts))
     fmt.update(
         input_dtype=_input_dtype(plan),
         replay=rt.replay,

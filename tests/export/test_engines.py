@@ -53,8 +53,8 @@ def test_every_fact_has_a_source_and_a_range_inside_the_versions_read():
 
 
 def test_versions_default_to_the_newest_release_never_to_a_build():
-    assert DEFAULT_VERSION["vllm"] == "0.33.0" and VERSIONS["vllm"][-1] == VLLM_PR_BUILD
-    assert target("vllm").version == "0.33.0" and target("vllm").build is None
+    assert DEFAULT_VERSION["vllm"] == "0.34.0" and VERSIONS["vllm"][-1] == VLLM_PR_BUILD
+    assert target("vllm").version == "0.34.0" and target("vllm").build is None
     assert "#52962" in target("vllm", VLLM_PR_BUILD).build.label("vllm")
     with pytest.raises(EngineVersionError, match=r"vLLM version '0.25.1' is not covered.*accepted: 0.25.0, 0.26.0"):
         target("vllm", "0.25.1")
@@ -199,6 +199,62 @@ def test_fix4_vllm_speculative_replay_from_0_32_on_flashinfer():
     m = rules(target("vllm", drafts=4), "bf16@replay4")["spec_buffer"]
     assert m.startswith("speculative replay needs buffer length >= 1 + draft tokens: L=4, T=4")
     assert "<= 16" in rules(target("vllm", drafts=3), "bf16@replay32")["buffer_len"]
+
+
+def test_a_refusal_quotes_the_rule_it_breaks():
+    """L = 32 with drafts breaks FlashInfer ReplaySSM's <= 16 cap (vllm.fi_max_window), not the L >= 1 + T rule
+    (vllm.spec_fi): each violation quotes its own rule."""
+    found = {v.rule: v for v in violations(target("vllm", drafts=3), Setting.parse("bf16@replay32"), "mamba2")}
+    assert found["buffer_len"].fact == "vllm.fi_max_window"
+    assert '"FlashInfer ReplaySSM requires --replayssm-buffer-len <= 16"' in found["buffer_len"].message
+    short = {v.rule: v for v in violations(target("vllm", drafts=4), Setting.parse("bf16@replay4"), "mamba2")}
+    assert short["spec_buffer"].fact == "vllm.spec_fi" and "buffer_len" not in short
+
+
+# -- vLLM 0.34.0 ------------------------------------------------------------------------------------------------
+def test_vllm_034_drops_the_runner_variable_and_keeps_prefix_caching_under_flashinfer_replay():
+    """vllm.v1_runner_removed: VLLM_USE_V2_MODEL_RUNNER=0 stops 0.34.0 at start-up, so Triton ReplaySSM (L > 16)
+    gets no environment there (0.33.0 needed it); vllm.fi_replay_align: FlashInfer ReplaySSM keeps prefix caching
+    where the rings hold bfloat16 inputs, and turns it off for other buffer dtypes."""
+    old, new = target("vllm", "0.33.0"), target("vllm", "0.34.0")
+    assert runtime(old, Setting.parse("bf16@replay32"), "mamba2").env == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    rt = runtime(new, Setting.parse("bf16@replay32"), "mamba2")
+    assert rt.backend == "triton" and rt.env == {} and "vllm.v1_runner_removed" in rt.facts
+    assert runtime(old, Setting.parse("bf16@replay16"), "mamba2").prefix_caching is False
+    rt = runtime(new, Setting.parse("bf16@replay16"), "mamba2")
+    assert rt.backend == "flashinfer" and rt.prefix_caching is None and "vllm.fi_replay_align" in rt.facts
+    fp16_ring = Setting.parse("bf16@replay16:fp16")
+    assert runtime(new, fp16_ring, "mamba2").prefix_caching is False
+
+
+def test_state_copies_are_counted_as_each_engine_reserves_them():
+    """vllm.state_pages: 1 + S pages without prefix caching, 2 + S + C with it (S drafts, 0 under ReplaySSM; C
+    Mamba-2's prefill checkpoint); trtllm.intermediate_ssm: 2 + T states with drafts and no replay."""
+    conv = Setting.parse("bf16@conventional")
+    per_state = NANO.heads * NANO.rows * NANO.state_dim * 2
+    for version in ("0.33.0", "0.34.0"):
+        t = target("vllm", version)
+        rt = runtime(t, conv, "mamba2")
+        assert rt.state_copies == 3 and "vllm.state_pages" in rt.facts and "prefix caching on" in rt.state_copies_assume
+        assert engine_bytes(t, conv, "mamba2", NANO, rt)["state"] == 3 * per_state
+    assert runtime(target("vllm", "0.34.0", drafts=2), conv, "mamba2").state_copies == 2 + 2 + 1
+    old_fi = runtime(target("vllm", "0.33.0", drafts=3), Setting.parse("bf16@spec16x3"), "mamba2")
+    assert old_fi.prefix_caching is False and old_fi.state_copies == 1  # ReplaySSM: no draft pages
+    assert runtime(target("vllm", gpu=90, dims=QWEN), conv, "gdn").state_copies == 3  # FlashInfer GDN prefill on SM 9.0
+    assert runtime(target("vllm", gpu=80, dims=QWEN), conv, "gdn").state_copies == 2
+    rt = runtime(target("trtllm", drafts=3), conv, "mamba2")
+    assert rt.state_copies == 5 and "trtllm.intermediate_ssm" in rt.facts
+    assert runtime(target("trtllm", drafts=3), Setting.parse("bf16@spec16x3"), "mamba2").state_copies == 1
+    assert runtime(target("flashinfer"), conv, "mamba2").state_copies == 1
+
+
+def test_flashinfer_gdn_bf16_pool_reserves_the_null_slot():
+    """flashinfer.gdn_null_slot: the bfloat16 fast path writes slot 0 for -1 padding; the function lives in
+    flashinfer.gdn_decode."""
+    rt = runtime(target("flashinfer", dims=QWEN), Setting.parse("bf16@conventional"), "gdn")
+    assert rt.backend == "flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose"
+    assert "flashinfer.gdn_null_slot" in rt.facts
+    assert "flashinfer.gdn_null_slot" not in runtime(target("flashinfer", dims=QWEN), Setting.parse("fp32@conventional"), "gdn").facts
 
 
 # -- fix 5: FlashInfer stochastic rounding ----------------------------------------------------------------------
@@ -432,9 +488,9 @@ def test_issue26_2_vllm_kda_decode_backend_and_runtime_facts():
     """vLLM 0.30.0+ vllm/engine/arg_utils.py: --kda-decode-backend `choices=["auto", "native", "flashinfer",
     "triton"]`, read by Kimi-K3's layer only; the export leaves it at auto and says what auto picks."""
     rt = runtime(kda_target("vllm"), Setting.parse("bf16@conventional"), "kda")
-    assert rt.facts == ["vllm.kda_state_dtype", "vllm.kda_k3_follows", "vllm.kda_decode_backend"]
+    assert rt.facts == ["vllm.kda_state_dtype", "vllm.kda_k3_follows", "vllm.kda_decode_backend", "vllm.state_pages"]
     rt = runtime(kda_target("vllm", arch="KimiLinearForCausalLM"), Setting.parse("fp32@conventional"), "kda")
-    assert rt.facts == ["vllm.kda_state_dtype", "vllm.kda_linear_fp32"] and rt.backend == "triton"
+    assert rt.facts == ["vllm.kda_state_dtype", "vllm.kda_linear_fp32", "vllm.state_pages"] and rt.backend == "triton"
     assert runtime(kda_target("vllm", "0.29.0"), Setting.parse("fp32@conventional"), "kda").facts == ["vllm.kda_state_fp32"]
 
 

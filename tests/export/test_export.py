@@ -101,19 +101,20 @@ def nano_recipe(tmp_path_factory):
 
 
 def test_vllm_release_runs_a_float_fallback_and_names_the_unreleased_build(mamba_recipe):
-    """vllm.state_dtype: vLLM 0.33.0 has no int8 / fp8 state, so the measured fp16/bf16 fallback runs."""
+    """vllm.state_dtype: vLLM releases (0.34.0 by default) have no int8 / fp8 state, so the measured fp16/bf16
+    fallback runs."""
     res = export(mamba_recipe, "vllm", gpu="sm90")
     s = res.plan.setting
-    assert s.encoding in ("fp16", "bf16") and res.plan.deployment.label == "vLLM 0.33.0 on sm90"
+    assert s.encoding in ("fp16", "bf16") and res.plan.deployment.label == "vLLM 0.34.0 on sm90"
     assert any(f"--engine-version {VLLM_PR_BUILD}" in n for n in res.plan.notes)
     dropped = " ".join(d.reason for d in res.plan.dropped)
     assert "invalid choice: 'int8' (choose from 'auto', 'bfloat16', 'float16', 'float32')" in dropped
     md = (res.out_dir / "EXPORT.md").read_text()
-    assert "Checked for **vLLM 0.33.0 on sm90** with 0 draft tokens per step." in md
+    assert "Checked for **vLLM 0.34.0 on sm90** with 0 draft tokens per step." in md
     assert "## Bytes per sequence in vLLM's buffers" in md and "## Engine facts relied on" in md
     args = json.loads((res.out_dir / "vllm_engine_args.json").read_text())
     assert args["mamba_ssm_cache_dtype"] == {"fp16": "float16", "bf16": "bfloat16"}[s.encoding]
-    assert "checked for vLLM 0.33.0 on sm90" in (res.out_dir / "vllm_serve.sh").read_text()
+    assert "checked for vLLM 0.34.0 on sm90" in (res.out_dir / "vllm_serve.sh").read_text()
 
 
 def test_vllm_pr_build_files(nano_recipe):
@@ -197,7 +198,11 @@ def test_stochastic_rounding_exports(sr_recipe, tmp_path):
     """vllm.sr_triton_sm10x: off SM 10.x the FlashInfer backend rounds; flashinfer.cssu_sr: fp16 SR in replay."""
     args = json.loads((export(sr_recipe, "vllm", gpu="sm90").out_dir / "vllm_engine_args.json").read_text())
     assert args["enable_mamba_cache_stochastic_rounding"] is True and args["mamba_cache_philox_rounds"] == 10
-    assert args["mamba_backend"] == "flashinfer" and args["enable_prefix_caching"] is False
+    # vllm.fi_replay_align: from 0.34.0 FlashInfer ReplaySSM keeps prefix caching (bfloat16 rings, as measured)
+    assert args["mamba_backend"] == "flashinfer" and "enable_prefix_caching" not in args
+    old = export(sr_recipe, "vllm", tmp_path / "v033", gpu="sm90", engine_version="0.33.0")
+    args = json.loads((old.out_dir / "vllm_engine_args.json").read_text())
+    assert args["mamba_backend"] == "flashinfer" and args["enable_prefix_caching"] is False  # vllm.fi_replay_no_prefix
     kw = json.loads((export(sr_recipe, "flashinfer", gpu="sm90").out_dir / "flashinfer_kwargs.json").read_text())
     assert kw["rand_seed"] == {"dtype": "torch.int64", "shape": [1], "device": "cuda"} and kw["philox_rounds"] == 10
 
@@ -262,7 +267,7 @@ def test_unsatisfiable_recipe_names_the_nearest_runnable_setting_with_its_cost(m
     with pytest.raises(ExportError) as info:
         export(rec, "vllm", gpu="sm90")
     msg = str(info.value)
-    assert "invalid choice: 'int8'" in msg and "The recipe measured no setting that vLLM 0.33.0 on sm90 can run" in msg
+    assert "invalid choice: 'int8'" in msg and "The recipe measured no setting that vLLM 0.34.0 on sm90 can run" in msg
     assert f"Or export for the unreleased build: --engine-version {VLLM_PR_BUILD}." in msg
 
 
@@ -322,8 +327,8 @@ def test_fix7_gdn_exports(tmp_path):
 def test_bad_targets_versions_and_gpus(mamba_recipe, tmp_path):
     res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "sglang"])
     assert res.exit_code != 0 and "known targets: vllm, trtllm, flashinfer" in res.output
-    res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "vllm", "--engine-version", "0.34.0"])
-    assert res.exit_code != 0 and "vLLM version '0.34.0' is not covered by the engine facts; accepted: 0.25.0" in res.output
+    res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "vllm", "--engine-version", "0.35.0"])
+    assert res.exit_code != 0 and "vLLM version '0.35.0' is not covered by the engine facts; accepted: 0.25.0" in res.output
     res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "vllm", "--gpu", "hopper"])
     assert res.exit_code != 0 and "unknown GPU 'hopper'; give its compute capability as smXY" in res.output
     rec = _edit(mamba_recipe, tmp_path / "recipe", lambda d: d.update(schema_version=99))
@@ -353,7 +358,7 @@ def test_calibrate_checks_takeability_for_the_given_engine_versions_and_gpu(tmp_
     assert new.global_setting.name == "fp16@replay8"
     doc = json.loads((write_recipe(new, tmp_path / "r") / CONFIG_NAME).read_text())
     checked = doc["global"]["engines_checked"]
-    assert checked == {"engines": {"vllm": "0.33.0", "trtllm": "main@2829508", "flashinfer": "0.7.4"}, "gpu": "sm75",
+    assert checked == {"engines": {"vllm": "0.34.0", "trtllm": "main@2829508", "flashinfer": "0.7.4"}, "gpu": "sm75",
                        "unreleased": [], "note": None}  # fmt: skip
     with pytest.raises(Exception, match="vLLM version '0.2' is not covered"):
         tiny_calibration(engine_versions={"vllm": "0.2"}, **kw)
