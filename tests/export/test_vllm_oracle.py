@@ -29,6 +29,7 @@ import json
 import os
 import pathlib
 import re
+import sys
 from types import SimpleNamespace
 from typing import get_args
 
@@ -86,6 +87,12 @@ from vllm.model_executor.models.config import (  # noqa: E402
     Qwen3_5ForConditionalGenerationConfig,
 )
 
+# modules that bound vLLM's platform at import (0.34.0's config modules do) see the target GPU too
+_TARGET_PLATFORM = vllm_platforms.current_platform
+for _name, _module in list(sys.modules.items()):
+    if _name.startswith("vllm.") and isinstance(getattr(_module, "current_platform", None), Platform):
+        _module.current_platform = _TARGET_PLATFORM
+
 PARSER = arg_utils.EngineArgs.add_cli_args(FlexibleArgumentParser())
 
 
@@ -104,7 +111,8 @@ def vllm_accepts(args: dict, drafts: int, gpu: int, monkeypatch, env=None) -> st
     else vLLM's error. A speculative config in `args` is built by vLLM's SpeculativeConfig where it can be
     without the model (method ngram) and must carry a method."""
     _TargetGPU.cc = gpu
-    monkeypatch.setattr(vllm_config_module, "HAS_TRITON", True)  # Model Runner V2 is the default on a GPU
+    if hasattr(vllm_config_module, "HAS_TRITON"):  # up to 0.33.0: Model Runner V2 is the default on a GPU
+        monkeypatch.setattr(vllm_config_module, "HAS_TRITON", True)
     for k, v in (env or {}).items():
         monkeypatch.setenv(k, v)
     flags = vllm_flags(args)
@@ -206,13 +214,24 @@ def test_export_rules_agree_with_vllm(name, drafts, gpu, monkeypatch):
         assert err is not None, f"export refuses {name} (T={drafts}, sm{gpu}) but vLLM takes it on {backend}: {found}"
 
 
-def test_triton_replay_without_the_model_runner_switch_is_rejected(monkeypatch):
-    """vllm.triton_replay_v1: the env the export writes is needed; without it vLLM refuses at start-up."""
+def test_triton_replay_gets_the_runner_environment_its_release_needs(monkeypatch):
+    """vllm.triton_replay_v1 (0.30.0 to 0.33.0): the env the export writes is needed; without it vLLM refuses at
+    start-up. vllm.v1_runner_removed (0.34.0): the export writes none, vLLM takes the flags, and the variable the
+    older exports set stops vLLM's environment check."""
     s = Setting.parse("bf16@replay32")
     t = Target.make("vllm", VLLM_VERSION, 90, 0, NANO)
-    args = vllm_engine_args(_plan(t, s, "mamba2", 0))
+    plan = _plan(t, s, "mamba2", 0)
+    args = vllm_engine_args(plan)
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
-    assert "Triton ReplaySSM requires Model Runner V1" in vllm_accepts(args, 0, 90, monkeypatch)
+    if t.holds("vllm.triton_replay_v1"):
+        assert plan.runtime.env == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+        assert "Triton ReplaySSM requires Model Runner V1" in vllm_accepts(args, 0, 90, monkeypatch)
+        return
+    assert t.holds("vllm.v1_runner_removed") and plan.runtime.env == {}
+    assert vllm_accepts(args, 0, 90, monkeypatch) is None
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    with pytest.raises(ValueError, match=re.escape(FACTS["vllm.v1_runner_removed"].quote.format(value="0"))):
+        _TargetGPU.validate_environ(hard_fail=False)
 
 
 # -- the speculative config (issue 26.3) ---------------------------------------------------------------------
