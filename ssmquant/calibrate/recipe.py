@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import __version__, kinds
+from ..engines.deployments import TARGETS
 from ..engines.profiles import ENGINES, arithmetic
 from ..errors import SsmquantError
 from ..report.outdir import write_atomically
@@ -525,8 +526,8 @@ def _validate_runs_on(entry: dict, where: str, mode) -> None:
     `alternative` (optional): null or the other pool's cheapest setting within the budget."""
     engines = entry.get("runs_on")
     if engines is not None:
-        if not isinstance(engines, list) or any(e not in ENGINES for e in engines):
-            _fail(f"{where}.runs_on must list engines among {', '.join(ENGINES)}, got {engines!r}")
+        if not isinstance(engines, list) or any(e not in TARGETS for e in engines):
+            _fail(f"{where}.runs_on must list engines among {', '.join(TARGETS)}, got {engines!r}")
         if mode == "engines" and not engines:
             _fail(f"{where}.runs_on is empty but search.choose_among is 'engines': the layer's setting runs on no engine")
     alt = entry.get("alternative")

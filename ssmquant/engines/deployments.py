@@ -46,6 +46,7 @@ from .facts import (
 TARGETS = ENGINES
 TARGET_NAMES = ENGINE_NAMES
 FLOAT_ENCODINGS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+FLOAT_KEYS = {e: e for e in FLOAT_ENCODINGS}  # a float encoding is also the buffer dtype of the same name
 EIGHT_BIT_ENCODINGS = ("int8", "fp8_e4m3")
 TORCH_DTYPES = {
     "fp32": "torch.float32",
@@ -232,7 +233,9 @@ def violations(target, setting, layer_kind: str, draft_tokens=None, *, version=N
     if layer_kind == "kda":
         _kda(target, setting, out)
         return out
-    {"vllm": _vllm, "trtllm": _trtllm, "flashinfer": _flashinfer}[target.engine](target, setting, layer_kind, out)
+    {"vllm": _vllm, "trtllm": _trtllm, "flashinfer": _flashinfer, "sglang": _sglang}[target.engine](
+        target, setting, layer_kind, out
+    )
     return out
 
 
@@ -279,7 +282,12 @@ def engines_running(setting, layer_kind: str, dims=None, arch=None) -> tuple[lis
 
 
 # -- rules ------------------------------------------------------------------------------------------------
-_DTYPE_FACT = {"vllm": "vllm.state_dtype", "trtllm": "trtllm.state_dtype", "flashinfer": "flashinfer.cssu_dtypes"}
+_DTYPE_FACT = {
+    "vllm": "vllm.state_dtype",
+    "trtllm": "trtllm.state_dtype",
+    "flashinfer": "flashinfer.cssu_dtypes",
+    "sglang": "sglang.state_dtype",
+}
 
 
 def _common(t: Target, s, out: list) -> None:
@@ -291,12 +299,12 @@ def _common(t: Target, s, out: list) -> None:
         out.append(
             _v(
                 "static",
-                "flashinfer.scale" if t.engine != "trtllm" else None,
+                "flashinfer.scale" if t.engine in ("vllm", "flashinfer") else None,
                 f"{t.name} takes no static (calibrated) SSM-state scales: 8-bit state scales are recomputed from "
                 "the row amax at every checkpoint write",
             )
         )
-    if s.encoding in EIGHT_BIT_ENCODINGS + ("nvfp4",) and s.granularity != "row" and t.engine != "trtllm":
+    if s.encoding in EIGHT_BIT_ENCODINGS + ("nvfp4",) and s.granularity != "row" and t.engine in ("vllm", "flashinfer"):
         out.append(
             _v(
                 "granularity",
@@ -350,7 +358,7 @@ def _window(t: Target, s, T: int, fact: str, out: list, spec_fact: str | None = 
 
 def _kda(t: Target, s, out: list) -> None:
     """What each engine runs for a Kimi Delta Attention layer (GLM-5.3-Flash, Kimi-Linear, Kimi-K3)."""
-    {"vllm": _vllm_kda, "trtllm": _trtllm_kda, "flashinfer": _flashinfer_kda}[t.engine](t, s, out)
+    {"vllm": _vllm_kda, "trtllm": _trtllm_kda, "flashinfer": _flashinfer_kda, "sglang": _sglang_kda}[t.engine](t, s, out)
 
 
 def kda_state_follows_flag(t: Target) -> str | None:
@@ -744,6 +752,73 @@ def _trtllm(t: Target, s, kind: str, out: list) -> None:
         )
 
 
+def _sglang(t: Target, s, kind: str, out: list) -> None:
+    """SGLang on a Mamba-2, GDN or KDA layer (facts sglang.*)."""
+    enc, T, sr, sk = s.encoding, t.drafts(s), s.rounding == "sr", s.scheme_kind
+    if enc not in FLOAT_ENCODINGS and enc != "nvfp4":
+        out.append(_v("dtype", "sglang.state_dtype", f"SGLang has no {enc} live SSM state", quote=False))
+    if sr:
+        if kind != "mamba2":
+            out.append(_v("sr", "sglang.sr_mamba_only", f"SGLang has no stochastic rounding for {kind} state"))
+        elif enc != "fp16":
+            out.append(_v("sr", "sglang.sr", f"SGLang rounds stochastically only into a float16 SSM state, not {enc}", value=repr(FLOAT_ENCODINGS.get(enc, enc))))
+    if kind == "mamba2" and t.gpu < 80:  # the export runs Mamba-2 on FlashInfer's kernels
+        out.append(_v("gpu", "flashinfer.sm80", f"FlashInfer's Mamba kernels need SM 8.x or later, not sm{t.gpu}"))
+    if sk == "conventional":
+        return
+    if kind == "mamba2":
+        out.append(_v("layer_kind", "sglang.linear_replayssm", "SGLang's ReplaySSM covers GDN and KDA layers; Mamba-2 layers decode conventionally"))
+        return
+    if sk == "replay":
+        if T:
+            out.append(
+                _v(
+                    "scheme",
+                    "sglang.linear_replayssm_spec",
+                    "with draft tokens SGLang's ReplaySSM is the fold-every-commit verify into a float32 checkpoint "
+                    "(a spec scheme of a float32 state), not a replay window",
+                )
+            )
+        if s.scheme.buffer_dtype != FLOAT_KEYS.get(enc, enc):
+            out.append(
+                _v(
+                    "buffer_dtype",
+                    "sglang.linear_replayssm",
+                    f"SGLang's ReplaySSM ring holds the inputs in the SSM dtype ({enc}); the setting measured a "
+                    f"{s.scheme.buffer_dtype} ring",
+                    quote=False,
+                )
+            )
+        return
+    # spec: fold-every-commit into a float32 checkpoint
+    if enc != "fp32":
+        out.append(
+            _v(
+                "dtype",
+                "sglang.linear_replayssm_spec",
+                f"SGLang's speculative ReplaySSM folds every commit into a float32 checkpoint; a {enc} state under it "
+                "is not modelled",
+                quote=False,
+            )
+        )
+    if kind == "kda":
+        L = s.buffer_len
+        if L & (L - 1) or L < 2 * (1 + T):
+            out.append(
+                _v(
+                    "spec_buffer",
+                    "sglang.linear_replayssm_spec",
+                    f"SGLang's KDA verify ring must be a power of two >= 2 x {1 + T} draft-window tokens; the setting "
+                    f"uses L={L}",
+                    quote=False,
+                )
+            )
+
+
+def _sglang_kda(t: Target, s, out: list) -> None:
+    _sglang(t, s, "kda", out)
+
+
 def _flashinfer(t: Target, s, kind: str, out: list) -> None:
     enc, T, sr = s.encoding, t.drafts(s), s.rounding == "sr"
     if t.gpu < 80:
@@ -881,13 +956,33 @@ def state_copies(target: Target, setting, layer_kind: str, rt: Runtime) -> tuple
         )
     if target.engine == "trtllm" and T and not rt.replay:
         return 2 + T, f"speculative decoding without replay: the live state and intermediate_ssm [1 + {T}]", "trtllm.intermediate_ssm"
+    if target.engine == "sglang" and T and setting.scheme_kind != "spec":
+        return 2 + T, f"speculative decoding: the live state and {1 + T} intermediate states (the verify window)", "sglang.spec_states"
     return 1, "one state per sequence", None
+
+
+def _sglang_runtime(target: Target, s, layer_kind: str, tokens: int) -> Runtime:
+    """SGLang: Mamba-2 on its FlashInfer backend (the kernel the flashinfer profile emulates); GDN / KDA on the Triton
+    linear-attention decode, conventional, ReplaySSM (window L, ring L rows) or the fold-every-commit verify."""
+    facts = ["sglang.state_dtype", "sglang.dtype_order"]
+    if layer_kind == "mamba2":
+        facts += ["sglang.mamba_backend"] + (["sglang.sr"] if s.rounding == "sr" else [])
+        return Runtime("flashinfer", 0, 0, tokens, facts=facts)
+    facts.append("sglang.linear_decode")
+    if s.scheme_kind == "replay":
+        L = s.buffer_len
+        return Runtime("triton.replayssm", L, L, tokens, facts=facts + ["sglang.linear_replayssm"])
+    if s.scheme_kind == "spec":
+        return Runtime("triton.replayssm_spec", s.buffer_len, s.buffer_len, tokens, facts=facts + ["sglang.linear_replayssm_spec"])
+    return Runtime("triton", 0, 0, tokens, facts=facts)
 
 
 def _runtime(target: Target, setting, layer_kind: str) -> Runtime:
     s, T = setting, target.drafts(setting)
     tokens = 1 + T
     e = target.engine
+    if e == "sglang":
+        return _sglang_runtime(target, s, layer_kind, tokens)
     if layer_kind == "kda" and e != "flashinfer":
         return _kda_runtime(target, s, tokens)
     if e == "vllm":
@@ -965,7 +1060,12 @@ def engine_bytes(target: Target, setting, layer_kind: str, dims, rt: Runtime | N
     scales = rt.state_copies * dims.heads * dims.rows * 4 if s.encoding in EIGHT_BIT_ENCODINGS else 0
     act = {"bf16": 2, "fp16": 2, "fp32": 4}[s.scheme.buffer_dtype]
     ring = slot = 0
-    if rt.replay and layer_kind == "kda":
+    if rt.replay and target.engine == "sglang":
+        # per ring row: d (value heads x V) and k (key heads x K) in the ring dtype, the gate in float32 (KDA's per
+        # key channel)
+        gate = dims.heads * (dims.state_dim if layer_kind == "kda" else 1) * 4
+        ring = rt.ring_rows * ((dims.heads * dims.rows + dims.groups * dims.state_dim) * act + gate)
+    elif rt.replay and layer_kind == "kda":
         # per verified token and value head: a float32 correction over V and the raw key | gate (2K) in the
         # activation dtype (FlashInfer's correction_cache / kg_cache; vLLM's RecoverSSM records the same)
         kg = 2 if target.engine == "flashinfer" else act

@@ -21,14 +21,15 @@ from dataclasses import dataclass, field
 
 from ..errors import SsmquantError
 
-ENGINES = ("vllm", "trtllm", "flashinfer")
-ENGINE_NAMES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "flashinfer": "FlashInfer"}
+ENGINES = ("vllm", "trtllm", "flashinfer", "sglang")
+ENGINE_NAMES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "flashinfer": "FlashInfer", "sglang": "SGLang"}
 # The layer kinds each engine serves (ssmquant's kind names); the facts below refine what each serves them with.
 # A kind outside an engine's list gets one violation naming the kinds it serves, before any other rule is read.
 SERVED_KINDS: dict[str, tuple[str, ...]] = {
     "vllm": ("mamba2", "gdn", "kda"),
     "trtllm": ("mamba2", "gdn", "kda"),
     "flashinfer": ("mamba2", "gdn", "kda"),
+    "sglang": ("mamba2", "gdn", "kda"),
 }
 # The state encodings the facts below were read for (what each engine stores is then their rules' business). A
 # state encoding outside this list is refused for every engine until its facts are read: the rules name the encodings
@@ -61,6 +62,7 @@ VERSIONS: dict[str, tuple[str, ...]] = {
     ),  # fmt: skip
     "trtllm": (TRTLLM_MAIN,),
     "flashinfer": ("0.7.0.post1", "0.7.2.post1", "0.7.4"),
+    "sglang": ("0.5.23",),
 }
 
 
@@ -172,6 +174,10 @@ def _fi(path: str, *versions: str) -> Source:
 
 def _trt(path: str, commit: str) -> Source:
     return Source("NVIDIA/TensorRT-LLM", path, f"main {commit}")
+
+
+def _sgl(path: str, version: str = "0.5.23") -> Source:
+    return Source("sgl-project/sglang", f"python/sglang/{path}", f"sglang {version} wheel")
 
 
 def _issue(what: str) -> Source:
@@ -642,11 +648,14 @@ FACTS: dict[str, Fact] = {
             "trtllm.spec_config",
             "trtllm",
             "replay runs only with a speculative_config in the LLM-API options (decoding_type and the draft length "
-            "max_draft_len; MTP: num_nextn_predict_layers); the export writes it from --speculative-method",
+            "max_draft_len; the draft-model method's decoding_type is Draft_Target; MTP's num_nextn_predict_layers "
+            "is deprecated, remapped to max_draft_len with a warning, so the export does not write it); the export "
+            "writes it from --speculative-method",
             (
                 _trt("tensorrt_llm/llmapi/llm_args.py", "0004396"),
                 _issue("its TensorRT-LLM YAML carries speculative_config only as a comment although replay needs it"),
             ),
+            quote='decoding_type: Literal["Draft_Target"] = Field(default="Draft_Target")',
         ),
         # -- FlashInfer ---------------------------------------------------------------------------------
         Fact(
@@ -846,6 +855,114 @@ FACTS: dict[str, Fact] = {
                 _fi("flashinfer/kda_kernels/recurrent_kda.py", "0.7.0.post1", "0.7.2.post1", "0.7.4"),
             ),
             quote="frozen recurrent-KDA decode requires exact compute capability 10.0 (SM100a) or 10.3 (SM103a)",
+        ),
+        # -- SGLang ------------------------------------------------------------------------------------
+        Fact(
+            "sglang.state_dtype",
+            "sglang",
+            "--mamba-ssm-dtype takes float32, bfloat16, float16 (unset: the HF config's mamba_ssm_dtype, else "
+            "float32); no 8-bit live SSM state (int8 only as the prefix-cache checkpoint)",
+            (_sgl("srt/arg_groups/fields/exec_.py"),),
+            quote='choices=["float32", "bfloat16", "float16"]',
+        ),
+        Fact(
+            "sglang.dtype_order",
+            "sglang",
+            "--mamba-ssm-dtype is carried to SGLANG_MAMBA_SSM_DTYPE, which overrides the HF config's "
+            "mamba_ssm_dtype (text_config's, else the top level's); an unknown value falls back to float32 with a "
+            "warning. Mamba-2, GDN and KDA layers all read it",
+            (_sgl("srt/configs/mamba_utils.py"), _sgl("srt/arg_groups/serving_hook.py")),
+            quote="1. Environment variable SGLANG_MAMBA_SSM_DTYPE",
+        ),
+        Fact(
+            "sglang.mamba_backend",
+            "sglang",
+            "--mamba-backend triton (default) or flashinfer; flashinfer decodes Mamba-2 with "
+            "flashinfer.mamba.selective_state_update, the kernel the flashinfer profile emulates",
+            (_sgl("srt/arg_groups/fields/exec_.py"), _sgl("srt/arg_groups/mamba_hook.py")),
+            quote='choices=["triton", "flashinfer"]',
+        ),
+        Fact(
+            "sglang.sr",
+            "sglang",
+            "--enable-mamba-cache-stochastic-rounding needs --mamba-ssm-dtype float16 (the flag itself, not the HF "
+            "key) and CUDA; --mamba-cache-philox-rounds 0 means 10 on FlashInfer",
+            (_sgl("srt/arg_groups/mamba_hook.py"), _sgl("srt/arg_groups/fields/exec_.py")),
+            quote="Stochastic rounding for the Mamba SSM cache requires --mamba-ssm-dtype float16, got {value}.",
+        ),
+        Fact(
+            "sglang.sr_triton_sm100",
+            "sglang",
+            "stochastic rounding on --mamba-backend triton needs an SM 10.x GPU with CUDA >= 12.8; the FlashInfer "
+            "backend has no GPU check",
+            (_sgl("srt/arg_groups/mamba_hook.py"), _sgl("srt/utils/common.py")),
+            quote="Stochastic rounding for the Mamba SSM cache with --mamba-backend triton requires SM100 with "
+            "CUDA >= 12.8 because it uses the cvt.rs.f16x2.f32 PTX instruction.",
+        ),
+        Fact(
+            "sglang.sr_mamba_only",
+            "sglang",
+            "stochastic rounding is applied by the Mamba selective-state-update kernels only "
+            "(kernels/ops/mamba); GDN and KDA decode take no rounding option",
+            (_sgl("kernels/ops/mamba/triton_ops/ssu_dispatch.py"),),
+        ),
+        Fact(
+            "sglang.linear_decode",
+            "sglang",
+            "the GDN / KDA decode backend defaults to FlashInfer on SM 10.x with a bfloat16 state (SM 9.0: float32 "
+            "state), else Triton; FlashInfer's linear-attention decode is not modelled here, so the export pins "
+            "--linear-attn-decode-backend triton (fla's fused recurrent arithmetic, the ideal recurrence)",
+            (_sgl("srt/arg_groups/attention_hook.py"),),
+            quote="--linear-attn-decode-backend flashinfer on SM100+ requires --mamba-ssm-dtype bfloat16",
+        ),
+        Fact(
+            "sglang.linear_replayssm",
+            "sglang",
+            "GDN / KDA ReplaySSM: --enable-linear-replayssm with --linear-replayssm-cache-len L (default 16, >= 1): "
+            "the state is flushed every L decode steps, the ring holds the inputs in the SSM dtype; Triton decode "
+            "backend (or Helion for KDA), --mamba-radix-cache-strategy no_buffer (the default); no Mamba-2 ReplaySSM",
+            (_sgl("srt/arg_groups/fields/exec_.py"), _sgl("srt/arg_groups/attention_hook.py"), _sgl("srt/mem_cache/memory_pool.py")),
+            quote="--enable-linear-replayssm requires Triton, or Helion for KDA, as the linear-attn decode backend",
+        ),
+        Fact(
+            "sglang.linear_replayssm_spec",
+            "sglang",
+            "GDN / KDA speculative verify by fold-every-commit (--enable-linear-replayssm-spec): each verify "
+            "stores the draft steps' inputs and the commit folds the accepted prefix into the float32 checkpoint "
+            "(--mamba-ssm-dtype is set to float32 when unset); a linear draft chain only (topk 1); exclusive with "
+            "--enable-linear-replayssm; no intermediate state snapshots. KDA's ring (--linear-replayssm-cache-len) "
+            "must be a power of two >= 2 x the draft tokens",
+            (_sgl("srt/arg_groups/fields/exec_.py"), _sgl("srt/arg_groups/attention_hook.py"), _sgl("srt/mem_cache/memory_pool.py")),
+            quote="--enable-linear-replayssm-spec requires a linear draft chain (--speculative-eagle-topk in {None, 1})",
+        ),
+        Fact(
+            "sglang.spec_states",
+            "sglang",
+            "with speculative decoding a running request holds its live state and speculative_num_draft_tokens "
+            "(1 + drafts in a chain) intermediate states per SSM layer (intermediate_ssm_state_cache), none under "
+            "--enable-linear-replayssm-spec",
+            (_sgl("srt/mem_cache/memory_pool.py"),),
+            quote="if enable_linear_replayssm_spec:\n                    intermediate_ssm_state_cache = None",
+        ),
+        Fact(
+            "sglang.spec_algorithm",
+            "sglang",
+            "--speculative-algorithm (EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, ...), --speculative-num-steps, "
+            "--speculative-eagle-topk, --speculative-num-draft-tokens (the verify window, 1 + drafts in a chain), "
+            "--speculative-draft-model-path",
+            (_sgl("srt/arg_groups/fields/spec.py"),),
+            quote="Speculative algorithm. Builtins: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK, UNO.",
+        ),
+        Fact(
+            "sglang.int8_checkpoint",
+            "sglang",
+            "--enable-int8-mamba-checkpoint stores radix-cached (prefix) states once in int8 in a separate pool: "
+            "one scale per (layer, slot, head, key channel) reduced over the value rows (dim -2: d_v, Mamba-2's "
+            "head_dim), amax clamped to >= 1e-8, scale = amax / 127 rounded to the live state dtype before use, "
+            "codes torch.round (half to even) of state / scale clamped to [-127, 127]; a cache hit dequantizes into "
+            "the live pool at its dtype. Not with the hierarchical cache, another radix-cache backend or LMCache",
+            (_sgl("srt/mem_cache/mamba_checkpoint_pool.py"), _sgl("srt/arg_groups/mamba_hook.py")),
+            quote="amax = state_fp32.abs().amax(dim=-2, keepdim=True).clamp(min=1e-8)",
         ),
     ]
 }

@@ -41,7 +41,9 @@ PER_LAYER_REASON = "engines take one setting for all layers; this layer's own ch
 # (fact trtllm.spec_config; a method without one is refused for TensorRT-LLM).
 SPEC_METHODS = ("mtp", "ngram", "eagle", "eagle3", "draft_model")
 SPEC_NEEDS_MODEL = ("eagle", "eagle3", "draft_model")
-TRTLLM_DECODING_TYPE = {"mtp": "MTP", "ngram": "NGram", "eagle3": "Eagle3", "draft_model": "DraftTarget"}
+TRTLLM_DECODING_TYPE = {"mtp": "MTP", "ngram": "NGram", "eagle3": "Eagle3", "draft_model": "Draft_Target"}
+# SGLang's --speculative-algorithm for each method (fact sglang.spec_algorithm)
+SGLANG_ALGORITHM = {"mtp": "NEXTN", "ngram": "NGRAM", "eagle": "EAGLE", "eagle3": "EAGLE3", "draft_model": "STANDALONE"}
 
 
 @dataclass(frozen=True)
@@ -62,9 +64,9 @@ def check_speculation(target: str, method: str | None, model: str | None) -> Spe
             )
         return None
     m = str(method).strip().lower()
-    accepted = SPEC_METHODS if target == "vllm" else tuple(TRTLLM_DECODING_TYPE)
+    accepted = {"vllm": SPEC_METHODS, "sglang": tuple(SGLANG_ALGORITHM)}.get(target, tuple(TRTLLM_DECODING_TYPE))
     if target == "flashinfer":
-        raise ExportError("--speculative-method applies to the vllm and trtllm targets; FlashInfer takes no drafter")
+        raise ExportError("--speculative-method applies to the vllm, trtllm and sglang targets; FlashInfer takes no drafter")
     if m not in accepted:
         raise ExportError(
             f"unknown --speculative-method {method!r} for {TARGET_NAMES[target]}; accepted: {', '.join(accepted)}"
@@ -394,8 +396,8 @@ def plan_export(
 
 
 def _needs_method(dep: Target, chosen, draft: int) -> str:
-    f = FACTS["vllm.spec_method" if dep.engine == "vllm" else "trtllm.spec_config"]
-    accepted = SPEC_METHODS if dep.engine == "vllm" else tuple(TRTLLM_DECODING_TYPE)
+    f = FACTS[{"vllm": "vllm.spec_method", "sglang": "sglang.spec_algorithm"}.get(dep.engine, "trtllm.spec_config")]
+    accepted = {"vllm": SPEC_METHODS, "sglang": tuple(SGLANG_ALGORITHM)}.get(dep.engine, tuple(TRTLLM_DECODING_TYPE))
     words = f'"{f.quote}" ' if f.quote else ""
     return (
         f"{dep.name} drafts {draft} tokens per step for {chosen.name}, and its speculative config needs the "

@@ -10,6 +10,8 @@ runs the exported setting through one kernel; the profile that emulates that ker
 | vLLM, `--mamba-backend flashinfer` (ReplaySSM, or fp16 stochastic rounding off SM 10.x) | `flashinfer` |
 | vLLM, Triton backend | `vllm` |
 | TensorRT-LLM | `trtllm` |
+| SGLang, Mamba-2 (`--mamba-backend flashinfer`) | `flashinfer` |
+| SGLang, GDN / KDA (Triton decode) | none: SGLang's kernels have no profile |
 
 and the profile must take the setting on the recipe's layer (`ssmquant.engines.profiles.check_variant`);
 where it refuses (e.g. vLLM's Triton ReplaySSM, TensorRT-LLM's MTP replay, FlashInfer's GDN decode are not
@@ -24,8 +26,13 @@ from ..engines.profiles import IDEAL, EngineError, arithmetic, check_variant
 def target_profile(plan, layer_kind: str, state_shape: tuple[int, ...]) -> tuple[str | None, str]:
     """(profile, reason): the profile emulating how `plan`'s target runs its setting, or (None, the
     profile's refusal) when none does. state_shape: (heads, rows, state_dim) of the recipe's layers."""
-    if plan.target == "flashinfer" or (plan.target == "vllm" and plan.runtime.backend == "flashinfer"):
+    if plan.target == "flashinfer" or (plan.target in ("vllm", "sglang") and plan.runtime.backend == "flashinfer"):
         name = "flashinfer"
+    elif plan.target == "sglang":
+        return None, (
+            f"SGLang decodes {layer_kind} layers with its Triton linear-attention kernels, which no engine profile "
+            "emulates (the ideal profile computes the recurrence they implement, in another summation order)"
+        )
     else:
         name = plan.target  # vllm (Triton backend) or trtllm
     s = plan.setting

@@ -179,6 +179,9 @@ FILE_USES = {
     "trtllm_env.sh": "`source trtllm_env.sh` in the shell that starts TensorRT-LLM",
     "flashinfer_kwargs.json": "the keyword arguments of the FlashInfer call, per layer",
     "flashinfer_alloc.py": "allocates the state, scale and ring buffers the FlashInfer call takes",
+    "sglang_serve.sh": "starts the server: `MODEL=/path/to/checkpoint bash sglang_serve.sh` (further arguments go to "
+    "`sglang.launch_server`)",
+    "sglang_flags.txt": "the same flags on one line, to append to a `python -m sglang.launch_server` command of your own",
 }
 
 
@@ -193,6 +196,11 @@ def _absent_files(plan: ExportPlan, recipe, files: dict[str, str]) -> list[str]:
         out.append(
             "no trtllm_env.sh: no environment variable is needed"
             + (" (GDN replay is opt-in: leave TRTLLM_USE_GDN_REPLAY unset)" if recipe.layer_kind == "gdn" else "")
+        )
+    if plan.target == "sglang":
+        out.append(
+            "no hf_config_patch.json and no environment file: --mamba-ssm-dtype sets SGLANG_MAMBA_SSM_DTYPE, which "
+            "overrides the checkpoint's mamba_ssm_dtype for every SSM layer"
         )
     if plan.target == "trtllm" and "hf_config_patch.json" not in files:
         out.append("no hf_config_patch.json: TensorRT-LLM's mamba_ssm_cache_dtype key covers Mamba-2 and GDN, not KDA")

@@ -18,7 +18,7 @@ import yaml
 from ..calibrate.recipe import SCALES_NAME, Recipe
 from ..engines.deployments import DEFAULT_PHILOX_ROUNDS, EIGHT_BIT_ENCODINGS, FLOAT_ENCODINGS, TORCH_DTYPES, VLLM_DTYPES
 from ..engines.facts import FACTS
-from .plan import TRTLLM_DECODING_TYPE, ExportPlan
+from .plan import SGLANG_ALGORITHM, TRTLLM_DECODING_TYPE, ExportPlan
 
 HEADER_WIDTH = 100
 # Where vLLM reads the SSM cache dtype from the HF config when --mamba-ssm-cache-dtype is auto, per architecture
@@ -210,8 +210,6 @@ def trtllm_options(plan: ExportPlan) -> dict:
     if plan.draft_tokens:
         spec, T = plan.speculation, plan.draft_tokens
         sc: dict = {"decoding_type": TRTLLM_DECODING_TYPE[spec.method], "max_draft_len": T}
-        if spec.method == "mtp":
-            sc["num_nextn_predict_layers"] = T
         if spec.model:
             sc["speculative_model_dir"] = spec.model
         out["speculative_config"] = sc
@@ -254,6 +252,63 @@ def trtllm_files(plan: ExportPlan, recipe: Recipe) -> dict[str, str]:
     if recipe.layer_kind in ("mamba2", "gdn"):
         files["hf_config_patch.json"] = json.dumps({TRTLLM_HF_KEY: FLOAT_ENCODINGS[plan.setting.encoding]}, indent=2) + "\n"
     return files
+
+
+# -- SGLang -------------------------------------------------------------------------------------------
+def sglang_args(plan: ExportPlan) -> dict:
+    """`python -m sglang.launch_server` options for the plan: flag name without the dashes -> value (True: a bare
+    flag). --mamba-ssm-dtype is the one dtype knob (it overrides the HF config's key, fact sglang.dtype_order)."""
+    s, rt = plan.setting, plan.runtime
+    args: dict = {"mamba-ssm-dtype": FLOAT_ENCODINGS[s.encoding]}
+    if rt.backend == "flashinfer":  # Mamba-2: FlashInfer's selective_state_update, the kernel the profile emulates
+        args["mamba-backend"] = "flashinfer"
+    else:  # GDN / KDA: the Triton decode (FlashInfer's linear-attention decode is not modelled)
+        args["linear-attn-decode-backend"] = "triton"
+    if _sr(plan):
+        args["enable-mamba-cache-stochastic-rounding"] = True
+        args["mamba-cache-philox-rounds"] = DEFAULT_PHILOX_ROUNDS
+    if rt.backend == "triton.replayssm":
+        args["enable-linear-replayssm"] = True
+        args["linear-replayssm-cache-len"] = rt.window
+    elif rt.backend == "triton.replayssm_spec":
+        args["enable-linear-replayssm-spec"] = True
+        args["linear-replayssm-cache-len"] = rt.window
+    if plan.draft_tokens:
+        spec, T = plan.speculation, plan.draft_tokens
+        args["speculative-algorithm"] = SGLANG_ALGORITHM[spec.method]
+        args["speculative-num-steps"] = T
+        args["speculative-eagle-topk"] = 1  # a draft chain: the fold-every-commit verify takes no tree
+        args["speculative-num-draft-tokens"] = T + 1
+        if spec.model:
+            args["speculative-draft-model-path"] = spec.model
+    return args
+
+
+def sglang_flags(args: dict) -> list[str]:
+    """The command-line flags of `sglang_args`."""
+    flags = []
+    for k, v in args.items():
+        flags += [f"--{k}"] if v is True else [f"--{k}", str(v)]
+    return flags
+
+
+def sglang_files(plan: ExportPlan, recipe: Recipe) -> dict[str, str]:
+    """sglang_serve.sh (the server command) and sglang_flags.txt (the flags alone)."""
+    flags = sglang_flags(sglang_args(plan))
+    pairs, i = [], 0
+    while i < len(flags):
+        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            pairs.append(f"{flags[i]} {_shell_quote(flags[i + 1])}")
+            i += 2
+        else:
+            pairs.append(flags[i])
+            i += 1
+    head = _comment_block(plan, recipe)
+    body = " \\\n  ".join(['python -m sglang.launch_server --model-path "${MODEL:?set MODEL to the checkpoint}"', *pairs, '"$@"'])
+    return {
+        "sglang_serve.sh": "#!/usr/bin/env bash\n" + head + "set -euo pipefail\n" + body + "\n",
+        "sglang_flags.txt": " ".join(_shell_quote(f) for f in flags) + "\n",
+    }
 
 
 # -- FlashInfer ---------------------------------------------------------------------------------------
@@ -588,4 +643,4 @@ def flashinfer_files(plan: ExportPlan, recipe: Recipe) -> dict[str, str]:
     }
 
 
-WRITERS = {"vllm": vllm_files, "trtllm": trtllm_files, "flashinfer": flashinfer_files}
+WRITERS = {"vllm": vllm_files, "trtllm": trtllm_files, "flashinfer": flashinfer_files, "sglang": sglang_files}

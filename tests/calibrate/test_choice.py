@@ -36,7 +36,7 @@ def test_default_chooses_what_an_engine_runs_and_shows_the_research_setting_besi
     assert alt is not None and engines.runs_on[alt["setting"]] == []  # the best research setting
     assert alt["bytes"] < engines.decision_rows[layer]["bytes"]
     text = summary_text(engines)
-    assert "choosing among: what vLLM 0.33.0, TensorRT-LLM main@2829508, FlashInfer 0.7.4 on sm90" in text
+    assert "choosing among: what vLLM 0.34.0, TensorRT-LLM main@2829508, FlashInfer 0.7.4, SGLang 0.5.23 on sm90" in text
     assert "research settings (no checked engine runs them yet)" in text and alt["setting"] in text
     doc = load_recipe(write_recipe(engines, tmp_path / "r")).config
     assert doc["search"]["choose_among"] == "engines"

@@ -69,8 +69,8 @@ def test_gpu_is_a_compute_capability():
 
 
 def test_unknown_target_lists_the_known_ones():
-    with pytest.raises(UnknownTargetError, match="unknown export target 'sglang'; known targets: vllm, trtllm, flashinfer"):
-        check_target("sglang")
+    with pytest.raises(UnknownTargetError, match="unknown export target 'tgi'; known targets: vllm, trtllm, flashinfer, sglang"):
+        check_target("tgi")
 
 
 @pytest.mark.parametrize("engine", TARGETS)
@@ -78,8 +78,10 @@ def test_no_engine_takes_nvfp4_static_scales_or_grouped_scales(engine):
     t = target(engine, VLLM_PR_BUILD if engine == "vllm" else None)
     assert "stores no NVFP4 SSM state" in rules(t, "nvfp4@replay16")["nvfp4"]
     assert "takes no static (calibrated) SSM-state scales" in rules(t, "int8:static[mse]@replay16")["static"]
-    if engine != "trtllm":  # TensorRT-LLM refuses the dtype itself
+    if engine in ("vllm", "flashinfer"):  # TensorRT-LLM and SGLang refuse the 8-bit dtype itself
         assert "one FP32 value per row" in rules(t, "int8:head@replay16")["granularity"]
+    else:
+        assert "int8" in rules(t, "int8:head@replay16")["dtype"]
 
 
 # -- fix 1: TensorRT-LLM replay ---------------------------------------------------------------------------
@@ -329,19 +331,23 @@ def test_takeability_follows_the_given_engine_versions_and_gpu():
     for SM 8.x and later): on an sm75 GPU only vLLM can replay fp16 state, and only from 0.27.0 on."""
     s = Setting.parse("fp16@replay8")
     old, note = deployments({"vllm": "0.26.0"}, "sm75")
-    assert [t.label for t in old] == ["vLLM 0.26.0 on sm75", "TensorRT-LLM main@2829508 on sm75", "FlashInfer 0.7.4 on sm75"]
+    assert [t.label for t in old] == [
+        "vLLM 0.26.0 on sm75", "TensorRT-LLM main@2829508 on sm75", "FlashInfer 0.7.4 on sm75", "SGLang 0.5.23 on sm75"
+    ]  # fmt: skip
     assert note is None and not takeable_by_any(s, "mamba2", old)
     new, _ = deployments({}, "sm75")
     assert takeable_by_any(s, "mamba2", new)
     assert takeable_by_any(s, "mamba2", deployments({"vllm": "0.26.0"}, "sm90")[0])  # FlashInfer replays it
     rec = describe_deployments(*deployments({"vllm": VLLM_PR_BUILD}, "sm100"))
-    assert rec["engines"] == {"vllm": VLLM_PR_BUILD, "trtllm": DEFAULT_VERSION["trtllm"], "flashinfer": "0.7.4"}
+    assert rec["engines"] == {
+        "vllm": VLLM_PR_BUILD, "trtllm": DEFAULT_VERSION["trtllm"], "flashinfer": "0.7.4", "sglang": "0.5.23"
+    }  # fmt: skip
     assert rec["gpu"] == "sm100" and "UNRELEASED vLLM code" in rec["unreleased"][0] and "#52962" in rec["unreleased"][0]
 
 
 def test_deployments_refuse_unknown_engines_versions_and_gpus():
-    with pytest.raises(EngineVersionError, match="unknown engine 'sglang'.*known: vllm, trtllm, flashinfer"):
-        deployments({"sglang": "1.0"})
+    with pytest.raises(EngineVersionError, match="unknown engine 'tgi'.*known: vllm, trtllm, flashinfer, sglang"):
+        deployments({"tgi": "1.0"})
     with pytest.raises(EngineVersionError, match="vLLM version '0.1' is not covered.*accepted: 0.25.0"):
         deployments({"vllm": "0.1"})
     with pytest.raises(EngineVersionError, match="unknown GPU 'h200'"):

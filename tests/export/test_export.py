@@ -181,7 +181,8 @@ def test_trtllm_files_fall_back_to_a_measured_float_state(mamba_recipe, tmp_path
     res = export(mamba_recipe, "trtllm", tmp_path / "spec", num_speculative_tokens=3, gpu="sm90", speculative_method="mtp")
     assert "export TRTLLM_USE_MAMBA_REPLAY=0" in (res.out_dir / "trtllm_env.sh").read_text()
     opts = yaml.safe_load((res.out_dir / "trtllm_llm_api_options.yaml").read_text())
-    assert opts["speculative_config"] == {"decoding_type": "MTP", "max_draft_len": 3, "num_nextn_predict_layers": 3}
+    # trtllm.spec_config: num_nextn_predict_layers is deprecated (remapped to max_draft_len): not written
+    assert opts["speculative_config"] == {"decoding_type": "MTP", "max_draft_len": 3}
 
 
 def test_fix1_trtllm_refuses_replay_without_drafts_quoting_the_engine(sr_recipe):
@@ -325,8 +326,8 @@ def test_fix7_gdn_exports(tmp_path):
 
 
 def test_bad_targets_versions_and_gpus(mamba_recipe, tmp_path):
-    res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "sglang"])
-    assert res.exit_code != 0 and "known targets: vllm, trtllm, flashinfer" in res.output
+    res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "tgi"])
+    assert res.exit_code != 0 and "known targets: vllm, trtllm, flashinfer, sglang" in res.output
     res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "vllm", "--engine-version", "0.35.0"])
     assert res.exit_code != 0 and "vLLM version '0.35.0' is not covered by the engine facts; accepted: 0.25.0" in res.output
     res = CliRunner().invoke(main, ["export", str(mamba_recipe), "--target", "vllm", "--gpu", "hopper"])
@@ -358,7 +359,7 @@ def test_calibrate_checks_takeability_for_the_given_engine_versions_and_gpu(tmp_
     assert new.global_setting.name == "fp16@replay8"
     doc = json.loads((write_recipe(new, tmp_path / "r") / CONFIG_NAME).read_text())
     checked = doc["global"]["engines_checked"]
-    assert checked == {"engines": {"vllm": "0.34.0", "trtllm": "main@2829508", "flashinfer": "0.7.4"}, "gpu": "sm75",
+    assert checked == {"engines": {"vllm": "0.34.0", "trtllm": "main@2829508", "flashinfer": "0.7.4", "sglang": "0.5.23"}, "gpu": "sm75",
                        "unreleased": [], "note": None}  # fmt: skip
     with pytest.raises(Exception, match="vLLM version '0.2' is not covered"):
         tiny_calibration(engine_versions={"vllm": "0.2"}, **kw)
