@@ -80,6 +80,18 @@ def check_speculation(target: str, method: str | None, model: str | None) -> Spe
     return Speculation(m, model or None)
 
 
+def synthetic_note(recipe: Recipe) -> str | None:
+    """A warning for a recipe calibrated on synthetic inputs (``--synthetic``: a preset's shapes, no model's weights
+    or text), None for one measured on a real or shipped model."""
+    data = (recipe.config.get("data") or {}).get("calibration") or {}
+    if data.get("kind") != "synthetic":
+        return None
+    return (
+        f"SYNTHETIC recipe: its errors were measured on synthetic inputs with {data.get('model', 'a preset')}'s shapes, "
+        "not on a model's weights and text; re-calibrate on the checkpoint before relying on them"
+    )
+
+
 def recipe_architecture(recipe: Recipe) -> str | None:
     """The model's architecture (HF `architectures[0]`): as the recipe's calibration source recorded it (a
     checkpoint or shipped model), else the preset's of that name (synthetic inputs), else None."""
@@ -349,11 +361,14 @@ def plan_export(
             f"the recipe calibrated SSM layers {model['calibrated_layers']} only; {name} applies the setting to every "
             f"SSM layer, including the unmeasured layers {missing}"
         )
+    synthetic = synthetic_note(recipe)
+    if synthetic:
+        notes.append(synthetic)
     if vsel is not None:
         verdict = "meets" if vsel.get("meets_budget") else "DOES NOT meet"
         notes.append(
             f"held-out verification of {chosen.name}: worst-layer {metric} {_f(vsel.get('max_error'))} {verdict} the "
-            f"budget {budget:g}"
+            f"budget {budget:g}" + (" on synthetic inputs" if synthetic else "")
         )
     else:
         notes.append(

@@ -10,7 +10,7 @@ from ..calibrate.recipe import RecipeError, load_recipe
 from ..engines.deployments import TARGET_NAMES, UnknownTargetError, check_target
 from ..engines.facts import FACTS
 from ..report.outdir import OutputError, write_atomically
-from .plan import ExportError, ExportPlan, plan_export
+from .plan import ExportError, ExportPlan, plan_export, synthetic_note
 from .profile import profile_check
 from .targets import WRITERS, vllm_hf_patch
 
@@ -27,12 +27,14 @@ class ExportResult:
     plan: ExportPlan
     metric: str
     profile: dict  # profile.profile_check: the recipe's engine profile against the target's
+    synthetic: str | None = None  # plan.synthetic_note: the warning of a recipe measured on synthetic inputs
 
     def report_lines(self) -> list[str]:
         """The short terminal report: the setting, the engine-profile line, one line per dropped setting with its
         measured cost, and where the rest is (EXPORT.md: the engine's words, the facts, every note)."""
         p = self.plan
         lines = [
+            *([self.synthetic] if self.synthetic else []),
             f"{p.deployment.label}: {p.setting.name} "
             f"({'the recipe global setting' if p.from_global else 'chosen for this engine'})",
             self.profile["line"],
@@ -129,6 +131,7 @@ def export(
         },
         "facts": {f: _fact_dict(FACTS[f]) for f in rt.facts},
         "recipe": str(recipe.path),
+        "synthetic": synthetic_note(recipe),
         "setting": plan.setting.to_dict(),
         "from_global": plan.from_global,
         "engine_profile": prof,
@@ -148,7 +151,7 @@ def export(
         "files": result_files,
     }
     out = default_out_dir(recipe.path, t) if out_dir is None else pathlib.Path(out_dir)
-    result = ExportResult(out, result_files, plan, recipe.metric, prof)
+    result = ExportResult(out, result_files, plan, recipe.metric, prof, synthetic_note(recipe))
 
     def fill(tmp: pathlib.Path):
         for name, text in files.items():
@@ -216,9 +219,11 @@ def _summary(result: ExportResult, recipe, files: dict[str, str]) -> str:
     dep, rt, b = p.deployment, p.runtime, p.engine_bytes
     name = TARGET_NAMES[p.target]
     n = p.num_ssm_layers
+    synthetic = synthetic_note(recipe)
     lines = [
         f"# {name} export of {recipe.config['model'].get('name')}",
         "",
+        *([f"**{synthetic}.**", ""] if synthetic else []),
         f"Checked for **{dep.label}** with {p.draft_tokens} draft tokens per step"
         + (f"; {dep.build.label(p.target)}" if dep.build is not None else "")
         + ".",

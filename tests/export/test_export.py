@@ -382,6 +382,21 @@ def kda_recipe(tmp_path_factory):
     return write_recipe(calibrate(cfg), tmp_path_factory.mktemp("kda") / "recipe")
 
 
+def test_a_synthetic_recipe_says_so_in_every_exported_file(kda_recipe, mamba_recipe, tmp_path):
+    """A recipe calibrated with --synthetic measured a preset's shapes, not a model: the terminal report, EXPORT.md,
+    export_report.json and every file's header say SYNTHETIC, and the held-out note says on what it was verified."""
+    res = export(kda_recipe, "vllm", tmp_path / "v", gpu="sm100")
+    assert res.report_lines()[0].startswith("SYNTHETIC recipe: its errors were measured on synthetic inputs")
+    assert (res.out_dir / "EXPORT.md").read_text().split("\n")[2].startswith("**SYNTHETIC recipe")
+    assert json.loads((res.out_dir / "export_report.json").read_text())["synthetic"].startswith("SYNTHETIC")
+    for name in res.files:
+        if name.endswith((".sh", ".yaml", ".py")):
+            assert "SYNTHETIC recipe" in (res.out_dir / name).read_text(), name
+    real = export(mamba_recipe, "vllm", tmp_path / "real", gpu="sm90")
+    assert not any("SYNTHETIC" in line for line in real.report_lines())
+    assert json.loads((real.out_dir / "export_report.json").read_text())["synthetic"] is None
+
+
 def test_flashinfer_kda_export_names_the_kernel_that_keeps_its_bf16_state(kda_recipe, tmp_path, monkeypatch):
     """flashinfer.fused_kda_decode (flashinfer/kda_decode.py, 0.7.4): "Paged recurrent state with shape
     ``[num_slots, H, 128, 128]`` and dtype float32 or bfloat16.", SM 100 / 103, 64 heads from 0.7.4: GLM-5.3-Flash's
