@@ -398,6 +398,14 @@ def _devices(value: str | None) -> list[str] | str | None:
     "--steps", default=None, type=_POSITIVE, help=_default_help("analyze", "steps", "Decode steps (after the prompt).")
 )
 @_PROMPT_OPTION
+@click.option(
+    "--prompt-store",
+    default=None,
+    callback=_nonempty,
+    help="Prompt stores (comma-separated; int8col: SGLang's int8 prefix cache, --enable-int8-mamba-checkpoint): each "
+    "fp32 / bf16 / fp16 variant runs again with the prompt's state kept in the store before its own format takes it "
+    "over (variant name FORMAT@SCHEME+STORE). Needs --prompt.",
+)
 @click.option("--batch", default=None, type=_POSITIVE, help=_default_help("analyze", "batch", "Sequences."))
 @click.option("--layers", default=None, help="Comma-separated decoder-layer indices of SSM layers (default: all).")
 @click.option("--device", default="auto", show_default=True, help="auto, cuda or cpu.")
@@ -456,6 +464,7 @@ def analyze_cmd(
     rounding,
     steps,
     prompt,
+    prompt_store,
     batch,
     layers,
     device,
@@ -495,6 +504,7 @@ def analyze_cmd(
         rounding=_csv(rounding, "--rounding"),
         steps=sizes["steps"],
         prompt=prompt,
+        prompt_stores=[] if prompt_store is None else _csv(prompt_store, "--prompt-store"),
         batch=sizes["batch"],
         layers=_layers(layers),
         device=device,

@@ -28,11 +28,12 @@ from ..engines.deployments import Target, engines_running, violations
 from ..engines.profiles import EngineError, check_variant
 from ..errors import SsmquantError
 from ..formats import Encoding, FormatError, parse
+from ..formats.prompt_store import parse_prompt_store
 from ..kinds import after_prompt
 from ..provenance import environment
 from ..replay import Trace, cycle_window, parse_scheme
 from ..replay.schemes import SchemeError
-from ..replay.variants import Variant, VariantError
+from ..replay.variants import PROMPT_STORE_LIVE_FORMATS, Variant, VariantError
 from ..simulate import start_simulation
 from ..sizing import LayerEstimate, format_seconds
 from .devices import assign_layers, emulation_threads, run_on_devices
@@ -101,6 +102,9 @@ class AnalyzeConfig:
     # leave out the variants an engine profile (``engines``) cannot run, instead of refusing the run; None: when
     # `formats` are the defaults (the CLI: when --formats is not given), which nobody chose for that engine
     skip_unrunnable: bool | None = None
+    # prompt stores (formats.prompt_store, e.g. "int8col": SGLang's int8 prefix cache): each float-format variant is
+    # measured again with the prompt's state kept in the store before its live format takes it over; needs `prompt`
+    prompt_stores: list[str] = field(default_factory=list)
 
 
 # The float states the engines keep (vLLM's and TensorRT-LLM's cache dtypes below float32): measured beside the
@@ -136,7 +140,27 @@ def build_variants(cfg: AnalyzeConfig) -> list[Variant]:
         raise AnalyzeError(str(err)) from None
     if not variants:
         raise AnalyzeError("no variants: give at least one format and one scheme")
-    return variants
+    return variants + _prompt_store_variants(cfg, variants)
+
+
+def _prompt_store_variants(cfg: AnalyzeConfig, variants: list[Variant]) -> list[Variant]:
+    """Each float-format variant again with each of cfg.prompt_stores (AnalyzeError naming what is missing)."""
+    if not cfg.prompt_stores:
+        return []
+    if cfg.prompt < 1:
+        raise AnalyzeError(
+            "--prompt-store keeps the prompt's state in a prefix cache: give the prompt's length with --prompt N (N >= 1)"
+        )
+    floats = [v for v in variants if v.format.encoding.value in PROMPT_STORE_LIVE_FORMATS]
+    if not floats:
+        raise AnalyzeError(
+            f"--prompt-store restores the prompt's state into a float state: add one of "
+            f"{', '.join(PROMPT_STORE_LIVE_FORMATS)} to --formats"
+        )
+    try:
+        return [replace(v, prompt_store=store) for store in cfg.prompt_stores for v in floats]
+    except VariantError as err:
+        raise AnalyzeError(str(err)) from None
 
 
 def baseline_variants(cfg: AnalyzeConfig, kind: str, variants: list[Variant]) -> list[Variant]:
@@ -500,6 +524,24 @@ def memory_table(source: LayerSource, variants: list[Variant], num_layers: int) 
                 "bytes_per_sequence": b,
                 "MiB_per_sequence": b / 2**20,
                 "bits_per_element": fmt.bits_per_element(shape),
+                "capacity_vs_fp32": fp32 / b,
+            }
+        )
+    heads, rows_per_head, state_dim = shape
+    elements = heads * rows_per_head * state_dim
+    for v in variants:  # a prompt store's cached copy of the prompt's state (scales in the live dtype)
+        name = f"{v.prompt_store} (prompt cache, {v.format.encoding.value} scales)"
+        if v.prompt_store is None or name in seen:
+            continue
+        seen.add(name)
+        scale_bytes = v.format.encoding.spec.storage.itemsize
+        b = heads * parse_prompt_store(v.prompt_store).bytes_per_head(rows_per_head, state_dim, scale_bytes) * num_layers
+        rows.append(
+            {
+                "format": name,
+                "bytes_per_sequence": b,
+                "MiB_per_sequence": b / 2**20,
+                "bits_per_element": 8 * b / (elements * num_layers),
                 "capacity_vs_fp32": fp32 / b,
             }
         )

@@ -19,6 +19,7 @@ Rule ids (the `rule` of a Violation):
 - sr:          stochastic rounding is not applied to this state dtype / backend
 - gpu:         not on this GPU
 - shape:       the kernel does not take these layer sizes
+- prompt_store: the engine keeps no cached prompt state that way (int8col is SGLang's int8 prefix cache)
 """
 
 from __future__ import annotations
@@ -229,6 +230,12 @@ def violations(target, setting, layer_kind: str, draft_tokens=None, *, version=N
     if setting.encoding not in RULED_ENCODINGS:
         detail = f"{target.name} stores no {setting.encoding} SSM state that ssmquant's engine facts know of"
         return [_v("dtype", _DTYPE_FACT[target.engine], detail, quote=False)]
+    store = getattr(setting, "prompt_store", None)
+    if store is not None and not (store == "int8col" and target.engine == "sglang"):
+        out.append(
+            _v("prompt_store", "sglang.int8_checkpoint", f"{target.name} keeps no prompt state as {store} (SGLang's "
+               "int8 prefix cache)", quote=False)
+        )
     _common(target, setting, out)
     if layer_kind == "kda":
         _kda(target, setting, out)

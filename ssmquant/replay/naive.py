@@ -37,6 +37,7 @@ import torch
 from .. import kinds
 from ..formats import Encoding, Rounding, StateFormat
 from ..formats.codec import element_index, encode
+from ..formats.prompt_store import parse_prompt_store
 from ..formats.random import keyed_bits, stream_key, uniform_from_bits
 from ..kinds import LayerInputs, is_validated, step_metrics
 from .variants import Variant, VariantError
@@ -83,8 +84,9 @@ INITIAL_STREAM = 0xFFFFFFFF
 
 def stored_initial_states(inputs: LayerInputs, variants: list[Variant]) -> list[torch.Tensor] | None:
     """Each variant's state before step 0: the inputs' initial state [B, H, rows, state_dim] stored once in the
-    variant's format (its StateStore: scales, rounding, stream INITIAL_STREAM), FP32 values; None without an
-    initial state (every variant starts from zeros, which every format stores exactly)."""
+    variant's format (its StateStore: scales, rounding, stream INITIAL_STREAM), FP32 values, after its prompt store
+    where it names one (the live pool's values after a prefix-cache hit); None without an initial state (every
+    variant starts from zeros, which every format and prompt store keep exactly)."""
     init = inputs.initial_state
     if init is None:
         return None
@@ -92,7 +94,8 @@ def stored_initial_states(inputs: LayerInputs, variants: list[Variant]) -> list[
     out = []
     for v in variants:
         store = StateStore(v.format, inputs.state_shape, inputs.device, v.seed, v.static_scale)
-        out.append(store(s0, store.key(INITIAL_STREAM)))
+        start = s0 if v.prompt_store is None else parse_prompt_store(v.prompt_store).restore(s0, v.format.encoding.spec.storage)
+        out.append(store(start, store.key(INITIAL_STREAM)))
     return out
 
 

@@ -1,8 +1,9 @@
 """A variant is one emulated way of keeping the state: a storage format under a decoding scheme.
 
-String form: "<format>@<scheme>[~<engine>]", e.g. "fp8_e4m3@conventional", "int8:sr@replay16",
-"nvfp4:head@spec16x4:p0.8", "int8@replay16~flashinfer". A bare format means conventional decoding;
-no engine means the `ideal` profile (`ssmquant.engines.profiles`).
+String form: "<format>@<scheme>[+<prompt store>][~<engine>]", e.g. "fp8_e4m3@conventional", "int8:sr@replay16",
+"nvfp4:head@spec16x4:p0.8", "int8@replay16~flashinfer", "bf16@conventional+int8col" (the prompt's state kept in
+SGLang's int8 prefix cache, then decoded in bf16). A bare format means conventional decoding; no engine means the
+`ideal` profile (`ssmquant.engines.profiles`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import torch
 
 from ..errors import SsmquantError
 from ..formats import FormatError, Rounding, ScaleMode, StateFormat, parse
+from ..formats.prompt_store import PROMPT_STORES, parse_prompt_store
 from .schemes import DEFAULT_BUFFER_LEN, Scheme, SchemeError, SchemeKind, parse_scheme
 
 # The engine profiles a variant may name (`~engine`): the arithmetic of each is `ssmquant.engines.profiles`, which
 # takes its list from here (a variant is parsed below the engines); "ideal" is the emulation without an engine.
 ENGINE_PROFILES = ("ideal", "flashinfer", "vllm", "trtllm")
+# the live formats a prompt store restores into (an engine's float state pool)
+PROMPT_STORE_LIVE_FORMATS = ("fp32", "bf16", "fp16")
 
 
 class VariantError(SsmquantError, ValueError):
@@ -77,10 +81,23 @@ class Variant(StorageFacts):
     static_scale: torch.Tensor | None = field(default=None, compare=False, repr=False)
     label: str | None = None
     engine: str = "ideal"
+    # how the prompt's state is kept in the engine's prefix cache before the live format takes it over
+    # (formats.prompt_store; None: the live format stores it directly)
+    prompt_store: str | None = None
 
     def __post_init__(self):
         if self.engine not in ENGINE_PROFILES:
             raise VariantError(f"unknown engine {self.engine!r}; accepted: {', '.join(ENGINE_PROFILES)}")
+        if self.prompt_store is not None:
+            try:
+                parse_prompt_store(self.prompt_store)
+            except FormatError as err:
+                raise VariantError(str(err)) from None
+            if self.format.encoding.value not in PROMPT_STORE_LIVE_FORMATS:
+                raise VariantError(
+                    f"{self.format.name}+{self.prompt_store}: a prompt store restores into a float live state "
+                    f"({', '.join(PROMPT_STORE_LIVE_FORMATS)}), not {self.format.encoding.value}"
+                )
         static = self.format.scale_mode is ScaleMode.STATIC
         if static and self.static_scale is None:
             raise VariantError(f"variant {self.name!r} uses a static format: pass static_scale")
@@ -92,6 +109,8 @@ class Variant(StorageFacts):
         if self.label:
             return self.label
         base = f"{self.format.name}@{self.scheme.name}"
+        if self.prompt_store is not None:
+            base += f"+{self.prompt_store}"
         if self.format.rounding is Rounding.SR and self.seed:
             base += f"#seed{self.seed}"
         if self.engine != "ideal":
@@ -125,19 +144,25 @@ def check_variants_fit(variants: list[Variant], state_shape: tuple[int, ...]) ->
 
 
 def parse_variant(spec: str | Variant, *, seed: int = 0, default_buffer_len: int = DEFAULT_BUFFER_LEN) -> Variant:
-    """Parse "fmt@scheme" (or a bare format, meaning conventional) into a Variant."""
+    """Parse "fmt@scheme" (or a bare format, meaning conventional), optionally followed by "+store" (a prompt store,
+    ``formats.prompt_store``) and "~engine", into a Variant."""
     if isinstance(spec, Variant):
         return spec
     if not isinstance(spec, str):
         raise VariantError(f"variant must be a string like 'int8:sr@replay16', got {spec!r}")
     spec, _, engine = spec.partition("~")
+    spec, plus, store = spec.partition("+")
+    if plus and not store.strip():
+        raise VariantError(f"invalid variant {spec + plus!r}: name a prompt store after '+' ({', '.join(PROMPT_STORES)})")
     fmt_part, sep, scheme_part = spec.partition("@")
     try:
         fmt = parse(fmt_part)
         scheme = parse_scheme(scheme_part, default_buffer_len=default_buffer_len) if sep else Scheme.conventional()
     except (FormatError, SchemeError) as err:
         raise VariantError(f"invalid variant {spec!r}: {err}") from err
-    return Variant(fmt, scheme, seed=seed, engine=engine.strip().lower() or "ideal")
+    return Variant(
+        fmt, scheme, seed=seed, engine=engine.strip().lower() or "ideal", prompt_store=store.strip().lower() or None
+    )
 
 
 def parse_variants(specs, *, seed: int = 0) -> list[Variant]:

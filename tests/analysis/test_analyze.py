@@ -562,3 +562,24 @@ def test_fp8_e5m2_and_plain_casts_run_through_analyze_and_calibrate(tmp_path):
     assert res.exit_code == 0, res.output
     cands = pd.read_csv(out / "candidates.csv")
     assert {"fp8_e5m2", "fp8_e5m2:static", "fp8_e4m3_cast", "fp8_e5m2_cast"} <= set(cands["format"])
+
+
+def test_a_prompt_store_measures_each_float_format_after_a_prefix_cache_hit():
+    """--prompt-store int8col: each float variant again, its start the prompt's state restored from SGLang's int8
+    prefix cache (formats.prompt_store); only SGLang runs it; the memory table counts the cached copy; refused
+    without a prompt or without a float format."""
+    kw = dict(steps=8, batch=1, device="cpu", schemes=["conventional"], layers=[0], prompt=16)
+    r = analyze(AnalyzeConfig(model="tiny-qwen", formats=["bf16"], prompt_stores=["int8col"], **kw))
+    s = r.summary.set_index("variant")
+    assert list(s.index) == ["bf16@conventional", "bf16@conventional+int8col"]
+    first = r.traces[r.traces["step"] == r.traces["step"].min()].set_index("variant")["state_rel_err"]
+    assert first["bf16@conventional+int8col"] > first["bf16@conventional"] > 0
+    assert "SGLang" in s.loc["bf16@conventional+int8col", "engines"] and "vLLM" not in s.loc["bf16@conventional+int8col", "engines"]
+    cached = r.memory.set_index("format").loc["int8col (prompt cache, bf16 scales)", "bytes_per_sequence"]
+    assert cached < r.memory.set_index("format").loc["bf16", "bytes_per_sequence"]
+    with pytest.raises(AnalyzeError, match="give the prompt's length with --prompt N"):
+        analyze(AnalyzeConfig(model="tiny-qwen", formats=["bf16"], prompt_stores=["int8col"], **{**kw, "prompt": 0}))
+    with pytest.raises(AnalyzeError, match="add one of fp32, bf16, fp16 to --formats"):
+        analyze(AnalyzeConfig(model="tiny-qwen", formats=["int8"], prompt_stores=["int8col"], **kw))
+    with pytest.raises(AnalyzeError, match="unknown prompt store 'int4'"):
+        analyze(AnalyzeConfig(model="tiny-qwen", formats=["bf16"], prompt_stores=["int4"], **kw))

@@ -25,7 +25,9 @@ GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")]
 
-VARIANTS = ["fp32", "bf16@replay4", "fp8_e4m3", "int8:sr@replay4", "nvfp4", "nvfp4:sr@replay4", "fp8_e4m3:head"]
+# bf16@conventional+int8col: the prompt's state kept in SGLang's int8 prefix cache, then decoded in bf16
+VARIANTS = ["fp32", "bf16@replay4", "fp8_e4m3", "int8:sr@replay4", "nvfp4", "nvfp4:sr@replay4", "fp8_e4m3:head",
+            "bf16@conventional+int8col"]  # fmt: skip
 
 
 def layer(kind):
@@ -58,6 +60,9 @@ def test_decoding_after_a_prompt_matches_the_torch_reference(kind):
     assert (got[VARIANTS.index("fp32"), ..., 0] == 0).all()
     # the stored prompt state shows from the first decode step on
     assert (got[VARIANTS.index("fp8_e4m3"), 0, ..., 0].sum() > 0).all()
+    # the int8 prefix cache adds its rounding to bf16's at the first step
+    cached, plain = got[VARIANTS.index("bf16@conventional+int8col"), 0, ..., 0], got[VARIANTS.index("bf16@replay4"), 0, ..., 0]
+    assert (cached.sum() > plain.sum()).all()
 
 
 def test_engine_profiles_start_from_the_stored_state_too():
