@@ -920,8 +920,16 @@ FACTS: dict[str, Fact] = {
             "sglang",
             "GDN / KDA ReplaySSM: --enable-linear-replayssm with --linear-replayssm-cache-len L (default 16, >= 1): "
             "the state is flushed every L decode steps, the ring holds the inputs in the SSM dtype; Triton decode "
-            "backend (or Helion for KDA), --mamba-radix-cache-strategy no_buffer (the default); no Mamba-2 ReplaySSM",
-            (_sgl("srt/arg_groups/fields/exec_.py"), _sgl("srt/arg_groups/attention_hook.py"), _sgl("srt/mem_cache/memory_pool.py")),
+            "backend (or Helion for KDA) and --mamba-radix-cache-strategy no_buffer, which needs the overlap "
+            "schedule off (--disable-overlap-schedule): the default strategy auto resolves to extra_buffer while the "
+            "overlap schedule is on, its default, whatever the flag's help says; no Mamba-2 ReplaySSM",
+            (
+                _sgl("srt/arg_groups/fields/exec_.py"),
+                _sgl("srt/arg_groups/attention_hook.py"),
+                _sgl("srt/arg_groups/overrides.py"),
+                _sgl("srt/arg_groups/mamba_hook.py"),
+                _sgl("srt/mem_cache/memory_pool.py"),
+            ),
             quote="--enable-linear-replayssm requires Triton, or Helion for KDA, as the linear-attn decode backend",
         ),
         Fact(
@@ -949,8 +957,9 @@ FACTS: dict[str, Fact] = {
             "sglang",
             "--speculative-algorithm (EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, ...), --speculative-num-steps, "
             "--speculative-eagle-topk, --speculative-num-draft-tokens (the verify window, 1 + drafts in a chain), "
-            "--speculative-draft-model-path",
-            (_sgl("srt/arg_groups/fields/spec.py"),),
+            "--speculative-draft-model-path; NGRAM takes the tree's breadth (speculative_eagle_topk) from "
+            "--speculative-ngram-max-bfs-breadth (default 10), so a chain needs it at 1",
+            (_sgl("srt/arg_groups/fields/spec.py"), _sgl("srt/arg_groups/speculative_hook.py")),
             quote="Speculative algorithm. Builtins: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK, UNO.",
         ),
         Fact(

@@ -272,6 +272,9 @@ def sglang_args(plan: ExportPlan) -> dict:
     if rt.backend == "triton.replayssm":
         args["enable-linear-replayssm"] = True
         args["linear-replayssm-cache-len"] = rt.window
+        # ReplaySSM needs the no_buffer radix strategy, which needs the overlap schedule off (sglang.linear_replayssm)
+        args["mamba-radix-cache-strategy"] = "no_buffer"
+        args["disable-overlap-schedule"] = True
     elif rt.backend == "triton.replayssm_spec":
         args["enable-linear-replayssm-spec"] = True
         args["linear-replayssm-cache-len"] = rt.window
@@ -281,6 +284,8 @@ def sglang_args(plan: ExportPlan) -> dict:
         args["speculative-num-steps"] = T
         args["speculative-eagle-topk"] = 1  # a draft chain: the fold-every-commit verify takes no tree
         args["speculative-num-draft-tokens"] = T + 1
+        if spec.method == "ngram":  # NGRAM sets the breadth from its own flag (sglang.spec_algorithm)
+            args["speculative-ngram-max-bfs-breadth"] = 1
         if spec.model:
             args["speculative-draft-model-path"] = spec.model
     return args

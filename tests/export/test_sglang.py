@@ -128,3 +128,21 @@ def test_sglang_export_with_drafts_writes_the_speculative_flags(tmp_path):
     pairs = dict(zip(flags[::1], flags[1::1]))
     assert pairs["--speculative-algorithm"] == "NEXTN" and pairs["--speculative-num-steps"] == "3"
     assert pairs["--speculative-eagle-topk"] == "1" and pairs["--speculative-num-draft-tokens"] == "4"
+
+
+def test_sglang_replay_and_ngram_exports_carry_the_flags_sglang_resolves_them_with(tmp_path):
+    """sglang.linear_replayssm: ReplaySSM needs --mamba-radix-cache-strategy no_buffer, which needs the overlap
+    schedule off (auto resolves to extra_buffer under the default overlap schedule); sglang.spec_algorithm: NGRAM
+    takes its tree breadth from --speculative-ngram-max-bfs-breadth, 1 for a chain. (SGLang's own hooks judge the
+    same flags in tests/export/test_sglang_oracle.py.)"""
+    r = tiny_calibration("gdn", budget=1.0, candidates=["bf16"], schemes=["replay8"], calibration=["none"],
+                         engine_fallbacks=[], rows=128, state=128)  # fmt: skip
+    res = export(write_recipe(r, tmp_path / "replay"), "sglang", tmp_path / "a", gpu="sm90")
+    flags = (res.out_dir / "sglang_flags.txt").read_text().split()
+    assert flags[flags.index("--mamba-radix-cache-strategy") + 1] == "no_buffer" and "--disable-overlap-schedule" in flags
+    r = tiny_calibration("gdn", budget=1.0, candidates=["fp32"], schemes=["spec16x3"], calibration=["none"],
+                         engine_fallbacks=[], rows=128, state=128)  # fmt: skip
+    res = export(write_recipe(r, tmp_path / "spec"), "sglang", tmp_path / "b", gpu="sm90", speculative_method="ngram")
+    flags = (res.out_dir / "sglang_flags.txt").read_text().split()
+    assert flags[flags.index("--speculative-algorithm") + 1] == "NGRAM"
+    assert flags[flags.index("--speculative-ngram-max-bfs-breadth") + 1] == "1"
