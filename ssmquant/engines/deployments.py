@@ -968,6 +968,19 @@ def state_copies(target: Target, setting, layer_kind: str, rt: Runtime) -> tuple
     return 1, "one state per sequence", None
 
 
+# TensorRT-LLM's Mamba-2 mixer: FlashInfer's decode for these head sizes and heads per group (fact trtllm.fi_ssu)
+TRTLLM_FI_HEAD_DIMS = (64, 128)
+TRTLLM_FI_HEAD_GROUP_RATIOS = (1, 8, 16)
+
+
+def trtllm_uses_flashinfer(dims) -> bool:
+    """Whether TensorRT-LLM's Mamba-2 mixer decodes layers of ``dims`` with FlashInfer's kernels (trtllm.fi_ssu);
+    False where the sizes are unknown (None)."""
+    if dims is None or dims.groups < 1:
+        return False
+    return dims.rows in TRTLLM_FI_HEAD_DIMS and dims.heads // dims.groups in TRTLLM_FI_HEAD_GROUP_RATIOS
+
+
 def _sglang_runtime(target: Target, s, layer_kind: str, tokens: int) -> Runtime:
     """SGLang: Mamba-2 on its FlashInfer backend (the kernel the flashinfer profile emulates); GDN / KDA on the Triton
     linear-attention decode, conventional, ReplaySSM (window L, ring L rows) or the fold-every-commit verify."""
@@ -1016,20 +1029,20 @@ def _runtime(target: Target, setting, layer_kind: str) -> Runtime:
         return Runtime(backend, L, L, tokens, env=env, facts=facts)
     if e == "trtllm":
         env_key = "TRTLLM_USE_MAMBA_REPLAY" if layer_kind == "mamba2" else "TRTLLM_USE_GDN_REPLAY"
+        fi = layer_kind == "mamba2" and trtllm_uses_flashinfer(target.dims)
         if not _replay(s):
             # Mamba-2 replay is on by default with drafts (only "0" disables it); GDN replay is opt-in (unset: off)
             env = {env_key: "0"} if T and layer_kind == "mamba2" else {}
             facts = ["trtllm.replay_gates"] if layer_kind == "mamba2" else ["trtllm.gdn_replay"]
-            return Runtime("conventional", 0, 0, tokens, env=env, facts=facts)
+            if layer_kind == "mamba2" and target.dims is not None:
+                facts.append("trtllm.fi_ssu")
+            return Runtime("flashinfer" if fi else "conventional", 0, 0, tokens, env=env, facts=facts)
         hist = max(TRTLLM_MIN_REPLAY_HISTORY, tokens)
-        return Runtime(
-            "replay",
-            hist,
-            2 * hist,
-            tokens,
-            env={env_key: "1"},
-            facts=["trtllm.replay_gates", "trtllm.replay_history"],
-        )
+        facts = ["trtllm.replay_gates", "trtllm.replay_history"]
+        fi_replay = fi and s.encoding in FLOAT_ENCODINGS and tokens <= FLASHINFER_MAX_WINDOW
+        if target.dims is not None:
+            facts += ["trtllm.fi_ssu", "trtllm.fi_checkpointing"]
+        return Runtime("flashinfer.replay" if fi_replay else "replay", hist, 2 * hist, tokens, env={env_key: "1"}, facts=facts)
     if layer_kind == "kda":
         if s.scheme_kind == "spec":  # the committed state, read-only, for the L tokens of a verify
             return Runtime(

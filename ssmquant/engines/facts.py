@@ -584,6 +584,37 @@ FACTS: dict[str, Fact] = {
             "support",
         ),
         Fact(
+            "trtllm.fi_ssu",
+            "trtllm",
+            "the Mamba-2 mixer decodes with FlashInfer's selective_state_update (\"default to flashinfer\") where "
+            "head_dim is 64 or 128 and heads per group (after tensor parallelism) is 1, 8 or 16; later commits widen "
+            "the ratio list (1 to 64) or drop it; elsewhere it runs its own Triton selective_state_update. "
+            "Nemotron-3-Nano (head_dim 64, 64 heads, 8 groups) and Nemotron-H-8B decode on FlashInfer's kernel",
+            (
+                Source(
+                    "NVIDIA/TensorRT-LLM",
+                    "tensorrt_llm/_torch/modules/mamba/mamba2_mixer.py",
+                    "main, snapshots of a code index (02140fd among them; commit of the newest not pinned)",
+                ),
+            ),
+            quote="# Choose between flashinfer and native implementation. (default to flashinfer)",
+        ),
+        Fact(
+            "trtllm.fi_checkpointing",
+            "trtllm",
+            "MTP replay runs FlashInfer's checkpointing_ssu where the FlashInfer decode applies, "
+            "TRTLLM_MAMBA2_USE_FI_CHECKPOINTING is 1 (its default), the SSM cache is bfloat16, float16 or float32 "
+            "and max_draft_len + 1 <= 16; else TensorRT-LLM's Triton replay kernel",
+            (
+                Source(
+                    "NVIDIA/TensorRT-LLM",
+                    "tensorrt_llm/_torch/modules/mamba/mamba2_mixer.py",
+                    "main, a snapshot of a code index (commit not pinned)",
+                ),
+            ),
+            quote='fi_ckpt_requested = os.environ.get("TRTLLM_MAMBA2_USE_FI_CHECKPOINTING", "1") == "1"',
+        ),
+        Fact(
             "trtllm.intermediate_ssm",
             "trtllm",
             "with speculative decoding and replay off, the Mamba cache manager allocates intermediate_ssm_states "

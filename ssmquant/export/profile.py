@@ -9,7 +9,8 @@ runs the exported setting through one kernel; the profile that emulates that ker
 | FlashInfer (any kernel function) | `flashinfer` |
 | vLLM, `--mamba-backend flashinfer` (ReplaySSM, or fp16 stochastic rounding off SM 10.x) | `flashinfer` |
 | vLLM, Triton backend | `vllm` |
-| TensorRT-LLM | `trtllm` |
+| TensorRT-LLM, Mamba-2 on FlashInfer's kernels (head_dim 64 / 128, 1 / 8 / 16 heads per group: `trtllm.fi_ssu`) | `flashinfer` |
+| TensorRT-LLM, its Triton kernel (other sizes) | `trtllm` |
 | SGLang, Mamba-2 (`--mamba-backend flashinfer`) | `flashinfer` |
 | SGLang, GDN / KDA (Triton decode) | none: SGLang's kernels have no profile |
 
@@ -26,7 +27,9 @@ from ..engines.profiles import IDEAL, EngineError, arithmetic, check_variant
 def target_profile(plan, layer_kind: str, state_shape: tuple[int, ...]) -> tuple[str | None, str]:
     """(profile, reason): the profile emulating how `plan`'s target runs its setting, or (None, the
     profile's refusal) when none does. state_shape: (heads, rows, state_dim) of the recipe's layers."""
-    if plan.target == "flashinfer" or (plan.target in ("vllm", "sglang") and plan.runtime.backend == "flashinfer"):
+    if plan.target == "flashinfer" or (
+        plan.target in ("vllm", "sglang", "trtllm") and plan.runtime.backend.startswith("flashinfer")
+    ):
         name = "flashinfer"
     elif plan.target == "sglang":
         return None, (

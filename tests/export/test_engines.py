@@ -530,3 +530,28 @@ def test_kda_replay_is_speculative_recoverssm_on_kimi_k3_only():
     assert "has no RecoverSSM" in rules(kda_target("vllm", "0.28.0", drafts=4), "fp32@spec5x4:fp32", "kda")["scheme"]
     assert "its KDA replay is the speculative verify" in rules("flashinfer", "bf16@replay16", "kda")["scheme"]
     assert not takeable_by_any(Setting.parse("fp8_e4m3@replay16"), "kda")
+
+
+def test_trtllm_runs_flashinfer_kernels_on_the_sizes_it_picks_them_for():
+    """trtllm.fi_ssu: TensorRT-LLM's Mamba-2 mixer decodes with FlashInfer's selective_state_update for head_dim
+    64 / 128 and 1 / 8 / 16 heads per group (Nemotron-3-Nano: 64 / 8), its Triton kernel elsewhere;
+    trtllm.fi_checkpointing: MTP replay through FlashInfer's checkpointing_ssu there. The export's profile check then
+    names the flashinfer profile."""
+    from ssmquant.export.profile import target_profile
+
+    class Plan:
+        target = "trtllm"
+
+    nano = runtime(target("trtllm"), Setting.parse("fp16@conventional"), "mamba2")
+    assert nano.backend == "flashinfer" and "trtllm.fi_ssu" in nano.facts
+    small = LayerDims("mamba2", 4, 16, 32, 2)  # head_dim 16: TensorRT-LLM's own Triton kernel
+    assert runtime(target("trtllm", dims=small), Setting.parse("fp16@conventional"), "mamba2").backend == "conventional"
+    odd_ratio = LayerDims("mamba2", 96, 64, 128, 2)  # 48 heads per group: not in the list read
+    assert runtime(target("trtllm", dims=odd_ratio), Setting.parse("fp16@conventional"), "mamba2").backend == "conventional"
+    mtp = runtime(target("trtllm", drafts=3), Setting.parse("bf16@spec16x3"), "mamba2")
+    assert mtp.backend == "flashinfer.replay" and "trtllm.fi_checkpointing" in mtp.facts
+    plan = Plan()
+    plan.setting, plan.runtime = Setting.parse("fp16@conventional"), nano
+    assert target_profile(plan, "mamba2", (64, 64, 128))[0] == "flashinfer"
+    plan.runtime = runtime(target("trtllm", dims=small), plan.setting, "mamba2")
+    assert target_profile(plan, "mamba2", (4, 16, 32))[0] == "trtllm"
