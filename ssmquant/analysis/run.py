@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from .. import __version__, kinds
-from ..engines.deployments import Target, engines_running, violations
+from ..engines.deployments import TARGETS, Target, engine_bytes, engines_running, runtime, violations
 from ..engines.profiles import EngineError, check_variant
 from ..errors import SsmquantError
 from ..formats import Encoding, FormatError, parse
@@ -208,6 +208,7 @@ class AnalysisResult:
             "stages": self.stages,
             "summary": _records(self.summary),
             "memory": _records(self.memory),
+            "memory_note": MEMORY_ENGINE_NOTE,
             "budget": {"value": self.config.budget, "note": verdict_note(self.config.budget)},
             "prompt": {"tokens": self.config.prompt, "note": prompt_note(self.config.prompt)},
             "verdict": verdicts(self.summary),
@@ -508,8 +509,35 @@ def head_table(layer: int, trace: Trace) -> pd.DataFrame:
     )
 
 
+# What the engine columns of the memory table assume: each engine's newest release read, on sm90, decoding
+# conventionally without drafts at its defaults (vLLM: prefix caching on, as for every hybrid model)
+MEMORY_ENGINE_GPU = 90
+MEMORY_ENGINE_NOTE = (
+    "<engine>_bytes_per_sequence: what the engine reserves for the format at its newest release read on sm90, "
+    "decoding conventionally without drafts at its defaults (vLLM: prefix caching on, its default for hybrid models; "
+    "state copies per sequence in <engine>_state_copies); empty where the engine stores no such state"
+)
+
+
+def _engine_memory(source: LayerSource, fmt, num_layers: int) -> dict:
+    """{<engine>_bytes_per_sequence, <engine>_state_copies} of one format (None where the engine takes none)."""
+    out = {}
+    variant = Variant(fmt, parse_scheme("conventional"))
+    dims = source.dims
+    for engine in TARGETS:
+        t = Target.make(engine, None, MEMORY_ENGINE_GPU, 0, dims)
+        if fmt.scale_mode.value != "dynamic" or violations(t, variant, source.layer_kind):
+            out[f"{engine}_bytes_per_sequence"], out[f"{engine}_state_copies"] = None, None
+            continue
+        rt = runtime(t, variant, source.layer_kind)
+        out[f"{engine}_bytes_per_sequence"] = engine_bytes(t, variant, source.layer_kind, dims, rt)["total"] * num_layers
+        out[f"{engine}_state_copies"] = rt.state_copies
+    return out
+
+
 def memory_table(source: LayerSource, variants: list[Variant], num_layers: int) -> pd.DataFrame:
-    """Bytes per sequence for all SSM layers of the model, per format, and the capacity vs FP32."""
+    """Bytes per sequence for all SSM layers of the model, per format, and the capacity vs FP32; then what each
+    engine reserves for the format per sequence (MEMORY_ENGINE_NOTE)."""
     shape = source.state_shape
     fp32 = parse("fp32").bytes_per_state(shape) * num_layers
     rows, seen = [], set()
@@ -525,6 +553,7 @@ def memory_table(source: LayerSource, variants: list[Variant], num_layers: int) 
                 "MiB_per_sequence": b / 2**20,
                 "bits_per_element": fmt.bits_per_element(shape),
                 "capacity_vs_fp32": fp32 / b,
+                **_engine_memory(source, fmt, num_layers),
             }
         )
     heads, rows_per_head, state_dim = shape

@@ -111,11 +111,27 @@ def verdict_text(summary: pd.DataFrame) -> str:
 
 
 def memory_text(memory: pd.DataFrame) -> str:
+    """The memory table for the terminal: per format, then the MiB each engine reserves per sequence (columns
+    <engine>_bytes_per_sequence of an analysis since they exist; what they assume is in memory.csv's note)."""
     df = memory.copy()
     df["MiB_per_sequence"] = df["MiB_per_sequence"].map(lambda v: f"{v:.2f}")
     df["bits_per_element"] = df["bits_per_element"].map(lambda v: f"{v:.2f}")
     df["capacity_vs_fp32"] = df["capacity_vs_fp32"].map(lambda v: f"{v:.2f}x")
-    return "SSM state per sequence, all SSM layers:\n" + df.to_string(index=False)
+    engines = [c[: -len("_bytes_per_sequence")] for c in df.columns if c.endswith("_bytes_per_sequence") and c != "bytes_per_sequence"]
+    for e in engines:
+        copies = df.pop(f"{e}_state_copies") if f"{e}_state_copies" in df else None
+        col = df.pop(f"{e}_bytes_per_sequence")
+        df[f"{e} MiB"] = [
+            "-" if b is None or b != b else f"{b / 2**20:.2f}" + ("" if copies is None else f" ({int(copies[i])}x)")
+            for i, b in enumerate(col)
+        ]
+    head = "SSM state per sequence, all SSM layers"
+    if engines:
+        head += (
+            " (engine columns: reserved by each engine's newest release read on sm90, conventional decoding, no "
+            "drafts, its defaults; (Nx): state copies per sequence)"
+        )
+    return head + ":\n" + df.to_string(index=False)
 
 
 def presets_table() -> str:

@@ -583,3 +583,16 @@ def test_a_prompt_store_measures_each_float_format_after_a_prefix_cache_hit():
         analyze(AnalyzeConfig(model="tiny-qwen", formats=["int8"], prompt_stores=["int8col"], **kw))
     with pytest.raises(AnalyzeError, match="unknown prompt store 'int4'"):
         analyze(AnalyzeConfig(model="tiny-qwen", formats=["bf16"], prompt_stores=["int4"], **kw))
+
+
+def test_memory_table_counts_what_each_engine_reserves_per_sequence():
+    """engines.state_copies in memory.csv: vLLM keeps 2 + 1 state pages per sequence for a Mamba-2 layer with prefix
+    caching on (its default for hybrids), the others one state; a format an engine does not store is empty."""
+    r = analyze(AnalyzeConfig(model="tiny-nemotron", steps=4, batch=1, layers=[0], schemes=["conventional"],
+                              formats=["int8"], device="cpu"))  # fmt: skip
+    m = r.memory.set_index("format")
+    assert m.loc["bf16", "vllm_state_copies"] == 3
+    assert m.loc["bf16", "vllm_bytes_per_sequence"] == 3 * m.loc["bf16", "bytes_per_sequence"]
+    assert m.loc["bf16", "sglang_bytes_per_sequence"] == m.loc["bf16", "bytes_per_sequence"]
+    assert pd.isna(m.loc["int8", "vllm_bytes_per_sequence"]) and pd.isna(m.loc["int8", "sglang_state_copies"])
+    assert "prefix caching on" in r.report()["memory_note"]
