@@ -49,14 +49,17 @@ TARGET_NAMES = ENGINE_NAMES
 FLOAT_ENCODINGS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 FLOAT_KEYS = {e: e for e in FLOAT_ENCODINGS}  # a float encoding is also the buffer dtype of the same name
 EIGHT_BIT_ENCODINGS = ("int8", "fp8_e4m3")
+# states stored with one FP32 decode scale per (head, row): FlashInfer's 8-bit checkpoint and its int16 SSU state
+SCALED_STATE_ENCODINGS = (*EIGHT_BIT_ENCODINGS, "int16")
 TORCH_DTYPES = {
     "fp32": "torch.float32",
     "fp16": "torch.float16",
     "bf16": "torch.bfloat16",
     "int8": "torch.int8",
     "fp8_e4m3": "torch.float8_e4m3fn",
+    "int16": "torch.int16",
 }
-ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "fp8_e4m3": 1}
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "fp8_e4m3": 1, "int16": 2}
 # vLLM builds with #52962 take these --mamba-ssm-cache-dtype strings (vLLM's STR_DTYPE_TO_TORCH_DTYPE names)
 VLLM_DTYPES = {**FLOAT_ENCODINGS, "int8": "int8", "fp8_e4m3": "fp8_e4m3"}
 FLASHINFER_MAX_WINDOW = 16  # checkpointing_ssu: max_window <= 16
@@ -1077,7 +1080,7 @@ def engine_bytes(target: Target, setting, layer_kind: str, dims, rt: Runtime | N
     rt = runtime(target, setting, layer_kind) if rt is None else rt
     s = setting
     state = rt.state_copies * dims.heads * dims.rows * dims.state_dim * ELEMENT_BYTES[s.encoding]
-    scales = rt.state_copies * dims.heads * dims.rows * 4 if s.encoding in EIGHT_BIT_ENCODINGS else 0
+    scales = rt.state_copies * dims.heads * dims.rows * 4 if s.encoding in SCALED_STATE_ENCODINGS else 0
     act = {"bf16": 2, "fp16": 2, "fp32": 4}[s.scheme.buffer_dtype]
     ring = slot = 0
     if rt.replay and target.engine == "sglang":

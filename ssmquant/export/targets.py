@@ -16,7 +16,14 @@ import textwrap
 import yaml
 
 from ..calibrate.recipe import SCALES_NAME, Recipe
-from ..engines.deployments import DEFAULT_PHILOX_ROUNDS, EIGHT_BIT_ENCODINGS, FLOAT_ENCODINGS, TORCH_DTYPES, VLLM_DTYPES
+from ..engines.deployments import (
+    DEFAULT_PHILOX_ROUNDS,
+    EIGHT_BIT_ENCODINGS,
+    FLOAT_ENCODINGS,
+    SCALED_STATE_ENCODINGS,
+    TORCH_DTYPES,
+    VLLM_DTYPES,
+)
 from ..engines.facts import FACTS
 from .plan import SGLANG_ALGORITHM, TRTLLM_DECODING_TYPE, ExportPlan, synthetic_note
 
@@ -378,12 +385,12 @@ def flashinfer_kwargs(plan: ExportPlan, recipe: Recipe) -> dict:
         "rand_seed": None,
         "input_dtype": inp,
     }
-    if s.encoding in EIGHT_BIT_ENCODINGS:
+    if s.encoding in SCALED_STATE_ENCODINGS:
         out["state_scale"] = {
             "dtype": "torch.float32",
             "shape": ["cache", d.heads, d.rows],
             "strides": [d.heads * d.rows, d.rows, 1],
-            "mode": FACTS["flashinfer.scale"].says,
+            "mode": FACTS["flashinfer.scale" if s.encoding in EIGHT_BIT_ENCODINGS else "flashinfer.ssu_dtypes"].says,
         }
     if _sr(plan):
         out["rand_seed"] = {"dtype": "torch.int64", "shape": [1], "device": "cuda"}
@@ -471,8 +478,8 @@ STOCHASTIC_ROUNDING, PHILOX_ROUNDS = {sr}, {philox}
 
 def _layer():
     t = {{"state": _alloc(CACHE, NHEADS, HEAD_DIM, DSTATE, dtype=STATE_DTYPE)}}
-    if STATE_DTYPE in (torch.int8, torch.float8_e4m3fn):
-        # decode scales (value = code * scale), one per (slot, head, row); the kernel writes them at each checkpoint
+    if STATE_DTYPE in (torch.int8, torch.float8_e4m3fn, torch.int16):
+        # decode scales (value = code * scale), one per (slot, head, row); the kernel writes them at each write
         t["state_scale"] = _alloc(CACHE, NHEADS, HEAD_DIM, dtype=torch.float32).fill_(1.0)
     if REPLAY:
         # the ring in the input dtype; dt in float32 (replay decays are recomputed from it)

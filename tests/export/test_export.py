@@ -570,3 +570,16 @@ def test_issue27_flashinfer_alloc_covers_every_ssm_layer_and_fails_in_one_line(n
             runpy.run_path(path)
     text = open(path).read()
     assert max(len(line) for line in text.split('"""')[1].splitlines()) <= 100  # the docstring header is wrapped
+
+
+def test_flashinfer_exports_its_scaled_int16_state(tmp_path):
+    """flashinfer.ssu_dtypes: selective_state_update stores int16 with a float32 state_scale (cache, nheads, dim);
+    an int16 recipe exports with that scale, counted in the bytes, and the snippet allocates it."""
+    r = tiny_calibration(budget=1.0, candidates=["int16"], schemes=["conventional"], calibration=["none"],
+                         engine_fallbacks=[], rows=64, state=128)  # fmt: skip
+    res = export(write_recipe(r, tmp_path / "recipe"), "flashinfer", tmp_path / "fi", gpu="sm90")
+    kw = json.loads((res.out_dir / "flashinfer_kwargs.json").read_text())
+    assert kw["function"] == "flashinfer.mamba.selective_state_update" and kw["state"]["dtype"] == "torch.int16"
+    assert kw["state_scale"]["shape"] == ["cache", HEADS, 64] and kw["state_scale"]["dtype"] == "torch.float32"
+    assert res.plan.engine_bytes["scales"] == HEADS * 64 * 4
+    assert "torch.int16" in (res.out_dir / "flashinfer_alloc.py").read_text()
