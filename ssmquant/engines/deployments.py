@@ -47,7 +47,6 @@ from .facts import (
 TARGETS = ENGINES
 TARGET_NAMES = ENGINE_NAMES
 FLOAT_ENCODINGS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-FLOAT_KEYS = {e: e for e in FLOAT_ENCODINGS}  # a float encoding is also the buffer dtype of the same name
 EIGHT_BIT_ENCODINGS = ("int8", "fp8_e4m3")
 # states stored with one FP32 decode scale per (head, row): FlashInfer's 8-bit checkpoint and its int16 SSU state
 SCALED_STATE_ENCODINGS = (*EIGHT_BIT_ENCODINGS, "int16")
@@ -789,7 +788,7 @@ def _sglang(t: Target, s, kind: str, out: list) -> None:
                     "(a spec scheme of a float32 state), not a replay window",
                 )
             )
-        if s.scheme.buffer_dtype != FLOAT_KEYS.get(enc, enc):
+        if s.scheme.buffer_dtype != enc:  # buffer dtypes are named as the float encodings
             out.append(
                 _v(
                     "buffer_dtype",

@@ -134,6 +134,19 @@ def vllm_flags(args: dict) -> list[str]:
     return flags
 
 
+def _flag_lines(flags: list[str]) -> list[str]:
+    """Command-line flags grouped one option per line (a flag with its value), shell-quoted."""
+    pairs, i = [], 0
+    while i < len(flags):
+        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            pairs.append(f"{flags[i]} {_shell_quote(flags[i + 1])}")
+            i += 2
+        else:
+            pairs.append(flags[i])
+            i += 1
+    return pairs
+
+
 def _shell_quote(x: str) -> str:
     return f"'{x}'" if any(c in x for c in ' {}"$') else x
 
@@ -173,14 +186,7 @@ def vllm_files(plan: ExportPlan, recipe: Recipe) -> dict[str, str]:
     variable) and hf_config_patch.json (where this architecture reads one and the dtype is safe in it)."""
     args = vllm_engine_args(plan)
     flags = vllm_flags(args)
-    pairs, i = [], 0
-    while i < len(flags):
-        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
-            pairs.append(f"{flags[i]} {_shell_quote(flags[i + 1])}")
-            i += 2
-        else:
-            pairs.append(flags[i])
-            i += 1
+    pairs = _flag_lines(flags)
     head = _comment_block(plan, recipe)
     env_lines = [f"export {k}={v}" for k, v in plan.runtime.env.items()]
     env_why = wrap_comment([f"{k}={v}: {FACTS[_ENV_FACT[k]].says}" for k, v in plan.runtime.env.items()])
@@ -309,14 +315,7 @@ def sglang_flags(args: dict) -> list[str]:
 def sglang_files(plan: ExportPlan, recipe: Recipe) -> dict[str, str]:
     """sglang_serve.sh (the server command) and sglang_flags.txt (the flags alone)."""
     flags = sglang_flags(sglang_args(plan))
-    pairs, i = [], 0
-    while i < len(flags):
-        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
-            pairs.append(f"{flags[i]} {_shell_quote(flags[i + 1])}")
-            i += 2
-        else:
-            pairs.append(flags[i])
-            i += 1
+    pairs = _flag_lines(flags)
     head = _comment_block(plan, recipe)
     body = " \\\n  ".join(['python -m sglang.launch_server --model-path "${MODEL:?set MODEL to the checkpoint}"', *pairs, '"$@"'])
     return {
