@@ -650,6 +650,15 @@ def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, 
     "choice without cuDNN (flash attention): cuDNN builds a plan for every new KV length (a slower first run) and its "
     "results are not bit-identical from run to run.",
 )
+@click.option(
+    "--mode",
+    type=click.Choice(["decode", "layer"]),
+    default="decode",
+    show_default=True,
+    help="decode: teacher-forced token by token through the model's cache; layer: each variant's whole sequence in "
+    "one forward, every SSM layer's recurrence replaced by the emulated variant's outputs (the same function up to "
+    "summation order; on a CPU the torch reference runs the recurrence).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or table.")
 def eval_cmd(
     model,
@@ -669,6 +678,7 @@ def eval_cmd(
     no_plots,
     fold,
     cudnn_attention,
+    mode,
     quiet,
 ):
     """End to end: decode held-out text with each variant's stored SSM state; KL, top-1 agreement, loss change vs FP32."""
@@ -703,7 +713,7 @@ def eval_cmd(
                 )
             cfg = EvalConfig(
                 model, chosen, steps=sizes["steps"], batch=sizes["batch"], seed=seed, device=device, text=text, fold=fold,
-                cudnn_attention=cudnn_attention, prompt=prompt,
+                cudnn_attention=cudnn_attention, prompt=prompt, mode=mode,
             )  # fmt: skip
             result = evaluate(
                 cfg,

@@ -39,6 +39,7 @@ from ..replay.variants import Variant, VariantError, check_variants_fit, parse_v
 from ..sizing import SizingError, check_memory, eval_memory, free_bytes, layer_dims
 from .decode import attention_refusal, decode_attention
 from .graphs import SegmentGraphs, backend_for, graph_refusal
+from .layer_major import layer_major_pass
 from .loop import CHECK_EVERY, CPU_ROW_MULTIPLE, Clock, decode_pass, plan_passes, run_steps, total_steps
 from .metrics import LN2, horizon_window, positions_frame, summary_rows
 from .states import WRITE_BYTES_PER_ELEMENT, WRITE_GROUP_ELEMENTS, EvalError, StateWriter, ssm_layers
@@ -69,6 +70,7 @@ class EvalSettings:
     cuda_graphs: bool = False
     kv_buffer: bool = False
     cudnn_attention: bool = False
+    mode: str = "decode"
 
 
 @dataclass
@@ -289,6 +291,12 @@ class EvalConfig:
     cuda_graphs: bool | None = None
     kv_buffer: bool = False
     cudnn_attention: bool = False
+    # "decode": token by token through the model's cache; "layer": each variant's whole sequence in one forward, its
+    # SSM recurrences replaced by the emulation's outputs (``layer_major``)
+    mode: str = "decode"
+
+
+EVAL_MODES = ("decode", "layer")
 
 
 def evaluate(
@@ -340,6 +348,12 @@ def evaluate(
     model, variants, seed, device, text_path = cfg.model, cfg.variants, cfg.seed, cfg.device, cfg.text
     horizon_fraction, threads, fold, fold_width = cfg.horizon_fraction, cfg.threads, cfg.fold, cfg.fold_width
     cuda_graphs, kv_buffer, cudnn_attention = cfg.cuda_graphs, cfg.kv_buffer, cfg.cudnn_attention
+    mode = cfg.mode
+    if mode not in EVAL_MODES:
+        raise EvalError(f"unknown mode {mode!r}; accepted: {', '.join(EVAL_MODES)}")
+    layer_major = mode == "layer"
+    if layer_major and (cuda_graphs or fold or kv_buffer):
+        raise EvalError("mode 'layer' runs one forward per variant: cuda_graphs, fold and kv_buffer are the decode mode's")
     steps = _check_int("steps", cfg.steps)
     prompt = _check_int("prompt", cfg.prompt, 0)
     batch = _check_int("batch", cfg.batch)
@@ -366,7 +380,7 @@ def evaluate(
         except ModelLoadError as err:
             raise EvalError(str(err)) from None
     net = loaded.model
-    fold = loaded.device.type == "cuda" if fold is None else bool(fold)
+    fold = (loaded.device.type == "cuda" and not layer_major) if fold is None else bool(fold)
     layout = ssm_layout(net.config)  # the loaded config object: a re-parsed dict can fail validation
     state_shape = tuple(layout["state_shape"])
     try:
@@ -385,7 +399,9 @@ def evaluate(
     decoded = len(vlist) - len(exact) if fold else len(vlist)
     per_pass = None
     try:
-        if fold and decoded:
+        if layer_major:
+            pass  # one forward of P + T positions per variant: the model's prefill size
+        elif fold and decoded:
             per_pass = _fold_width(net, layout, batch, prompt + steps, decoded, loaded.device, False, fold_width)
         else:
             est = _memory(net, layout, batch, prompt + steps, decoded, loaded.device, step_batch=batch,
@@ -444,7 +460,7 @@ def evaluate(
     refusal = graph_refusal(net)
     if cuda_graphs and refusal is not None:
         raise EvalError(f"cuda_graphs was requested but {refusal}; use cuda_graphs=False or None")
-    use_graphs = refusal is None if cuda_graphs is None else bool(cuda_graphs)
+    use_graphs = (refusal is None and not layer_major) if cuda_graphs is None else bool(cuda_graphs)
     segment_graphs = SegmentGraphs(net, backend_for(loaded.device)) if use_graphs else None
 
     t_loaded = time.time()
@@ -456,11 +472,15 @@ def evaluate(
     try:
         with (
             torch_threads(threads),
-            torch.inference_mode(),
+            # the layer-major pass validates the emulation's inputs, which tracks tensor versions: no_grad, not
+            # inference_mode
+            torch.no_grad() if layer_major else torch.inference_mode(),
             decode_attention(loaded.device, cudnn_attention),
             segment_graphs or contextlib.nullcontext(),
         ):
-            for n, plan in enumerate(plans):
+            if layer_major:
+                layer_major_pass(net, ids, vlist, values, ref_nll, prompt=prompt, progress=lambda: advance(steps))
+            for n, plan in enumerate([] if layer_major else plans):
                 notes += decode_pass(
                     net, ids, plan, writers, layers, state_shape, values, ref_nll if n == 0 else None, clock,
                     pass_no=n, passes=len(plans), progress=lambda slices=plan.slices: advance(slices),
@@ -472,7 +492,8 @@ def evaluate(
     timing = {
         "load_s": round(t_loaded - t0, 3),
         "decode_s": round(decode_s, 3),
-        "decode_steps_per_s": round(steps / decode_s, 3),
+        "decode_steps_per_s": round(steps / decode_s, 3),  # layer mode: decode-step equivalents
+        "mode": mode,
         "passes": len(plans),
         "forward_batch": [sum(len(r) for r in p.runs) * batch for p in plans] if fold else batch,
     }
@@ -535,6 +556,7 @@ def evaluate(
         cuda_graphs=use_graphs,
         kv_buffer=bool(kv_buffer),
         cudnn_attention=bool(cudnn_attention),
+        mode=mode,
     )
     return EvalResult(
         config=config,

@@ -153,15 +153,16 @@ def tap_for(kind: str, mixer: torch.nn.Module) -> MixerTap | None:
     return None
 
 
-def listen(mixer: torch.nn.Module, tap: MixerTap, at_norm: Callable[[Recorded, tuple], None]) -> list:
+def listen(mixer: torch.nn.Module, tap: MixerTap, at_norm: Callable[[Recorded, tuple], tuple | None]) -> list:
     """Hook ``mixer`` as ``tap`` reads it: forward hooks record the outputs of ``tap.recorded``, and a forward
     pre-hook on ``tap.norm`` calls ``at_norm(recorded, norm_args)`` (the norm's first argument is the layer's own scan
-    output), then forgets the recorded outputs. Returns the hook handles, for the caller to remove."""
+    output), then forgets the recorded outputs. ``at_norm`` may return replacement arguments for the norm (torch's
+    pre-hook contract: None keeps them). Returns the hook handles, for the caller to remove."""
     recorded: Recorded = {}
 
     def before_norm(_m, args):
         try:
-            at_norm(recorded, args)
+            return at_norm(recorded, args)
         finally:
             recorded.clear()
 
