@@ -231,6 +231,26 @@ def eval_memory(
     return est
 
 
+def layer_major_memory(
+    dims: LayerDims, config: dict, *, batch: int, tokens: int, vocab: int, device: torch.device
+) -> MemoryEstimate:
+    """Peak memory of a layer-major evaluation beyond the weights (``evaluate.layer_major``): one forward of
+    ``batch`` x ``tokens`` positions (the prefill's live activations, ``prefill_bytes_per_token``), one layer's
+    derived recurrence inputs and its torch emulation of one variant, the logits of the reference and one variant,
+    and the float64 log-probabilities the metrics compare."""
+    device = torch.device(device)
+    pool = _pool(device)
+    est = MemoryEstimate(device)
+    positions = batch * tokens
+    per_token = prefill_bytes_per_token(dims, config)
+    est.add("the forward's activations", pool, positions * per_token, per_token)
+    emulation = input_bytes_per_token(dims) + emulation_bytes_per_token(dims, 1)
+    est.add("one layer's inputs and emulation", pool, positions * emulation, emulation)
+    logits = 2 * vocab * FP32 + 3 * vocab * 8
+    est.add("logits and the metrics' float64 log-probabilities", pool, positions * logits, logits)
+    return est
+
+
 def largest_fitting_steps(need_at, room: int, steps: int) -> int:
     """The largest s in [1, steps - 1] with ``need_at(s) <= room`` (bytes), 0 when none; ``need_at`` must not
     decrease with s. Bisection: about log2(steps) evaluations."""

@@ -36,7 +36,7 @@ from ..models.text import calibration_batch, load_text, split_bounds, text_origi
 from ..provenance import environment
 from ..replay.schemes import DEFAULT_BUFFER_LEN
 from ..replay.variants import Variant, VariantError, check_variants_fit, parse_variant, parse_variants
-from ..sizing import SizingError, check_memory, eval_memory, free_bytes, layer_dims
+from ..sizing import SizingError, check_memory, eval_memory, free_bytes, layer_dims, layer_major_memory
 from .decode import attention_refusal, decode_attention
 from .graphs import SegmentGraphs, backend_for, graph_refusal
 from .layer_major import layer_major_pass
@@ -398,9 +398,12 @@ def evaluate(
     exact = frozenset(i for i, v in enumerate(vlist) if v.format.is_exact)
     decoded = len(vlist) - len(exact) if fold else len(vlist)
     per_pass = None
+    layer_estimate = None
     try:
         if layer_major:
-            pass  # one forward of P + T positions per variant: the model's prefill size
+            layer_estimate = _layer_major_memory(net, layout, batch, prompt + steps, loaded.device)
+            lower = "--prompt, --steps or --batch" if prompt else "--steps or --batch"
+            check_memory(layer_estimate, batch=batch, steps=prompt + steps, free=free_bytes, lower=lower)
         elif fold and decoded:
             per_pass = _fold_width(net, layout, batch, prompt + steps, decoded, loaded.device, False, fold_width)
         else:
@@ -494,6 +497,11 @@ def evaluate(
         "decode_s": round(decode_s, 3),
         "decode_steps_per_s": round(steps / decode_s, 3),  # layer mode: decode-step equivalents
         "mode": mode,
+        **(
+            {}
+            if layer_estimate is None
+            else {"memory_estimate_GiB": {p: round(layer_estimate.total(p) / 2**30, 3) for p in layer_estimate.pools}}
+        ),
         "passes": len(plans),
         "forward_batch": [sum(len(r) for r in p.runs) * batch for p in plans] if fold else batch,
     }
@@ -586,6 +594,15 @@ ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries"
 def _allocator_counts(device: torch.device) -> dict[str, int]:
     stats = torch.cuda.memory_stats(device)
     return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTERS}
+
+
+def _layer_major_memory(net, layout: dict, batch: int, tokens: int, device):
+    """``sizing.layer_major_memory`` for a loaded model: its largest SSM layer's sizes, hidden and MLP widths,
+    vocabulary."""
+    text = net.config.get_text_config()
+    heads, rows, state_dim = layout["state_shape"]
+    dims = layer_dims(layout["layer_kind"], heads, rows, state_dim, layout.get("groups") or heads)
+    return layer_major_memory(dims, text.to_dict(), batch=batch, tokens=tokens, vocab=int(text.vocab_size), device=device)
 
 
 def _memory(

@@ -38,3 +38,13 @@ def test_layer_mode_refuses_the_decode_modes_options():
         evaluate(EvalConfig("tiny-nemotron", "int8", steps=4, batch=1, device="cpu", mode="prefill"))
     with pytest.raises(EvalError, match="cuda_graphs, fold and kv_buffer are the decode mode's"):
         evaluate(EvalConfig("tiny-nemotron", "int8", steps=4, batch=1, device="cpu", mode="layer", fold=True))
+
+
+def test_layer_mode_checks_its_memory_before_the_work(monkeypatch):
+    """sizing.layer_major_memory: the forward's activations, one layer's emulation and the logits of B x (P + T)
+    positions; more than is free is refused before any forward, naming the parts; what it assumed is recorded."""
+    r = evaluate(EvalConfig("tiny-nemotron", "int8", steps=8, batch=1, device="cpu", mode="layer"))
+    assert r.timing["memory_estimate_GiB"]["host"] > 0
+    monkeypatch.setattr("ssmquant.evaluate.run.free_bytes", lambda device: 1024)
+    with pytest.raises(EvalError, match="the forward's activations .* lower --steps or --batch"):
+        evaluate(EvalConfig("tiny-nemotron", "int8", steps=8, batch=1, device="cpu", mode="layer"))
