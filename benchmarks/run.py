@@ -72,6 +72,12 @@ REGISTRY: dict[str, Benchmark] = {
             ("--device", "cpu", "--steps", "4", "--batch", "1", "--reps", "3", "--cases", "fp8_conv,nvfp4_conv"),
         ),
         Benchmark(
+            "eval",
+            "benchmarks.eval",
+            "`ssmquant eval` --mode layer beside --mode decode, decode-step equivalents per second (CPU or GPU)",
+            ("--models", "tiny-qwen", "--steps", "16", "--batch", "1", "--reps", "1"),
+        ),
+        Benchmark(
             "sass",
             "benchmarks.sass",
             "instructions per element-step of the Triton kernels and the KDA CUDA kernel, sm_90 machine code (no GPU)",

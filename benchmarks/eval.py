@@ -1,0 +1,69 @@
+"""`ssmquant eval` in its two modes, side by side in one run: decode-step equivalents per second.
+
+    python benchmarks/run.py eval                                   # the shipped models, CPU, 512 steps x 4
+    python benchmarks/run.py eval --device cuda --steps 4096 --batch 8
+    python benchmarks/run.py eval --models tiny-qwen --steps 16 --batch 1 --reps 1   # a check: not a measurement
+
+For each model, `evaluate` runs the same variants (default fp8_e4m3, int8, nvfp4, each conventional and replay16)
+over the same held-out sequences twice per repetition: `--mode decode` (teacher-forced token by token through the
+model's cache) and `--mode layer` (one forward per variant, the SSM recurrences replaced by the emulation's outputs,
+``evaluate.layer_major``). A rate is steps x batch x variants / the evaluation's own decode time (the timing's
+decode_s: the model is loaded before); the table gives the median over --reps (min-max), the ratio layer / decode, and
+the mean KL of each mode (their agreement is tested in tests/evaluate/test_layer_major.py). RESULTS.md key
+`eval-<device>`. --steps below 256 or --batch 1 make the run a check of the script, not a measurement.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from benchmarks.common import Result, Section, markdown_table
+
+MODELS = ("tiny-nemotron", "tiny-qwen", "tiny-kda")
+VARIANTS = "fp8_e4m3,int8,nvfp4,fp8_e4m3@replay16,int8@replay16,nvfp4@replay16"
+MODES = ("decode", "layer")
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated models (shipped names or presets)")
+    ap.add_argument("--variants", default=VARIANTS, help="the variants of both modes")
+    ap.add_argument("--steps", type=int, default=512, help="decode steps")
+    ap.add_argument("--batch", type=int, default=4, help="sequences")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of each mode (the median is reported)")
+
+
+def run(args) -> Result:
+    from ssmquant.evaluate import EvalConfig, evaluate
+    from ssmquant.models import load_model
+
+    models = [m for m in args.models.split(",") if m]
+    rows, raw = [], {}
+    for name in models:
+        loaded = load_model(name, device=args.device)
+        rates: dict[str, list[float]] = {m: [] for m in MODES}
+        kl: dict[str, float] = {}
+        for _ in range(args.reps):
+            for mode in MODES:
+                res = evaluate(EvalConfig(loaded, args.variants, steps=args.steps, batch=args.batch, mode=mode))
+                n = len(res.variants)
+                rates[mode].append(args.steps * args.batch * n / res.timing["decode_s"])
+                kl[mode] = float(res.summary["kl_mean"].mean())
+        med = {m: statistics.median(r) for m, r in rates.items()}
+        raw[name] = {"rates": rates, "kl_mean": kl}
+        rows.append(
+            {
+                "model": name,
+                **{f"{m} steps/s": f"{med[m]:.3g} ({min(rates[m]):.3g}-{max(rates[m]):.3g})" for m in MODES},
+                "layer / decode": f"{med['layer'] / med['decode']:.2f}x",
+                **{f"{m} mean KL": f"{kl[m]:.3g}" for m in MODES},
+            }
+        )
+    body = (
+        f"`ssmquant eval` of {len(models)} models, {args.steps} steps x {args.batch} sequences x the variants "
+        f"{args.variants}, on {args.device}; decode-step equivalents per second (steps x sequences x variants / the "
+        f"evaluation's decode time), median of {args.reps} (min-max).\n\n" + markdown_table(rows)
+    )
+    measurement = args.steps >= 256 and args.batch > 1
+    return Result({f"eval-{args.device}": Section(f"`ssmquant eval`: layer-major vs token by token ({args.device})", body)},
+                  raw, measurement=measurement)  # fmt: skip
