@@ -361,6 +361,14 @@ def evaluate(
     if not 0.0 < float(horizon_fraction) <= 1.0:
         raise EvalError(f"horizon_fraction must lie in (0, 1], got {horizon_fraction!r}")
     vlist = parse_eval_variants(variants, seed=seed)
+    stored = [v.name for v in vlist if v.prompt_store is not None]
+    if stored and not layer_major:
+        raise EvalError(
+            f"{', '.join(stored)}: a prompt store is emulated by --mode layer only (the decode mode's cache writer "
+            "stores the prompt's state in the variant's own format)"
+        )
+    if stored and prompt == 0:
+        raise EvalError(f"{', '.join(stored)}: a prompt store keeps the prompt's state: give --prompt N (N >= 1)")
     never = sorted({v.scheme.name for v in vlist if first_write_step(v) > steps}) if prompt == 0 else []
     if never:
         raise EvalError(

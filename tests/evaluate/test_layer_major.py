@@ -48,3 +48,16 @@ def test_layer_mode_checks_its_memory_before_the_work(monkeypatch):
     monkeypatch.setattr("ssmquant.evaluate.run.free_bytes", lambda device: 1024)
     with pytest.raises(EvalError, match="the forward's activations .* lower --steps or --batch"):
         evaluate(EvalConfig("tiny-nemotron", "int8", steps=8, batch=1, device="cpu", mode="layer"))
+
+
+def test_a_prompt_store_is_evaluated_layer_major_and_refused_token_by_token():
+    """A variant with a prompt store (bf16@conventional+int8col) starts from the restored prompt state in the layer
+    mode, which the decode mode's cache writer cannot emulate: there it is refused, never silently stored as bf16."""
+    kw = dict(steps=8, batch=1, device="cpu", prompt=16)
+    r = evaluate(EvalConfig("tiny-qwen", "bf16@conventional,bf16@conventional+int8col", mode="layer", **kw))
+    s = r.summary.set_index("variant")
+    assert s.loc["bf16@conventional+int8col", "kl_mean"] > s.loc["bf16@conventional", "kl_mean"]
+    with pytest.raises(EvalError, match="emulated by --mode layer only"):
+        evaluate(EvalConfig("tiny-qwen", "bf16@conventional+int8col", mode="decode", **kw))
+    with pytest.raises(EvalError, match="give --prompt N"):
+        evaluate(EvalConfig("tiny-qwen", "bf16@conventional+int8col", mode="layer", **{**kw, "prompt": 0}))
