@@ -530,7 +530,9 @@ def _engine_memory(source: LayerSource, fmt, num_layers: int) -> dict:
             out[f"{engine}_bytes_per_sequence"], out[f"{engine}_state_copies"] = None, None
             continue
         rt = runtime(t, variant, source.layer_kind)
-        out[f"{engine}_bytes_per_sequence"] = engine_bytes(t, variant, source.layer_kind, dims, rt)["total"] * num_layers
+        out[f"{engine}_bytes_per_sequence"] = (
+            engine_bytes(t, variant, source.layer_kind, dims, rt)["total"] * num_layers
+        )
         out[f"{engine}_state_copies"] = rt.state_copies
     return out
 
@@ -564,7 +566,11 @@ def memory_table(source: LayerSource, variants: list[Variant], num_layers: int) 
             continue
         seen.add(name)
         scale_bytes = v.format.encoding.spec.storage.itemsize
-        b = heads * parse_prompt_store(v.prompt_store).bytes_per_head(rows_per_head, state_dim, scale_bytes) * num_layers
+        b = (
+            heads
+            * parse_prompt_store(v.prompt_store).bytes_per_head(rows_per_head, state_dim, scale_bytes)
+            * num_layers
+        )
         rows.append(
             {
                 "format": name,

@@ -361,13 +361,19 @@ def _window(t: Target, s, T: int, fact: str, out: list, spec_fact: str | None = 
         )
     if T and L < 1 + T:
         out.append(
-            _v("spec_buffer", spec_fact or fact, f"speculative replay needs buffer length >= 1 + draft tokens: L={L}, T={T}")
+            _v(
+                "spec_buffer",
+                spec_fact or fact,
+                f"speculative replay needs buffer length >= 1 + draft tokens: L={L}, T={T}",
+            )
         )
 
 
 def _kda(t: Target, s, out: list) -> None:
     """What each engine runs for a Kimi Delta Attention layer (GLM-5.3-Flash, Kimi-Linear, Kimi-K3)."""
-    {"vllm": _vllm_kda, "trtllm": _trtllm_kda, "flashinfer": _flashinfer_kda, "sglang": _sglang_kda}[t.engine](t, s, out)
+    {"vllm": _vllm_kda, "trtllm": _trtllm_kda, "flashinfer": _flashinfer_kda, "sglang": _sglang_kda}[t.engine](
+        t, s, out
+    )
 
 
 def kda_state_follows_flag(t: Target) -> str | None:
@@ -770,13 +776,26 @@ def _sglang(t: Target, s, kind: str, out: list) -> None:
         if kind != "mamba2":
             out.append(_v("sr", "sglang.sr_mamba_only", f"SGLang has no stochastic rounding for {kind} state"))
         elif enc != "fp16":
-            out.append(_v("sr", "sglang.sr", f"SGLang rounds stochastically only into a float16 SSM state, not {enc}", value=repr(FLOAT_ENCODINGS.get(enc, enc))))
+            out.append(
+                _v(
+                    "sr",
+                    "sglang.sr",
+                    f"SGLang rounds stochastically only into a float16 SSM state, not {enc}",
+                    value=repr(FLOAT_ENCODINGS.get(enc, enc)),
+                )
+            )
     if kind == "mamba2" and t.gpu < 80:  # the export runs Mamba-2 on FlashInfer's kernels
         out.append(_v("gpu", "flashinfer.sm80", f"FlashInfer's Mamba kernels need SM 8.x or later, not sm{t.gpu}"))
     if sk == "conventional":
         return
     if kind == "mamba2":
-        out.append(_v("layer_kind", "sglang.linear_replayssm", "SGLang's ReplaySSM covers GDN and KDA layers; Mamba-2 layers decode conventionally"))
+        out.append(
+            _v(
+                "layer_kind",
+                "sglang.linear_replayssm",
+                "SGLang's ReplaySSM covers GDN and KDA layers; Mamba-2 layers decode conventionally",
+            )
+        )
         return
     if sk == "replay":
         if T:
@@ -938,8 +957,14 @@ def _prefill_checkpoint_pages(target: Target, layer_kind: str) -> tuple[int, str
         return 1, "Mamba-2's prefill checkpoint"
     if layer_kind == "gdn":
         # the FlashInfer GDN prefill is the default on SM 9.0, and on SM 10.x / 12.x with K = 128 under CUDA 13
-        fi_prefill = target.gpu == 90 or (target.gpu // 10 in (10, 12) and getattr(target.dims, "state_dim", 128) == 128)
-        return (1, "the FlashInfer GDN prefill's checkpoint (assumes CUDA 13 on SM 10.x / 12.x)") if fi_prefill else (0, "no FlashInfer GDN prefill")
+        fi_prefill = target.gpu == 90 or (
+            target.gpu // 10 in (10, 12) and getattr(target.dims, "state_dim", 128) == 128
+        )
+        return (
+            (1, "the FlashInfer GDN prefill's checkpoint (assumes CUDA 13 on SM 10.x / 12.x)")
+            if fi_prefill
+            else (0, "no FlashInfer GDN prefill")
+        )
     return 0, "no FlashKDA prefill (its checkpoint would add one)"
 
 
@@ -960,13 +985,22 @@ def state_copies(target: Target, setting, layer_kind: str, rt: Runtime) -> tuple
         extra, why = _prefill_checkpoint_pages(target, layer_kind)
         return (
             2 + spec + extra,
-            f"prefix caching on (vLLM's default for hybrid models): 2 pages + {spec} draft-token pages + {extra} ({why})",
+            f"prefix caching on (vLLM's default for hybrid models): 2 pages + {spec} draft-token pages + {extra} "
+            f"({why})",
             "vllm.state_pages",
         )
     if target.engine == "trtllm" and T and not rt.replay:
-        return 2 + T, f"speculative decoding without replay: the live state and intermediate_ssm [1 + {T}]", "trtllm.intermediate_ssm"
+        return (
+            2 + T,
+            f"speculative decoding without replay: the live state and intermediate_ssm [1 + {T}]",
+            "trtllm.intermediate_ssm",
+        )
     if target.engine == "sglang" and T and setting.scheme_kind != "spec":
-        return 2 + T, f"speculative decoding: the live state and {1 + T} intermediate states (the verify window)", "sglang.spec_states"
+        return (
+            2 + T,
+            f"speculative decoding: the live state and {1 + T} intermediate states (the verify window)",
+            "sglang.spec_states",
+        )
     return 1, "one state per sequence", None
 
 
@@ -995,7 +1029,9 @@ def _sglang_runtime(target: Target, s, layer_kind: str, tokens: int) -> Runtime:
         L = s.buffer_len
         return Runtime("triton.replayssm", L, L, tokens, facts=facts + ["sglang.linear_replayssm"])
     if s.scheme_kind == "spec":
-        return Runtime("triton.replayssm_spec", s.buffer_len, s.buffer_len, tokens, facts=facts + ["sglang.linear_replayssm_spec"])
+        return Runtime(
+            "triton.replayssm_spec", s.buffer_len, s.buffer_len, tokens, facts=facts + ["sglang.linear_replayssm_spec"]
+        )
     return Runtime("triton", 0, 0, tokens, facts=facts)
 
 
@@ -1020,10 +1056,14 @@ def _runtime(target: Target, setting, layer_kind: str) -> Runtime:
         if backend == "flashinfer":
             facts = ["vllm.fi_max_window", "vllm.ring"] + (["vllm.spec_fi"] if T else [])
             if target.holds("vllm.fi_replay_no_prefix"):
-                return Runtime(backend, L, L + tokens, tokens, prefix_caching=False, facts=["vllm.fi_replay_no_prefix", *facts])
+                return Runtime(
+                    backend, L, L + tokens, tokens, prefix_caching=False, facts=["vllm.fi_replay_no_prefix", *facts]
+                )
             # prefix caching stays on where the rings hold bfloat16 inputs, as measured; off otherwise
             prefix = None if s.scheme.buffer_dtype == "bf16" else False
-            return Runtime(backend, L, L + tokens, tokens, prefix_caching=prefix, facts=["vllm.fi_replay_align", *facts])
+            return Runtime(
+                backend, L, L + tokens, tokens, prefix_caching=prefix, facts=["vllm.fi_replay_align", *facts]
+            )
         env = {"VLLM_USE_V2_MODEL_RUNNER": "0"} if target.holds("vllm.triton_replay_v1") else {}
         facts = ["vllm.ring"] + (["vllm.triton_replay_v1"] if env else [])
         facts += ["vllm.v1_runner_removed"] if target.holds("vllm.v1_runner_removed") else []
@@ -1044,7 +1084,9 @@ def _runtime(target: Target, setting, layer_kind: str) -> Runtime:
         fi_replay = fi and s.encoding in FLOAT_ENCODINGS and tokens <= FLASHINFER_MAX_WINDOW
         if target.dims is not None:
             facts += ["trtllm.fi_ssu", "trtllm.fi_checkpointing"]
-        return Runtime("flashinfer.replay" if fi_replay else "replay", hist, 2 * hist, tokens, env={env_key: "1"}, facts=facts)
+        return Runtime(
+            "flashinfer.replay" if fi_replay else "replay", hist, 2 * hist, tokens, env={env_key: "1"}, facts=facts
+        )
     if layer_kind == "kda":
         if s.scheme_kind == "spec":  # the committed state, read-only, for the L tokens of a verify
             return Runtime(

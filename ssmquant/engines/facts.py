@@ -199,7 +199,11 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "--mamba-ssm-cache-dtype takes auto, float32, float16, bfloat16 (MambaDType); any other value fails "
             "argument parsing",
-            (_vllm("vllm/config/cache.py", *V_ALL), _vllm("vllm/engine/arg_utils.py", "0.33.0"), _vllm("vllm/config/cache.py", V34)),
+            (
+                _vllm("vllm/config/cache.py", *V_ALL),
+                _vllm("vllm/engine/arg_utils.py", "0.33.0"),
+                _vllm("vllm/config/cache.py", V34),
+            ),
             until=VLLM_PR_BUILD,
             quote="argument --mamba-ssm-cache-dtype: invalid choice: {value} (choose from 'auto', 'bfloat16', "
             "'float16', 'float32')",
@@ -218,7 +222,10 @@ FACTS: dict[str, Fact] = {
             "vllm.sr_fp16",
             "vllm",
             "stochastic rounding (--enable-mamba-cache-stochastic-rounding) needs --mamba-ssm-cache-dtype float16",
-            (_vllm("vllm/config/vllm.py", *V_ALL), _vllm("vllm/config/vllm.py", V34),),
+            (
+                _vllm("vllm/config/vllm.py", *V_ALL),
+                _vllm("vllm/config/vllm.py", V34),
+            ),
             until=VLLM_PR_BUILD,
             quote="Stochastic rounding for Mamba cache requires the SSM cache to be float16.",
         ),
@@ -236,7 +243,11 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "stochastic rounding on the Triton Mamba backend needs a compute capability 10.x GPU "
             "(is_device_capability_family(100)); the FlashInfer backend has no such check",
-            (_vllm("vllm/config/mamba.py", *V_ALL), _vllm("vllm/platforms/interface.py", "0.33.0"), _vllm("vllm/config/mamba.py", V34)),
+            (
+                _vllm("vllm/config/mamba.py", *V_ALL),
+                _vllm("vllm/platforms/interface.py", "0.33.0"),
+                _vllm("vllm/config/mamba.py", V34),
+            ),
             quote="Stochastic rounding for Mamba cache with triton backend requires compute capability 10.0 "
             "(data center Blackwell). [...] or set `--mamba-backend flashinfer`.",
         ),
@@ -245,7 +256,10 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "stochastic rounding is applied only by the Mamba selective-state-update backends; Gated DeltaNet "
             "layers decode with kernels that take no rounding option",
-            (_vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", "0.30.0", "0.31.0", "0.32.0", "0.33.0"), _vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", V34),),
+            (
+                _vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", "0.30.0", "0.31.0", "0.32.0", "0.33.0"),
+                _vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", V34),
+            ),
             read_in=("0.30.0", "0.31.0", "0.32.0", "0.33.0"),
         ),
         Fact(
@@ -253,14 +267,20 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "--mamba-cache-philox-rounds defaults to 0: Triton's default rounds (tl.randint, 10) on the Triton "
             "backend, 10 on the FlashInfer backend",
-            (_vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", "0.33.0"), _vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", V34),),
+            (
+                _vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", "0.33.0"),
+                _vllm("vllm/model_executor/layers/mamba/ops/ssu_dispatch.py", V34),
+            ),
             quote="philox_rounds=self._mamba_config.stochastic_rounding_philox_rounds or 10",
         ),
         Fact(
             "vllm.replay_flags",
             "vllm",
             "ReplaySSM: --use-replayssm and --replayssm-buffer-len (default 16); absent before 0.27.0",
-            (_vllm("vllm/config/cache.py", "0.27.0", "0.33.0"), _vllm("vllm/config/cache.py", V34),),
+            (
+                _vllm("vllm/config/cache.py", "0.27.0", "0.33.0"),
+                _vllm("vllm/config/cache.py", V34),
+            ),
             since="0.27.0",
             quote="replayssm_buffer_len: int = Field(default=16, gt=0)",
         ),
@@ -269,7 +289,11 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "ReplaySSM runs only for models marked SupportsReplaySSM: NemotronH (Mamba-2); Gated DeltaNet models "
             "decode conventionally",
-            (_vllm("vllm/model_executor/models/nemotron_h.py", "0.33.0"), _vllm("vllm/config/vllm.py", *V_ALL[2:]), _vllm("vllm/config/vllm.py", V34)),
+            (
+                _vllm("vllm/model_executor/models/nemotron_h.py", "0.33.0"),
+                _vllm("vllm/config/vllm.py", *V_ALL[2:]),
+                _vllm("vllm/config/vllm.py", V34),
+            ),
             since="0.27.0",
             quote="--use-replayssm is not supported for architecture {architecture!r}",
         ),
@@ -311,7 +335,11 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "FlashInfer ReplaySSM needs --replayssm-buffer-len <= 16 (checked by the config from 0.32.0, by "
             "the kernel's max_window assert before)",
-            (_vllm("vllm/config/vllm.py", "0.32.0", "0.33.0"), _fi("flashinfer/mamba/checkpointing_ssu.py"), _vllm("vllm/config/vllm.py", V34)),
+            (
+                _vllm("vllm/config/vllm.py", "0.32.0", "0.33.0"),
+                _fi("flashinfer/mamba/checkpointing_ssu.py"),
+                _vllm("vllm/config/vllm.py", V34),
+            ),
             since="0.30.0",
             quote="FlashInfer ReplaySSM requires --replayssm-buffer-len <= 16",
         ),
@@ -338,7 +366,10 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "Mamba-2 ReplaySSM with speculative decoding: FlashInfer backend only, --replayssm-buffer-len >= 1 + "
             "num_speculative_tokens",
-            (_vllm("vllm/config/vllm.py", "0.32.0", "0.33.0"), _vllm("vllm/config/vllm.py", V34),),
+            (
+                _vllm("vllm/config/vllm.py", "0.32.0", "0.33.0"),
+                _vllm("vllm/config/vllm.py", V34),
+            ),
             since="0.32.0",
             quote="FlashInfer ReplaySSM speculative decoding requires --replayssm-buffer-len >= 1 + "
             "num_speculative_tokens",
@@ -422,7 +453,10 @@ FACTS: dict[str, Fact] = {
             "with --mamba-ssm-cache-dtype auto, NemotronH takes mamba_ssm_cache_dtype from the top level of the HF "
             "config (default float32) with getattr, unchecked: a value the release has no kernel for (int8) is "
             "not refused there; an explicit flag wins",
-            (_vllm("vllm/model_executor/models/config.py", *V_ALL), _vllm("vllm/model_executor/models/config.py", V34),),
+            (
+                _vllm("vllm/model_executor/models/config.py", *V_ALL),
+                _vllm("vllm/model_executor/models/config.py", V34),
+            ),
             quote='mamba_ssm_cache_dtype: MambaDType = getattr(hf_config, "mamba_ssm_cache_dtype", '
             "cls.DEFAULT_MAMBA_SSM_CACHE_DTYPE)",
         ),
@@ -433,7 +467,10 @@ FACTS: dict[str, Fact] = {
             "text_config of the multimodal Qwen3_5(Moe)ForConditionalGeneration checkpoints, the top level of "
             "Qwen3_5(Moe)ForCausalLM); a top-level key of a multimodal checkpoint is ignored. Qwen3-Next and the "
             "KDA models read no HF key: the flag is their only knob",
-            (_vllm("vllm/model_executor/models/config.py", *V_ALL), _vllm("vllm/model_executor/models/config.py", V34),),
+            (
+                _vllm("vllm/model_executor/models/config.py", *V_ALL),
+                _vllm("vllm/model_executor/models/config.py", V34),
+            ),
             quote='mamba_ssm_dtype = getattr(hf_text_config, "mamba_ssm_dtype", None)',
         ),
         Fact(
@@ -442,7 +479,10 @@ FACTS: dict[str, Fact] = {
             "Qwen's fused CUDA GDN decode takes a float32 or bfloat16 recurrent state only (and a bf16 model, K = V "
             "= 128, SM 8.0+); a float16 state falls back to the Triton GDN path, while bfloat16 is the same size "
             "and stays on the fused kernel",
-            (_vllm("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py", *V_ALL[4:]), _vllm("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py", V34),),
+            (
+                _vllm("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py", *V_ALL[4:]),
+                _vllm("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py", V34),
+            ),
             since="0.28.0",
             quote="FUSED_GDN_STATE_DTYPES = (torch.float32, torch.bfloat16)",
         ),
@@ -460,7 +500,10 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "MambaStateDtypeCalculator.kda_state_dtype maps the SSM cache dtype it is given to the KDA recurrent "
             "state: auto -> float32, float32, bfloat16; any other value raises at model construction",
-            (_vllm("vllm/model_executor/layers/mamba/mamba_utils.py", *V_ALL[6:]), _vllm("vllm/model_executor/layers/mamba/mamba_utils.py", V34),),
+            (
+                _vllm("vllm/model_executor/layers/mamba/mamba_utils.py", *V_ALL[6:]),
+                _vllm("vllm/model_executor/layers/mamba/mamba_utils.py", V34),
+            ),
             since="0.30.0",
             quote="KDA recurrent state supports only auto, float32, and bfloat16; got {value}",
         ),
@@ -469,7 +512,10 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "Kimi-K3's KDA layer (KimiK3DeltaAttention) passes --mamba-ssm-cache-dtype to kda_state_dtype: its "
             "state follows the flag (float32 or bfloat16)",
-            (_vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[6:]), _vllm("vllm/models/kimi_k3/nvidia/kda.py", V34),),
+            (
+                _vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[6:]),
+                _vllm("vllm/models/kimi_k3/nvidia/kda.py", V34),
+            ),
             since="0.30.0",
             quote="self.cache_config.mamba_ssm_cache_dtype,",
         ),
@@ -493,7 +539,10 @@ FACTS: dict[str, Fact] = {
             "Kimi-Linear's KDA layer (kimi_gdn_linear_attn.py, KimiLinearForCausalLM without Kimi-K3's full-rank "
             "gate) passes only the conv cache dtype to kda_state_dtype: its state stays float32 whatever "
             "--mamba-ssm-cache-dtype says, and it never reads use_kda_recoverssm",
-            (_vllm("vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py", *V_ALL), _vllm("vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py", V34),),
+            (
+                _vllm("vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py", *V_ALL),
+                _vllm("vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py", V34),
+            ),
             quote="return MambaStateDtypeCalculator.kda_state_dtype(self.model_config.dtype, "
             "self.cache_config.mamba_cache_dtype)",
         ),
@@ -504,7 +553,11 @@ FACTS: dict[str, Fact] = {
             "only: auto takes the native fused kernel (float32 state, head_dim 128, 12/24/48/96 heads per GPU, no "
             "drafts, SM 90 / 10.x / 12.x), else Triton; FlashInfer's fused_kda_decode (SM 10.x, float32 or bfloat16 "
             "state, no drafts) runs only when asked for with --kda-decode-backend flashinfer",
-            (_vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[6:]), _vllm("vllm/engine/arg_utils.py", *V_ALL[6:]), _vllm("vllm/models/kimi_k3/nvidia/kda.py", V34)),
+            (
+                _vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[6:]),
+                _vllm("vllm/engine/arg_utils.py", *V_ALL[6:]),
+                _vllm("vllm/models/kimi_k3/nvidia/kda.py", V34),
+            ),
             since="0.30.0",
             quote='choices=["auto", "native", "flashinfer", "triton"]',
         ),
@@ -515,7 +568,11 @@ FACTS: dict[str, Fact] = {
             "(KimiLinearForCausalLM, KimiK3ForConditionalGeneration; KimiK31ForConditionalGeneration from 0.34.0), "
             "the Triton Mamba backend, no stochastic "
             "rounding, bfloat16 or float32 state; only Kimi-K3's layer implements it",
-            (_vllm("vllm/config/vllm.py", *V_ALL[5:]), _vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[5:]), _vllm("vllm/config/vllm.py", V34)),
+            (
+                _vllm("vllm/config/vllm.py", *V_ALL[5:]),
+                _vllm("vllm/models/kimi_k3/nvidia/kda.py", *V_ALL[5:]),
+                _vllm("vllm/config/vllm.py", V34),
+            ),
             since="0.29.0",
             quote="RecoverSSM supports bfloat16/float32 SSM state caches, not --enable-mamba-cache-stochastic-rounding",
         ),
@@ -523,7 +580,10 @@ FACTS: dict[str, Fact] = {
             "vllm.glm_no_replay",
             "vllm",
             "GLM-5.3-Flash (Glm5Next) is not a SupportsReplaySSM model: --use-replayssm is refused for it",
-            (_vllm("vllm/config/vllm.py", *V_ALL[6:]), _vllm("vllm/config/vllm.py", V34),),
+            (
+                _vllm("vllm/config/vllm.py", *V_ALL[6:]),
+                _vllm("vllm/config/vllm.py", V34),
+            ),
             since="0.30.0",
             quote="--use-replayssm is not supported for architecture {architecture!r}",
         ),
@@ -532,7 +592,10 @@ FACTS: dict[str, Fact] = {
             "vllm",
             "a speculative config needs a method (mtp, ngram, eagle3, ...) or a draft model: with "
             "num_speculative_tokens alone vLLM assumes a draft model and refuses",
-            (_vllm("vllm/config/speculative.py", *V_ALL), _vllm("vllm/v1/worker/gpu/spec_decode/speculator_config.py", V34),),
+            (
+                _vllm("vllm/config/speculative.py", *V_ALL),
+                _vllm("vllm/v1/worker/gpu/spec_decode/speculator_config.py", V34),
+            ),
             quote="num_speculative_tokens was provided but without speculative model.",
         ),
         # -- TensorRT-LLM -------------------------------------------------------------------------------
@@ -586,7 +649,7 @@ FACTS: dict[str, Fact] = {
         Fact(
             "trtllm.fi_ssu",
             "trtllm",
-            "the Mamba-2 mixer decodes with FlashInfer's selective_state_update (\"default to flashinfer\") where "
+            'the Mamba-2 mixer decodes with FlashInfer\'s selective_state_update ("default to flashinfer") where '
             "head_dim is 64 or 128 and heads per group (after tensor parallelism) is 1, 8 or 16; later commits widen "
             "the ratio list (1 to 64) or drop it; elsewhere it runs its own Triton selective_state_update. "
             "Nemotron-3-Nano (head_dim 64, 64 heads, 8 groups) and Nemotron-H-8B decode on FlashInfer's kernel",
@@ -971,7 +1034,11 @@ FACTS: dict[str, Fact] = {
             "(--mamba-ssm-dtype is set to float32 when unset); a linear draft chain only (topk 1); exclusive with "
             "--enable-linear-replayssm; no intermediate state snapshots. KDA's ring (--linear-replayssm-cache-len) "
             "must be a power of two >= 2 x the draft tokens",
-            (_sgl("srt/arg_groups/fields/exec_.py"), _sgl("srt/arg_groups/attention_hook.py"), _sgl("srt/mem_cache/memory_pool.py")),
+            (
+                _sgl("srt/arg_groups/fields/exec_.py"),
+                _sgl("srt/arg_groups/attention_hook.py"),
+                _sgl("srt/mem_cache/memory_pool.py"),
+            ),
             quote="--enable-linear-replayssm-spec requires a linear draft chain (--speculative-eagle-topk in {None, 1})",
         ),
         Fact(

@@ -353,7 +353,9 @@ def evaluate(
         raise EvalError(f"unknown mode {mode!r}; accepted: {', '.join(EVAL_MODES)}")
     layer_major = mode == "layer"
     if layer_major and (cuda_graphs or fold or kv_buffer):
-        raise EvalError("mode 'layer' runs one forward per variant: cuda_graphs, fold and kv_buffer are the decode mode's")
+        raise EvalError(
+            "mode 'layer' runs one forward per variant: cuda_graphs, fold and kv_buffer are the decode mode's"
+        )
     steps = _check_int("steps", cfg.steps)
     prompt = _check_int("prompt", cfg.prompt, 0)
     batch = _check_int("batch", cfg.batch)
@@ -610,7 +612,9 @@ def _layer_major_memory(net, layout: dict, batch: int, tokens: int, device):
     text = net.config.get_text_config()
     heads, rows, state_dim = layout["state_shape"]
     dims = layer_dims(layout["layer_kind"], heads, rows, state_dim, layout.get("groups") or heads)
-    return layer_major_memory(dims, text.to_dict(), batch=batch, tokens=tokens, vocab=int(text.vocab_size), device=device)
+    return layer_major_memory(
+        dims, text.to_dict(), batch=batch, tokens=tokens, vocab=int(text.vocab_size), device=device
+    )
 
 
 def _memory(

@@ -66,7 +66,9 @@ def check_speculation(target: str, method: str | None, model: str | None) -> Spe
     m = str(method).strip().lower()
     accepted = {"vllm": SPEC_METHODS, "sglang": tuple(SGLANG_ALGORITHM)}.get(target, tuple(TRTLLM_DECODING_TYPE))
     if target == "flashinfer":
-        raise ExportError("--speculative-method applies to the vllm, trtllm and sglang targets; FlashInfer takes no drafter")
+        raise ExportError(
+            "--speculative-method applies to the vllm, trtllm and sglang targets; FlashInfer takes no drafter"
+        )
     if m not in accepted:
         raise ExportError(
             f"unknown --speculative-method {method!r} for {TARGET_NAMES[target]}; accepted: {', '.join(accepted)}"

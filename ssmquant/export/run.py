@@ -184,7 +184,8 @@ FILE_USES = {
     "flashinfer_alloc.py": "allocates the state, scale and ring buffers the FlashInfer call takes",
     "sglang_serve.sh": "starts the server: `MODEL=/path/to/checkpoint bash sglang_serve.sh` (further arguments go to "
     "`sglang.launch_server`)",
-    "sglang_flags.txt": "the same flags on one line, to append to a `python -m sglang.launch_server` command of your own",
+    "sglang_flags.txt": "the same flags on one line, to append to a `python -m sglang.launch_server` command of your "
+    "own",
 }
 
 

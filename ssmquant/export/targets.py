@@ -317,7 +317,9 @@ def sglang_files(plan: ExportPlan, recipe: Recipe) -> dict[str, str]:
     flags = sglang_flags(sglang_args(plan))
     pairs = _flag_lines(flags)
     head = _comment_block(plan, recipe)
-    body = " \\\n  ".join(['python -m sglang.launch_server --model-path "${MODEL:?set MODEL to the checkpoint}"', *pairs, '"$@"'])
+    body = " \\\n  ".join(
+        ['python -m sglang.launch_server --model-path "${MODEL:?set MODEL to the checkpoint}"', *pairs, '"$@"']
+    )
     return {
         "sglang_serve.sh": "#!/usr/bin/env bash\n" + head + "set -euo pipefail\n" + body + "\n",
         "sglang_flags.txt": " ".join(_shell_quote(f) for f in flags) + "\n",
@@ -372,7 +374,11 @@ def flashinfer_kwargs(plan: ExportPlan, recipe: Recipe) -> dict:
                 "shape": ["cache + 1" if null_slot else "cache", d.heads, d.rows, d.state_dim],
             },
             "layout": "V-major: [pool, HV, V, K] (V = value head dim, K = key head dim)"
-            + ("; slot 0 is the null slot that -1 (padding) indices write: live indices are in [1, cache]" if null_slot else ""),
+            + (
+                "; slot 0 is the null slot that -1 (padding) indices write: live indices are in [1, cache]"
+                if null_slot
+                else ""
+            ),
             "constraints": [FACTS[f].says for f in rt.facts],
         }
     inp = _input_dtype(plan)

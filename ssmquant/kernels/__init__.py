@@ -99,11 +99,15 @@ def emulate_triton_steps(
     kernels = fused_kernels(inputs, variants)
     for i, variant in enumerate(variants):
         if kernels[i] == "engine":
-            yield from engine_steps(inputs, variant, i, shared, s0, metric_budget, None if stored is None else stored[i])
+            yield from engine_steps(
+                inputs, variant, i, shared, s0, metric_budget, None if stored is None else stored[i]
+            )
     singles = {k.name: k for k in variant_kernels_of(inputs.kind)}
     for i, name in enumerate(kernels):
         if name in singles:
-            for b0, m in singles[name].steps(inputs, variants[i], shared, s0, metric_budget, None if stored is None else stored[i]):
+            for b0, m in singles[name].steps(
+                inputs, variants[i], shared, s0, metric_budget, None if stored is None else stored[i]
+            ):
                 yield i, b0, m
     rest = [i for i, name in enumerate(kernels) if name not in singles]
     for sub, (block_p, num_warps) in plan_launches([variants[i] for i in rest], rows, sdim, tiling, inputs.kind):

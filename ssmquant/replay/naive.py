@@ -94,7 +94,11 @@ def stored_initial_states(inputs: LayerInputs, variants: list[Variant]) -> list[
     out = []
     for v in variants:
         store = StateStore(v.format, inputs.state_shape, inputs.device, v.seed, v.static_scale)
-        start = s0 if v.prompt_store is None else parse_prompt_store(v.prompt_store).restore(s0, v.format.encoding.spec.storage)
+        start = (
+            s0
+            if v.prompt_store is None
+            else parse_prompt_store(v.prompt_store).restore(s0, v.format.encoding.spec.storage)
+        )
         out.append(store(start, store.key(INITIAL_STREAM)))
     return out
 

@@ -153,7 +153,9 @@ def parse_variant(spec: str | Variant, *, seed: int = 0, default_buffer_len: int
     spec, _, engine = spec.partition("~")
     spec, plus, store = spec.partition("+")
     if plus and not store.strip():
-        raise VariantError(f"invalid variant {spec + plus!r}: name a prompt store after '+' ({', '.join(PROMPT_STORES)})")
+        raise VariantError(
+            f"invalid variant {spec + plus!r}: name a prompt store after '+' ({', '.join(PROMPT_STORES)})"
+        )
     fmt_part, sep, scheme_part = spec.partition("@")
     try:
         fmt = parse(fmt_part)

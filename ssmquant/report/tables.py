@@ -117,7 +117,11 @@ def memory_text(memory: pd.DataFrame) -> str:
     df["MiB_per_sequence"] = df["MiB_per_sequence"].map(lambda v: f"{v:.2f}")
     df["bits_per_element"] = df["bits_per_element"].map(lambda v: f"{v:.2f}")
     df["capacity_vs_fp32"] = df["capacity_vs_fp32"].map(lambda v: f"{v:.2f}x")
-    engines = [c[: -len("_bytes_per_sequence")] for c in df.columns if c.endswith("_bytes_per_sequence") and c != "bytes_per_sequence"]
+    engines = [
+        c[: -len("_bytes_per_sequence")]
+        for c in df.columns
+        if c.endswith("_bytes_per_sequence") and c != "bytes_per_sequence"
+    ]
     for e in engines:
         copies = df.pop(f"{e}_state_copies") if f"{e}_state_copies" in df else None
         col = df.pop(f"{e}_bytes_per_sequence")

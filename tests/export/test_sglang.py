@@ -41,7 +41,10 @@ def test_sglang_rounds_stochastically_into_fp16_mamba2_state_only():
     FlashInfer backend, which needs no SM 10.x for stochastic rounding (sglang.sr_triton_sm100 is Triton's)."""
     assert rules(sglang(NANO), "fp16:sr@conventional", "mamba2") == {}
     assert rules(sglang(NANO), "bf16:sr@conventional", "mamba2")["sr"].fact == "sglang.sr"
-    assert "requires --mamba-ssm-dtype float16, got 'bfloat16'." in rules(sglang(NANO), "bf16:sr@conventional", "mamba2")["sr"].message
+    assert (
+        "requires --mamba-ssm-dtype float16, got 'bfloat16'."
+        in rules(sglang(NANO), "bf16:sr@conventional", "mamba2")["sr"].message
+    )
     assert rules(sglang(QWEN), "fp16:sr@conventional", "gdn")["sr"].fact == "sglang.sr_mamba_only"
     assert rules(sglang(NANO, gpu=75), "fp16@conventional", "mamba2")["gpu"].fact == "flashinfer.sm80"
 
@@ -139,7 +142,9 @@ def test_sglang_replay_and_ngram_exports_carry_the_flags_sglang_resolves_them_wi
                          engine_fallbacks=[], rows=128, state=128)  # fmt: skip
     res = export(write_recipe(r, tmp_path / "replay"), "sglang", tmp_path / "a", gpu="sm90")
     flags = (res.out_dir / "sglang_flags.txt").read_text().split()
-    assert flags[flags.index("--mamba-radix-cache-strategy") + 1] == "no_buffer" and "--disable-overlap-schedule" in flags
+    assert (
+        flags[flags.index("--mamba-radix-cache-strategy") + 1] == "no_buffer" and "--disable-overlap-schedule" in flags
+    )
     r = tiny_calibration("gdn", budget=1.0, candidates=["fp32"], schemes=["spec16x3"], calibration=["none"],
                          engine_fallbacks=[], rows=128, state=128)  # fmt: skip
     res = export(write_recipe(r, tmp_path / "spec"), "sglang", tmp_path / "b", gpu="sm90", speculative_method="ngram")
