@@ -543,21 +543,17 @@ def memory_table(source: LayerSource, variants: list[Variant], num_layers: int) 
     shape = source.state_shape
     fp32 = parse("fp32").bytes_per_state(shape) * num_layers
     rows, seen = [], set()
+
+    def row(name: str, nbytes: int, bits: float, **more) -> dict:
+        return {"format": name, "bytes_per_sequence": nbytes, "MiB_per_sequence": nbytes / 2**20,
+                "bits_per_element": bits, "capacity_vs_fp32": fp32 / nbytes, **more}  # fmt: skip
+
     for fmt in [parse("fp32"), parse("bf16")] + [v.format for v in variants]:
         if fmt.name in seen:
             continue
         seen.add(fmt.name)
         b = fmt.bytes_per_state(shape) * num_layers
-        rows.append(
-            {
-                "format": fmt.name,
-                "bytes_per_sequence": b,
-                "MiB_per_sequence": b / 2**20,
-                "bits_per_element": fmt.bits_per_element(shape),
-                "capacity_vs_fp32": fp32 / b,
-                **_engine_memory(source, fmt, num_layers),
-            }
-        )
+        rows.append(row(fmt.name, b, fmt.bits_per_element(shape), **_engine_memory(source, fmt, num_layers)))
     heads, rows_per_head, state_dim = shape
     elements = heads * rows_per_head * state_dim
     for v in variants:  # a prompt store's cached copy of the prompt's state (scales in the live dtype)
@@ -566,20 +562,9 @@ def memory_table(source: LayerSource, variants: list[Variant], num_layers: int) 
             continue
         seen.add(name)
         scale_bytes = v.format.encoding.spec.storage.itemsize
-        b = (
-            heads
-            * parse_prompt_store(v.prompt_store).bytes_per_head(rows_per_head, state_dim, scale_bytes)
-            * num_layers
-        )
-        rows.append(
-            {
-                "format": name,
-                "bytes_per_sequence": b,
-                "MiB_per_sequence": b / 2**20,
-                "bits_per_element": 8 * b / (elements * num_layers),
-                "capacity_vs_fp32": fp32 / b,
-            }
-        )
+        per_head = parse_prompt_store(v.prompt_store).bytes_per_head(rows_per_head, state_dim, scale_bytes)
+        b = heads * per_head * num_layers
+        rows.append(row(name, b, 8 * b / (elements * num_layers)))
     return pd.DataFrame(rows)
 
 

@@ -33,6 +33,7 @@ from .facts import (
     ENGINE_NAMES,
     ENGINES,
     FACTS,
+    PROMPT_STORES_KEPT,
     RELEASES,
     RULED_ENCODINGS,
     SERVED_KINDS,
@@ -233,7 +234,7 @@ def violations(target, setting, layer_kind: str, draft_tokens=None, *, version=N
         detail = f"{target.name} stores no {setting.encoding} SSM state that ssmquant's engine facts know of"
         return [_v("dtype", _DTYPE_FACT[target.engine], detail, quote=False)]
     store = getattr(setting, "prompt_store", None)
-    if store is not None and not (store == "int8col" and target.engine == "sglang"):
+    if store is not None and store not in PROMPT_STORES_KEPT[target.engine]:
         out.append(
             _v("prompt_store", "sglang.int8_checkpoint", f"{target.name} keeps no prompt state as {store} (SGLang's "
                "int8 prefix cache)", quote=False)

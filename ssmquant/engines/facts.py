@@ -31,6 +31,9 @@ SERVED_KINDS: dict[str, tuple[str, ...]] = {
     "flashinfer": ("mamba2", "gdn", "kda"),
     "sglang": ("mamba2", "gdn", "kda"),
 }
+# The prompt stores (formats.prompt_store) each engine keeps a cached prompt's state in (fact sglang.int8_checkpoint);
+# a variant naming another is refused by that engine.
+PROMPT_STORES_KEPT: dict[str, tuple[str, ...]] = {"vllm": (), "trtllm": (), "flashinfer": (), "sglang": ("int8col",)}
 # The state encodings the facts below were read for (what each engine stores is then their rules' business). A
 # state encoding outside this list is refused for every engine until its facts are read: the rules name the encodings
 # they refuse, and an unnamed one would pass them unchecked.

@@ -23,8 +23,9 @@ import torch
 
 from .. import kinds
 from ..kinds import after_prompt
+from ..models.capture import mixer_taps
 from ..models.mixers import find_ssm_mixers
-from ..models.taps import listen, tap_for
+from ..models.taps import listen
 from ..replay.naive import emulate
 from ..replay.reference import reference_decode
 from ..replay.variants import Variant, parse_variant
@@ -57,16 +58,21 @@ def _substitute(mixer, tap, variant: Variant, prompt: int):
     return at_norm
 
 
-def variant_logits(net: torch.nn.Module, ids: torch.Tensor, variant: Variant, prompt: int = 0) -> torch.Tensor:
-    """Logits [B, L, V] of the model over ``ids`` [B, L] with every SSM layer's recurrence replaced by ``variant``'s
-    (the prompt's first ``prompt`` positions in FP32)."""
+def layer_taps(net: torch.nn.Module) -> list:
+    """(mixer, tap) of every SSM mixer of ``net``, as capture reads them (``models.capture.mixer_taps``)."""
     mixers = find_ssm_mixers(net)
+    taps = mixer_taps(mixers)
+    return [(mixer, taps[layer]) for layer, mixer in mixers.items()]
+
+
+def variant_logits(
+    net: torch.nn.Module, ids: torch.Tensor, variant: Variant, prompt: int = 0, taps=None
+) -> torch.Tensor:
+    """Logits [B, L, V] of the model over ``ids`` [B, L] with every SSM layer's recurrence replaced by ``variant``'s
+    (the prompt's first ``prompt`` positions in FP32). taps: ``layer_taps(net)``, found here when not given."""
     handles = []
     try:
-        for mixer in mixers.values():
-            tap = tap_for(mixer.kind, mixer.module)
-            if tap is None:
-                raise EvalError(f"layer {mixer.layer}: no tap reads {type(mixer.module).__name__}")
+        for mixer, tap in layer_taps(net) if taps is None else taps:
             handles += listen(mixer.module, tap, _substitute(mixer, tap, variant, prompt))
         return net(input_ids=ids).logits
     finally:
@@ -88,7 +94,8 @@ def layer_major_pass(
     reference. progress(): called after each forward."""
     batch, steps = ids.shape[0], ids.shape[1] - 1 - prompt
     inputs, targets = ids[:, :-1], ids[:, prompt + 1 :]
-    ref_logits = variant_logits(net, inputs, parse_variant(REFERENCE_VARIANT), prompt)[:, prompt:]
+    taps = layer_taps(net)
+    ref_logits = variant_logits(net, inputs, parse_variant(REFERENCE_VARIANT), prompt, taps)[:, prompt:]
     if not torch.isfinite(ref_logits).all():
         raise EvalError("the reference's logits are not finite")
     flat_target = targets.reshape(-1).to(ref_logits.device)
@@ -97,7 +104,7 @@ def layer_major_pass(
     if progress is not None:
         progress()
     for i, v in enumerate(variants):
-        logits = variant_logits(net, inputs, v, prompt)[:, prompt:]
+        logits = variant_logits(net, inputs, v, prompt, taps)[:, prompt:]
         values[i] = compare_step(ref, logits.reshape(batch * steps, -1), flat_target).reshape(3, batch, steps)
         if progress is not None:
             progress()

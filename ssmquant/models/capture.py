@@ -123,7 +123,7 @@ def _verify(inputs: LayerInputs, scan_output: torch.Tensor, mixer: SSMMixer, tap
     return err
 
 
-def _concat_batch(kind: str, parts: list[LayerInputs], meta: dict) -> LayerInputs:
+def _concat_batch(parts: list[LayerInputs], meta: dict) -> LayerInputs:
     """Join the micro-batches of one layer along the batch (per-step tensors; per-head ones are shared)."""
     if len(parts) == 1:
         return parts[0]
@@ -175,8 +175,9 @@ class _State:
         self.stop_early = stop_early
 
 
-def _taps(mixers: dict[int, SSMMixer]) -> dict[int, MixerTap]:
-    """The tap of every mixer; CaptureError naming the first mixer whose layout capture does not know."""
+def mixer_taps(mixers: dict[int, SSMMixer]) -> dict[int, MixerTap]:
+    """The tap of every mixer (``find_ssm_mixers``), by layer; CaptureError naming the first mixer whose layout
+    capture does not know."""
     out = {}
     for layer, mixer in mixers.items():
         tap = tap_for(mixer.kind, mixer.module)
@@ -297,7 +298,7 @@ def capture_inputs(
     if unknown:
         raise CaptureError(f"layers {unknown} are not SSM layers of this model; its SSM layers are {list(mixers)}")
     chosen = {i: mixers[i] for i in wanted}
-    taps = _taps(chosen)
+    taps = mixer_taps(chosen)
     warn_if_untested_transformers()
     order: list[int] = []
 
@@ -319,7 +320,6 @@ def capture_inputs(
         raise CaptureError(f"micro_batch must be a positive integer, got {micro_batch!r}")
     starts = list(range(0, batch, micro_batch))
     held: dict[int, list[LayerInputs]] = {i: [] for i in wanted}
-    kinds = {i: mixers[i].kind for i in wanted}
 
     def hold(layer, inputs):
         held[layer].append(inputs)
@@ -327,7 +327,7 @@ def capture_inputs(
     def last_pass(layer, inputs):
         parts = [*held.pop(layer), inputs]
         worst = max(p.meta["capture_error"] for p in parts)
-        record(layer, _concat_batch(kinds[layer], parts, dict(inputs.meta, batch=batch, capture_error=worst)))
+        record(layer, _concat_batch(parts, dict(inputs.meta, batch=batch, capture_error=worst)))
 
     if not _CAPTURE_LOCK.acquire(blocking=False):
         raise CaptureError("another capture is running in this process; captures cannot overlap")
