@@ -177,15 +177,21 @@ def _triton_bin(tool: str) -> pathlib.Path:
 # other non-constexpr argument is an i32. A pointer the table misses compiles as an integer and fails: keep both in
 # step with the kernels' signatures (registers.py compiles from them too).
 MAMBA2_POINTERS = {
-    **dict.fromkeys(["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr"], "*fp32"),
+    **dict.fromkeys(
+        ["dt_ptr", "a_ptr", "d_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr", "out_ptr", "final_ptr"], "*fp32"
+    ),
     **dict(x_ptr="*bf16", bm_ptr="*bf16", cm_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64"),
 }
 DELTA_RULE_POINTERS = {
-    **dict.fromkeys(["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr"], "*fp32"),
+    **dict.fromkeys(
+        ["q_ptr", "k_ptr", "alpha_ptr", "beta_ptr", "s0_ptr", "sv0_ptr", "scale_ptr", "metrics_ptr", "out_ptr"]
+        + ["final_ptr"],
+        "*fp32",
+    ),
     **dict(v_ptr="*bf16", write_ptr="*i8", seed_ptr="*i64"),
 }
-# the compiled path starts from a zero state (no initial state, no per-slot stored one)
-NO_INITIAL_STATE = {"HAS_S0": False, "HAS_SV0": False}
+# the compiled path starts from a zero state (no initial state, no per-slot stored one) and records metrics
+METRICS_PATH = {"HAS_S0": False, "HAS_SV0": False, "OUTPUTS": False, "FINAL": False}
 
 
 def compile_ahead(fn, ptrs: dict, const: dict, options: dict):
@@ -231,7 +237,7 @@ def sass_of(fn, ptrs: dict, const: dict, options: dict) -> list[tuple[int, str]]
 def mamba2_build(specs: list[int], block_p: int, num_warps: int) -> tuple[dict, dict]:
     """(constexprs, compile options) of the Mamba-2 kernel carrying slots `specs` (`common.slot_spec`) at BLOCK_P
     rows over num_warps warps, as mamba2_launch builds them."""
-    const = dict(BLOCK_P=block_p, BLOCK_N=128, **NO_INITIAL_STATE, NV=len(specs), KMAJOR=True)
+    const = dict(BLOCK_P=block_p, BLOCK_N=128, **METRICS_PATH, NV=len(specs), KMAJOR=True)
     const.update({f"SPEC{i}": s for i, s in enumerate((list(specs) + [0] * 6)[:6])})
     return const, {"num_warps": num_warps, "enable_fp_fusion": True, "enable_reflect_ftz": False}
 
@@ -251,7 +257,7 @@ def delta_rule_build(
     from ssmquant.kernels.common import register_cap
     from ssmquant.kernels.delta_rule import per_step_offsets
 
-    const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=vec_decay, **NO_INITIAL_STATE, FAST_ROUND=fast_round,
+    const = dict(BLOCK_P=block_p, BLOCK_N=128, VEC_DECAY=vec_decay, **METRICS_PATH, FAST_ROUND=fast_round,
                  FP_FUSION=fp_fusion, PREFETCH=prefetch, ROW_BLOCKS_FIRST=False, KMAJOR=True,
                  PER_STEP_OFFSETS=per_step_offsets(num_warps, tuple(specs)), NV=len(specs))  # fmt: skip
     const.update({f"SPEC{i}": s for i, s in enumerate((list(specs) + [0] * 6)[:6])})

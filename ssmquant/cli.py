@@ -653,11 +653,11 @@ def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, 
 @click.option(
     "--mode",
     type=click.Choice(["decode", "layer"]),
-    default="decode",
-    show_default=True,
+    default=None,
     help="decode: teacher-forced token by token through the model's cache; layer: each variant's whole sequence in "
     "one forward, every SSM layer's recurrence replaced by the emulated variant's outputs (the same function up to "
-    "summation order; on a CPU the torch reference runs the recurrence).",
+    "summation order; the fused kernels run the recurrences on a GPU, the torch reference on a CPU). "
+    "[default: layer on a GPU, decode on a CPU]",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or table.")
 def eval_cmd(

@@ -197,3 +197,37 @@ def start_simulation(
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(inputs.device))  # the copies run on the inputs' device's stream
     return PendingTrace(names, accs[0].ends, stats, meta, event)
+
+
+def simulate_outputs(
+    inputs: LayerInputs,
+    variants: list[Variant | str] | str,
+    *,
+    backend: str = "auto",
+    dtype=None,
+    final_state: bool = False,
+):
+    """Each variant's per-step outputs of one layer (what the mixer's scan returns when its stored state is the
+    variant's), for teacher-forced evaluation: (list of [B, T, H, rows] per variant, the FP32 reference's state after
+    the last step [B, H, rows, state_dim] when ``final_state``, else None).
+
+    backend as ``simulate`` ("auto": the fused kernels' output mode on CUDA inputs of a kind that has them, where
+    every variant takes the ideal arithmetic; the torch reference otherwise). dtype: the outputs' dtype (None:
+    float32). The kernels compute the outputs' dot products in their own order (tests/kernels/test_output_mode.py
+    bounds the difference).
+    """
+    import torch
+
+    variants = parse_variants(variants)
+    if not is_validated(inputs):
+        inputs.validate()
+    check_variants_fit(variants, inputs.state_shape)
+    check_engines(variants, inputs, "state")
+    dtype = torch.float32 if dtype is None else dtype
+    chosen = resolve_backend(backend, inputs)
+    if chosen == "triton" and all(k != "engine" for k in _kernels().fused_kernels(inputs, variants)):
+        return _kernels().emulate_triton_outputs(inputs, variants, dtype=dtype, final_state=final_state)
+    if chosen == "triton" and backend == "triton":
+        raise BackendError("the fused kernels' output mode runs the ideal arithmetic only; use backend='auto'")
+    res = emulate(inputs, variants, return_outputs=True, engine_steps=engine_step)
+    return [y.to(dtype) for y in res.outputs], res.ref_final_state if final_state else None

@@ -5,16 +5,16 @@ the layers below it and on layer L's own stored state. One forward of the model 
 them layer by layer: attention, MLP and MoE blocks as in a prefill, and at each SSM mixer a forward pre-hook on its
 gated norm (``models.taps.listen``, the hook capture reads the mixer with) derives the recurrence inputs from the
 mixer's own projections and replaces the mixer's scan output by the variant's per-step outputs, from
-``replay.naive.emulate``: the prompt's P steps in the FP32 recurrence, then the decode steps from the prompt's
-state stored once in the variant's format (its prompt store first, where it names one), each step's output from the
-variant's stored state. The reference is the same forward with the FP32 recurrence (``fp32@conventional``), so the
-reference and every variant differ only by what the variant stores.
+``simulate.simulate_outputs`` (the fused kernels' output mode on a GPU, the torch reference on the CPU): the
+prompt's P steps in the FP32 recurrence, then the decode steps from the prompt's state stored once in the variant's
+format (its prompt store first, where it names one), each step's output from the variant's stored state. The
+reference is the same forward with the FP32 recurrence (``fp32@conventional``), so the reference and every variant
+differ only by what the variant stores.
 
 This computes what token-by-token decoding through the model's cache computes (``decode.TeacherForced``), up to
 floating-point summation order: the blocks see all positions in one matmul instead of one row at a time, and the
-recurrence runs as ssmquant's per-step loop instead of the model's own scan. The CPU path runs the torch reference
-(``emulate``); tests/evaluate/test_layer_major.py measures the agreement with the token-by-token path on the
-shipped models.
+recurrence runs as ssmquant's per-step loop (or kernel) instead of the model's own scan.
+tests/evaluate/test_layer_major.py measures the agreement with the token-by-token path on the shipped models.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from ..kinds import after_prompt
 from ..models.capture import mixer_taps
 from ..models.mixers import find_ssm_mixers
 from ..models.taps import listen
-from ..replay.naive import emulate
-from ..replay.reference import reference_decode
 from ..replay.variants import Variant, parse_variant
+from ..simulate import simulate_outputs
 from .metrics import compare_step, reference_step
 from .states import EvalError
 
@@ -42,11 +41,13 @@ def _substitute(mixer, tap, variant: Variant, prompt: int):
         raw = tap.derive(mixer.module, recorded)
         inputs = kinds.get(mixer.kind).inputs_type(**raw, meta={"layer": mixer.layer}).validate()
         if prompt:
-            y_prompt, _, _ = reference_decode(inputs.slice_steps(0, prompt))
-            decoded = emulate(after_prompt(inputs, prompt), [variant], return_outputs=True).outputs[0]
+            (y_prompt,), s_prompt = simulate_outputs(
+                inputs.slice_steps(0, prompt), [REFERENCE_VARIANT], backend="auto", final_state=True
+            )
+            (decoded,), _ = simulate_outputs(after_prompt(inputs, prompt, s_prompt), [variant], backend="auto")
             y = torch.cat([y_prompt, decoded], dim=1)
         else:
-            y = emulate(inputs, [variant], return_outputs=True).outputs[0]
+            (y,), _ = simulate_outputs(inputs, [variant], backend="auto")
         scan = args[0]
         if scan.numel() != y.numel():
             raise EvalError(

@@ -292,11 +292,19 @@ class EvalConfig:
     kv_buffer: bool = False
     cudnn_attention: bool = False
     # "decode": token by token through the model's cache; "layer": each variant's whole sequence in one forward, its
-    # SSM recurrences replaced by the emulation's outputs (``layer_major``)
-    mode: str = "decode"
+    # SSM recurrences replaced by the emulation's outputs (``layer_major``); None: layer on a GPU, decode on a CPU
+    mode: str | None = None
 
 
 EVAL_MODES = ("decode", "layer")
+
+
+def default_mode(device, decode_options: bool = False) -> str:
+    """The evaluation mode when none is asked for: "layer" on a GPU (the fused kernels' output mode runs the
+    recurrences), "decode" on a CPU (the token-by-token oracle, affordable at the small runs a CPU takes) or where
+    the decode mode's own options are asked for (``decode_options``: fold, CUDA graphs or the KV buffer)."""
+    on_gpu = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"  # None: auto
+    return "layer" if on_gpu and not decode_options else "decode"
 
 
 def evaluate(
@@ -348,7 +356,9 @@ def evaluate(
     model, variants, seed, device, text_path = cfg.model, cfg.variants, cfg.seed, cfg.device, cfg.text
     horizon_fraction, threads, fold, fold_width = cfg.horizon_fraction, cfg.threads, cfg.fold, cfg.fold_width
     cuda_graphs, kv_buffer, cudnn_attention = cfg.cuda_graphs, cfg.kv_buffer, cfg.cudnn_attention
-    mode = cfg.mode
+    loaded = model if isinstance(model, LoadedModel) else None
+    dev = loaded.device if loaded is not None else _resolve_device(device)
+    mode = default_mode(dev, bool(cuda_graphs or fold or kv_buffer)) if cfg.mode is None else cfg.mode
     if mode not in EVAL_MODES:
         raise EvalError(f"unknown mode {mode!r}; accepted: {', '.join(EVAL_MODES)}")
     layer_major = mode == "layer"
@@ -381,10 +391,7 @@ def evaluate(
         )
     text = _heldout_text(text_path, prompt + steps, batch)
 
-    if isinstance(model, LoadedModel):
-        loaded = model
-    else:
-        dev = _resolve_device(device)
+    if loaded is None:
         try:
             loaded = load_model(model, device=dev)
         except ModelLoadError as err:

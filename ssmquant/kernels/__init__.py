@@ -33,6 +33,7 @@ __all__ = [
     "MAX_SLOTS",
     "VariantKernel",
     "emulate_triton",
+    "emulate_triton_outputs",
     "emulate_triton_steps",
     "fake_quant_triton",
     "fused_kernels",
@@ -149,6 +150,54 @@ def emulate_triton(inputs: LayerInputs, variants: list[Variant], *, tiling: tupl
     for i, b0, m in emulate_triton_steps(inputs, variants, tiling=tiling):
         out[i, :, b0 : b0 + m.shape[1]] = m
     return out
+
+
+def emulate_triton_outputs(
+    inputs: LayerInputs,
+    variants: list[Variant],
+    *,
+    dtype: torch.dtype = torch.float32,
+    tiling: tuple[int, int] | None = None,
+    final_state: bool = False,
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """Each variant's per-step outputs through the fused kernels' output mode: ([B, T, H, rows] in ``dtype`` per
+    variant, the FP32 reference's state after the last step [B, H, rows, state_dim] when ``final_state``, else None),
+    what ``replay.naive.emulate(..., return_outputs=True)`` computes as outputs and the reference's final state, the
+    dot products (and the delta rule's update) in the kernels' order and contraction.
+
+    Runs the kind's fused kernel for every variant, the ideal arithmetic only (an engine profile's variant is a
+    ValueError; a one-variant kernel such as KDA's CUDA one is not used). Memory: the outputs themselves, no metrics.
+    """
+    engine = [v.name for v in variants if arithmetic(v.engine, inputs.kind) != "ideal"]
+    if engine:
+        raise ValueError(f"the fused kernels' output mode runs the ideal arithmetic only, not {', '.join(engine)}")
+    dev = inputs.device
+    bsz, steps, heads, rows, sdim = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows, inputs.state_dim
+    s0 = None if inputs.initial_state is None else inputs.initial_state.float().contiguous()
+    stored = stored_initial_states(inputs, variants)
+    fused = kernel_of(inputs.kind)
+    shared = fused.operands(inputs)
+    outs: list[torch.Tensor | None] = [None] * len(variants)
+    final = torch.empty(inputs.state_shape, device=dev, dtype=torch.float32) if final_state else None
+    for n, (idx, (block_p, num_warps)) in enumerate(plan_launches(variants, rows, sdim, tiling, inputs.kind)):
+        group = [variants[i] for i in idx]
+        out = torch.empty(len(group), bsz, steps, heads, rows, device=dev, dtype=dtype)
+        fused.launch(
+            *shared.values(),
+            s0,
+            torch.stack([write_mask_on(v.scheme, bsz, steps, dev)[0] for v in group]),
+            seeds_on(tuple(v.seed for v in group), dev),
+            _static_rows(group, bsz, heads, rows, dev),
+            specs=tuple(variant_slot_spec(v, rows, block_p) for v in group),
+            block_p=block_p,
+            num_warps=num_warps,
+            slot_s0=None if stored is None else torch.stack([stored[i] for i in idx]).contiguous(),
+            outputs=out,
+            final_state=final if n == 0 else None,
+        )
+        for j, i in enumerate(idx):
+            outs[i] = out[j]
+    return outs, final
 
 
 def _import_all() -> None:

@@ -175,6 +175,14 @@ def slot_write(
 
 
 @triton.jit
+def store_slot_output(out_ptr, k, slot_stride, offs, y, mask):
+    """Slot k's output rows y [BLOCK_P] at one step to outputs [NV, B, T, H, rows] (offs: the step's row offsets
+    within a slot), rounded to the outputs' dtype."""
+    p = out_ptr + k * slot_stride + offs
+    tl.store(p, y.to(p.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def store_slot_metrics(
     metrics_ptr, k, slot_stride, base, s_var, s_ref, y_var, y_ref, ss_ref, yy_ref, TILE: tl.constexpr
 ):

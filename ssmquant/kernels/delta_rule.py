@@ -34,6 +34,7 @@ from .common import (
     spec_sr,
     spec_static,
     store_slot_metrics,
+    store_slot_output,
 )
 from .registry import FusedKernel, register
 from .rounding import (
@@ -237,6 +238,8 @@ def _delta_rule_emulate_kernel(
     seed_ptr,
     scale_ptr,
     metrics_ptr,
+    out_ptr,
+    final_ptr,
     B,
     T,
     HV,
@@ -257,6 +260,8 @@ def _delta_rule_emulate_kernel(
     KMAJOR: tl.constexpr,
     PER_STEP_OFFSETS: tl.constexpr,
     NV: tl.constexpr,
+    OUTPUTS: tl.constexpr,
+    FINAL: tl.constexpr,
     SPEC0: tl.constexpr,
     SPEC1: tl.constexpr,
     SPEC2: tl.constexpr,
@@ -308,6 +313,7 @@ def _delta_rule_emulate_kernel(
     c4 = slot_static_scale(scale_ptr, 4, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC4)
     c5 = slot_static_scale(scale_ptr, 5, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC5)
     metrics_stride = npb.to(tl.int64) * T * B * HV * 4  # one slot's metrics [T, B, Hv, NPB, 4]
+    out_stride = tl.cast(B, tl.int64) * T * HV * DV  # one slot's outputs [B, T, Hv, Dv]
 
     # PREFETCH: step 0's inputs here; each step then loads the next one's (the last step its own again, unused)
     if PREFETCH:
@@ -354,21 +360,37 @@ def _delta_rule_emulate_kernel(
         if NV > 5:
             v5, y5 = _slot_update(v5, s_ref, y_ref, alpha, kvec, qvec, v, beta, SPEC5, FP_FUSION)
             v5 = _slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, w5, BLOCK_N, BLOCK_P, SPEC5, FAST_ROUND, KMAJOR)
-        rec = tl.cast(t, tl.int64)  # every step is recorded
-        base = (((rec * B + b) * HV + h) * npb + pid_p) * 4
-        ss = _tile_sum_sq(s_ref, BLOCK_N * BLOCK_P, FP_FUSION)
-        yy = tl.sum(y_ref * y_ref, axis=0)
-        _store_slot_metrics(metrics_ptr, 0, metrics_stride, base, v0, s_ref, y0, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
-        if NV > 1:
-            _store_slot_metrics(metrics_ptr, 1, metrics_stride, base, v1, s_ref, y1, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
-        if NV > 2:
-            _store_slot_metrics(metrics_ptr, 2, metrics_stride, base, v2, s_ref, y2, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
-        if NV > 3:
-            _store_slot_metrics(metrics_ptr, 3, metrics_stride, base, v3, s_ref, y3, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
-        if NV > 4:
-            _store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
-        if NV > 5:
-            _store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+        if OUTPUTS:
+            out_offs = (bt * HV + h) * DV + rows
+            store_slot_output(out_ptr, 0, out_stride, out_offs, y0, row_ok)
+            if NV > 1:
+                store_slot_output(out_ptr, 1, out_stride, out_offs, y1, row_ok)
+            if NV > 2:
+                store_slot_output(out_ptr, 2, out_stride, out_offs, y2, row_ok)
+            if NV > 3:
+                store_slot_output(out_ptr, 3, out_stride, out_offs, y3, row_ok)
+            if NV > 4:
+                store_slot_output(out_ptr, 4, out_stride, out_offs, y4, row_ok)
+            if NV > 5:
+                store_slot_output(out_ptr, 5, out_stride, out_offs, y5, row_ok)
+        else:
+            rec = tl.cast(t, tl.int64)  # every step is recorded
+            base = (((rec * B + b) * HV + h) * npb + pid_p) * 4
+            ss = _tile_sum_sq(s_ref, BLOCK_N * BLOCK_P, FP_FUSION)
+            yy = tl.sum(y_ref * y_ref, axis=0)
+            _store_slot_metrics(metrics_ptr, 0, metrics_stride, base, v0, s_ref, y0, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+            if NV > 1:
+                _store_slot_metrics(metrics_ptr, 1, metrics_stride, base, v1, s_ref, y1, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+            if NV > 2:
+                _store_slot_metrics(metrics_ptr, 2, metrics_stride, base, v2, s_ref, y2, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+            if NV > 3:
+                _store_slot_metrics(metrics_ptr, 3, metrics_stride, base, v3, s_ref, y3, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+            if NV > 4:
+                _store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+            if NV > 5:
+                _store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy, BLOCK_N * BLOCK_P, FP_FUSION)
+    if FINAL:  # the reference's state after the last step
+        tl.store(final_ptr + state_offs, s_ref, mask=tile_ok)
 
 
 # (kind, BLOCK_P, num_warps) whose grid puts a head's row blocks first by default: the launches measured faster so
@@ -396,8 +418,11 @@ def delta_rule_launch(
     prefetch: bool = False,
     row_blocks_first: bool | None = None,
     slot_s0: torch.Tensor | None = None,
+    outputs: torch.Tensor | None = None,
+    final_state: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, T, B, Hv, NPB, 4].
+    """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, T, B, Hv, NPB, 4],
+    or with ``outputs`` given, each slot's per-step outputs written there instead (and ``outputs`` returned).
 
     s0: [B, Hv, Dv, Dk] fp32, the reference's initial state, or None (zeros); slot_s0: [NV, B, Hv, Dv, Dk] fp32,
     each slot's initial state (s0 stored in its format), or None (each slot starts from s0; needs s0 when given).
@@ -408,16 +433,22 @@ def delta_rule_launch(
     else every product rounded, as torch (both off: the previous path, for tests and benchmarks).
     prefetch: each step loads the next step's inputs before its arithmetic; row_blocks_first: grid (NPB, B * Hv), a
     head's programs (same inputs) in one wave, None: `ROW_BLOCKS_FIRST_DEFAULT` where B * Hv <= 65535. Both reorder
-    work only: the metrics are bit-identical (tests/kernels/test_delta_rule_paths.py).
+    work only: the metrics are bit-identical (tests/kernels/test_delta_rule_paths.py). outputs: [NV, B, T, Hv, Dv]
+    contiguous, any float dtype, for the slots' outputs y (S q, of the state before its write) rounded to it;
+    final_state: [B, Hv, Dv, Dk] fp32 for the reference's state after the last step (output mode only).
     """
     bsz, steps, hv, dv = v.shape
     hk, dk = k.shape[2], k.shape[3]
     block_n = triton.next_power_of_2(dk)
     npb = triton.cdiv(dv, block_p)
     nv = len(specs)
-    # NaN-filled: a metric the kernel fails to write stays NaN and fails every check downstream
-    metrics = torch.full((nv, steps, bsz, hv, npb, 4), float("nan"), device=v.device, dtype=torch.float32)
     dummy = torch.empty(1, device=v.device, dtype=torch.float32)
+    # NaN-filled: a metric the kernel fails to write stays NaN and fails every check downstream
+    metrics = (
+        torch.full((nv, steps, bsz, hv, npb, 4), float("nan"), device=v.device, dtype=torch.float32)
+        if outputs is None
+        else dummy
+    )
     padded = tuple(specs) + (0,) * (6 - nv)
     if row_blocks_first is None:
         kind = "kda" if alpha.dim() == 4 else "gdn"
@@ -437,6 +468,8 @@ def delta_rule_launch(
         seeds,
         static_scale_rows if static_scale_rows is not None else dummy,
         metrics,
+        outputs if outputs is not None else dummy,
+        final_state if final_state is not None else dummy,
         bsz,
         steps,
         hv,
@@ -457,6 +490,8 @@ def delta_rule_launch(
         KMAJOR=block_n % 16 == 0,  # whole nvfp4 blocks per lane
         PER_STEP_OFFSETS=per_step_offsets(num_warps, specs),
         NV=nv,
+        OUTPUTS=outputs is not None,
+        FINAL=final_state is not None,
         SPEC0=padded[0],
         SPEC1=padded[1],
         SPEC2=padded[2],
@@ -468,7 +503,7 @@ def delta_rule_launch(
         enable_reflect_ftz=False,  # _mul_rn keeps subnormals
         maxnreg=register_cap(num_warps),
     )
-    return metrics
+    return metrics if outputs is None else outputs
 
 
 def delta_rule_operands(inputs) -> dict[str, torch.Tensor]:

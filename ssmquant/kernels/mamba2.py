@@ -24,6 +24,7 @@ from .common import (
     slot_static_scale,
     slot_takes_reference_step,
     slot_write,
+    store_slot_output,
 )
 from .registry import FusedKernel, register
 from .rounding import INTERPRETING, constant, tile_columns
@@ -85,6 +86,8 @@ def _mamba2_emulate_kernel(
     seed_ptr,
     scale_ptr,
     metrics_ptr,
+    out_ptr,
+    final_ptr,
     B,
     T,
     H,
@@ -98,6 +101,8 @@ def _mamba2_emulate_kernel(
     HAS_S0: tl.constexpr,
     HAS_SV0: tl.constexpr,
     NV: tl.constexpr,
+    OUTPUTS: tl.constexpr,
+    FINAL: tl.constexpr,
     KMAJOR: tl.constexpr,
     SPEC0: tl.constexpr,
     SPEC1: tl.constexpr,
@@ -147,6 +152,7 @@ def _mamba2_emulate_kernel(
     c4 = slot_static_scale(scale_ptr, 4, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC4)
     c5 = slot_static_scale(scale_ptr, 5, rows_stride, head_base, rows, row_ok, BLOCK_P, SPEC5)
     metrics_stride = npb.to(tl.int64) * T * B * H * 4  # one slot's metrics [T, B, H, NPB, 4]
+    out_stride = tl.cast(B, tl.int64) * T * H * P  # one slot's outputs [B, T, H, P]
     d = tl.load(d_ptr + h)
 
     for t in range(T):
@@ -175,21 +181,37 @@ def _mamba2_emulate_kernel(
         if NV > 5:
             v5, y5 = _slot_update(v5, s_ref, y_ref, a, dt, x, bvec, cvec, d, SPEC5)
             v5 = slot_write(v5, 5, t, bt, BT, write_ptr, seed_ptr, c5, sr_index, BLOCK_N, BLOCK_P, SPEC5, KMAJOR, HEAD_SCALAR)
-        rec = tl.cast(t, tl.int64)  # every step is recorded
-        base = (((rec * B + b) * H + h) * npb + pid_p) * 4
-        ss = _sum_squares(s_ref)
-        yy = tl.sum(y_ref * y_ref, axis=0)
-        _store_slot_metrics(metrics_ptr, 0, metrics_stride, base, v0, s_ref, y0, y_ref, ss, yy)
-        if NV > 1:
-            _store_slot_metrics(metrics_ptr, 1, metrics_stride, base, v1, s_ref, y1, y_ref, ss, yy)
-        if NV > 2:
-            _store_slot_metrics(metrics_ptr, 2, metrics_stride, base, v2, s_ref, y2, y_ref, ss, yy)
-        if NV > 3:
-            _store_slot_metrics(metrics_ptr, 3, metrics_stride, base, v3, s_ref, y3, y_ref, ss, yy)
-        if NV > 4:
-            _store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy)
-        if NV > 5:
-            _store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy)
+        if OUTPUTS:
+            out_offs = (bt * H + h) * P + rows
+            store_slot_output(out_ptr, 0, out_stride, out_offs, y0, row_ok)
+            if NV > 1:
+                store_slot_output(out_ptr, 1, out_stride, out_offs, y1, row_ok)
+            if NV > 2:
+                store_slot_output(out_ptr, 2, out_stride, out_offs, y2, row_ok)
+            if NV > 3:
+                store_slot_output(out_ptr, 3, out_stride, out_offs, y3, row_ok)
+            if NV > 4:
+                store_slot_output(out_ptr, 4, out_stride, out_offs, y4, row_ok)
+            if NV > 5:
+                store_slot_output(out_ptr, 5, out_stride, out_offs, y5, row_ok)
+        else:
+            rec = tl.cast(t, tl.int64)  # every step is recorded
+            base = (((rec * B + b) * H + h) * npb + pid_p) * 4
+            ss = _sum_squares(s_ref)
+            yy = tl.sum(y_ref * y_ref, axis=0)
+            _store_slot_metrics(metrics_ptr, 0, metrics_stride, base, v0, s_ref, y0, y_ref, ss, yy)
+            if NV > 1:
+                _store_slot_metrics(metrics_ptr, 1, metrics_stride, base, v1, s_ref, y1, y_ref, ss, yy)
+            if NV > 2:
+                _store_slot_metrics(metrics_ptr, 2, metrics_stride, base, v2, s_ref, y2, y_ref, ss, yy)
+            if NV > 3:
+                _store_slot_metrics(metrics_ptr, 3, metrics_stride, base, v3, s_ref, y3, y_ref, ss, yy)
+            if NV > 4:
+                _store_slot_metrics(metrics_ptr, 4, metrics_stride, base, v4, s_ref, y4, y_ref, ss, yy)
+            if NV > 5:
+                _store_slot_metrics(metrics_ptr, 5, metrics_stride, base, v5, s_ref, y5, y_ref, ss, yy)
+    if FINAL:  # the reference's state after the last step
+        tl.store(final_ptr + s0_offs, s_ref, mask=tile_ok)
 
 
 def mamba2_launch(
@@ -209,21 +231,31 @@ def mamba2_launch(
     num_warps: int,
     batch_offset: int = 0,
     slot_s0: torch.Tensor | None = None,
+    outputs: torch.Tensor | None = None,
+    final_state: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, T, B, H, NPB, 4].
+    """Launch the kernel on contiguous inputs for NV = len(specs) variants; returns metrics [NV, T, B, H, NPB, 4],
+    or with ``outputs`` given, each slot's per-step outputs written there instead (and ``outputs`` returned).
 
     s0: [B, H, P, N] fp32, the reference's initial state, or None (zeros); slot_s0: [NV, B, H, P, N] fp32, each
     slot's initial state (s0 stored in its format), or None (each slot starts from s0; needs s0 when given).
     write: [NV, B, T] int8; seeds: [NV] int64; static_scale_rows: [NV, B, H, P] fp32 (ones for dynamic slots) or
     None when no slot is static; specs: `common.slot_spec` of each slot, whose rows group divides block_p.
+    outputs: [NV, B, T, H, P] contiguous, any float dtype, for the slots' outputs y (S C + D x, of the state before
+    its write) rounded to it; final_state: [B, H, P, N] fp32 for the reference's state after the last step (output
+    mode only).
     """
     bsz, steps, heads, p = x.shape
     groups, n = bm.shape[2], bm.shape[3]
     block_n = triton.next_power_of_2(n)
     npb = triton.cdiv(p, block_p)
     nv = len(specs)
-    metrics = torch.full((nv, steps, bsz, heads, npb, 4), float("nan"), device=x.device, dtype=torch.float32)
     dummy = torch.empty(1, device=x.device, dtype=torch.float32)
+    metrics = (
+        torch.full((nv, steps, bsz, heads, npb, 4), float("nan"), device=x.device, dtype=torch.float32)
+        if outputs is None
+        else dummy
+    )
     padded = tuple(specs) + (0,) * (6 - nv)
     _mamba2_emulate_kernel[(bsz * heads, npb)](
         x,
@@ -238,6 +270,8 @@ def mamba2_launch(
         seeds,
         static_scale_rows if static_scale_rows is not None else dummy,
         metrics,
+        outputs if outputs is not None else dummy,
+        final_state if final_state is not None else dummy,
         bsz,
         steps,
         heads,
@@ -245,12 +279,14 @@ def mamba2_launch(
         n,
         heads // groups,
         groups,
-            batch_offset,
+        batch_offset,
         BLOCK_P=block_p,
         BLOCK_N=block_n,
         HAS_S0=s0 is not None,
         HAS_SV0=slot_s0 is not None,
         NV=nv,
+        OUTPUTS=outputs is not None,
+        FINAL=final_state is not None,
         KMAJOR=block_n % 16 == 0,  # whole nvfp4 blocks per lane
         SPEC0=padded[0],
         SPEC1=padded[1],
@@ -262,7 +298,7 @@ def mamba2_launch(
         enable_fp_fusion=True,  # contracts the dots and metric sums; the state update is _mul_add_rn
         enable_reflect_ftz=False,  # libdevice's mul.rn / add.rn keep subnormals, as torch does
     )
-    return metrics
+    return metrics if outputs is None else outputs
 
 
 def mamba2_operands(inputs) -> dict[str, torch.Tensor]:

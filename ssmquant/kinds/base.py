@@ -186,7 +186,7 @@ class LayerInputs:
         return _carry_valid(self, dataclasses.replace(self, **moved))
 
 
-def after_prompt(inputs: LayerInputs, prompt: int) -> LayerInputs:
+def after_prompt(inputs: LayerInputs, prompt: int, state: torch.Tensor | None = None) -> LayerInputs:
     """The decode inputs that follow a prompt of ``prompt`` steps, as an engine serves them.
 
     An engine prefills the prompt (its chunked scan, full precision) and decodes from the state it leaves. Here the
@@ -195,7 +195,8 @@ def after_prompt(inputs: LayerInputs, prompt: int) -> LayerInputs:
     their ``initial_state`` (which each variant stores once in its format before it decodes: ``replay.naive``) and
     ``meta["prompt"] = prompt``. prompt 0 returns ``inputs`` unchanged. Inputs not validated yet (``is_validated``)
     are validated here first, the prompt's steps with the rest (a NaN there would otherwise surface as a NaN
-    state); ValueError unless 0 <= prompt < T."""
+    state); ValueError unless 0 <= prompt < T. state: the prompt's FP32 final state where the caller computed it
+    already (the fused kernels' output mode), taken as is."""
     if isinstance(prompt, bool) or not isinstance(prompt, int) or not 0 <= prompt < inputs.steps:
         raise ValueError(
             f"the prompt must be a whole number of steps in [0, {inputs.steps}) (the captured steps, of which at "
@@ -205,9 +206,9 @@ def after_prompt(inputs: LayerInputs, prompt: int) -> LayerInputs:
         return inputs
     if not is_validated(inputs):
         inputs.validate()
-    state = None
-    for _, s in of(inputs).reference_states(inputs.slice_steps(0, prompt), every=prompt):
-        state = s.clone()
+    if state is None:
+        for _, s in of(inputs).reference_states(inputs.slice_steps(0, prompt), every=prompt):
+            state = s.clone()
     decode = inputs.slice_steps(prompt, inputs.steps)
     return dataclasses.replace(decode, initial_state=state, meta={**decode.meta, "prompt": prompt})
 

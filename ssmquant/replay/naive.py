@@ -111,6 +111,7 @@ class EmulationResult:
     steps: int64 [T], the 1-based step numbers (tokens decoded);
     outputs / states: per variant [B, T, H, rows] / [B, T, H, rows, state_dim] when requested;
     final_states: per variant [B, H, rows, state_dim], the emulated state after the last step;
+    ref_final_state: the FP32 reference's [B, H, rows, state_dim] after the last step;
     ref_outputs / ref_states: the FP32 reference, when requested.
     """
 
@@ -121,6 +122,7 @@ class EmulationResult:
     states: list[torch.Tensor] | None = None
     ref_outputs: torch.Tensor | None = None
     ref_states: torch.Tensor | None = None
+    ref_final_state: torch.Tensor | None = None
 
 
 def buffer_dtype(variant: Variant) -> torch.dtype:
@@ -219,7 +221,7 @@ class Emulation:
             if ref_st is not None:
                 ref_st[:, t] = s_ref
         steps_1based = torch.arange(1, steps + 1, dtype=torch.int64)
-        return EmulationResult(metrics, steps_1based, last, outs, sts, ref_out, ref_st)
+        return EmulationResult(metrics, steps_1based, last, outs, sts, ref_out, ref_st, self.s_ref)
 
     def variant_step(self, i: int, t: int):
         """(the state the metrics see, y) of variant i after step t."""

@@ -9,6 +9,7 @@ within 1%."""
 
 import numpy as np
 import pytest
+import torch
 
 from ssmquant.evaluate import EvalConfig, EvalError, evaluate
 
@@ -31,6 +32,30 @@ def test_layer_major_computes_what_token_by_token_decoding_computes(model, promp
     # the positions line up: the same steps, variants and metrics
     assert list(layer.positions.columns) == list(decode.positions.columns)
     assert len(layer.positions) == len(decode.positions)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the fused kernels' output mode")
+@pytest.mark.parametrize("model,prompt", [("tiny-nemotron", 0), ("tiny-qwen", 64), ("tiny-kda", 0)])
+def test_layer_major_on_the_fused_kernels_computes_what_decoding_computes(model, prompt):
+    """On a GPU the layer mode (its default there) runs the recurrences in the fused kernels' output mode: the same
+    tolerances against the token-by-token path, at 512 steps x 4 sequences."""
+    kw = dict(steps=512, batch=4, device="cuda", prompt=prompt)
+    layer = evaluate(EvalConfig(model, VARIANTS, **kw))
+    decode = evaluate(EvalConfig(model, VARIANTS, mode="decode", **kw))
+    assert layer.config.mode == "layer"
+    a, b = layer.summary.set_index("variant"), decode.summary.set_index("variant")
+    for v in a.index:
+        kl_l, kl_d = a.loc[v, "kl_mean"], b.loc[v, "kl_mean"]
+        if max(kl_l, kl_d) > 1e-5:
+            assert 0.5 < kl_l / kl_d < 2.0, (v, kl_l, kl_d)
+        assert abs(a.loc[v, "top1_agree_mean"] - b.loc[v, "top1_agree_mean"]) <= 0.016, v
+    assert np.isclose(layer.reference["loss_mean"], decode.reference["loss_mean"], rtol=1e-2)
+
+
+def test_the_mode_defaults_to_decode_on_a_cpu():
+    r = evaluate(EvalConfig("tiny-nemotron", "int8", steps=4, batch=1, device="cpu"))
+    assert r.config.mode == "decode" and r.timing["mode"] == "decode"
 
 
 def test_layer_mode_refuses_the_decode_modes_options():
