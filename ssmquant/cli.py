@@ -435,7 +435,7 @@ def _devices(value: str | None) -> list[str] | str | None:
     "--engine",
     default="ideal",
     show_default=True,
-    help="Engine profile(s) whose arithmetic is emulated: ideal, flashinfer, vllm, trtllm, or several side by side "
+    help="Engine profile(s) whose arithmetic is emulated: ideal, flashinfer, vllm, trtllm, sglang, or several side by side "
     "(ideal,vllm).",
 )
 @click.option(
@@ -827,7 +827,7 @@ class _BudgetNotMet(click.ClickException):
     "--engine",
     default="ideal",
     show_default=True,
-    help="Engine profile whose arithmetic emulates every candidate: ideal, flashinfer, vllm or trtllm; a setting the "
+    help="Engine profile whose arithmetic emulates every candidate: ideal, flashinfer, vllm, trtllm or sglang; a setting the "
     "engine cannot run is reported with its reason and never chosen (export checks the recipe against its target).",
 )
 @click.option(

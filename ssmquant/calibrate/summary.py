@@ -41,7 +41,7 @@ def profile_text(result) -> str:
     return "\n".join(lines)
 
 
-ENGINE_SHORT = {"vllm": "vLLM", "trtllm": "TRT-LLM", "flashinfer": "FlashInfer"}
+ENGINE_SHORT = {"vllm": "vLLM", "trtllm": "TRT-LLM", "flashinfer": "FlashInfer", "sglang": "SGLang"}
 
 
 def runs_on_text(engines) -> str:

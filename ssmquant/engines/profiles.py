@@ -24,6 +24,12 @@
   not modelled, and no oracle ran that kernel here). Replay and speculative schemes are refused with
   the engines' own words (vLLM's FlashInfer ReplaySSM is the `flashinfer` profile).
 
+- `sglang` (0.5.23): Mamba-2 on `--mamba-backend flashinfer` computes as the `flashinfer` profile (conventional only:
+  SGLang has no Mamba-2 ReplaySSM); GDN / KDA on its Triton linear-attention decode (fla's fused recurrent
+  kernels) as `ideal`, ReplaySSM with the ring in the state dtype, the speculative verify on a float32 state. The
+  profile adds SGLang's own rules: float32 / bfloat16 / float16 live state, stochastic rounding for Mamba-2 float16
+  only (FlashInfer's Philox stream; SGLang passes --mamba-cache-philox-rounds, whose default 0 means FlashInfer's 10).
+
 Refused, with the engine's constraint: GDN / KDA layers (FlashInfer's `gdn_decode` is CuTe DSL and not
 modelled; vLLM decodes them with fla's fused recurrent kernels, which the oracle finds equal to the ideal
 recurrence), speculative schemes (`checkpointing_ssu` with several tokens per call runs in the oracle
@@ -50,6 +56,9 @@ from .flashinfer import CKPT_8BIT_SHAPE, MAX_WINDOW, bf16, fast_expf, hs_scan
 ENGINES = ENGINE_PROFILES  # the names a variant may give (replay.variants); each is implemented here
 IDEAL = "ideal"
 SSU_ENGINES = ("vllm", "trtllm")  # conventional Mamba-2 decode by a mamba_ssm-descended Triton kernel
+SGLANG = "sglang"
+# engines whose GDN / KDA decode is fla's fused recurrent arithmetic, the ideal recurrence in FP32
+LINEAR_ON_IDEAL = ("vllm", SGLANG)
 
 
 class EngineError(SsmquantError, ValueError):
@@ -68,15 +77,18 @@ def arithmetic(engine: str, kind: str) -> str:
     Both backends dispatch on this: "ideal" variants share the ideal kernels (fused with other variants),
     the others run their engine step (`emulation.py`) / kernel (`kernels/mamba2_engine.py`).
     """
-    if engine == IDEAL or (engine == "vllm" and kind != "mamba2"):
+    if engine == IDEAL or (engine in LINEAR_ON_IDEAL and kind != "mamba2"):
         return "ideal"
+    if engine == SGLANG:  # --mamba-backend flashinfer: FlashInfer's selective_state_update (fact sglang.mamba_backend)
+        return "flashinfer"
     return "triton_ssu" if engine in SSU_ENGINES else engine
 
 
-def _fact(fid: str, **values) -> str:
-    """An export fact's quote (the engine's own words, its placeholders filled from ``values``) and citation."""
+def _fact(fid: str, quote: bool = True, **values) -> str:
+    """An export fact's quote (the engine's own words, its placeholders filled from ``values``) and citation; with
+    quote False, or a fact without a quote, what the fact says instead (where the quote is not the rule at hand)."""
     f = FACTS[fid]
-    if not f.quote:
+    if not f.quote or not quote:
         return f"{f.says} {f.cite()}"
 
     class _Keep(dict):
@@ -120,16 +132,56 @@ def _check_ssu(engine: str, fmt: StateFormat, scheme, kind: str) -> None:
         raise EngineError(f"{where}: {_fact('vllm.sr_mamba_only')}")
 
 
+def _check_sglang(fmt: StateFormat, scheme, kind: str) -> None:
+    """The sglang profile's constraints (SGLang's words quoted from `facts.py`): its live state dtypes, stochastic
+    rounding for Mamba-2 float16 only, ReplaySSM for GDN / KDA only with the ring in the state dtype, and the
+    speculative verify folding every commit into a float32 checkpoint."""
+    where = f"{fmt.name}@{scheme.name}~sglang"
+    enc, sr = fmt.encoding, fmt.rounding is Rounding.SR
+    if fmt.scale_mode is ScaleMode.STATIC or enc not in (Encoding.FP32, Encoding.BF16, Encoding.FP16):
+        raise EngineError(
+            f"{where}: SGLang's live SSM state is float32, bfloat16 or float16 (--mamba-ssm-dtype; int8 only as "
+            f"the prefix-cache checkpoint, a prompt store: +int8col): {_fact('sglang.state_dtype')}"
+        )
+    if sr and kind != "mamba2":
+        raise EngineError(f"{where}: {_fact('sglang.sr_mamba_only')}")
+    if sr and enc is not Encoding.FP16:
+        raise EngineError(f"{where}: {_fact('sglang.sr', value=repr(enc.value))}")
+    if kind == "mamba2":
+        if scheme.kind is not SchemeKind.CONVENTIONAL:
+            raise EngineError(
+                f"{where}: SGLang decodes Mamba-2 layers conventionally: {_fact('sglang.linear_replayssm', False)}"
+            )
+        return
+    if scheme.kind is SchemeKind.REPLAY and scheme.buffer_dtype != enc.value:
+        raise EngineError(
+            f"{where}: SGLang's ReplaySSM ring holds the inputs in the SSM dtype ({enc.value}), not "
+            f"{scheme.buffer_dtype} (replay{scheme.buffer_len}:{enc.value}): {_fact('sglang.linear_replayssm', False)}"
+        )
+    if scheme.kind is SchemeKind.SPEC and enc is not Encoding.FP32:
+        raise EngineError(f"{where}: use fp32 state: {_fact('sglang.linear_replayssm_spec', False)}")
+
+
 def check_variant(engine: str, fmt: StateFormat, scheme, kind: str, state_shape: tuple[int, ...]) -> None:
     """Raise EngineError when `engine` cannot run `fmt` under `scheme` on a `kind` layer of `state_shape`."""
     check_engine(engine)
     if engine == IDEAL:
+        return
+    if engine == SGLANG:
+        _check_sglang(fmt, scheme, kind)
+        if kind == "mamba2":  # the flashinfer profile's own constraints on what remains
+            _check_flashinfer(fmt, scheme, kind, state_shape)
         return
     if engine in SSU_ENGINES:
         if fmt.scale_mode is ScaleMode.STATIC:
             raise EngineError(f"{fmt.name}@{scheme.name}~{engine}: the engine stores float state, no static scales")
         _check_ssu(engine, fmt, scheme, kind)
         return
+    _check_flashinfer(fmt, scheme, kind, state_shape)
+
+
+def _check_flashinfer(fmt: StateFormat, scheme, kind: str, state_shape: tuple[int, ...]) -> None:
+    """The flashinfer profile's constraints: the Mamba-2 kernels' formats, scale layout, window and shapes."""
     where = f"{fmt.name}@{scheme.name}"
     if kind != "mamba2":
         raise EngineError(

@@ -11,8 +11,7 @@ runs the exported setting through one kernel; the profile that emulates that ker
 | vLLM, Triton backend | `vllm` |
 | TensorRT-LLM, Mamba-2 on FlashInfer's kernels (head_dim 64 / 128, 1 / 8 / 16 heads per group: `trtllm.fi_ssu`) | `flashinfer` |
 | TensorRT-LLM, its Triton kernel (other sizes) | `trtllm` |
-| SGLang, Mamba-2 (`--mamba-backend flashinfer`) | `flashinfer` |
-| SGLang, GDN / KDA (Triton decode) | none: SGLang's kernels have no profile |
+| SGLang (Mamba-2 on `--mamba-backend flashinfer`: FlashInfer's arithmetic; GDN / KDA on its Triton decode: fla's fused recurrent arithmetic, the ideal recurrence) | `sglang` |
 
 and the profile must take the setting on the recipe's layer (`ssmquant.engines.profiles.check_variant`);
 where it refuses (e.g. vLLM's Triton ReplaySSM, TensorRT-LLM's MTP replay, FlashInfer's GDN decode are not
@@ -28,16 +27,11 @@ def target_profile(plan, layer_kind: str, state_shape: tuple[int, ...]) -> tuple
     """(profile, reason): the profile emulating how `plan`'s target runs its setting, or (None, the
     profile's refusal) when none does. state_shape: (heads, rows, state_dim) of the recipe's layers."""
     if plan.target == "flashinfer" or (
-        plan.target in ("vllm", "sglang", "trtllm") and plan.runtime.backend.startswith("flashinfer")
+        plan.target in ("vllm", "trtllm") and plan.runtime.backend.startswith("flashinfer")
     ):
         name = "flashinfer"
-    elif plan.target == "sglang":
-        return None, (
-            f"SGLang decodes {layer_kind} layers with its Triton linear-attention kernels, which no engine profile "
-            "emulates (the ideal profile computes the recurrence they implement, in another summation order)"
-        )
     else:
-        name = plan.target  # vllm (Triton backend) or trtllm
+        name = plan.target  # vllm (Triton backend), trtllm or sglang
     s = plan.setting
     try:
         check_variant(name, s.format, s.scheme, layer_kind, tuple(state_shape))
@@ -75,7 +69,11 @@ def profile_check(recipe, plan) -> dict:
             + (f" --prompt {cfg['budget']['prompt']}" if cfg["budget"].get("prompt") else "")
             + f" --candidates {fmt.name} --schemes {scheme.name} --out RECIPE_DIR"
         )
-    src = "" if recorded else " (the recipe records no engine_profile: made before `calibrate --engine`, treated as ideal)"
+    src = (
+        ""
+        if recorded
+        else " (the recipe records no engine_profile: made before `calibrate --engine`, treated as ideal)"
+    )
     how = f"{plan.setting.name} on {plan.deployment.label if plan.deployment else plan.target}"
     if target is None:
         line = f"engine profile: measured with `{measured}`{src}; no profile emulates {how}: {reason}"

@@ -19,7 +19,7 @@ from .schemes import DEFAULT_BUFFER_LEN, Scheme, SchemeError, SchemeKind, parse_
 
 # The engine profiles a variant may name (`~engine`): the arithmetic of each is `ssmquant.engines.profiles`, which
 # takes its list from here (a variant is parsed below the engines); "ideal" is the emulation without an engine.
-ENGINE_PROFILES = ("ideal", "flashinfer", "vllm", "trtllm")
+ENGINE_PROFILES = ("ideal", "flashinfer", "vllm", "trtllm", "sglang")
 # the live formats a prompt store restores into (an engine's float state pool)
 PROMPT_STORE_LIVE_FORMATS = ("fp32", "bf16", "fp16")
 

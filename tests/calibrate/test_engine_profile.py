@@ -115,11 +115,11 @@ def test_a_profile_that_runs_no_candidate_is_refused_before_any_layer_runs():
 
 def test_cli_bad_engine_is_one_line_listing_the_profiles(tmp_path):
     res = CliRunner().invoke(
-        main, ["calibrate", "--model", "nemotron-3-nano", "--synthetic", "--budget", "0.02", "--engine", "sglang", "--out", str(tmp_path / "r"), "-q"]
+        main, ["calibrate", "--model", "nemotron-3-nano", "--synthetic", "--budget", "0.02", "--engine", "lmdeploy", "--out", str(tmp_path / "r"), "-q"]
     )  # fmt: skip
     assert res.exit_code != 0
     err = [line for line in res.output.splitlines() if line.strip()]
-    assert err == ["Error: --engine: unknown engine 'sglang'; accepted: ideal, flashinfer, vllm, trtllm"]
+    assert err == ["Error: --engine: unknown engine 'lmdeploy'; accepted: ideal, flashinfer, vllm, trtllm, sglang"]
     assert not (tmp_path / "r").exists()
 
 

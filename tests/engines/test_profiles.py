@@ -115,8 +115,8 @@ def test_flashinfer_profile_refuses_what_the_engine_cannot_run(spec, shape, mess
 
 
 def test_unknown_engine_and_gdn_layers_are_refused():
-    with pytest.raises(VariantError, match="accepted: ideal, flashinfer, vllm, trtllm"):
-        parse_variant("int8@replay16~sglang")
+    with pytest.raises(VariantError, match="accepted: ideal, flashinfer, vllm, trtllm, sglang"):
+        parse_variant("int8@replay16~lmdeploy")
     gdn = synthetic_inputs("qwen3.5-0.8b", 0, batch=1, steps=4)
     with pytest.raises(VariantError, match="gdn layer is not modelled"):
         simulate(gdn, ["bf16@conventional"], engine="flashinfer")
@@ -164,3 +164,39 @@ def test_triton_engine_kernel_matches_the_torch_profile(spec):
         dev_ = np.abs(np.sqrt(got[..., e]) - np.sqrt(ref[..., e]))
         assert (dev_ <= 1e-6 * np.sqrt(ref[..., r]) + share * np.sqrt(ref[..., e])).all(), (e, float(dev_.max()))
     np.testing.assert_allclose(got[..., 1], ref[..., 1], rtol=1e-5)
+
+
+def test_sglang_profile_computes_as_the_kernels_it_runs():
+    """SGLang's Mamba-2 decode is FlashInfer's selective_state_update (--mamba-backend flashinfer): the sglang
+    profile's numbers are the flashinfer profile's, its fp16 stochastic rounding included; its GDN / KDA decode is
+    fla's fused recurrent arithmetic: the ideal profile's numbers. A ReplaySSM ring in the SSM dtype runs."""
+    from ssmquant.engines.profiles import arithmetic
+
+    assert [arithmetic("sglang", k) for k in ("mamba2", "gdn", "kda")] == ["flashinfer", "ideal", "ideal"]
+    m = synthetic_inputs("nemotron-3-nano", 0, batch=1, steps=24)
+    for v in ("fp16:sr@conventional", "bf16@conventional"):
+        a = simulate(m, [f"{v}~sglang"]).to_frame()
+        b = simulate(m, [f"{v}~flashinfer"]).to_frame()
+        assert a["out_rel_err"].tolist() == b["out_rel_err"].tolist(), v
+    gdn = synthetic_inputs("qwen3.5-0.8b", 0, batch=1, steps=24)
+    a = simulate(gdn, ["bf16@replay16:bf16~sglang"]).to_frame()
+    b = simulate(gdn, ["bf16@replay16:bf16"]).to_frame()
+    assert a["out_rel_err"].tolist() == b["out_rel_err"].tolist()
+
+
+@pytest.mark.parametrize(
+    "kind,variant,words",
+    [
+        ("mamba2", "int8@conventional~sglang", "live SSM state is float32, bfloat16 or float16"),
+        ("mamba2", "bf16@replay16~sglang", "decodes Mamba-2 layers conventionally"),
+        ("mamba2", "bf16:sr@conventional~sglang", "requires --mamba-ssm-dtype float16, got 'bf16'"),
+        ("gdn", "fp16:sr@conventional~sglang", "GDN and KDA decode take no rounding option"),
+        ("gdn", "bf16@replay16:fp32~sglang", "ring holds the inputs in the SSM dtype"),
+        ("gdn", "bf16@spec8x2:p0.5~sglang", "use fp32 state"),
+    ],
+)
+def test_sglang_profile_refuses_what_sglang_does_not_run(kind, variant, words):
+    preset = "nemotron-3-nano" if kind == "mamba2" else "qwen3.5-0.8b"
+    inp = synthetic_inputs(preset, 0, batch=1, steps=4)
+    with pytest.raises(VariantError, match=words):
+        simulate(inp, [variant])

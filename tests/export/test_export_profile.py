@@ -80,9 +80,9 @@ def test_bad_engine_profile_in_recipe_is_refused(recipes, tmp_path):
         if f.is_file():
             (bad / f.name).write_bytes(f.read_bytes())
     doc = json.loads((bad / CONFIG_NAME).read_text())
-    doc["engine_profile"]["name"] = "sglang"
+    doc["engine_profile"]["name"] = "lmdeploy"
     (bad / CONFIG_NAME).write_text(json.dumps(doc))
-    with pytest.raises(ExportError, match="engine_profile.name must be one of ideal, flashinfer, vllm, trtllm"):
+    with pytest.raises(ExportError, match="engine_profile.name must be one of ideal, flashinfer, vllm, trtllm, sglang"):
         export(bad, "vllm", tmp_path / "e")
 
 

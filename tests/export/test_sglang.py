@@ -80,8 +80,9 @@ def test_sglang_speculative_verify_folds_into_a_float32_checkpoint():
 
 
 def test_sglang_mamba2_runs_the_flashinfer_kernel_the_profile_emulates():
-    """sglang.mamba_backend: the export pins --mamba-backend flashinfer, FlashInfer's selective_state_update;
-    GDN / KDA on SGLang's Triton decode have no engine profile, and the export says so."""
+    """sglang.mamba_backend: the export pins --mamba-backend flashinfer, FlashInfer's selective_state_update, which
+    the sglang profile computes as the flashinfer profile does; GDN / KDA on SGLang's Triton decode: the sglang
+    profile too (fla's fused recurrent arithmetic, the ideal recurrence)."""
 
     class Plan:
         target = "sglang"
@@ -89,10 +90,9 @@ def test_sglang_mamba2_runs_the_flashinfer_kernel_the_profile_emulates():
     plan = Plan()
     plan.setting = Setting.parse("bf16@conventional")
     plan.runtime = runtime(sglang(NANO), plan.setting, "mamba2")
-    assert target_profile(plan, "mamba2", (64, 64, 128)) == ("flashinfer", "")
+    assert target_profile(plan, "mamba2", (64, 64, 128)) == ("sglang", "")
     plan.runtime = runtime(sglang(QWEN), plan.setting, "gdn")
-    profile, reason = target_profile(plan, "gdn", (32, 128, 128))
-    assert profile is None and "no engine profile emulates" in reason
+    assert target_profile(plan, "gdn", (32, 128, 128)) == ("sglang", "")
 
 
 @pytest.fixture(scope="module")
