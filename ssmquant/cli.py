@@ -318,6 +318,14 @@ def _nonempty(_ctx, param, value):
     return value
 
 
+_PROMPT_STORE_OPTION = click.option(
+    "--prompt-store",
+    default=None,
+    callback=_nonempty,
+    help="Prompt stores (comma-separated; int8col: SGLang's int8 prefix cache, --enable-int8-mamba-checkpoint): each "
+    "fp32 / bf16 / fp16 variant (calibrate: setting) runs again with the prompt's state kept in the store before its "
+    "own format takes it over (name FORMAT@SCHEME+STORE). Needs --prompt.",
+)
 _PROMPT_OPTION = click.option(
     "--prompt",
     default=0,
@@ -398,14 +406,7 @@ def _devices(value: str | None) -> list[str] | str | None:
     "--steps", default=None, type=_POSITIVE, help=_default_help("analyze", "steps", "Decode steps (after the prompt).")
 )
 @_PROMPT_OPTION
-@click.option(
-    "--prompt-store",
-    default=None,
-    callback=_nonempty,
-    help="Prompt stores (comma-separated; int8col: SGLang's int8 prefix cache, --enable-int8-mamba-checkpoint): each "
-    "fp32 / bf16 / fp16 variant runs again with the prompt's state kept in the store before its own format takes it "
-    "over (variant name FORMAT@SCHEME+STORE). Needs --prompt.",
-)
+@_PROMPT_STORE_OPTION
 @click.option("--batch", default=None, type=_POSITIVE, help=_default_help("analyze", "batch", "Sequences."))
 @click.option("--layers", default=None, help="Comma-separated decoder-layer indices of SSM layers (default: all).")
 @click.option("--device", default="auto", show_default=True, help="auto, cuda or cpu.")
@@ -779,6 +780,7 @@ class _BudgetNotMet(click.ClickException):
     ),
 )
 @_PROMPT_OPTION
+@_PROMPT_STORE_OPTION
 @click.option(
     "--batch", default=None, type=_POSITIVE, help=_default_help("calibrate", "batch", "Calibration sequences.")
 )
@@ -866,6 +868,7 @@ def calibrate_cmd(
     metric,
     horizon,
     prompt,
+    prompt_store,
     batch,
     heldout_batch,
     candidates,
@@ -936,6 +939,7 @@ def calibrate_cmd(
         devices=_devices(devices),
         engine=engine,
         choose_among=choose_among,
+        prompt_stores=[] if prompt_store is None else _csv(prompt_store, "--prompt-store"),
     )
     out_dir = _out_dir(out_dir, "calibrate", model, synthetic)
     # one bar per stage (calibrate, verify), moving within a layer too; its postfix is calibrate's own time left,

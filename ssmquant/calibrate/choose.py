@@ -60,6 +60,7 @@ def evaluate_layer(
     count_buffer: bool = True,
     chunk: int = MAX_VARIANTS_PER_CALL,
     engine: str = "ideal",
+    count_cached_prompt: bool = False,
     on_chunk=None,
 ) -> pd.DataFrame:
     """Simulate every setting on one layer under the engine profile `engine`; one row per setting.
@@ -70,6 +71,8 @@ def evaluate_layer(
     their _max), per quantity the worst head (by window mean) and its error, engine (the profile), runnable
     and refusal (the engine's reason when the profile refuses the setting on this layer; its errors are NaN).
     on_chunk: optional callable(done, total) after each simulate call (settings simulated so far, of total).
+    count_cached_prompt: bytes count one cached prompt state too (column cached_prompt_bytes; calibrate
+    --prompt-store, where the prefix cache's copy is what a prompt store saves).
     """
     dims = LayerDims.of(inputs)
     steps = inputs.steps
@@ -78,7 +81,7 @@ def evaluate_layer(
     rows = []
 
     def base(s: Setting) -> dict:
-        b = setting_bytes(s, dims, count_buffer=count_buffer)
+        b = setting_bytes(s, dims, count_buffer=count_buffer, count_cached_prompt=count_cached_prompt)
         return {
             "layer": layer,
             "setting": s.name,
@@ -92,6 +95,7 @@ def evaluate_layer(
             "calibration": s.calibration_label,
             "state_bytes": b["state"],
             "buffer_bytes": b["buffer"],
+            **({"cached_prompt_bytes": b["cached_prompt"]} if count_cached_prompt else {}),
             "bytes": b["total"],
             "engine": engine,
             "runnable": s.name not in refusals,

@@ -113,6 +113,7 @@ def build_document(result) -> dict:
                 "bytes_per_sequence": {
                     "state": int(row["state_bytes"]),
                     "buffer": int(row["buffer_bytes"]),
+                    **({"cached_prompt": int(row["cached_prompt_bytes"])} if cfg.prompt_stores else {}),
                     "total": int(row["bytes"]),
                 },
                 "calibration_error": {
@@ -262,7 +263,8 @@ def build_document(result) -> dict:
             "calibration": list(cfg.calibration),
             "calibration_granularity": list(cfg.calibration_granularity),
             "engine_fallbacks": list(cfg.engine_fallbacks),
-            "objective": "bytes per sequence: state + replay ring" if cfg.count_buffer else "bytes per sequence: state",
+            "objective": objective_name(cfg.count_buffer, bool(cfg.prompt_stores)),
+            **({"prompt_stores": list(cfg.prompt_stores)} if cfg.prompt_stores else {}),
             "force_global": cfg.force_global,
             "choose_among": mode,
             "choice_pool": CHOICE_POOLS[mode],
@@ -407,7 +409,7 @@ def validate_document(doc: dict) -> None:
     prompt = budget.get("prompt", 0)  # recipes written before prompts had none: no prompt
     if isinstance(prompt, bool) or not isinstance(prompt, int) or prompt < 0:
         _fail(f"budget.prompt must be a whole number of tokens >= 0, got {prompt!r}")
-    count_buffer = _validate_search(doc.get("search"))
+    count_buffer, count_cached_prompt = _validate_search(doc.get("search"))
     _validate_engine_profile(doc.get("engine_profile"))
 
     def meets(err, flag, where):
@@ -429,8 +431,8 @@ def validate_document(doc: dict) -> None:
         s = _setting(_need(entry, "setting", dict, where), f"{where}.setting")
         decisions[layer] = s.name
         nbytes = _need(entry, "bytes_per_sequence", dict, where)
-        want = setting_bytes(s, layer_dims, count_buffer=count_buffer)
-        for part in ("state", "buffer", "total"):
+        want = setting_bytes(s, layer_dims, count_buffer=count_buffer, count_cached_prompt=count_cached_prompt)
+        for part in want:
             got = _need(nbytes, part, int, f"{where}.bytes_per_sequence")
             if got != want[part]:
                 _fail(
@@ -555,25 +557,34 @@ def _validate_engine_profile(prof) -> None:
         _fail(f"engine_profile.refused must map setting names to reasons, got {refused!r}")
 
 
-def _validate_search(search) -> bool:
+def _validate_search(search) -> tuple[bool, bool]:
     """Types of the search block (informational, but a recipe's record of how it was made); returns
-    whether the layers' byte totals count the replay ring (its objective)."""
+    (whether the layers' byte totals count the replay ring, whether they count a cached prompt state): its
+    objective."""
     if search is None:
-        return True
+        return True, False
     if not isinstance(search, dict):
         _fail(f"search must be an object, got {type(search).__name__}")
-    for key in ("candidates", "schemes", "roundings", "calibration", "calibration_granularity", "engine_fallbacks"):
+    for key in ("candidates", "schemes", "roundings", "calibration", "calibration_granularity", "engine_fallbacks",
+                "prompt_stores"):
         if key in search and (not isinstance(search[key], list) or not all(isinstance(x, str) for x in search[key])):
             _fail(f"search.{key} must be a list of strings, got {search[key]!r}")
     if "buffer_lens" in search:
         _int_list(search, "buffer_lens", "search", minimum=1)
     if "choose_among" in search and search["choose_among"] not in CHOICES:
         _fail(f"search.choose_among must be one of {', '.join(CHOICES)}, got {search['choose_among']!r}")
-    objectives = {"bytes per sequence: state + replay ring": True, "bytes per sequence: state": False}
-    objective = search.get("objective", "bytes per sequence: state + replay ring")
+    objectives = {objective_name(ring, cached): (ring, cached) for ring in (True, False) for cached in (False, True)}
+    objective = search.get("objective", objective_name(True, False))
     if objective not in objectives:
         _fail(f"search.objective must be one of {list(objectives)}, got {objective!r}")
     return objectives[objective]
+
+
+def objective_name(count_buffer: bool, count_cached_prompt: bool) -> str:
+    """The recipe's search.objective: what a layer's bytes per sequence count."""
+    return "bytes per sequence: state" + (" + replay ring" if count_buffer else "") + (
+        " + cached prompt state" if count_cached_prompt else ""
+    )
 
 
 @dataclass

@@ -42,6 +42,7 @@ from ..kinds import InputError, after_prompt
 from ..models import get_preset
 from ..models.text import TextError
 from ..provenance import DEFAULT_PACKAGES, environment
+from ..replay.variants import PROMPT_STORE_LIVE_FORMATS
 from ..simulate import BACKENDS
 from ..sizing import format_seconds
 from .choose import (
@@ -62,6 +63,7 @@ from .settings import (
     Setting,
     build_settings,
     metric_quantity,
+    with_prompt_stores,
 )
 from .stats import DEFAULT_PERCENTILES, StateStats, collect_stats
 from .timing import (
@@ -117,6 +119,9 @@ class CalibrateConfig:
     engine: str = "ideal"
     # CHOICES: "engines" (default) chooses among what the engines checked run; "research" among every candidate
     choose_among: str = "engines"
+    # prompt stores (formats.prompt_store, e.g. "int8col": SGLang's int8 prefix cache): every float setting (fp32,
+    # bf16, fp16; candidates and fallbacks) is measured again with the prompt's state kept in each (needs prompt)
+    prompt_stores: list[str] = field(default_factory=list)
 
     def deployments(self):
         """(Targets, GPU note) that takeability is checked for (`engines.deployments.deployments`)."""
@@ -147,6 +152,11 @@ class CalibrateConfig:
             raise CalibrateError(f"--engine: {err}") from None
         if self.choose_among not in CHOICES:
             raise CalibrateError(f"--choose-among must be one of {', '.join(CHOICES)}, got {self.choose_among!r}")
+        if self.prompt_stores and self.prompt < 1:
+            raise CalibrateError(
+                "--prompt-store keeps the prompt's state in a prefix cache: give the prompt's length with --prompt N "
+                "(N >= 1)"
+            )
         self.deployments()
 
 
@@ -288,6 +298,11 @@ def calibrate(
         )
     except FormatError as err:
         raise CalibrateError(str(err)) from None
+    if cfg.prompt_stores and not any(s.encoding in PROMPT_STORE_LIVE_FORMATS for s in settings + fallbacks):
+        raise CalibrateError(
+            "--prompt-store restores the prompt's state into a float state: add fp32, bf16 or fp16 to the candidates "
+            "or keep the engine fallbacks"
+        )
     names = {s.name for s in settings}
     fallbacks = [s for s in fallbacks if s.name not in names]
     for s in fallbacks:
@@ -295,6 +310,7 @@ def calibrate(
             raise CalibrateError(
                 f"engine fallback {s.format.name!r} is not a float dtype; fallbacks are fp32, bf16 or fp16"
             )
+    settings, fallbacks = (with_prompt_stores(group, cfg.prompt_stores) for group in (settings, fallbacks))
     roles = {s.name: "candidate" for s in settings} | {s.name: "fallback" for s in fallbacks}
     all_settings = settings + fallbacks
     keys = scale_keys(settings)
@@ -390,6 +406,7 @@ def calibrate(
                 count_buffer=cfg.count_buffer,
                 engine=cfg.engine,
                 on_chunk=chunk_done,
+                count_cached_prompt=bool(cfg.prompt_stores),
             )
             t4 = time.perf_counter()
             chosen = choose_layer(df, cfg.budget, cfg.metric, among=pool)

@@ -23,6 +23,7 @@ Bytes per sequence and layer (what `calibrate` minimises, see README.md "Objecti
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass
@@ -32,10 +33,11 @@ import numpy as np
 from .. import kinds
 from ..errors import SsmquantError
 from ..formats import Encoding, FormatError, Rounding, ScaleMode, StateFormat, parse
+from ..formats.prompt_store import parse_prompt_store
 from ..kinds import LayerDims
 from ..replay.schemes import BUFFER_DTYPES, Scheme, SchemeError, SchemeKind, parse_scheme
 from ..replay.trace import cycle_window
-from ..replay.variants import StorageFacts, Variant
+from ..replay.variants import PROMPT_STORE_LIVE_FORMATS, StorageFacts, Variant, VariantError
 
 # the cycle mean (RMS over the horizon window's steps) and the cycle max (its worst step) of each quantity
 METRICS = ("out_rel_err", "state_rel_err", "out_rel_err_max", "state_rel_err_max")
@@ -49,7 +51,7 @@ CHOICES = ("engines", "research")
 CALIBRATION_GRANULARITIES = ("row", "head")
 DEFAULT_PERCENTILE = 99.99
 _BUFFER_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-_NAME_RE = re.compile(r"^(?P<fmt>[^@\[]+)(?:\[(?P<cal>[^\]]+)\])?@(?P<scheme>.+)$")
+_NAME_RE = re.compile(r"^(?P<fmt>[^@\[]+)(?:\[(?P<cal>[^\]]+)\])?@(?P<scheme>[^+]+)(?:\+(?P<store>.+))?$")
 
 
 class CalibrateError(SsmquantError, ValueError):
@@ -117,19 +119,27 @@ def parse_method(spec: str) -> CalibrationMethod:
 
 @dataclass(frozen=True)
 class Setting(StorageFacts):
-    """format x scheme (+ the calibration of a static format's scales).
+    """format x scheme (+ the calibration of a static format's scales, + the prompt store).
 
     calibration: a CalibrationMethod label ("max", "percentile99.99", "mse") for ':static' formats, else None;
     calibration_granularity: "row" (one scale per row) or "head" (one value per head, repeated over its rows).
     Static scales are always stored per row, shape [H, rows] (FlashInfer's state_scale layout).
+    prompt_store: how a cached prompt's state is kept before the live format takes it over
+    (``formats.prompt_store``, e.g. "int8col", SGLang's int8 prefix cache), or None (the live format stores it).
     """
 
     format: StateFormat
     scheme: Scheme
     calibration: str | None = None
     calibration_granularity: str | None = None
+    prompt_store: str | None = None
 
     def __post_init__(self):
+        if self.prompt_store is not None:
+            try:
+                Variant(self.format, self.scheme, prompt_store=self.prompt_store, static_scale=None)
+            except VariantError as err:
+                raise CalibrateError(str(err)) from None
         static = self.format.scale_mode is ScaleMode.STATIC
         if static and self.calibration is None:
             raise CalibrateError(f"{self.format.name}: a static format needs a calibration method ({CALIBRATION_HELP})")
@@ -156,7 +166,8 @@ class Setting(StorageFacts):
     @property
     def name(self) -> str:
         cal = f"[{self.calibration_label}]" if self.calibration else ""
-        return f"{self.format.name}{cal}@{self.scheme.name}"
+        store = f"+{self.prompt_store}" if self.prompt_store else ""
+        return f"{self.format.name}{cal}@{self.scheme.name}{store}"
 
     def __str__(self) -> str:
         return self.name
@@ -174,7 +185,15 @@ class Setting(StorageFacts):
 
     def variant(self, *, seed: int = 0, static_scale=None, engine: str = "ideal") -> Variant:
         """The replay Variant that emulates this setting (label = self.name) under an engine profile's arithmetic."""
-        return Variant(self.format, self.scheme, seed=seed, static_scale=static_scale, label=self.name, engine=engine)
+        return Variant(
+            self.format,
+            self.scheme,
+            seed=seed,
+            static_scale=static_scale,
+            label=self.name,
+            engine=engine,
+            prompt_store=self.prompt_store,
+        )
 
     # -- serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -193,6 +212,8 @@ class Setting(StorageFacts):
             "buffer_len": self.buffer_len,
             "draft_tokens": self.draft_tokens,
             "buffer_dtype": self.scheme.buffer_dtype if self.buffer_len else None,
+            # only where set: a setting without a prompt store serialises as before the field existed
+            **({"prompt_store": self.prompt_store} if self.prompt_store else {}),
         }
 
     @classmethod
@@ -213,6 +234,7 @@ class Setting(StorageFacts):
                 parse_scheme(d["scheme"]),
                 d.get("calibration"),
                 d.get("calibration_granularity"),
+                d.get("prompt_store"),
             )
         except (FormatError, SchemeError) as err:
             raise CalibrateError(f"invalid setting {d.get('name', d)!r}: {err}") from None
@@ -232,21 +254,28 @@ class Setting(StorageFacts):
 
     @classmethod
     def parse(cls, name: str) -> Setting:
-        """Parse a canonical name such as "int8:static[mse:head]@replay8"."""
+        """Parse a canonical name such as "int8:static[mse:head]@replay8" or "bf16@conventional+int8col"."""
         m = _NAME_RE.match(name.strip()) if isinstance(name, str) else None
         if not m:
             raise CalibrateError(
-                f"setting must look like '<format>[<calibration>]@<scheme>', e.g. 'int8:static[mse]@replay16', "
-                f"got {name!r}"
+                f"setting must look like '<format>[<calibration>]@<scheme>[+<prompt store>]', e.g. "
+                f"'int8:static[mse]@replay16' or 'bf16@conventional+int8col', got {name!r}"
             )
         cal, gran = m.group("cal"), None
         if cal:
             cal, _, g = cal.partition(":")
             gran = g or "row"
         try:
-            return cls(parse(m.group("fmt")), parse_scheme(m.group("scheme")), cal, gran)
+            return cls(parse(m.group("fmt")), parse_scheme(m.group("scheme")), cal, gran, m.group("store"))
         except (FormatError, SchemeError) as err:
             raise CalibrateError(f"invalid setting {name!r}: {err}") from None
+
+
+def with_prompt_stores(settings: list[Setting], stores: list[str]) -> list[Setting]:
+    """``settings``, then each float one (fp32, bf16, fp16) again with each prompt store (CalibrateError for an
+    unknown store)."""
+    floats = [s for s in settings if s.encoding in PROMPT_STORE_LIVE_FORMATS]
+    return settings + [dataclasses.replace(s, prompt_store=store) for store in stores for s in floats]
 
 
 # -- bytes --------------------------------------------------------------------------------------------
@@ -272,11 +301,29 @@ def buffer_bytes(scheme: Scheme, dims: LayerDims) -> int:
     return r * (vectors * e + gates * 4)
 
 
-def setting_bytes(setting: Setting, dims: LayerDims, *, count_buffer: bool = True) -> dict[str, int]:
-    """{"state", "buffer", "total"} bytes per sequence of one layer; total leaves the buffer out if not count_buffer."""
+def cached_prompt_bytes(setting: Setting, dims: LayerDims) -> int:
+    """Bytes of one cached prompt state of one layer in the engine's prefix cache: in the setting's prompt store
+    (int8col: int8 codes and one live-dtype scale per key channel of each head), else as the live state."""
+    if setting.prompt_store is None:
+        return state_bytes(setting.format, dims.state_shape)
+    heads, rows, state_dim = dims.state_shape
+    scale_bytes = setting.format.encoding.spec.storage.itemsize
+    return heads * parse_prompt_store(setting.prompt_store).bytes_per_head(rows, state_dim, scale_bytes)
+
+
+def setting_bytes(
+    setting: Setting, dims: LayerDims, *, count_buffer: bool = True, count_cached_prompt: bool = False
+) -> dict[str, int]:
+    """{"state", "buffer", "total"} bytes per sequence of one layer; total leaves the buffer out if not
+    count_buffer. count_cached_prompt (calibrate --prompt-store): also "cached_prompt", one cached prompt state
+    (``cached_prompt_bytes``), counted in the total."""
     s = state_bytes(setting.format, dims.state_shape)
     b = buffer_bytes(setting.scheme, dims)
-    return {"state": s, "buffer": b, "total": s + (b if count_buffer else 0)}
+    out = {"state": s, "buffer": b, "total": s + (b if count_buffer else 0)}
+    if count_cached_prompt:
+        out["cached_prompt"] = cached_prompt_bytes(setting, dims)
+        out["total"] += out["cached_prompt"]
+    return out
 
 
 # -- candidate generation -----------------------------------------------------------------------------

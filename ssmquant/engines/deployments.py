@@ -1022,6 +1022,8 @@ def _sglang_runtime(target: Target, s, layer_kind: str, tokens: int) -> Runtime:
     """SGLang: Mamba-2 on its FlashInfer backend (the kernel the flashinfer profile emulates); GDN / KDA on the Triton
     linear-attention decode, conventional, ReplaySSM (window L, ring L rows) or the fold-every-commit verify."""
     facts = ["sglang.state_dtype", "sglang.dtype_order"]
+    if getattr(s, "prompt_store", None) is not None:  # the int8 prefix-cache checkpoint
+        facts.append("sglang.int8_checkpoint")
     if layer_kind == "mamba2":
         facts += ["sglang.mamba_backend"] + (["sglang.sr"] if s.rounding == "sr" else [])
         return Runtime("flashinfer", 0, 0, tokens, facts=facts)

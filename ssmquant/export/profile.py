@@ -67,6 +67,7 @@ def profile_check(recipe, plan) -> dict:
             f"ssmquant calibrate --engine {target} --model {cfg['model'].get('name')} --budget "
             f"{recipe.budget:g} --metric {recipe.metric} --horizon {cfg['budget']['horizon']}"
             + (f" --prompt {cfg['budget']['prompt']}" if cfg["budget"].get("prompt") else "")
+            + (f" --prompt-store {plan.setting.prompt_store}" if plan.setting.prompt_store else "")
             + f" --candidates {fmt.name} --schemes {scheme.name} --out RECIPE_DIR"
         )
     src = (

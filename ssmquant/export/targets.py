@@ -291,6 +291,9 @@ def sglang_args(plan: ExportPlan) -> dict:
     elif rt.backend == "triton.replayssm_spec":
         args["enable-linear-replayssm-spec"] = True
         args["linear-replayssm-cache-len"] = rt.window
+    if getattr(s, "prompt_store", None) == "int8col":
+        # radix-cached prompt states kept in int8 (sglang.int8_checkpoint), as the recipe measured them
+        args["enable-int8-mamba-checkpoint"] = True
     if plan.draft_tokens:
         spec, T = plan.speculation, plan.draft_tokens
         args["speculative-algorithm"] = SGLANG_ALGORITHM[spec.method]

@@ -215,14 +215,17 @@ def straightforward_args(s: Setting, kind: str, drafts: int) -> dict:
 CASES = {  # (setting, draft tokens) per layer kind
     "mamba2": [("fp32@conventional", 0), ("bf16@conventional", 0), ("fp16@conventional", 0), ("fp16:sr@conventional", 0),
                ("bf16:sr@conventional", 0), ("int8@conventional", 0),
-               ("nvfp4@conventional", 0), ("bf16@replay16", 0), ("bf16@conventional", 3), ("fp16:sr@conventional", 3)],
+               ("nvfp4@conventional", 0), ("bf16@replay16", 0), ("bf16@conventional", 3), ("fp16:sr@conventional", 3),
+               ("bf16@conventional+int8col", 0), ("fp16:sr@conventional+int8col", 0)],
     "gdn": [("fp32@conventional", 0), ("bf16@conventional", 0), ("fp16@conventional", 0), ("fp16:sr@conventional", 0),
             ("int8@conventional", 0), ("bf16@replay16", 0), ("bf16@replay8", 0), ("fp16@replay16", 0),
             ("fp32@replay16:fp32", 0), ("fp32@replay16", 0), ("bf16@conventional", 3), ("bf16@replay16", 3),
-            ("fp32@spec16x3", 3), ("bf16@spec16x3", 3)],
+            ("fp32@spec16x3", 3), ("bf16@spec16x3", 3), ("bf16@conventional+int8col", 0),
+            ("bf16@replay16+int8col", 0), ("fp32@spec16x3+int8col", 3)],
     "kda": [("fp32@conventional", 0), ("bf16@conventional", 0), ("fp16@conventional", 0), ("int8@conventional", 0),
             ("bf16@replay16", 0), ("fp32@replay16:fp32", 0), ("bf16@conventional", 3), ("fp32@spec16x3", 3),
-            ("fp32@spec4x3", 3), ("fp32@spec12x3", 3)],
+            ("fp32@spec4x3", 3), ("fp32@spec12x3", 3), ("bf16@conventional+int8col", 0),
+            ("bf16@replay16+int8col", 0)],
 }  # fmt: skip
 PARAMS = [
     pytest.param(kind, arch, name, drafts, id=f"{kind}-{arch}-{name}-T{drafts}")
@@ -257,6 +260,8 @@ def test_export_rules_agree_with_sglang(kind, arch, name, drafts, gpu, sglang_gp
         # sglang.dtype_order: the variable wins over the checkpoint's key, for the layer's state
         checkpoint = SimpleNamespace(mamba_ssm_dtype="float32" if dtype != "float32" else "bfloat16")
         assert mamba2_state_dtype(checkpoint).temporal == TORCH[dtype], where
+        # sglang.int8_checkpoint: the prefix cache keeps int8 states exactly where the setting measured them
+        assert view.enable_int8_mamba_checkpoint == (s.prompt_store == "int8col"), where
         if kind == "mamba2":
             assert view.mamba_backend == "flashinfer", where
             assert view.enable_mamba_cache_stochastic_rounding == (s.rounding == "sr"), where
