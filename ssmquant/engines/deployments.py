@@ -64,6 +64,7 @@ ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "fp8_e4m3": 1, "int
 VLLM_DTYPES = {**FLOAT_ENCODINGS, "int8": "int8", "fp8_e4m3": "fp8_e4m3"}
 FLASHINFER_MAX_WINDOW = 16  # checkpointing_ssu: max_window <= 16
 TRTLLM_MIN_REPLAY_HISTORY = 16  # MIN_REPLAY_HISTORY_SIZE
+TRTLLM_GDN_REPLAY_MAX_TOKENS = 8  # GDN replay: tokens per step (1 + draft tokens) at most, else the non-replay path
 DEFAULT_PHILOX_ROUNDS = 10  # TensorRT-LLM's and FlashInfer's default; what vLLM's 0 resolves to
 FLASHINFER_8BIT_HEAD_DIM, FLASHINFER_8BIT_D_STATE = 64, 128
 # Which vLLM KDA layer an architecture decodes with; that decides whether --mamba-ssm-cache-dtype reaches the
@@ -499,15 +500,15 @@ def _vllm_kda(t: Target, s, out: list) -> None:
 
 
 def _trtllm_kda(t: Target, s, out: list) -> None:
-    """TensorRT-LLM: float32 conventional KDA state only (fact trtllm.kda: the rest was not read)."""
+    """TensorRT-LLM: float32 conventional KDA state only (fact trtllm.kda_fp32: the cache dtype is forced to float32
+    for Kimi-Linear and GLM; trtllm.kda: the verify was not read)."""
     if s.encoding != "fp32":
         out.append(
             _v(
                 "dtype",
-                "trtllm.kda",
-                f"TensorRT-LLM's KDA pool is float32 or bfloat16, but how it is chosen was not read, so only float32 "
-                f"is exported; the setting stores {s.encoding}",
-                quote=False,
+                "trtllm.kda_fp32",
+                f"TensorRT-LLM keeps the KDA state in float32 whatever the config asks for; the setting stores "
+                f"{s.encoding}",
             )
         )
     if s.rounding == "sr":
@@ -732,7 +733,7 @@ def _trtllm(t: Target, s, kind: str, out: list) -> None:
                 _v("sr", "trtllm.sr", "TensorRT-LLM documents stochastic rounding for Mamba SSM state updates only")
             )
         if _replay(s):
-            out.append(_v("layer_kind", "trtllm.gdn_replay", "GDN replay settings are not exported to TensorRT-LLM"))
+            _trtllm_gdn_replay(t, s, T, out)
         return
     if not _replay(s):
         return
@@ -766,6 +767,36 @@ def _trtllm(t: Target, s, kind: str, out: list) -> None:
                 "every token",
             )
         )
+
+
+def _trtllm_gdn_replay(t: Target, s, T: int, out: list) -> None:
+    """TensorRT-LLM's GDN MTP replay (fact trtllm.gdn_replay, behind TRTLLM_USE_GDN_REPLAY=1): speculative decoding,
+    at most 8 tokens per step, the 16-token history of the Mamba-2 replay, SM >= 80."""
+    if not T:
+        out.append(_v("scheme", "trtllm.gdn_replay", f"TensorRT-LLM does not replay {s.scheme.name} without drafts"))
+        return
+    if 1 + T > TRTLLM_GDN_REPLAY_MAX_TOKENS:
+        out.append(
+            _v(
+                "draft_tokens",
+                "trtllm.gdn_replay",
+                f"TensorRT-LLM's GDN replay takes at most {TRTLLM_GDN_REPLAY_MAX_TOKENS} tokens per step, not 1 + {T}",
+                quote=False,
+            )
+        )
+        return
+    hist = max(TRTLLM_MIN_REPLAY_HISTORY, 1 + T)
+    if s.buffer_len != hist:
+        out.append(
+            _v(
+                "buffer_len",
+                "trtllm.replay_history",
+                f"TensorRT-LLM's GDN replay history with {T} draft tokens is max(16, 1 + {T}) = {hist} tokens; the "
+                f"setting uses L={s.buffer_len}",
+            )
+        )
+    if t.gpu < 80:
+        out.append(_v("gpu", "trtllm.gdn_replay", f"TensorRT-LLM replays GDN on SM >= 80 only, not sm{t.gpu}", quote=False))
 
 
 def _sglang(t: Target, s, kind: str, out: list) -> None:
@@ -931,7 +962,7 @@ def _flashinfer_gdn(t: Target, s, out: list) -> None:
 def _kda_runtime(target: Target, s, tokens: int) -> Runtime:
     """vLLM / TensorRT-LLM on a KDA layer: conventional decode, or vLLM's RecoverSSM (Triton Mamba backend)."""
     if target.engine == "trtllm":
-        return Runtime("conventional", 0, 0, tokens, facts=["trtllm.kda"])
+        return Runtime("conventional", 0, 0, tokens, facts=["trtllm.kda_fp32", "trtllm.kda"])
     facts = ["vllm.kda_state_fp32"] if target.holds("vllm.kda_state_fp32") else ["vllm.kda_state_dtype"]
     follows = kda_state_follows_flag(target)
     facts += [follows] if follows else (["vllm.kda_linear_fp32"] if target.kda_family == "kimi_linear" else [])
@@ -1083,9 +1114,9 @@ def _runtime(target: Target, setting, layer_kind: str) -> Runtime:
                 facts.append("trtllm.fi_ssu")
             return Runtime("flashinfer" if fi else "conventional", 0, 0, tokens, env=env, facts=facts)
         hist = max(TRTLLM_MIN_REPLAY_HISTORY, tokens)
-        facts = ["trtllm.replay_gates", "trtllm.replay_history"]
+        facts = ["trtllm.replay_gates" if layer_kind == "mamba2" else "trtllm.gdn_replay", "trtllm.replay_history"]
         fi_replay = fi and s.encoding in FLOAT_ENCODINGS and tokens <= FLASHINFER_MAX_WINDOW
-        if target.dims is not None:
+        if layer_kind == "mamba2" and target.dims is not None:
             facts += ["trtllm.fi_ssu", "trtllm.fi_checkpointing"]
         return Runtime(
             "flashinfer.replay" if fi_replay else "replay", hist, 2 * hist, tokens, env={env_key: "1"}, facts=facts

@@ -709,15 +709,29 @@ FACTS: dict[str, Fact] = {
         Fact(
             "trtllm.gdn_replay",
             "trtllm",
-            "Gated DeltaNet has its own MTP replay on replay storage shared with Mamba-2; it is opt-in: "
-            "TRTLLM_USE_GDN_REPLAY=1 enables it, unset means off. Its window and flush rule were not read, so GDN "
-            "replay settings are not exported and a conventional GDN export leaves the variable unset",
+            "Gated DeltaNet MTP replay (Qwen3-Next / Qwen3.5) is opt-in: TRTLLM_USE_GDN_REPLAY=1 enables it, any other "
+            "value or none leaves it off. It runs only with speculative decoding, on SM >= 80, with at most 8 tokens "
+            "per step, no dynamic draft tree and a float32, bfloat16 or float16 state; history max(16, tokens per "
+            "step) = 16 and the Mamba-2 flush rule (the checkpoint is written when held + step > history). Its "
+            "double-buffered rows reuse Mamba-2's: U (the delta rule's update, beta folded in) and the l2-normalised "
+            "k in the model dtype, the cumulative log decay in float32 (Triton _cached_replay_kernel)",
             (
-                _trt("tensorrt_llm/_torch/modules/mamba/gdn_mixer.py", "0d4bd90"),
+                _trt("tensorrt_llm/_torch/modules/fla/cache_manager.py", "3f4f808"),
                 _trt("tensorrt_llm/_torch/pyexecutor/kv_cache/mamba_cache_manager/replay.py", "3f4f808"),
-                _issue("TRTLLM_USE_GDN_REPLAY=1 enables it; unset means off"),
+                _trt("tensorrt_llm/_torch/pyexecutor/kv_cache/mamba_cache_manager/common.py", "2829508"),
+                _trt("tensorrt_llm/_torch/modules/fla/cached_replay.py", "1607eb4"),
             ),
-            quote="GDN MTP replay is requested; set TRTLLM_USE_GDN_REPLAY=0 to disable it",
+            quote="GDN replay kernel requires speculative decoding; using non-replay path",
+        ),
+        Fact(
+            "trtllm.kda_fp32",
+            "trtllm",
+            "TensorRT-LLM sets the recurrent-state cache to float32 for Kimi-Linear's KDA whatever "
+            "mamba_ssm_cache_dtype says (extract_mamba_kv_cache_params), and for GLM's KDA (get_glm5_next_cache_params, "
+            "\"its required FP32 recurrent state\")",
+            (_trt("tensorrt_llm/_torch/pyexecutor/config_utils.py", "00679c6"),),
+            quote="# The KDA delta-rule recurrent state must be kept in fp32 for numerical parity with the HF "
+            "reference (fla chunk/fused_recurrent KDA kernels carry the state in fp32).",
         ),
         Fact(
             "trtllm.kda",

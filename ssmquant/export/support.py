@@ -29,10 +29,15 @@ DTYPES = ("fp32", "bf16", "fp16", "fp16:sr", "int8", "fp8_e4m3", "fp8_e4m3:sr")
 
 
 def _schemes(engine: str, kind: str) -> tuple[tuple[str, int], ...]:
-    """(scheme, draft tokens) asked about: conventional, replay without drafts, and the engine's speculative form."""
-    spec = "spec5x4:fp32" if kind == "kda" and engine == "vllm" else ("spec21x20" if engine == "trtllm" else "spec16x3")
-    drafts = 4 if spec.startswith("spec5") else (20 if engine == "trtllm" else 3)
-    return (("conventional", 0), ("replay16", 0), (spec, drafts))
+    """(scheme, draft tokens) asked about: conventional, replay without drafts, and the engine's speculative forms
+    (TensorRT-LLM: a long draft, whose replay history grows past 16, and a short one, which GDN replay takes)."""
+    if kind == "kda" and engine == "vllm":
+        specs = (("spec5x4:fp32", 4),)
+    elif engine == "trtllm":
+        specs = (("spec21x20", 20), ("spec16x3", 3))
+    else:
+        specs = (("spec16x3", 3),)
+    return (("conventional", 0), ("replay16", 0), *specs)
 
 
 def _row(engine: str, version: str, kind: str, arch: str | None, dims, gpu: int) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -123,10 +123,20 @@ def test_fix1_trtllm_fp16_stochastic_rounding_keeps_replay_only_on_sm100_to_119(
     assert "replays on SM >= 80 only" in rules(target("trtllm", gpu=75), "bf16@spec16x3")["gpu"]
 
 
-def test_fix1_trtllm_gdn_replay_is_not_exported():
-    """trtllm.gdn_replay: GDN replay exists (TRTLLM_USE_GDN_REPLAY) but its window was not read."""
-    assert "TRTLLM_USE_GDN_REPLAY" in rules(target("trtllm", dims=QWEN), "bf16@spec16x3", "gdn")["layer_kind"]
-    assert ok(target("trtllm", dims=QWEN), "bf16@conventional", "gdn")
+def test_trtllm_gdn_replay_is_exported_behind_its_variable():
+    """trtllm.gdn_replay (TensorRT-LLM main 3f4f808 fla/cache_manager.py, replay.py): GDN MTP replay with
+    TRTLLM_USE_GDN_REPLAY=1, speculative decoding only, at most 8 tokens per step, the 16-token history and
+    flush rule of the Mamba-2 replay (trtllm.replay_history), SM >= 80; a conventional GDN export leaves it unset."""
+    t = target("trtllm", dims=QWEN)
+    assert ok(t, "bf16@spec16x3", "gdn")
+    rt = runtime(t, Setting.parse("bf16@spec16x3"), "gdn")
+    assert (rt.backend, rt.window, rt.ring_rows, rt.env) == ("replay", 16, 32, {"TRTLLM_USE_GDN_REPLAY": "1"})
+    assert rt.facts[:2] == ["trtllm.gdn_replay", "trtllm.replay_history"]
+    assert runtime(t, Setting.parse("bf16@conventional"), "gdn").env == {}
+    assert "requires speculative decoding" in rules(target("trtllm", drafts=0, dims=QWEN), "bf16@replay16", "gdn")["scheme"]
+    assert "at most 8 tokens per step, not 1 + 8" in rules(target("trtllm", drafts=8, dims=QWEN), "bf16@replay16", "gdn")["draft_tokens"]
+    assert "max(16, 1 + 3) = 16" in rules(target("trtllm", drafts=3, dims=QWEN), "bf16@replay8", "gdn")["buffer_len"]
+    assert "SM >= 80" in rules(target("trtllm", gpu=75, dims=QWEN), "bf16@spec16x3", "gdn")["gpu"]
 
 
 def test_trtllm_has_no_knob_for_8bit_state_and_rounds_only_fp16():
@@ -510,7 +520,8 @@ def test_issue26_2_trtllm_kda_fp32_conventional_only_until_the_pool_selector_is_
     assert "kimi_kda/kimi_kda_mixer.py" in cite and "0790edf" in cite and "(not read here)" not in cite
     assert "rows.to(ssm_pool.dtype)" in fact.quote and "were not read" in fact.says
     t = kda_target("trtllm")
-    assert "how it is chosen was not read" in rules(t, "bf16@conventional", "kda")["dtype"]
+    # the reason quoted is TensorRT-LLM's own (config_utils.py 00679c6): it forces float32 for Kimi and GLM
+    assert "numerical parity with the HF reference" in rules(t, "bf16@conventional", "kda")["dtype"]
     assert "KDAReplayStateUpdateStrategy" in rules(t, "fp32@spec5x4:fp32", "kda")["layer_kind"]
 
 
