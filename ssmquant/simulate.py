@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import NamedTuple
 
 from .engines.emulation import engine_step
 from .engines.profiles import EngineError, check_engine, check_variant
@@ -199,6 +200,15 @@ def start_simulation(
     return PendingTrace(names, accs[0].ends, stats, meta, event)
 
 
+class LayerOutputs(NamedTuple):
+    """``simulate_outputs``' result: outputs [B, T, H, rows] per variant; final_state: the FP32 reference's state
+    after the last step [B, H, rows, state_dim], or None; backend: "triton" (the fused kernels) or "torch"."""
+
+    outputs: list
+    final_state: object
+    backend: str
+
+
 def simulate_outputs(
     inputs: LayerInputs,
     variants: list[Variant | str] | str,
@@ -206,10 +216,10 @@ def simulate_outputs(
     backend: str = "auto",
     dtype=None,
     final_state: bool = False,
-):
+) -> LayerOutputs:
     """Each variant's per-step outputs of one layer (what the mixer's scan returns when its stored state is the
-    variant's), for teacher-forced evaluation: (list of [B, T, H, rows] per variant, the FP32 reference's state after
-    the last step [B, H, rows, state_dim] when ``final_state``, else None).
+    variant's), for teacher-forced evaluation, with the reference's final state when ``final_state`` and the
+    backend that ran them (``LayerOutputs``).
 
     backend as ``simulate`` ("auto": the fused kernels' output mode on CUDA inputs of a kind that has them, where
     every variant takes the ideal arithmetic; the torch reference otherwise). dtype: the outputs' dtype (None:
@@ -226,8 +236,9 @@ def simulate_outputs(
     dtype = torch.float32 if dtype is None else dtype
     chosen = resolve_backend(backend, inputs)
     if chosen == "triton" and all(k != "engine" for k in _kernels().fused_kernels(inputs, variants)):
-        return _kernels().emulate_triton_outputs(inputs, variants, dtype=dtype, final_state=final_state)
+        outs, final = _kernels().emulate_triton_outputs(inputs, variants, dtype=dtype, final_state=final_state)
+        return LayerOutputs(outs, final, "triton")
     if chosen == "triton" and backend == "triton":
         raise BackendError("the fused kernels' output mode runs the ideal arithmetic only; use backend='auto'")
     res = emulate(inputs, variants, return_outputs=True, engine_steps=engine_step)
-    return [y.to(dtype) for y in res.outputs], res.ref_final_state if final_state else None
+    return LayerOutputs([y.to(dtype) for y in res.outputs], res.ref_final_state if final_state else None, "torch")

@@ -34,20 +34,23 @@ from .states import EvalError
 REFERENCE_VARIANT = "fp32@conventional"
 
 
-def _substitute(mixer, tap, variant: Variant, prompt: int):
-    """The norm pre-hook's callback: the mixer's scan output replaced by ``variant``'s outputs over all positions."""
+def _substitute(mixer, tap, variant: Variant, prompt: int, backends: set | None = None):
+    """The norm pre-hook's callback: the mixer's scan output replaced by ``variant``'s outputs over all positions
+    (the backends that computed them are added to ``backends``)."""
 
     def at_norm(recorded: dict, args: tuple):
         raw = tap.derive(mixer.module, recorded)
         inputs = kinds.get(mixer.kind).inputs_type(**raw, meta={"layer": mixer.layer}).validate()
+        runs = []
         if prompt:
-            (y_prompt,), s_prompt = simulate_outputs(
-                inputs.slice_steps(0, prompt), [REFERENCE_VARIANT], backend="auto", final_state=True
-            )
-            (decoded,), _ = simulate_outputs(after_prompt(inputs, prompt, s_prompt), [variant], backend="auto")
-            y = torch.cat([y_prompt, decoded], dim=1)
+            runs.append(simulate_outputs(inputs.slice_steps(0, prompt), [REFERENCE_VARIANT], final_state=True))
+            runs.append(simulate_outputs(after_prompt(inputs, prompt, runs[0].final_state), [variant]))
+            y = torch.cat([runs[0].outputs[0], runs[1].outputs[0]], dim=1)
         else:
-            (y,), _ = simulate_outputs(inputs, [variant], backend="auto")
+            runs.append(simulate_outputs(inputs, [variant]))
+            y = runs[0].outputs[0]
+        if backends is not None:
+            backends.update(r.backend for r in runs)
         scan = args[0]
         if scan.numel() != y.numel():
             raise EvalError(
@@ -67,14 +70,15 @@ def layer_taps(net: torch.nn.Module) -> list:
 
 
 def variant_logits(
-    net: torch.nn.Module, ids: torch.Tensor, variant: Variant, prompt: int = 0, taps=None
+    net: torch.nn.Module, ids: torch.Tensor, variant: Variant, prompt: int = 0, taps=None, backends: set | None = None
 ) -> torch.Tensor:
     """Logits [B, L, V] of the model over ``ids`` [B, L] with every SSM layer's recurrence replaced by ``variant``'s
-    (the prompt's first ``prompt`` positions in FP32). taps: ``layer_taps(net)``, found here when not given."""
+    (the prompt's first ``prompt`` positions in FP32). taps: ``layer_taps(net)``, found here when not given;
+    backends: a set that receives the backends that ran the recurrences ("triton", "torch")."""
     handles = []
     try:
         for mixer, tap in layer_taps(net) if taps is None else taps:
-            handles += listen(mixer.module, tap, _substitute(mixer, tap, variant, prompt))
+            handles += listen(mixer.module, tap, _substitute(mixer, tap, variant, prompt, backends))
         return net(input_ids=ids).logits
     finally:
         for h in handles:
@@ -89,14 +93,16 @@ def layer_major_pass(
     ref_nll: torch.Tensor,
     prompt: int = 0,
     progress=None,
-) -> None:
+) -> set[str]:
     """Fill ``values`` [V, 3, B, T] (kl, top-1 agreement, delta nll in nats, as ``loop.decode_pass`` does) and
     ``ref_nll`` [B, T] for ``ids`` [B, P + T + 1], one forward of P + T positions per variant and one for the
-    reference. progress(): called after each forward."""
+    reference. progress(): called after each forward. Returns the backends that ran the recurrences
+    (``simulate.simulate_outputs``: "triton" for the fused kernels' output mode, "torch" for the reference)."""
     batch, steps = ids.shape[0], ids.shape[1] - 1 - prompt
     inputs, targets = ids[:, :-1], ids[:, prompt + 1 :]
     taps = layer_taps(net)
-    ref_logits = variant_logits(net, inputs, parse_variant(REFERENCE_VARIANT), prompt, taps)[:, prompt:]
+    backends: set[str] = set()
+    ref_logits = variant_logits(net, inputs, parse_variant(REFERENCE_VARIANT), prompt, taps, backends)[:, prompt:]
     if not torch.isfinite(ref_logits).all():
         raise EvalError("the reference's logits are not finite")
     flat_target = targets.reshape(-1).to(ref_logits.device)
@@ -105,7 +111,8 @@ def layer_major_pass(
     if progress is not None:
         progress()
     for i, v in enumerate(variants):
-        logits = variant_logits(net, inputs, v, prompt, taps)[:, prompt:]
+        logits = variant_logits(net, inputs, v, prompt, taps, backends)[:, prompt:]
         values[i] = compare_step(ref, logits.reshape(batch * steps, -1), flat_target).reshape(3, batch, steps)
         if progress is not None:
             progress()
+    return backends

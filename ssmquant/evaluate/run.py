@@ -297,6 +297,7 @@ class EvalConfig:
 
 
 EVAL_MODES = ("decode", "layer")
+RECURRENCE_NAMES = {"triton": "fused kernels (output mode)", "torch": "torch reference"}
 
 
 def default_mode(device, decode_options: bool = False) -> str:
@@ -499,7 +500,9 @@ def evaluate(
             segment_graphs or contextlib.nullcontext(),
         ):
             if layer_major:
-                layer_major_pass(net, ids, vlist, values, ref_nll, prompt=prompt, progress=lambda: advance(steps))
+                recurrences = layer_major_pass(
+                    net, ids, vlist, values, ref_nll, prompt=prompt, progress=lambda: advance(steps)
+                )
             for n, plan in enumerate([] if layer_major else plans):
                 notes += decode_pass(
                     net, ids, plan, writers, layers, state_shape, values, ref_nll if n == 0 else None, clock,
@@ -514,6 +517,8 @@ def evaluate(
         "decode_s": round(decode_s, 3),
         "decode_steps_per_s": round(steps / decode_s, 3),  # layer mode: decode-step equivalents
         "mode": mode,
+        # layer mode: what ran the SSM recurrences (the fused kernels' output mode, or the torch reference)
+        **({"recurrences": [RECURRENCE_NAMES[b] for b in sorted(recurrences)]} if layer_major else {}),
         **(
             {}
             if layer_estimate is None

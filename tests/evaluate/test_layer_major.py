@@ -22,6 +22,7 @@ def test_layer_major_computes_what_token_by_token_decoding_computes(model, promp
     layer = evaluate(EvalConfig(model, VARIANTS, mode="layer", **kw))
     decode = evaluate(EvalConfig(model, VARIANTS, mode="decode", **kw))
     assert layer.timing["mode"] == "layer" and layer.config.mode == "layer"
+    assert layer.timing["recurrences"] == ["torch reference"]
     a, b = layer.summary.set_index("variant"), decode.summary.set_index("variant")
     for v in a.index:
         kl_l, kl_d = a.loc[v, "kl_mean"], b.loc[v, "kl_mean"]
@@ -43,7 +44,7 @@ def test_layer_major_on_the_fused_kernels_computes_what_decoding_computes(model,
     kw = dict(steps=512, batch=4, device="cuda", prompt=prompt)
     layer = evaluate(EvalConfig(model, VARIANTS, **kw))
     decode = evaluate(EvalConfig(model, VARIANTS, mode="decode", **kw))
-    assert layer.config.mode == "layer"
+    assert layer.config.mode == "layer" and layer.timing["recurrences"] == ["fused kernels (output mode)"]
     a, b = layer.summary.set_index("variant"), decode.summary.set_index("variant")
     for v in a.index:
         kl_l, kl_d = a.loc[v, "kl_mean"], b.loc[v, "kl_mean"]

@@ -85,8 +85,8 @@ def test_prompt_outputs_and_state():
     inp = tiny("gdn", batch=1, steps=5)
     y_ref, s_ref, _ = reference_decode(inp)
     for backend in ("triton", "torch"):
-        (y,), final = simulate_outputs(inp, ["fp32@conventional"], backend=backend, final_state=True)
-        assert (final - s_ref).norm() <= OUTPUT_RTOL * s_ref.norm(), backend
+        (y,), final, ran = simulate_outputs(inp, ["fp32@conventional"], backend=backend, final_state=True)
+        assert ran == backend and (final - s_ref).norm() <= OUTPUT_RTOL * s_ref.norm(), backend
         assert (y - y_ref).norm() <= OUTPUT_RTOL * y_ref.norm(), backend
 
 
@@ -96,9 +96,9 @@ def test_simulate_outputs_backends_agree():
     engine profile's variant takes the torch path under "auto"."""
     inp = tiny("mamba2", batch=1, steps=6)
     vs = ["int8@replay4", "fp16:sr@conventional"]
-    fused, _ = simulate_outputs(inp, vs, backend="triton")
-    torch_, _ = simulate_outputs(inp, vs, backend="torch")
+    fused = simulate_outputs(inp, vs, backend="triton").outputs
+    torch_ = simulate_outputs(inp, vs, backend="torch").outputs
     for a, b in zip(fused, torch_):
         assert (a - b).norm() <= OUTPUT_RTOL * b.norm() + 1e-12
-    engine, _ = simulate_outputs(inp, ["fp16@conventional~trtllm"], backend="auto")
-    assert engine[0].shape == fused[0].shape
+    engine = simulate_outputs(inp, ["fp16@conventional~trtllm"], backend="auto")
+    assert engine.backend == "torch" and engine.outputs[0].shape == fused[0].shape
