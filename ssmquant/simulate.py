@@ -226,19 +226,18 @@ def simulate_outputs(
     float32). The kernels compute the outputs' dot products in their own order (tests/kernels/test_output_mode.py
     bounds the difference).
     """
-    import torch
-
     variants = parse_variants(variants)
     if not is_validated(inputs):
         inputs.validate()
     check_variants_fit(variants, inputs.state_shape)
     check_engines(variants, inputs, "state")
-    dtype = torch.float32 if dtype is None else dtype
     chosen = resolve_backend(backend, inputs)
     if chosen == "triton" and all(k != "engine" for k in _kernels().fused_kernels(inputs, variants)):
-        outs, final = _kernels().emulate_triton_outputs(inputs, variants, dtype=dtype, final_state=final_state)
+        kw = {} if dtype is None else {"dtype": dtype}
+        outs, final = _kernels().emulate_triton_outputs(inputs, variants, final_state=final_state, **kw)
         return LayerOutputs(outs, final, "triton")
     if chosen == "triton" and backend == "triton":
         raise BackendError("the fused kernels' output mode runs the ideal arithmetic only; use backend='auto'")
     res = emulate(inputs, variants, return_outputs=True, engine_steps=engine_step)
-    return LayerOutputs([y.to(dtype) for y in res.outputs], res.ref_final_state if final_state else None, "torch")
+    outs = res.outputs if dtype is None else [y.to(dtype) for y in res.outputs]  # the reference's are float32
+    return LayerOutputs(outs, res.ref_final_state if final_state else None, "torch")
