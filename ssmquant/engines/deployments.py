@@ -746,16 +746,7 @@ def _trtllm(t: Target, s, kind: str, out: list) -> None:
             )
         )
         return
-    hist = max(TRTLLM_MIN_REPLAY_HISTORY, 1 + T)
-    if s.buffer_len != hist:
-        out.append(
-            _v(
-                "buffer_len",
-                "trtllm.replay_history",
-                f"TensorRT-LLM's replay history with {T} draft tokens is max(16, 1 + {T}) = {hist} tokens; the "
-                f"setting uses L={s.buffer_len}",
-            )
-        )
+    _trtllm_history(s, T, "replay", out)
     if t.gpu < 80:
         out.append(_v("gpu", "trtllm.replay_gates", f"TensorRT-LLM replays on SM >= 80 only, not sm{t.gpu}"))
     if sr and enc == "fp16" and (t.gpu < 100 or t.gpu >= 120):
@@ -765,6 +756,20 @@ def _trtllm(t: Target, s, kind: str, out: list) -> None:
                 "trtllm.replay_sr_sm",
                 f"on sm{t.gpu} TensorRT-LLM turns replay off for float16 + stochastic rounding and stores the state "
                 "every token",
+            )
+        )
+
+
+def _trtllm_history(s, T: int, what: str, out: list) -> None:
+    """The replay window must be TensorRT-LLM's history, max(16, 1 + T) tokens (fact trtllm.replay_history)."""
+    hist = max(TRTLLM_MIN_REPLAY_HISTORY, 1 + T)
+    if s.buffer_len != hist:
+        out.append(
+            _v(
+                "buffer_len",
+                "trtllm.replay_history",
+                f"TensorRT-LLM's {what} history with {T} draft tokens is max(16, 1 + {T}) = {hist} tokens; the "
+                f"setting uses L={s.buffer_len}",
             )
         )
 
@@ -785,18 +790,11 @@ def _trtllm_gdn_replay(t: Target, s, T: int, out: list) -> None:
             )
         )
         return
-    hist = max(TRTLLM_MIN_REPLAY_HISTORY, 1 + T)
-    if s.buffer_len != hist:
-        out.append(
-            _v(
-                "buffer_len",
-                "trtllm.replay_history",
-                f"TensorRT-LLM's GDN replay history with {T} draft tokens is max(16, 1 + {T}) = {hist} tokens; the "
-                f"setting uses L={s.buffer_len}",
-            )
-        )
+    _trtllm_history(s, T, "GDN replay", out)
     if t.gpu < 80:
-        out.append(_v("gpu", "trtllm.gdn_replay", f"TensorRT-LLM replays GDN on SM >= 80 only, not sm{t.gpu}", quote=False))
+        out.append(
+            _v("gpu", "trtllm.gdn_replay", f"TensorRT-LLM replays GDN on SM >= 80 only, not sm{t.gpu}", quote=False)
+        )
 
 
 def _sglang(t: Target, s, kind: str, out: list) -> None:

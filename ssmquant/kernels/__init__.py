@@ -60,6 +60,14 @@ def _static_rows(variants: list[Variant], bsz: int, heads: int, rows: int, devic
     return out
 
 
+def _layer_operands(inputs: LayerInputs, variants: list[Variant]):
+    """(s0: the reference's initial state [B, H, rows, state_dim] fp32 or None, each variant's state before step 0
+    (s0 stored in its format; None without s0), the kind's FusedKernel, its per-layer operands)."""
+    s0 = None if inputs.initial_state is None else inputs.initial_state.float().contiguous()
+    fused = kernel_of(inputs.kind)
+    return s0, stored_initial_states(inputs, variants), fused, fused.operands(inputs)
+
+
 def fused_kernels(inputs: LayerInputs, variants: list[Variant]) -> list[str]:
     """Which kernel runs each variant on these inputs: "engine" (`mamba2_engine.py`), the name of a one-variant
     kernel of the kind available on the inputs' device that covers the variant (KDA's "cuda"), or "triton"."""
@@ -91,11 +99,7 @@ def emulate_triton_steps(
     """
     dev = inputs.device
     bsz, steps, heads, rows, sdim = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows, inputs.state_dim
-    s0 = None if inputs.initial_state is None else inputs.initial_state.float().contiguous()
-    # each variant's state before step 0 (s0 stored in its format), None without s0
-    stored = stored_initial_states(inputs, variants)
-    fused = kernel_of(inputs.kind)
-    shared = fused.operands(inputs)
+    s0, stored, fused, shared = _layer_operands(inputs, variants)
     launch, per_sequence = fused.launch, fused.per_sequence
     kernels = fused_kernels(inputs, variants)
     for i, variant in enumerate(variants):
@@ -173,10 +177,7 @@ def emulate_triton_outputs(
         raise ValueError(f"the fused kernels' output mode runs the ideal arithmetic only, not {', '.join(engine)}")
     dev = inputs.device
     bsz, steps, heads, rows, sdim = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows, inputs.state_dim
-    s0 = None if inputs.initial_state is None else inputs.initial_state.float().contiguous()
-    stored = stored_initial_states(inputs, variants)
-    fused = kernel_of(inputs.kind)
-    shared = fused.operands(inputs)
+    s0, stored, fused, shared = _layer_operands(inputs, variants)
     outs: list[torch.Tensor | None] = [None] * len(variants)
     final = torch.empty(inputs.state_shape, device=dev, dtype=torch.float32) if final_state else None
     for n, (idx, (block_p, num_warps)) in enumerate(plan_launches(variants, rows, sdim, tiling, inputs.kind)):
