@@ -68,6 +68,21 @@ def _layer_operands(inputs: LayerInputs, variants: list[Variant]):
     return s0, stored_initial_states(inputs, variants), fused, fused.operands(inputs)
 
 
+def _slot_operands(inputs: LayerInputs, variants: list[Variant], idx: list[int], stored, block_p: int):
+    """The slot operands of one launch carrying ``variants[i]`` for i in ``idx`` at BLOCK_P rows: (slot specs,
+    write masks [NV, B, T] int8, seeds [NV], static scales [NV, B, H, rows] or None, initial states
+    [NV, B, H, rows, state_dim] as stored, or None without ``stored``)."""
+    group = [variants[i] for i in idx]
+    bsz, steps, dev = inputs.batch, inputs.steps, inputs.device
+    return (
+        tuple(variant_slot_spec(v, inputs.rows, block_p) for v in group),
+        torch.stack([write_mask_on(v.scheme, bsz, steps, dev)[0] for v in group]),
+        seeds_on(tuple(v.seed for v in group), dev),
+        _static_rows(group, bsz, inputs.num_heads, inputs.rows, dev),
+        None if stored is None else torch.stack([stored[i] for i in idx]),
+    )
+
+
 def fused_kernels(inputs: LayerInputs, variants: list[Variant]) -> list[str]:
     """Which kernel runs each variant on these inputs: "engine" (`mamba2_engine.py`), the name of a one-variant
     kernel of the kind available on the inputs' device that covers the variant (KDA's "cuda"), or "triton"."""
@@ -97,7 +112,6 @@ def emulate_triton_steps(
     each variant. tiling: (BLOCK_P, num_warps) overriding the plan (benchmark sweeps); metric_budget: bytes of one
     launch's metric buffer.
     """
-    dev = inputs.device
     bsz, steps, heads, rows, sdim = inputs.batch, inputs.steps, inputs.num_heads, inputs.rows, inputs.state_dim
     s0, stored, fused, shared = _layer_operands(inputs, variants)
     launch, per_sequence = fused.launch, fused.per_sequence
@@ -117,14 +131,9 @@ def emulate_triton_steps(
     rest = [i for i, name in enumerate(kernels) if name not in singles]
     for sub, (block_p, num_warps) in plan_launches([variants[i] for i in rest], rows, sdim, tiling, inputs.kind):
         idx = [rest[j] for j in sub]
-        group = [variants[i] for i in idx]
-        specs = tuple(variant_slot_spec(v, rows, block_p) for v in group)
-        write = torch.stack([write_mask_on(v.scheme, bsz, steps, dev)[0] for v in group])
-        seeds = seeds_on(tuple(v.seed for v in group), dev)
-        static = _static_rows(group, bsz, heads, rows, dev)
+        specs, write, seeds, static, group_s0 = _slot_operands(inputs, variants, idx, stored, block_p)
         blocks = triton.cdiv(rows, block_p)
-        group_s0 = None if stored is None else torch.stack([stored[i] for i in idx])  # [NV, B, H, rows, state_dim]
-        for b0, b1 in batch_slices(bsz, len(group) * steps * heads * blocks * 4 * 4, metric_budget):
+        for b0, b1 in batch_slices(bsz, len(idx) * steps * heads * blocks * 4 * 4, metric_budget):
             args = [t[b0:b1] if name in per_sequence else t for name, t in shared.items()]
             m = launch(
                 *args,
@@ -181,18 +190,18 @@ def emulate_triton_outputs(
     outs: list[torch.Tensor | None] = [None] * len(variants)
     final = torch.empty(inputs.state_shape, device=dev, dtype=torch.float32) if final_state else None
     for n, (idx, (block_p, num_warps)) in enumerate(plan_launches(variants, rows, sdim, tiling, inputs.kind)):
-        group = [variants[i] for i in idx]
-        out = torch.empty(len(group), bsz, steps, heads, rows, device=dev, dtype=dtype)
+        specs, write, seeds, static, group_s0 = _slot_operands(inputs, variants, idx, stored, block_p)
+        out = torch.empty(len(idx), bsz, steps, heads, rows, device=dev, dtype=dtype)
         fused.launch(
             *shared.values(),
             s0,
-            torch.stack([write_mask_on(v.scheme, bsz, steps, dev)[0] for v in group]),
-            seeds_on(tuple(v.seed for v in group), dev),
-            _static_rows(group, bsz, heads, rows, dev),
-            specs=tuple(variant_slot_spec(v, rows, block_p) for v in group),
+            write,
+            seeds,
+            static,
+            specs=specs,
             block_p=block_p,
             num_warps=num_warps,
-            slot_s0=None if stored is None else torch.stack([stored[i] for i in idx]).contiguous(),
+            slot_s0=None if group_s0 is None else group_s0.contiguous(),
             outputs=out,
             final_state=final if n == 0 else None,
         )
