@@ -632,6 +632,14 @@ def build_cmd(preset, out_dir, device, dtype, num_layers, max_shard_size, seed, 
     type=click.Path(exists=True, dir_okay=False),
     help="Text file whose held-out split is decoded (default: the shipped public-domain corpus).",
 )
+@click.option(
+    "--text-split",
+    type=click.Choice(["heldout", "all"]),
+    default="heldout",
+    show_default=True,
+    help="heldout: the text's last 20%, never calibrated on; all: the whole text, for a text the model never saw "
+    "(evaluation calibrates nothing; the tiny models' held-out documents: studies/tiny_models/CORPUS.md).",
+)
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for text selection and stochastic rounding.")
 @_out_option("eval")
 @click.option(
@@ -673,6 +681,7 @@ def eval_cmd(
     batch,
     device,
     text,
+    text_split,
     seed,
     out_dir,
     force,
@@ -714,7 +723,7 @@ def eval_cmd(
                 )
             cfg = EvalConfig(
                 model, chosen, steps=sizes["steps"], batch=sizes["batch"], seed=seed, device=device, text=text, fold=fold,
-                cudnn_attention=cudnn_attention, prompt=prompt, mode=mode,
+                cudnn_attention=cudnn_attention, prompt=prompt, mode=mode, text_split=text_split,
             )  # fmt: skip
             result = evaluate(
                 cfg,

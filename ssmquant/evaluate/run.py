@@ -63,6 +63,7 @@ class EvalSettings:
     prompt: int = 0
     device: str = "auto"
     text: str | None = None
+    text_split: str = "heldout"
     horizon_fraction: float = DEFAULT_HORIZON_FRACTION
     threads: int | None = None
     fold: bool = True
@@ -223,9 +224,10 @@ def _resolve_device(device) -> torch.device | None:
     return torch.device(d)
 
 
-def _source(loaded: LoadedModel, text_path, seed: int, batch: int, length: int) -> dict:
+def _source(loaded: LoadedModel, text_path, seed: int, batch: int, length: int, split: str = "heldout") -> dict:
     shipped = loaded.source.kind == "shipped"
-    heldout = "held-out split of " + ("the shipped corpus" if text_path is None else text_phrase(text_path))
+    text_name = "the shipped corpus" if text_path is None else text_phrase(text_path)
+    heldout = f"whole of {text_name}" if split == "all" else f"held-out split of {text_name}"
     return {
         "kind": "shipped" if shipped else "checkpoint",
         "model": loaded.source.name,
@@ -235,7 +237,7 @@ def _source(loaded: LoadedModel, text_path, seed: int, batch: int, length: int) 
         "weights_dtype": str(loaded.dtype).replace("torch.", ""),
         "text": {
             "origin": text_origin(text_path),
-            "split": "heldout",
+            "split": split,
             "seed": seed,
             "batch": batch,
             "length": length,
@@ -246,23 +248,26 @@ def _source(loaded: LoadedModel, text_path, seed: int, batch: int, length: int) 
     }
 
 
-def _heldout_text(text_path, steps: int, batch: int) -> str:
-    """The text, checked before any model loads: its held-out split must hold ``batch`` x (steps + 1) bytes
-    (steps: the prompt's tokens and the decode steps).
+def _eval_text(text_path, steps: int, batch: int, split: str = "heldout") -> str:
+    """The text, checked before any model loads: its ``split`` ("heldout" or "all") must hold ``batch`` x
+    (steps + 1) bytes (steps: the prompt's tokens and the decode steps).
 
     A token covers at least one byte, so too few bytes means too few tokens for any tokenizer; the exact
     check on tokens follows in ``select_sequences``.
     """
+    if split not in EVAL_SPLITS:
+        raise EvalError(f"unknown text split {split!r}; accepted: {', '.join(EVAL_SPLITS)}")
     try:
         text = load_text(text_path)
     except TextError as err:
         raise EvalError(str(err)) from None
-    start, stop = split_bounds(len(text.encode("utf-8")), "heldout")
+    start, stop = split_bounds(len(text.encode("utf-8")), split)
     if (stop - start) // (steps + 1) < batch:
+        where = "the text" if split == "all" else "the held-out split of the text"
         raise EvalError(
-            f"{steps} steps need {batch} held-out sequences of {steps + 1} tokens (the last token is only a target), "
-            f"but the held-out split of the text has only {stop - start} bytes: use fewer steps or sequences, or a "
-            "longer text (--text)"
+            f"{steps} steps need {batch} sequences of {steps + 1} tokens (the last token is only a target), "
+            f"but {where} has only {stop - start} bytes: use fewer steps or sequences, or a "
+            "longer text (--text)" + ("" if split == "all" else ", or --text-split all for a text the model never saw")
         )
     return text
 
@@ -281,6 +286,9 @@ class EvalConfig:
     seed: int = 0
     device: str = "auto"
     text: str | None = None  # text file whose held-out split is decoded (None: the shipped corpus)
+    # "heldout": the text's last HELDOUT_FRACTION (never calibrated on); "all": the whole text, for a text the model
+    # never saw (the tiny models' held-out documents, studies/tiny_models/CORPUS.md)
+    text_split: str = "heldout"
     # tokens prefilled before decoding: one forward of the model (its chunked path, FP32 state), after which every
     # variant stores each SSM state once in its format (stream 2^32 - 1); metrics count the decode steps after it
     prompt: int = 0
@@ -297,6 +305,7 @@ class EvalConfig:
 
 
 EVAL_MODES = ("decode", "layer")
+EVAL_SPLITS = ("heldout", "all")
 RECURRENCE_NAMES = {"triton": "fused kernels (output mode)", "torch": "torch reference"}
 
 
@@ -319,7 +328,8 @@ def evaluate(
     model: a shipped model name, checkpoint directory, hub id or preset (``models.load_model``), or an
     already loaded ``LoadedModel`` (then ``device`` is ignored). variants: "fmt@scheme" strings (a list or
     one comma-separated string) or Variants (dynamic scales only). Sequences of ``steps + 1`` tokens are
-    drawn from the held-out split of the text (``text`` or the shipped corpus) with ``seed``; the last
+    drawn from the held-out split of the text (``text`` or the shipped corpus; ``text_split="all"``: the whole
+    text) with ``seed``; the last
     token is only a target. ``seed`` also seeds stochastic rounding of string variants. ``threads``: CPU
     threads for the decode loop (default: 1 for models under 100M parameters, else torch's setting).
 
@@ -390,7 +400,7 @@ def evaluate(
             "perfect score for nothing measured: raise --steps, lower --buffer-len, or give a --prompt (each variant "
             "stores the prompt's state once)"
         )
-    text = _heldout_text(text_path, prompt + steps, batch)
+    text = _eval_text(text_path, prompt + steps, batch, cfg.text_split)
 
     if loaded is None:
         try:
@@ -434,11 +444,11 @@ def evaluate(
 
     try:
         ids = calibration_batch(
-            batch, prompt + steps + 1, tokenizer=loaded.tokenizer, text=text, seed=seed, split="heldout"
+            batch, prompt + steps + 1, tokenizer=loaded.tokenizer, text=text, seed=seed, split=cfg.text_split
         )
     except TextError as err:
         raise EvalError(
-            f"{prompt} prompt tokens and {steps} steps need {batch} held-out sequences of {prompt + steps + 1} tokens "
+            f"{prompt} prompt tokens and {steps} steps need {batch} sequences of {prompt + steps + 1} tokens "
             f"(the last token is only a target): {err}"
         ) from None
     embed = net.get_input_embeddings()
@@ -568,7 +578,7 @@ def evaluate(
         "horizon_window": window,
         "horizon_from": steps - window + 1,
     }
-    source = _source(loaded, text_path, seed, batch, prompt + steps + 1)
+    source = _source(loaded, text_path, seed, batch, prompt + steps + 1, cfg.text_split)
     source.update(ssm_layers=[layer.index for layer in layers], state_shape=list(state_shape))
     config = EvalSettings(
         model=loaded.source.name if isinstance(model, LoadedModel) else str(model),
@@ -579,6 +589,7 @@ def evaluate(
         prompt=prompt,
         device=str(loaded.device) if isinstance(model, LoadedModel) else str(device),
         text=None if text_path is None else str(text_path),
+        text_split=cfg.text_split,
         horizon_fraction=float(horizon_fraction),
         threads=threads,
         fold=bool(fold),

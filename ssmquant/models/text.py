@@ -5,6 +5,7 @@ Selection (``select_sequences``) is defined on the token stream, so it does not 
 - the stream is split by position: the first ``1 - HELDOUT_FRACTION`` of the tokens are the
   *calibration* split, the rest the *held-out* split. The two never share a token, whatever the
   sequence length, batch size or seed, so a later ``calibrate`` can verify on sequences it never saw;
+  the *all* split is the whole stream, for an evaluation over a text that nothing calibrated on;
 - inside a split, the candidate sequences are the non-overlapping windows of ``length`` tokens starting
   at a seeded offset in [0, slack]; ``batch`` of them are drawn without replacement with a seeded
   permutation and returned in stream order. Sequences of one batch never overlap.
@@ -23,7 +24,8 @@ import torch
 from ..errors import SsmquantError
 
 HELDOUT_FRACTION = 0.2
-SPLITS = ("calibration", "heldout")
+# "all": the whole text, for a text the model never saw and nothing calibrates on (evaluation only)
+SPLITS = ("calibration", "heldout", "all")
 CORPUS_PATH = Path(__file__).resolve().parent / "data" / "corpus.txt"
 # A text file may hold a few undecodable bytes (a stray Latin-1 character); more than this share of
 # invalid UTF-8 or control characters (NUL, ESC, ... not tab / newline / form feed) means it is not text.
@@ -145,9 +147,11 @@ def tokenize(text: str, tokenizer=None) -> torch.Tensor:
 
 
 def split_bounds(num_tokens: int, split: str) -> tuple[int, int]:
-    """[start, stop) of ``split`` ("calibration" or "heldout") in a stream of ``num_tokens`` tokens."""
+    """[start, stop) of ``split`` ("calibration", "heldout" or "all") in a stream of ``num_tokens`` tokens."""
     if split not in SPLITS:
         raise TextError(f"unknown split {split!r}; accepted: {', '.join(SPLITS)}")
+    if split == "all":
+        return 0, num_tokens
     cut = int(num_tokens * (1.0 - HELDOUT_FRACTION))
     return (0, cut) if split == "calibration" else (cut, num_tokens)
 

@@ -134,13 +134,20 @@ def test_bad_inputs_give_clear_errors(nemotron, tmp_path):
         evaluate(EvalConfig(nemotron, "int8,int8@conventional", steps=4, batch=1))
     with pytest.raises(EvalError, match="static scales"):
         evaluate(EvalConfig(nemotron, ["int8:static@conventional"], steps=4, batch=1))
-    with pytest.raises(EvalError, match=r"100000 steps need 1 held-out sequences of 100001 tokens.*held-out split"):
+    with pytest.raises(EvalError, match=r"100000 steps need 1 sequences of 100001 tokens.*held-out split.*--text-split all"):
         evaluate(EvalConfig("/nonexistent/dir", ["int8"], steps=100_000, batch=1))  # refused before any model loads
     short = tmp_path / "short.txt"
     short.write_text("é" * 400)  # 800 bytes, 160 held out: room for two sequences of 65 bytes, not three
     evaluate(EvalConfig(nemotron, ["int8"], steps=64, batch=2, text=short))
-    with pytest.raises(EvalError, match=r"3 held-out sequences of 65 tokens.*has only 160 bytes"):
+    with pytest.raises(EvalError, match=r"3 sequences of 65 tokens.*has only 160 bytes"):
         evaluate(EvalConfig(nemotron, ["int8"], steps=64, batch=3, text=short))
+    # the whole text (800 bytes) holds twelve such sequences; the source says which split was read
+    whole = evaluate(EvalConfig(nemotron, ["int8"], steps=64, batch=3, text=short, text_split="all"))
+    assert whole.source["text"]["split"] == "all" and "whole of" in whole.source["note"]
+    with pytest.raises(EvalError, match=r"13 sequences of 65 tokens.*the text has only 800 bytes"):
+        evaluate(EvalConfig(nemotron, ["int8"], steps=64, batch=13, text=short, text_split="all"))
+    with pytest.raises(EvalError, match="unknown text split 'calibration'; accepted: heldout, all"):
+        evaluate(EvalConfig(nemotron, ["int8"], steps=4, batch=1, text_split="calibration"))
     with pytest.raises(EvalError, match="does not exist"):
         evaluate(EvalConfig(nemotron, ["int8"], steps=4, batch=1, text=tmp_path / "missing.txt"))
     with pytest.raises(EvalError, match="steps must be an integer >= 1, got 0"):
