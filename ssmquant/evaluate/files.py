@@ -1,7 +1,7 @@
 """Writing an evaluation to a directory (atomically, as `analyze` does) and reading it back.
 
 Files: positions.parquet (or .csv without pyarrow; the long per-position table), summary.csv (one row
-per variant), eval.json (model, data source, versions, settings, reference loss, summary) and kl.png.
+per variant), sequences.csv (one row per variant and sequence), eval.json (model, data source, versions, settings, reference loss, summary) and kl.png.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ def write_eval(result, out_dir, force: bool = False, *, plots: bool = True) -> p
         files = [write_table(result.positions, tmp, "positions")]
         result.summary.to_csv(tmp / "summary.csv", index=False)
         files.append("summary.csv")
+        if result.sequences is not None:
+            result.sequences.to_csv(tmp / "sequences.csv", index=False)
+            files.append("sequences.csv")
         report = result.report()
         if plots:
             files += render_all(result.positions, result.summary, report, tmp)

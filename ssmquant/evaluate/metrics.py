@@ -11,7 +11,8 @@ sequence b, with p = softmax of the FP32-state model's logits and q = the varian
 
 The long table holds the mean over the batch's sequences at every position. Summaries: the mean over
 all positions and sequences (``*_mean``), and at the horizon: the mean over the last
-``horizon_fraction`` of positions (at least one) and all sequences (``*_horizon``).
+``horizon_fraction`` of positions (at least one) and all sequences (``*_horizon``); the per-sequence table
+holds the same means for each sequence, so that intervals over sequences can be drawn from it.
 """
 
 from __future__ import annotations
@@ -72,6 +73,20 @@ def positions_frame(names: list[str], values: np.ndarray) -> pd.DataFrame:
             "variant": np.repeat(np.array(names, dtype=object), nt),
             "position": np.tile(np.arange(1, nt + 1), nv),
             **{m: mean[:, i].reshape(-1) for i, m in enumerate(METRICS)},
+        }
+    )
+
+
+def sequences_frame(names: list[str], values: np.ndarray, window: int) -> pd.DataFrame:
+    """One row per (variant, sequence) from values [V, 3, B, T]: each metric's mean over all positions
+    (``*_mean``) and over the last ``window`` positions (``*_horizon``) of that sequence."""
+    nv, _, nb, _ = values.shape
+    return pd.DataFrame(
+        {
+            "variant": np.repeat(np.array(names, dtype=object), nb),
+            "sequence": np.tile(np.arange(nb), nv),
+            **{f"{m}_mean": values[:, i].mean(axis=-1).reshape(-1) for i, m in enumerate(METRICS)},
+            **{f"{m}_horizon": values[:, i, :, -window:].mean(axis=-1).reshape(-1) for i, m in enumerate(METRICS)},
         }
     )
 

@@ -41,7 +41,7 @@ from .decode import attention_refusal, decode_attention
 from .graphs import SegmentGraphs, backend_for, graph_refusal
 from .layer_major import layer_major_pass
 from .loop import CHECK_EVERY, CPU_ROW_MULTIPLE, Clock, decode_pass, plan_passes, run_steps, total_steps
-from .metrics import LN2, horizon_window, positions_frame, summary_rows
+from .metrics import LN2, horizon_window, positions_frame, sequences_frame, summary_rows
 from .states import WRITE_BYTES_PER_ELEMENT, WRITE_GROUP_ELEMENTS, EvalError, StateWriter, ssm_layers
 
 DEFAULT_HORIZON_FRACTION = 0.1
@@ -80,6 +80,7 @@ class EvalResult:
 
     positions: one row per (variant, position): kl (nats), top1_agree, delta_loss (``loss_unit``), means over
     the batch. summary: one row per variant (means overall and over the horizon window, write counts).
+    sequences: one row per (variant, sequence of the batch): the summary's means for that sequence alone.
     reference: the FP32-state model's own loss (mean and at the horizon) in ``loss_unit``.
     """
 
@@ -90,6 +91,7 @@ class EvalResult:
     summary: pd.DataFrame
     reference: dict
     environment: dict
+    sequences: pd.DataFrame | None = None
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     timing: dict = field(default_factory=dict)
@@ -606,6 +608,7 @@ def evaluate(
         positions=positions,
         summary=summary,
         reference=reference,
+        sequences=sequences_frame(names, vals, window),
         environment=environment(
             loaded.device,
             weights_dtype=str(loaded.dtype).replace("torch.", ""),

@@ -6,6 +6,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -166,9 +167,15 @@ def test_write_eval_files_and_json(nemotron, tmp_path):
     r = evaluate(EvalConfig(nemotron, variants, steps=20, batch=2, seed=0))
     out = write_eval(r, tmp_path / "e2e")
     names = {p.name for p in out.iterdir()}
-    assert {"summary.csv", "eval.json", "kl.png"} <= names
+    assert {"summary.csv", "sequences.csv", "eval.json", "kl.png"} <= names
     assert names & {"positions.parquet", "positions.csv"}
     positions, summary, report = load_eval(out)
+    per_seq = pd.read_csv(out / "sequences.csv")
+    assert list(per_seq.columns[:2]) == ["variant", "sequence"] and len(per_seq) == 4 * 2
+    # the summary is the mean of the sequences' means (equal lengths)
+    means = per_seq.groupby("variant", sort=False)[["kl_mean", "top1_agree_horizon", "delta_loss_mean"]].mean()
+    for col in means.columns:
+        assert np.allclose(means[col].to_numpy(), summary.set_index("variant").loc[means.index, col].to_numpy())
     assert len(positions) == 4 * 20 and list(summary.variant) == [v.name for v in variants]
     assert report["data_source"]["kind"] == "checkpoint"
     assert report["data_source"]["text"]["split"] == "heldout"
