@@ -231,13 +231,24 @@ def eval_memory(
     return est
 
 
+# The layer-major evaluation compares logits in chunks of positions: each chunk's logits of the reference and one
+# variant (FP32) and the metrics' float64 log-probabilities and probabilities stay under this many bytes.
+METRIC_CHUNK_BYTES = 1 << 30
+METRIC_BYTES_PER_LOGIT = 2 * FP32 + 3 * 8
+
+
+def metric_chunk_rows(vocab: int) -> int:
+    """Positions per chunk of the layer-major metrics: as many as METRIC_CHUNK_BYTES holds (at least one)."""
+    return max(1, METRIC_CHUNK_BYTES // (int(vocab) * METRIC_BYTES_PER_LOGIT))
+
+
 def layer_major_memory(
     dims: LayerDims, config: dict, *, batch: int, tokens: int, vocab: int, device: torch.device
 ) -> MemoryEstimate:
     """Peak memory of a layer-major evaluation beyond the weights (``evaluate.layer_major``): one forward of
     ``batch`` x ``tokens`` positions (the prefill's live activations, ``prefill_bytes_per_token``), one layer's
-    derived recurrence inputs and its torch emulation of one variant, the logits of the reference and one variant,
-    and the float64 log-probabilities the metrics compare."""
+    derived recurrence inputs and its torch emulation of one variant, the final hidden states of the reference and
+    one variant (FP32 bound), and one chunk of positions' logits and float64 metrics (``metric_chunk_rows``)."""
     device = torch.device(device)
     pool = _pool(device)
     est = MemoryEstimate(device)
@@ -246,8 +257,10 @@ def layer_major_memory(
     est.add("the forward's activations", pool, positions * per_token, per_token)
     emulation = input_bytes_per_token(dims) + emulation_bytes_per_token(dims, 1)
     est.add("one layer's inputs and emulation", pool, positions * emulation, emulation)
-    logits = 2 * vocab * FP32 + 3 * vocab * 8
-    est.add("logits and the metrics' float64 log-probabilities", pool, positions * logits, logits)
+    hidden = 2 * int(config.get("hidden_size") or 0) * FP32
+    est.add("the reference's and a variant's final hidden states", pool, positions * hidden, hidden)
+    rows = min(positions, metric_chunk_rows(vocab))
+    est.add("one chunk of positions' logits and float64 metrics", pool, rows * vocab * METRIC_BYTES_PER_LOGIT, 0)
     return est
 
 

@@ -15,6 +15,11 @@ This computes what token-by-token decoding through the model's cache computes (`
 floating-point summation order: the blocks see all positions in one matmul instead of one row at a time, and the
 recurrence runs as ssmquant's per-step loop (or kernel) instead of the model's own scan.
 tests/evaluate/test_layer_major.py measures the agreement with the token-by-token path on the shipped models.
+
+Memory: the forward keeps the final hidden states, not the logits; the metrics form the logits of the reference and
+the variant from them in chunks of positions (``sizing.metric_chunk_rows``), and where the batch's forward does not
+fit the free memory, fewer sequences run per forward (``evaluate.run``). The recurrence is not chunked over
+positions: one sequence's P + T positions of one layer's inputs and activations must fit.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from ..models.mixers import find_ssm_mixers
 from ..models.taps import listen
 from ..replay.variants import Variant, parse_variant
 from ..simulate import simulate_outputs
+from ..sizing import metric_chunk_rows
 from .metrics import compare_step, reference_step
 from .states import EvalError
 
@@ -69,20 +75,44 @@ def layer_taps(net: torch.nn.Module) -> list:
     return [(mixer, taps[layer]) for layer, mixer in mixers.items()]
 
 
-def variant_logits(
+def variant_hidden(
     net: torch.nn.Module, ids: torch.Tensor, variant: Variant, prompt: int = 0, taps=None, backends: set | None = None
 ) -> torch.Tensor:
-    """Logits [B, L, V] of the model over ``ids`` [B, L] with every SSM layer's recurrence replaced by ``variant``'s
-    (the prompt's first ``prompt`` positions in FP32). taps: ``layer_taps(net)``, found here when not given;
-    backends: a set that receives the backends that ran the recurrences ("triton", "torch")."""
-    handles = []
+    """Final hidden states [B, L, D] (the output head's input) of the model over ``ids`` [B, L] with every SSM
+    layer's recurrence replaced by ``variant``'s (the prompt's first ``prompt`` positions in FP32). taps:
+    ``layer_taps(net)``, found here when not given; backends: a set that receives the backends that ran the
+    recurrences ("triton", "torch").
+
+    The forward asks the model for the last position's logits only (``logits_to_keep=1``) and keeps its base model's
+    output; ``head_logits`` of that output's last position must reproduce those logits bit for bit, else the
+    model's head does more than its output embedding (a logit scale or soft cap) and EvalError says so."""
+    kept: dict = {}
+    handles = [net.base_model.register_forward_hook(lambda module, args, output: kept.update(hidden=output[0]))]
     try:
         for mixer, tap in layer_taps(net) if taps is None else taps:
             handles += listen(mixer.module, tap, _substitute(mixer, tap, variant, prompt, backends))
-        return net(input_ids=ids).logits
+        last = net(input_ids=ids, logits_to_keep=1).logits
     finally:
         for h in handles:
             h.remove()
+    hidden = kept.get("hidden")
+    if hidden is None or tuple(hidden.shape[:2]) != tuple(ids.shape):
+        raise EvalError(
+            f"the base model ({type(net.base_model).__name__}) did not return hidden states [B, L, D] for input ids "
+            f"{tuple(ids.shape)}: the model's layout changed"
+        )
+    if not torch.equal(head_logits(net, hidden[:, -1:]), last.float()):
+        raise EvalError(
+            f"{type(net).__name__}'s logits are not its output embedding of the final hidden states (a logit scale "
+            "or soft cap?): --mode layer computes the logits from the hidden states in chunks of positions and cannot "
+            "evaluate it; use --mode decode"
+        )
+    return hidden
+
+
+def head_logits(net: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """FP32 logits [..., V] of final hidden states [..., D] through the model's output embedding."""
+    return net.get_output_embeddings()(hidden).float()
 
 
 def layer_major_pass(
@@ -93,26 +123,45 @@ def layer_major_pass(
     ref_nll: torch.Tensor,
     prompt: int = 0,
     progress=None,
+    sub_batch: int | None = None,
 ) -> set[str]:
     """Fill ``values`` [V, 3, B, T] (kl, top-1 agreement, delta nll in nats, as ``loop.decode_pass`` does) and
     ``ref_nll`` [B, T] for ``ids`` [B, P + T + 1], one forward of P + T positions per variant and one for the
-    reference. progress(): called after each forward. Returns the backends that ran the recurrences
-    (``simulate.simulate_outputs``: "triton" for the fused kernels' output mode, "torch" for the reference)."""
+    reference, ``sub_batch`` sequences at a time (default: all B). Logits are formed and compared in chunks of
+    ``sizing.metric_chunk_rows`` positions from the final hidden states, so the metrics' memory does not grow with
+    B x T. progress(sequences): called after each forward with the number of sequences it covered. Returns the
+    backends that ran the recurrences (``simulate.simulate_outputs``: "triton" for the fused kernels' output mode,
+    "torch" for the reference)."""
     batch, steps = ids.shape[0], ids.shape[1] - 1 - prompt
-    inputs, targets = ids[:, :-1], ids[:, prompt + 1 :]
+    sub_batch = batch if sub_batch is None else int(sub_batch)
+    rows = metric_chunk_rows(net.get_output_embeddings().weight.shape[0])
     taps = layer_taps(net)
     backends: set[str] = set()
-    ref_logits = variant_logits(net, inputs, parse_variant(REFERENCE_VARIANT), prompt, taps, backends)[:, prompt:]
-    if not torch.isfinite(ref_logits).all():
-        raise EvalError("the reference's logits are not finite")
-    flat_target = targets.reshape(-1).to(ref_logits.device)
-    ref = reference_step(ref_logits.reshape(batch * steps, -1), flat_target)
-    ref_nll.copy_(ref.nll.reshape(batch, steps))
-    if progress is not None:
-        progress()
-    for i, v in enumerate(variants):
-        logits = variant_logits(net, inputs, v, prompt, taps, backends)[:, prompt:]
-        values[i] = compare_step(ref, logits.reshape(batch * steps, -1), flat_target).reshape(3, batch, steps)
+    for b0 in range(0, batch, sub_batch):
+        part = ids[b0 : b0 + sub_batch]
+        nb = part.shape[0]
+        inputs, targets = part[:, :-1], part[:, prompt + 1 :].reshape(-1)
+        ref_hidden = variant_hidden(net, inputs, parse_variant(REFERENCE_VARIANT), prompt, taps, backends)
+        ref_hidden = ref_hidden[:, prompt:].reshape(nb * steps, -1)
+        targets = targets.to(ref_hidden.device)
+        nll = torch.empty(nb * steps, dtype=torch.float64, device=ref_hidden.device)
+        for r0 in range(0, nb * steps, rows):
+            logits = head_logits(net, ref_hidden[r0 : r0 + rows])
+            if not torch.isfinite(logits).all():
+                raise EvalError("the reference's logits are not finite")
+            nll[r0 : r0 + rows] = reference_step(logits, targets[r0 : r0 + rows]).nll
+        ref_nll[b0 : b0 + nb] = nll.reshape(nb, steps)
         if progress is not None:
-            progress()
+            progress(nb)
+        for i, v in enumerate(variants):
+            hidden = variant_hidden(net, inputs, v, prompt, taps, backends)[:, prompt:].reshape(nb * steps, -1)
+            measured = torch.empty(3, nb * steps, dtype=torch.float64, device=ref_hidden.device)
+            for r0 in range(0, nb * steps, rows):
+                chunk, target = slice(r0, r0 + rows), targets[r0 : r0 + rows]
+                ref = reference_step(head_logits(net, ref_hidden[chunk]), target)
+                measured[:, chunk] = compare_step(ref, head_logits(net, hidden[chunk]), target)
+            values[i, :, b0 : b0 + nb] = measured.reshape(3, nb, steps)
+            del hidden
+            if progress is not None:
+                progress(nb)
     return backends

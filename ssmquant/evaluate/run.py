@@ -429,11 +429,10 @@ def evaluate(
     decoded = len(vlist) - len(exact) if fold else len(vlist)
     per_pass = None
     layer_estimate = None
+    sub_batch = batch
     try:
         if layer_major:
-            layer_estimate = _layer_major_memory(net, layout, batch, prompt + steps, loaded.device)
-            lower = "--prompt, --steps or --batch" if prompt else "--steps or --batch"
-            check_memory(layer_estimate, batch=batch, steps=prompt + steps, free=free_bytes, lower=lower)
+            sub_batch, layer_estimate = _layer_major_batch(net, layout, batch, prompt + steps, loaded.device, prompt)
         elif fold and decoded:
             per_pass = _fold_width(net, layout, batch, prompt + steps, decoded, loaded.device, False, fold_width)
         else:
@@ -469,6 +468,13 @@ def evaluate(
     total = run_steps(plans, steps)
     done = 0
     notes = list(loaded.notes)
+    if layer_major and sub_batch < batch:
+        notes.append(
+            f"memory: the layer mode runs {sub_batch} of the {batch} sequences per forward "
+            f"({-(-batch // sub_batch)} forwards per variant)"
+        )
+        if notify is not None:
+            notify(notes[-1])
     if len(plans) > 1:
         notes.append(
             f"memory: {per_pass} of {decoded} variants folded per pass with the reference, {len(plans)} passes "
@@ -512,8 +518,15 @@ def evaluate(
             segment_graphs or contextlib.nullcontext(),
         ):
             if layer_major:
+                covered = [0]  # sequences x forwards done; the bar counts steps of whole-batch forwards
+
+                def forward_done(sequences: int):
+                    before = covered[0] * steps // batch
+                    covered[0] += sequences
+                    advance(covered[0] * steps // batch - before)
+
                 recurrences = layer_major_pass(
-                    net, ids, vlist, values, ref_nll, prompt=prompt, progress=lambda: advance(steps)
+                    net, ids, vlist, values, ref_nll, prompt=prompt, progress=forward_done, sub_batch=sub_batch
                 )
             for n, plan in enumerate([] if layer_major else plans):
                 notes += decode_pass(
@@ -537,7 +550,7 @@ def evaluate(
             else {"memory_estimate_GiB": {p: round(layer_estimate.total(p) / 2**30, 3) for p in layer_estimate.pools}}
         ),
         "passes": len(plans),
-        "forward_batch": [sum(len(r) for r in p.runs) * batch for p in plans] if fold else batch,
+        "forward_batch": [sum(len(r) for r in p.runs) * batch for p in plans] if fold else sub_batch,
     }
     if segment_graphs is not None:
         timing["cuda_graphs"] = {
@@ -630,6 +643,23 @@ ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries"
 def _allocator_counts(device: torch.device) -> dict[str, int]:
     stats = torch.cuda.memory_stats(device)
     return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTERS}
+
+
+def _layer_major_batch(net, layout: dict, batch: int, tokens: int, device, prompt: int):
+    """(sequences per forward, its memory estimate) of a layer-major evaluation: all ``batch`` when they fit the
+    free memory, else the most that do; SizingError (naming the estimate's parts) when one sequence does not."""
+    for sub in range(batch, 0, -1):
+        est = _layer_major_memory(net, layout, sub, tokens, device)
+        if all(room is None or est.total(p) <= room for p, room in _free_rooms(est)):
+            return sub, est
+    lower = "--prompt or --steps" if prompt else "--steps"
+    check_memory(est, batch=1, steps=tokens, free=free_bytes, lower=lower)  # raises: one sequence does not fit
+    raise AssertionError("check_memory passed an estimate that exceeds the free memory")
+
+
+def _free_rooms(est) -> list:
+    """(pool, free bytes or None) of each memory pool of an estimate."""
+    return [(p, free_bytes(est.device if p == "device" else torch.device("cpu"))) for p in est.pools]
 
 
 def _layer_major_memory(net, layout: dict, batch: int, tokens: int, device):

@@ -66,13 +66,34 @@ def test_layer_mode_refuses_the_decode_modes_options():
 
 
 def test_layer_mode_checks_its_memory_before_the_work(monkeypatch):
-    """sizing.layer_major_memory: the forward's activations, one layer's emulation and the logits of B x (P + T)
-    positions; more than is free is refused before any forward, naming the parts; what it assumed is recorded."""
-    r = evaluate(EvalConfig("tiny-nemotron", "int8", steps=8, batch=1, device="cpu", mode="layer"))
-    assert r.timing["memory_estimate_GiB"]["host"] > 0
+    """sizing.layer_major_memory: the forward's activations, one layer's emulation, the final hidden states and one
+    chunk of positions' logits; where B sequences do not fit the free memory, fewer run per forward (the same
+    numbers); where one does not, the run is refused before any forward, naming the parts."""
+    kw = dict(steps=24, batch=2, device="cpu", mode="layer")
+    whole = evaluate(EvalConfig("tiny-nemotron", VARIANTS, **kw))
+    assert whole.timing["memory_estimate_GiB"]["host"] > 0 and whole.timing["forward_batch"] == 2
+    one = whole.timing["memory_estimate_GiB"]["host"] * 2**30 * 0.6  # room for one sequence, not two
+    monkeypatch.setattr("ssmquant.evaluate.run.free_bytes", lambda device: int(one))
+    halves = evaluate(EvalConfig("tiny-nemotron", VARIANTS, **kw))
+    assert halves.timing["forward_batch"] == 1
+    assert any("runs 1 of the 2 sequences per forward (2 forwards per variant)" in n for n in halves.notes)
+    assert np.allclose(halves.sequences[["kl_mean", "top1_agree_mean"]], whole.sequences[["kl_mean", "top1_agree_mean"]],
+                       rtol=1e-6, atol=1e-12)  # fmt: skip
+    assert halves.reference["loss_mean"] == pytest.approx(whole.reference["loss_mean"], rel=1e-9)
     monkeypatch.setattr("ssmquant.evaluate.run.free_bytes", lambda device: 1024)
-    with pytest.raises(EvalError, match="the forward's activations .* lower --steps or --batch"):
+    with pytest.raises(EvalError, match="the forward's activations .* lower --steps"):
         evaluate(EvalConfig("tiny-nemotron", "int8", steps=8, batch=1, device="cpu", mode="layer"))
+
+
+def test_layer_mode_forms_logits_in_chunks_of_positions(monkeypatch):
+    """The metrics compare logits in chunks of positions (sizing.metric_chunk_rows): chunks of 7 positions give what
+    one chunk of all positions gives."""
+    kw = dict(steps=24, batch=2, device="cpu", mode="layer")
+    whole = evaluate(EvalConfig("tiny-qwen", VARIANTS, **kw))
+    monkeypatch.setattr("ssmquant.evaluate.layer_major.metric_chunk_rows", lambda vocab: 7)
+    chunked = evaluate(EvalConfig("tiny-qwen", VARIANTS, **kw))
+    assert np.allclose(chunked.sequences.iloc[:, 2:], whole.sequences.iloc[:, 2:], rtol=1e-9, atol=1e-15)
+    assert chunked.reference["loss_mean"] == pytest.approx(whole.reference["loss_mean"], rel=1e-12)
 
 
 def test_a_prompt_store_is_evaluated_layer_major_and_refused_token_by_token():
@@ -86,3 +107,13 @@ def test_a_prompt_store_is_evaluated_layer_major_and_refused_token_by_token():
         evaluate(EvalConfig("tiny-qwen", "bf16@conventional+int8col", mode="decode", **kw))
     with pytest.raises(EvalError, match="give --prompt N"):
         evaluate(EvalConfig("tiny-qwen", "bf16@conventional+int8col", mode="layer", **{**kw, "prompt": 0}))
+
+
+def test_layer_mode_refuses_a_head_that_is_not_the_output_embedding(monkeypatch):
+    """The chunked logits come from the output embedding of the final hidden states; where that does not reproduce
+    the model's own last-position logits (here: a head doubled, as a logit scale would), the run is refused."""
+    monkeypatch.setattr(
+        "ssmquant.evaluate.layer_major.head_logits", lambda net, hidden: 2 * net.get_output_embeddings()(hidden).float()
+    )
+    with pytest.raises(EvalError, match="logits are not its output embedding .* use --mode decode"):
+        evaluate(EvalConfig("tiny-kda", "int8", steps=8, batch=1, device="cpu", mode="layer"))
