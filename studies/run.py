@@ -23,7 +23,15 @@ if str(ROOT) not in sys.path:
 
 from studies.common.context import SCALES, Context  # noqa: E402
 
-STUDIES = ("conv_vs_replay", "buffer_length", "granularity_calibration", "fragile_heads", "speculative", "synthetic_profiles")
+STUDIES = (
+    "conv_vs_replay",
+    "buffer_length",
+    "granularity_calibration",
+    "fragile_heads",
+    "speculative",
+    "synthetic_profiles",
+    "e2e_horizon",
+)
 
 
 def study_module(name: str):

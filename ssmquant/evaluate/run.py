@@ -36,7 +36,7 @@ from ..models.text import calibration_batch, load_text, split_bounds, text_origi
 from ..provenance import environment
 from ..replay.schemes import DEFAULT_BUFFER_LEN
 from ..replay.variants import Variant, VariantError, check_variants_fit, parse_variant, parse_variants
-from ..sizing import SizingError, check_memory, eval_memory, free_bytes, layer_dims, layer_major_memory
+from ..sizing import SizingError, check_memory, eval_memory, format_bytes, free_bytes, layer_dims, layer_major_memory
 from .decode import attention_refusal, decode_attention
 from .graphs import SegmentGraphs, backend_for, graph_refusal
 from .layer_major import layer_major_pass
@@ -468,6 +468,12 @@ def evaluate(
     total = run_steps(plans, steps)
     done = 0
     notes = list(loaded.notes)
+    if layer_major and notify is not None:
+        notify(
+            "memory: the layer mode needs about "
+            + ", ".join(f"{format_bytes(layer_estimate.total(p))} on the {p}" for p in layer_estimate.pools)
+            + f" ({sub_batch} sequences of {prompt + steps} positions per forward)"
+        )
     if layer_major and sub_batch < batch:
         notes.append(
             f"memory: the layer mode runs {sub_batch} of the {batch} sequences per forward "
