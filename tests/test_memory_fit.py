@@ -7,7 +7,18 @@ import re
 import pytest
 import torch
 
-from ssmquant.sizing import GIB, SizingError, analyze_memory, check_memory, largest_fitting_steps, layer_dims
+from ssmquant.sizing import (
+    GIB,
+    METRIC_BYTES_PER_LOGIT,
+    METRIC_CHUNK_BYTES,
+    SizingError,
+    analyze_memory,
+    check_memory,
+    largest_fitting_steps,
+    layer_dims,
+    layer_major_memory,
+    metric_chunk_rows,
+)
 
 
 def test_largest_fitting_steps_bisects_a_monotone_need():
@@ -36,3 +47,21 @@ def test_a_refused_gpu_run_names_steps_that_fit_when_parts_grow_with_the_steps_a
     # the extrapolation from the batch x steps parts alone counted those parts as fixed: no steps named
     with pytest.raises(SizingError, match=r"lower the batch first"):
         check_memory(_nano_gpu_estimate(10_000_000), batch=8, steps=10_000_000, free=lambda d: room)
+
+
+def test_the_layer_modes_metrics_stay_within_one_chunk_of_positions():
+    """sizing.layer_major_memory: the logits and float64 metrics take one chunk of positions (metric_chunk_rows) at any
+    batch x positions; the activations and hidden states grow with them (Nemotron-3-Nano's sizes, 131072 tokens)."""
+    config = {"hidden_size": 2688, "intermediate_size": 1856, "chunk_size": 128}
+    dims = layer_dims("mamba2", 64, 64, 128, 8)
+
+    def parts(tokens):
+        est = layer_major_memory(dims, config, batch=8, tokens=tokens, vocab=131072, device=torch.device("cuda"))
+        return {label: nbytes for label, _, nbytes in est.parts}
+
+    short, long = parts(2048), parts(32768)
+    metrics = "one chunk of positions' logits and float64 metrics"
+    assert short[metrics] == long[metrics] <= METRIC_CHUNK_BYTES
+    assert metric_chunk_rows(131072) * 131072 * METRIC_BYTES_PER_LOGIT <= METRIC_CHUNK_BYTES
+    assert long["the forward's activations"] == 16 * short["the forward's activations"]
+    assert long["the reference's and a variant's final hidden states"] == 8 * 32768 * 2 * 2688 * 4
