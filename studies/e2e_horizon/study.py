@@ -25,7 +25,7 @@ from studies.common.context import Context, load, load_runs, write_provenance
 from studies.common.page import reproduce, scale_note
 from studies.common.plots import save_fig, sns, subplots
 from studies.common.stats import bootstrap, rank_correlation_test
-from studies.common.tables import CSV_FLOAT, ci, num, p_text, save_table
+from studies.common.tables import CSV_FLOAT, ci, num, p_text, save_table, span
 
 STUDY = "e2e_horizon"
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -298,13 +298,16 @@ def page(data: pathlib.Path, out: pathlib.Path) -> dict:
         "",
         f"- Rank correlation of the statistic with the mean KL over all {len(tab)} points: rho = "
         f"{test.statistic:.2f} (permutation {p_text(test)}).",
-        f"- Under the budget ({num(budget)}): {len(under)} variants, {int(under['harmless'].sum())} harmless. Over "
-        f"it: {int((tab['verdict'] != 'under').sum())}, {int((~tab[tab['verdict'] != 'under']['harmless']).sum())} "
+        f"- Under the budget ({num(budget)}): {len(under)} variants, {int(under['harmless'].sum())} harmless; they "
+        f"still flip {span(under['flip_rate'] * 100, '%')} of the predictions (mean KL {span(under['kl'], ' nats')}). "
+        "Over it: "
+        f"{int((tab['verdict'] != 'under').sum())}, {int((~tab[tab['verdict'] != 'under']['harmless']).sum())} "
         "harmful.",
         f"- **Budget decision:** {decision}.",
         f"- **Forecasts** from {num(int(tab['short_steps'].max()))}-step runs: the verdict at {num(steps)} steps "
         f"agreed with the measured one in {agree} of {len(checked)} cases; {missed} said under where the horizon "
-        f"was over (missed), {cautious} said over or unknown where it was under (cautious); forecast / measured "
+        f"was over (missed), {cautious} said over or unknown where it was under (cautious), "
+        f"{len(checked) - agree - missed - cautious} said over where the horizon diverged; forecast / measured "
         f"statistic {num(float(ratio.min())) if len(ratio) else 'n/a'}-{num(float(ratio.max())) if len(ratio) else 'n/a'} "
         f"(median {num(float(ratio.median())) if len(ratio) else 'n/a'}).",
         "",
