@@ -307,7 +307,8 @@ def page(data: pathlib.Path, out: pathlib.Path) -> dict:
         f"- **Forecasts** from {num(int(tab['short_steps'].max()))}-step runs: the verdict at {num(steps)} steps "
         f"agreed with the measured one in {agree} of {len(checked)} cases; {missed} said under where the horizon "
         f"was over (missed), {cautious} said over or unknown where it was under (cautious), "
-        f"{len(checked) - agree - missed - cautious} said over where the horizon diverged; forecast / measured "
+        f"{len(checked) - agree - missed - cautious} gave another label than 'under' where the horizon was over or "
+        "diverged (e.g. over for diverged); forecast / measured "
         f"statistic {num(float(ratio.min())) if len(ratio) else 'n/a'}-{num(float(ratio.max())) if len(ratio) else 'n/a'} "
         f"(median {num(float(ratio.median())) if len(ratio) else 'n/a'}).",
         "",
