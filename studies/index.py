@@ -53,7 +53,8 @@ def write_index(data: pathlib.Path, out: pathlib.Path, answers: list[dict]) -> N
         "`synthetic` runs use the presets' exact shapes with inputs from the family's initialisation "
         "distributions (profile `init`), or a labelled stress profile (`synthetic, <profile> profile`; "
         "`ssmquant.models.synthetic.PROFILES`); `shipped` runs use the tiny models trained for ssmquant "
-        "(`studies/tiny_models/`) on the shipped public-domain text.",
+        "(`studies/tiny_models/`) on the shipped public-domain text (e2e_horizon: on the tiny models' whole held-out "
+        "documents, `studies/tiny_models/CORPUS.md`).",
         "",
         "## Commands",
         "",
