@@ -44,3 +44,20 @@ def test_eval_grid_options_and_errors(nemotron_byte_dir, tmp_path):
     long = CliRunner().invoke(main, base + ["--variants", "int8", "--steps", "1000000", "--out", str(tmp_path / "d")])
     assert long.exit_code == 1 and "held-out" in long.output
     assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
+def test_eval_text_split_option(nemotron_byte_dir, tmp_path):
+    """--text-split all reads the whole text (recorded in eval.json); an unknown split is a usage error naming the
+    accepted ones."""
+    text = tmp_path / "short.txt"
+    text.write_text("abcdefghij" * 30)  # 300 bytes: 60 held out, too few for 3 sequences of 21 tokens; the whole holds 14
+    base = ["eval", "--model", str(nemotron_byte_dir), "--variants", "int8", "--steps", "20", "--batch", "3"]
+    base += ["--device", "cpu", "--text", str(text), "-q", "--no-plots"]
+    held = CliRunner().invoke(main, base + ["--out", str(tmp_path / "a")])
+    assert held.exit_code != 0 and "--text-split all" in held.output
+    whole = CliRunner().invoke(main, base + ["--text-split", "all", "--out", str(tmp_path / "b")])
+    assert whole.exit_code == 0, whole.output
+    report = json.loads((tmp_path / "b" / "eval.json").read_text())
+    assert report["data_source"]["text"]["split"] == "all" and report["settings"]["text_split"] == "all"
+    bad = CliRunner().invoke(main, base + ["--text-split", "train", "--out", str(tmp_path / "c")])
+    assert bad.exit_code == 2 and "'heldout', 'all'" in bad.output
