@@ -129,7 +129,8 @@ def layer_major_pass(
     ``ref_nll`` [B, T] for ``ids`` [B, P + T + 1], one forward of P + T positions per variant and one for the
     reference, ``sub_batch`` sequences at a time (default: all B). Logits are formed and compared in chunks of
     ``sizing.metric_chunk_rows`` positions from the final hidden states, so the metrics' memory does not grow with
-    B x T. progress(sequences): called after each forward with the number of sequences it covered. Returns the
+    B x T (the reference's chunk logits are formed again for each variant: keeping them would bring that growth
+    back). progress(sequences): called after each forward with the number of sequences it covered. Returns the
     backends that ran the recurrences (``simulate.simulate_outputs``: "triton" for the fused kernels' output mode,
     "torch" for the reference)."""
     batch, steps = ids.shape[0], ids.shape[1] - 1 - prompt

@@ -489,6 +489,7 @@ def evaluate(
         if notify is not None:
             notify(notes[-1])
     dev = ids.device
+    covered = 0  # the layer mode's sequences x forwards done
     values = torch.zeros(len(vlist), 3, batch, steps, dtype=torch.float64, device=dev)  # kl, agree, dnll (nats)
     ref_nll = torch.zeros(batch, steps, dtype=torch.float64, device=dev)
     clock = Clock(total_steps(plans, steps), dev, notify if steps > 8 else None)
@@ -524,12 +525,12 @@ def evaluate(
             segment_graphs or contextlib.nullcontext(),
         ):
             if layer_major:
-                covered = [0]  # sequences x forwards done; the bar counts steps of whole-batch forwards
-
                 def forward_done(sequences: int):
-                    before = covered[0] * steps // batch
-                    covered[0] += sequences
-                    advance(covered[0] * steps // batch - before)
+                    # the bar counts steps of whole-batch forwards; a forward of fewer sequences counts its share
+                    nonlocal covered
+                    before = covered * steps // batch
+                    covered += sequences
+                    advance(covered * steps // batch - before)
 
                 recurrences = layer_major_pass(
                     net, ids, vlist, values, ref_nll, prompt=prompt, progress=forward_done, sub_batch=sub_batch
@@ -653,19 +654,18 @@ def _allocator_counts(device: torch.device) -> dict[str, int]:
 
 def _layer_major_batch(net, layout: dict, batch: int, tokens: int, device, prompt: int):
     """(sequences per forward, its memory estimate) of a layer-major evaluation: all ``batch`` when they fit the
-    free memory, else the most that do; SizingError (naming the estimate's parts) when one sequence does not."""
+    free memory, else the most that do. Raises SizingError (naming the estimate's parts) when one sequence does not
+    fit."""
+    lower = "--prompt or --steps" if prompt else "--steps"
+    err = None
     for sub in range(batch, 0, -1):
         est = _layer_major_memory(net, layout, sub, tokens, device)
-        if all(room is None or est.total(p) <= room for p, room in _free_rooms(est)):
+        try:
+            check_memory(est, batch=sub, steps=tokens, free=free_bytes, lower=lower)
             return sub, est
-    lower = "--prompt or --steps" if prompt else "--steps"
-    check_memory(est, batch=1, steps=tokens, free=free_bytes, lower=lower)  # raises: one sequence does not fit
-    raise AssertionError("check_memory passed an estimate that exceeds the free memory")
-
-
-def _free_rooms(est) -> list:
-    """(pool, free bytes or None) of each memory pool of an estimate."""
-    return [(p, free_bytes(est.device if p == "device" else torch.device("cpu"))) for p in est.pools]
+        except SizingError as e:
+            err = e  # one sequence's: what to lower when not even that fits
+    raise err
 
 
 def _layer_major_memory(net, layout: dict, batch: int, tokens: int, device):
