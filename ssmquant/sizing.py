@@ -49,6 +49,12 @@ def layer_dims(kind: str, heads: int, rows: int, state_dim: int, groups: int) ->
     return LayerDims(kind, int(heads), int(rows), int(state_dim), int(groups))
 
 
+def layout_dims(layout: dict) -> LayerDims:
+    """``layer_dims`` of a model's SSM layout (``models.ssm_layout``: layer_kind, state_shape, groups)."""
+    heads, rows, state_dim = layout["state_shape"]
+    return layer_dims(layout["layer_kind"], heads, rows, state_dim, layout.get("groups") or heads)
+
+
 def state_elements(dims: LayerDims) -> int:
     return dims.state_elements
 
@@ -439,6 +445,7 @@ __all__ = [
     "free_bytes",
     "input_bytes_per_token",
     "layer_dims",
+    "layout_dims",
     "prefill_bytes_per_token",
     "probe_step_seconds",
     "random_inputs",

@@ -36,7 +36,7 @@ from ..models.text import calibration_batch, load_text, split_bounds, text_origi
 from ..provenance import environment
 from ..replay.schemes import DEFAULT_BUFFER_LEN
 from ..replay.variants import Variant, VariantError, check_variants_fit, parse_variant, parse_variants
-from ..sizing import SizingError, check_memory, eval_memory, format_bytes, free_bytes, layer_dims, layer_major_memory
+from ..sizing import SizingError, check_memory, eval_memory, format_bytes, free_bytes, layer_major_memory, layout_dims
 from .decode import attention_refusal, decode_attention
 from .graphs import SegmentGraphs, backend_for, graph_refusal
 from .layer_major import layer_major_pass
@@ -423,6 +423,11 @@ def evaluate(
             f"the model's SSM mixers sit at layers {[layer.index for layer in layers]} but its config says "
             f"{list(layout['ssm_layers'])}"
         )
+    if not layer_major and not _attention_layers(net):
+        raise EvalError(
+            f"{type(net).__name__} has no attention layer (a slice of a hybrid model?): transformers' cache sizes "
+            "its causal mask from its attention layers and cannot decode it token by token; use --mode layer"
+        )
     if fold_width is not None:
         fold_width = _check_int("fold_width", fold_width)
     exact = frozenset(i for i, v in enumerate(vlist) if v.format.is_exact)
@@ -672,11 +677,15 @@ def _layer_major_memory(net, layout: dict, batch: int, tokens: int, device):
     """``sizing.layer_major_memory`` for a loaded model: its largest SSM layer's sizes, hidden and MLP widths,
     vocabulary."""
     text = net.config.get_text_config()
-    heads, rows, state_dim = layout["state_shape"]
-    dims = layer_dims(layout["layer_kind"], heads, rows, state_dim, layout.get("groups") or heads)
     return layer_major_memory(
-        dims, text.to_dict(), batch=batch, tokens=tokens, vocab=int(text.vocab_size), device=device
+        layout_dims(layout), text.to_dict(), batch=batch, tokens=tokens, vocab=int(text.vocab_size), device=device
     )
+
+
+def _attention_layers(net) -> int:
+    """How many of the model's layers are attention layers (its text config's layer_types)."""
+    types = list(getattr(net.config.get_text_config(), "layer_types", None) or [])
+    return sum(1 for t in types if "attention" in t and t != "linear_attention")
 
 
 def _memory(
@@ -687,21 +696,19 @@ def _memory(
     ``step_batch`` sequences of one forward (one layer at a time), one state write (``WRITE_GROUP_ELEMENTS``
     at most; none when every variant is exact) and the float64 log-probs of the metrics."""
     text = net.config.get_text_config()
-    types = list(getattr(text, "layer_types", None) or [])
-    attention = sum(1 for t in types if "attention" in t and t != "linear_attention")
+    attention = _attention_layers(net)
     heads = getattr(text, "num_attention_heads", 1) or 1
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     elem = next(net.parameters()).element_size()
-    heads_, rows, state_dim = layout["state_shape"]
     vocab = int(text.vocab_size)
     est = eval_memory(
-        layer_dims(layout["layer_kind"], heads_, rows, state_dim, layout.get("groups") or heads_),
+        layout_dims(layout),
         batch=batch, steps=steps, variants=variants, ssm_layers=len(layout["ssm_layers"]), attention_layers=attention,
         kv_per_token=2 * kv_heads * head_dim * elem, vocab=vocab, device=device,
     )  # fmt: skip
     pool = "device" if torch.device(device).type == "cuda" else "host"
-    per_seq = heads_ * rows * state_dim  # one layer's state elements per sequence
+    per_seq = layout_dims(layout).state_elements  # one layer's state elements per sequence
     # transformers' torch decode step of one layer holds about four state-sized FP32 tensors (decay, input
     # term, new state, its copy for the output) for every sequence of the forward
     est.add("one decode step's state temporaries", pool, 4 * step_batch * per_seq * 4)

@@ -274,9 +274,13 @@ class Mamba2(LayerKind):
 
     def prefill_scan_elements(self, dims, chunk):
         h, r, n = dims.heads, dims.rows, dims.state_dim
-        # mamba2_chunk_scan: L, G, M of [chunk, H] per token, the chunk states, fp32 copies of x, B, C, and the
-        # scan's [chunk, chunk, H, N] product
-        return 3 * chunk * h + 2 * h * r * n / chunk + 2 * h * n + 4 * h * r + chunk * h * n
+        # transformers' torch mamba2_chunk_scan (einsums, 5.24 and 5.25): L, G and M of [chunk, H] per token, live
+        # to its end, with segment_sum's and the einsums' transient copies (6 in all); the chunk states, their
+        # concatenation and the propagated states ([H, P, N] per chunk: 4); B and C repeated to every head and
+        # B's decayed copy (4 of [H, N]); x, dt x, the D residual, the diagonal and off-diagonal outputs and their
+        # permuted copies (10 of [H, P]). The [chunks, chunks, H] inter-chunk decay (T H / chunk^2 per token) is
+        # left out: under 1% of the rest below 64K positions.
+        return 6 * chunk * h + 4 * h * r * n / chunk + 4 * h * n + 10 * h * r
 
     def random_inputs(self, dims, batch, steps, *, device="cpu", seed=0):
         gen = torch.Generator(device="cpu").manual_seed(seed)

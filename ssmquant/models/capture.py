@@ -38,8 +38,9 @@ from .. import kinds
 from ..kinds import InputError, LayerInputs, remember_valid
 from ..memory import free_bytes
 from ..replay.reference import reference_decode
+from ..sizing import layout_dims, prefill_bytes_per_token
 from .compat import tested_range, transformers_version, untested_transformers_note, warn_if_untested_transformers
-from .loading import LoadedModel
+from .loading import LoadedModel, ssm_layout
 from .mixers import CaptureError, SSMMixer, find_ssm_mixers
 from .taps import MixerTap, expected_layouts, listen, tap_for
 from .text import CORPUS_PATH, calibration_batch
@@ -132,18 +133,11 @@ def _concat_batch(parts: list[LayerInputs], meta: dict) -> LayerInputs:
 
 
 def prefill_bytes_per_sequence(net: torch.nn.Module, tokens: int) -> int:
-    """Estimated peak GPU bytes of one sequence's prefill beyond the weights: the Mamba-2 torch scan's
-    [chunks, chunk, chunk, heads, state] fp32 products (two alive at once); 0 for other mixers, whose
-    chunked scans stay small. An estimate for sizing micro-batches, not a measurement."""
-    cfg = getattr(net, "config", None)
-    cfg = getattr(cfg, "text_config", None) or cfg
-    chunk = getattr(cfg, "chunk_size", None)
-    heads = getattr(cfg, "mamba_num_heads", None)
-    state = getattr(cfg, "ssm_state_size", None)
-    if not (chunk and heads and state):
-        return 0
-    chunks = -(-tokens // chunk)
-    return 2 * chunks * chunk * chunk * heads * state * 4
+    """Estimated peak bytes of one sequence's prefill of ``tokens`` positions beyond the weights: the live
+    activations of transformers' torch path at its largest SSM layer (``sizing.prefill_bytes_per_token``, the
+    kind's chunked scan). An estimate for sizing micro-batches, not a measurement."""
+    text = net.config.get_text_config()
+    return int(tokens) * prefill_bytes_per_token(layout_dims(ssm_layout(net.config)), text.to_dict())
 
 
 def auto_micro_batch(net: torch.nn.Module, batch: int, tokens: int, device: torch.device, free=None) -> int:

@@ -117,3 +117,37 @@ def test_layer_mode_refuses_a_head_that_is_not_the_output_embedding(monkeypatch)
     )
     with pytest.raises(EvalError, match="logits are not its output embedding .* use --mode decode"):
         evaluate(EvalConfig("tiny-kda", "int8", steps=8, batch=1, device="cpu", mode="layer"))
+
+
+def test_a_slice_without_attention_layers_runs_layer_major_and_is_refused_token_by_token():
+    """The layer mode's forward keeps no cache, so a model without attention layers (a one-layer Mamba-2 slice of a
+    preset) runs; token by token, transformers' cache cannot build its causal mask, and the run is refused."""
+    from ssmquant.models.build import build_random_model
+
+    model = build_random_model("nemotron-3-nano", devices="cpu", num_layers=1, dtype="float32",
+                               overrides={"vocab_size": 512}, progress=lambda *a: None)  # fmt: skip
+    assert model.model.config.layer_types == ["linear_attention"]
+    r = evaluate(EvalConfig(model, "fp8_e4m3", steps=8, batch=1, device="cpu", mode="layer"))
+    assert 0 < r.summary["kl_mean"].iloc[0] < 1e-3
+    with pytest.raises(EvalError, match="no attention layer .* use --mode layer"):
+        evaluate(EvalConfig(model, "fp8_e4m3", steps=8, batch=1, device="cpu", mode="decode"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: torch's allocator peak")
+@pytest.mark.parametrize("preset,layers", [("nemotron-3-nano", 6), ("qwen3.5-0.8b", 4)])
+def test_layer_mode_peak_memory_stays_within_its_estimate(preset, layers):
+    """The estimate the memory check reads (sizing.layer_major_memory) is not below the allocator's peak beyond
+    the weights, on a random-weight full-width slice (Mamba-2 with MoE and attention; GDN with attention) at 4096
+    steps x 2 sequences."""
+    from ssmquant.models.build import build_random_model
+
+    model = build_random_model(preset, devices="cuda", num_layers=layers, progress=lambda *a: None)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    r = evaluate(EvalConfig(model, VARIANTS, steps=4096, batch=2, device="cuda", mode="layer", text_split="all"))
+    peak = torch.cuda.max_memory_allocated() - base
+    assert r.timing["forward_batch"] == 2
+    estimate = r.timing["memory_estimate_GiB"]["device"] * 2**30
+    assert peak <= estimate, (peak / 2**30, estimate / 2**30)

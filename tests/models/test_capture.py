@@ -287,8 +287,11 @@ def test_prefill_memory_estimate_sizes_micro_batches(monkeypatch):
 
     with torch.device("meta"):
         net = NemotronHForCausalLM(NemotronHConfig(num_hidden_layers=1, hybrid_override_pattern="M"))
-    # Nemotron-H-8B's mixer (128 heads, state 128, chunk 128) at 2048 tokens: 16 chunks of 128 x 128 x 128 x 128
-    assert prefill_bytes_per_sequence(net, 2048) == 2 * 16 * 128 * 128 * 128 * 128 * 4  # 16 GiB
+    # Nemotron-H-8B's mixer (128 heads of 64 rows, state 128, chunk 128; hidden 4096, MLP 21504) at 2048 tokens:
+    # the einsum scan's [chunk, H], [H, P, N] / chunk, [H, N] and [H, P] terms, the MLP and residual, in fp32, x 1.5
+    c, h, p, n = 128, 128, 64, 128
+    per_token = 6 * c * h + 4 * h * p * n // c + 4 * h * n + 10 * h * p + 16 * 4096 + 2 * 21504
+    assert prefill_bytes_per_sequence(net, 2048) == 2048 * int(1.5 * 4 * per_token)  # 4.8 GiB
     per_seq = prefill_bytes_per_sequence(net, 2048)
     monkeypatch.setattr("ssmquant.models.capture.free_bytes", lambda device: 10 * per_seq)
     assert auto_micro_batch(net, 8, 2048, torch.device("cpu")) == 5  # half the free memory: 5 sequences
