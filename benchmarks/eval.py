@@ -4,6 +4,8 @@
     python benchmarks/run.py eval --device cuda --steps 4096 --batch 8
     python benchmarks/run.py eval --models tiny-qwen --steps 16 --batch 1 --reps 1   # a check: not a measurement
     python benchmarks/run.py eval --device cuda --models nemotron-3-nano --layers 6   # a preset: random weights
+    python benchmarks/run.py eval --device cuda --models nemotron-3-nano --modes layer --steps 32768 --batch 8 \
+        --variants fp8_e4m3,int8@replay16,nvfp4 --text studies/tiny_models/data/heldout.txt --text-split all
 
 A model is a shipped one (its weights) or a preset (`ssmquant presets`), built in memory with random weights at its
 full sizes (``models.build.build_random_model``; --layers N: its first N decoder layers, a slice).
@@ -13,14 +15,16 @@ over the same held-out sequences twice per repetition: `--mode decode` (teacher-
 model's cache) and `--mode layer` (one forward per variant, the SSM recurrences replaced by the emulation's outputs,
 ``evaluate.layer_major``), after one untimed run of each mode (Triton's compiles, cuDNN's plans). A rate is
 steps x batch x variants / the evaluation's own decode time (the timing's decode_s: the model is loaded before); the
-table gives the median over --reps (min-max), the ratio layer / decode, and the mean KL of each mode (their
-agreement is tested in tests/evaluate/test_layer_major.py). RESULTS.md key `eval-<device>`. --steps below 256 or
+table gives the median over --reps (min-max), the ratio layer / decode, each mode's wall time and mean KL (their
+agreement is tested in tests/evaluate/test_layer_major.py). RESULTS.md key `eval-<device>`; with --modes layer
+alone (horizons the token-by-token path cannot reach in the time) `eval-<device>-layer`. --steps below 256 or
 --batch 1 make the run a check of the script, not a measurement.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 
 from benchmarks.common import Result, Section, markdown_table
 
@@ -37,6 +41,9 @@ def add_arguments(ap) -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of each mode (the median is reported)")
     ap.add_argument("--layers", type=int, default=None, help="a preset's first N decoder layers (default: all)")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated modes to run (decode, layer)")
+    ap.add_argument("--text", default=None, help="text file to decode (default: the shipped corpus)")
+    ap.add_argument("--text-split", default="heldout", choices=("heldout", "all"), help="eval --text-split")
 
 
 def _load(name: str, args):
@@ -56,35 +63,54 @@ def run(args) -> Result:
     from ssmquant.evaluate import EvalConfig, evaluate
 
     models = [m for m in args.models.split(",") if m]
+    modes = [m for m in MODES if m in args.modes.split(",")]
+    unknown = set(args.modes.split(",")) - set(MODES)
+    if unknown or not modes:
+        raise SystemExit(f"--modes: unknown {sorted(unknown)}; accepted: {', '.join(MODES)}")
     rows, raw = [], {}
     for name in models:
         loaded, label = _load(name, args)
-        rates: dict[str, list[float]] = {m: [] for m in MODES}
+        rates: dict[str, list[float]] = {m: [] for m in modes}
+        walls: dict[str, list[float]] = {m: [] for m in modes}
         kl: dict[str, float] = {}
+
+        def run_mode(mode: str, steps: int):
+            return evaluate(EvalConfig(loaded, args.variants, steps=steps, batch=args.batch, mode=mode,
+                                       text=args.text, text_split=args.text_split))  # fmt: skip
+
         warm = args.steps if args.steps % 16 else min(args.steps, 64)  # Triton specialises T on divisibility by 16
-        for mode in MODES:
-            evaluate(EvalConfig(loaded, args.variants, steps=warm, batch=args.batch, mode=mode))
+        for mode in modes:
+            run_mode(mode, warm)
         for _ in range(args.reps):
-            for mode in MODES:
-                res = evaluate(EvalConfig(loaded, args.variants, steps=args.steps, batch=args.batch, mode=mode))
+            for mode in modes:
+                t0 = time.perf_counter()
+                res = run_mode(mode, args.steps)
+                walls[mode].append(time.perf_counter() - t0)
                 n = len(res.variants)
                 rates[mode].append(args.steps * args.batch * n / res.timing["decode_s"])
                 kl[mode] = float(res.summary["kl_mean"].mean())
         med = {m: statistics.median(r) for m, r in rates.items()}
-        raw[label] = {"rates": rates, "kl_mean": kl}
+        raw[label] = {"rates": rates, "wall_s": walls, "kl_mean": kl}
+        ratio = f"{med['layer'] / med['decode']:.2f}x" if len(modes) == len(MODES) else "-"
         rows.append(
             {
                 "model": label,
-                **{f"{m} steps/s": f"{med[m]:.3g} ({min(rates[m]):.3g}-{max(rates[m]):.3g})" for m in MODES},
-                "layer / decode": f"{med['layer'] / med['decode']:.2f}x",
-                **{f"{m} mean KL": f"{kl[m]:.3g}" for m in MODES},
+                **{f"{m} steps/s": f"{med[m]:.3g} ({min(rates[m]):.3g}-{max(rates[m]):.3g})" for m in modes},
+                "layer / decode": ratio,
+                **{f"{m} wall s": f"{statistics.median(walls[m]):.1f}" for m in modes},
+                **{f"{m} mean KL": f"{kl[m]:.3g}" for m in modes},
             }
         )
+    text = "the shipped corpus" if args.text is None else args.text
     body = (
         f"`ssmquant eval` of {len(models)} models, {args.steps} steps x {args.batch} sequences x the variants "
-        f"{args.variants}, on {args.device}; decode-step equivalents per second (steps x sequences x variants / the "
-        f"evaluation's decode time), median of {args.reps} (min-max).\n\n" + markdown_table(rows)
+        f"{args.variants}, on {args.device} ({args.text_split} split of {text}); decode-step equivalents per second "
+        f"(steps x sequences x variants / the evaluation's decode time) and the evaluation's wall time (the model "
+        f"loaded before), median of {args.reps} (min-max).\n\n" + markdown_table(rows)
     )
     measurement = args.steps >= 256 and args.batch > 1
-    return Result({f"eval-{args.device}": Section(f"`ssmquant eval`: layer-major vs token by token ({args.device})", body)},
-                  raw, measurement=measurement)  # fmt: skip
+    if len(modes) == len(MODES):
+        key, title = f"eval-{args.device}", f"`ssmquant eval`: layer-major vs token by token ({args.device})"
+    else:
+        key, title = f"eval-{args.device}-{modes[0]}", f"`ssmquant eval --mode {modes[0]}` alone ({args.device})"
+    return Result({key: Section(title, body)}, raw, measurement=measurement)
