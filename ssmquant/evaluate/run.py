@@ -477,7 +477,7 @@ def evaluate(
         notify(
             "memory: the layer mode needs about "
             + ", ".join(f"{format_bytes(layer_estimate.total(p))} on the {p}" for p in layer_estimate.pools)
-            + f" ({sub_batch} sequences of {prompt + steps} positions per forward)"
+            + f" ({sub_batch} sequence{'s' * (sub_batch > 1)} of {prompt + steps} positions per forward)"
         )
     if layer_major and sub_batch < batch:
         notes.append(
