@@ -59,9 +59,14 @@ def _load(name: str, args):
     return loaded, f"{name} (random weights, {layers})"
 
 
-def run(args) -> Result:
+def _evaluate(loaded, args, mode: str, steps: int):
     from ssmquant.evaluate import EvalConfig, evaluate
 
+    return evaluate(EvalConfig(loaded, args.variants, steps=steps, batch=args.batch, mode=mode, text=args.text,
+                               text_split=args.text_split))  # fmt: skip
+
+
+def run(args) -> Result:
     models = [m for m in args.models.split(",") if m]
     modes = [m for m in MODES if m in args.modes.split(",")]
     unknown = set(args.modes.split(",")) - set(MODES)
@@ -74,17 +79,13 @@ def run(args) -> Result:
         walls: dict[str, list[float]] = {m: [] for m in modes}
         kl: dict[str, float] = {}
 
-        def run_mode(mode: str, steps: int):
-            return evaluate(EvalConfig(loaded, args.variants, steps=steps, batch=args.batch, mode=mode,
-                                       text=args.text, text_split=args.text_split))  # fmt: skip
-
         warm = args.steps if args.steps % 16 else min(args.steps, 64)  # Triton specialises T on divisibility by 16
         for mode in modes:
-            run_mode(mode, warm)
+            _evaluate(loaded, args, mode, warm)
         for _ in range(args.reps):
             for mode in modes:
                 t0 = time.perf_counter()
-                res = run_mode(mode, args.steps)
+                res = _evaluate(loaded, args, mode, args.steps)
                 walls[mode].append(time.perf_counter() - t0)
                 n = len(res.variants)
                 rates[mode].append(args.steps * args.batch * n / res.timing["decode_s"])
