@@ -85,8 +85,9 @@ def variant_hidden(
 
     The forward asks the model for the last position's logits only (``logits_to_keep=1``), keeps no cache
     (``use_cache=False``: no KV cache or SSM state of all positions; transformers' cache also cannot build the causal
-    mask of a model without attention layers) and keeps its base model's output; ``head_logits`` of that output's last position must reproduce those logits bit for bit, else the
-    model's head does more than its output embedding (a logit scale or soft cap) and EvalError says so."""
+    mask of a model without attention layers) and keeps its base model's output; ``head_logits`` of that output's
+    last position must reproduce those logits bit for bit, else the model's head does more than its output
+    embedding (a logit scale or soft cap) and EvalError says so."""
     kept: dict = {}
     handles = [net.base_model.register_forward_hook(lambda module, args, output: kept.update(hidden=output[0]))]
     try:

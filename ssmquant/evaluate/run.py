@@ -702,13 +702,14 @@ def _memory(
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     elem = next(net.parameters()).element_size()
     vocab = int(text.vocab_size)
+    dims = layout_dims(layout)
     est = eval_memory(
-        layout_dims(layout),
+        dims,
         batch=batch, steps=steps, variants=variants, ssm_layers=len(layout["ssm_layers"]), attention_layers=attention,
         kv_per_token=2 * kv_heads * head_dim * elem, vocab=vocab, device=device,
     )  # fmt: skip
     pool = "device" if torch.device(device).type == "cuda" else "host"
-    per_seq = layout_dims(layout).state_elements  # one layer's state elements per sequence
+    per_seq = dims.state_elements  # one layer's state elements per sequence
     # transformers' torch decode step of one layer holds about four state-sized FP32 tensors (decay, input
     # term, new state, its copy for the output) for every sequence of the forward
     est.add("one decode step's state temporaries", pool, 4 * step_batch * per_seq * 4)
