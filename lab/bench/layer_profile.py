@@ -1,0 +1,92 @@
+"""Where eval --mode layer spends its time: one evaluation under torch's profiler, its kernels grouped.
+
+    python lab/bench/layer_profile.py --model tiny-qwen --steps 256 --batch 2 --device cpu      # a check of the script
+    python lab/bench/layer_profile.py --model nemotron-3-nano --layers 14 --steps 2048 --batch 8 --device cuda
+
+One untimed evaluation first (Triton's compiles), then one under ``torch.profiler``. The device time of every
+kernel (CPU operators on the CPU) is put into a group by its name: ssmquant's recurrence kernels (the Triton
+``*_emulate_kernel`` of ``ssmquant.kernels``), matrix products, the model's own SSM scan (the chunked einsum scan or a
+fused library kernel, whose output the layer mode discards), the metrics' softmax / log-softmax, and the rest; it
+prints each group's share and the top kernels. A model is a shipped one or a preset (random weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from collections import defaultdict
+
+import torch
+
+from ssmquant.evaluate import EvalConfig, evaluate
+
+VARIANTS = "fp8_e4m3@conventional,int8@replay16,nvfp4@conventional"
+# first match wins; names as the profiler reports them (CUDA kernel names, or aten operators on the CPU)
+GROUPS = (
+    ("recurrence (ssmquant kernels)", re.compile(r"_emulate_kernel")),
+    ("model's SSM scan (discarded)", re.compile(r"chunk_gated_delta|chunk_fwd|chunk_scan|chunk_state|ssd_|cumsum")),
+    ("matrix products", re.compile(r"gemm|sm90_xmma|cutlass|matmul|addmm|\bmm\b|bmm|einsum|nvjet", re.I)),
+    ("metrics (softmax, log-softmax)", re.compile(r"softmax|logsumexp|log_softmax", re.I)),
+)
+
+
+def _group(name: str) -> str:
+    for label, pattern in GROUPS:
+        if pattern.search(name):
+            return label
+    return "other"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny-qwen", help="a shipped model or a preset (random weights)")
+    ap.add_argument("--layers", type=int, default=None, help="a preset's first N decoder layers (default: all)")
+    ap.add_argument("--steps", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--variants", default=VARIANTS)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--top", type=int, default=15, help="kernels listed")
+    args = ap.parse_args()
+    from ssmquant.models import load_model
+    from ssmquant.models.build import build_random_model
+    from ssmquant.models.loading import SHIPPED_MODELS
+
+    if args.model in SHIPPED_MODELS:
+        model = load_model(args.model, device=args.device)
+    else:
+        model = build_random_model(args.model, devices=args.device, num_layers=args.layers, progress=lambda *a: None)
+    cfg = EvalConfig(model, args.variants, steps=args.steps, batch=args.batch, mode="layer", device=args.device)
+    evaluate(cfg)
+    cuda = torch.device(args.device).type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=activities) as prof:
+        res = evaluate(cfg)
+        if cuda:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    per_kernel: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if cuda and ev.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[ev.name] += ev.device_time / 1e3  # us -> ms
+        elif not cuda and ev.device_type == torch.autograd.DeviceType.CPU and ev.name.startswith("aten::"):
+            per_kernel[ev.name] += ev.self_cpu_time_total / 1e3
+    total = sum(per_kernel.values())
+    groups: dict[str, float] = defaultdict(float)
+    for name, ms in per_kernel.items():
+        groups[_group(name)] += ms
+    where = torch.cuda.get_device_name() if cuda else "CPU"
+    print(f"{args.model} ({args.layers or 'all'} layers), {args.steps} steps x {args.batch}, {args.variants}; {where}, "
+          f"torch {torch.__version__}; profiled wall {wall:.2f} s (decode_s {res.timing.get('decode_s')}), "
+          f"{'device' if cuda else 'self CPU'} time {total / 1e3:.2f} s")  # fmt: skip
+    print("group | ms | share")
+    for label, ms in sorted(groups.items(), key=lambda kv: -kv[1]):
+        print(f"{label} | {ms:.1f} | {100 * ms / max(total, 1e-9):.1f}%")
+    print("kernel | group | ms")
+    for name, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])[: args.top]:
+        print(f"{name[:90]} | {_group(name)} | {ms:.1f}")
+
+
+if __name__ == "__main__":
+    main()
