@@ -38,7 +38,7 @@ VARIANTS = [f"{f}@{s}" for f in FORMATS for s in SCHEMES]
 # sequences: eval's and analyze's batch; text: None reads the shipped corpus (smoke scale, no fetch needed)
 SCALES = {
     "smoke": {"models": ("tiny-nemotron",), "steps": 64, "short": 32, "prompts": (0, 16), "sequences": 2, "text": None},
-    "cpu": {"models": MODELS, "steps": 4096, "short": 512, "prompts": (0, 2048), "sequences": 8, "text": HELDOUT},
+    "cpu": {"models": MODELS, "steps": 4096, "short": 512, "prompts": (0, 2048, 8192), "sequences": 8, "text": HELDOUT},
     "gpu": {
         "models": MODELS,
         "steps": 32768,
