@@ -38,12 +38,19 @@ main()
 """
 
 
+def _default_signals() -> None:
+    """The child's SIGINT, SIGTERM and SIGHUP at their default dispositions: a test run under `nohup` (SIGHUP
+    ignored, which the child inherits and ssmquant rightly keeps) or a shell that ignores SIGINT in background jobs
+    must not change what the child does."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _start(args, cwd, code=SLOW_WRITE) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen(
         [sys.executable, "-c", code, *map(str, args)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-        env=env, cwd=cwd, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, preexec_fn=_default_signals,
     )  # fmt: skip
 
 
