@@ -249,12 +249,13 @@ def metric_chunk_rows(vocab: int) -> int:
 
 
 def layer_major_memory(
-    dims: LayerDims, config: dict, *, batch: int, tokens: int, vocab: int, device: torch.device
+    dims: LayerDims, config: dict, *, batch: int, tokens: int, vocab: int, device: torch.device, variants: int = 1
 ) -> MemoryEstimate:
     """Peak memory of a layer-major evaluation beyond the weights (``evaluate.layer_major``): one forward of
     ``batch`` x ``tokens`` positions (the prefill's live activations, ``prefill_bytes_per_token``), one layer's
     derived recurrence inputs and its torch emulation of one variant, the final hidden states of the reference and
-    one variant (FP32 bound), and one chunk of positions' logits and float64 metrics (``metric_chunk_rows``)."""
+    the ``variants`` variants (FP32 bound; all are kept until the metrics), and one chunk of positions' logits and
+    float64 metrics (``metric_chunk_rows``)."""
     device = torch.device(device)
     pool = _pool(device)
     est = MemoryEstimate(device)
@@ -263,8 +264,8 @@ def layer_major_memory(
     est.add("the forward's activations", pool, positions * per_token, per_token)
     emulation = input_bytes_per_token(dims) + emulation_bytes_per_token(dims, 1)
     est.add("one layer's inputs and emulation", pool, positions * emulation, emulation)
-    hidden = 2 * int(config.get("hidden_size") or 0) * FP32
-    est.add("the reference's and a variant's final hidden states", pool, positions * hidden, hidden)
+    hidden = (1 + variants) * int(config.get("hidden_size") or 0) * FP32
+    est.add("the final hidden states of the reference and the variants", pool, positions * hidden, hidden)
     rows = min(positions, metric_chunk_rows(vocab))
     est.add("one chunk of positions' logits and float64 metrics", pool, rows * vocab * METRIC_BYTES_PER_LOGIT, 0)
     return est

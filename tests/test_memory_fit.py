@@ -64,4 +64,4 @@ def test_the_layer_modes_metrics_stay_within_one_chunk_of_positions():
     assert short[metrics] == long[metrics] <= METRIC_CHUNK_BYTES
     assert metric_chunk_rows(131072) * 131072 * METRIC_BYTES_PER_LOGIT <= METRIC_CHUNK_BYTES
     assert long["the forward's activations"] == 16 * short["the forward's activations"]
-    assert long["the reference's and a variant's final hidden states"] == 8 * 32768 * 2 * 2688 * 4
+    assert long["the final hidden states of the reference and the variants"] == 8 * 32768 * 2 * 2688 * 4

@@ -16,8 +16,8 @@ floating-point summation order: the blocks see all positions in one matmul inste
 recurrence runs as ssmquant's per-step loop (or kernel) instead of the model's own scan.
 tests/evaluate/test_layer_major.py measures the agreement with the token-by-token path on the shipped models.
 
-Memory: the forward keeps the final hidden states, not the logits; the metrics form the logits of the reference and
-the variant from them in chunks of positions (``sizing.metric_chunk_rows``), and where the batch's forward does not
+Memory: each forward keeps the final hidden states, not the logits; the metrics form the logits of the reference and
+of every variant from them in chunks of positions (``sizing.metric_chunk_rows``), and where the batch's forward does not
 fit the free memory, fewer sequences run per forward (``evaluate.run``). The recurrence is not chunked over
 positions: one sequence's P + T positions of one layer's inputs and activations must fit.
 """
@@ -129,12 +129,12 @@ def layer_major_pass(
 ) -> set[str]:
     """Fill ``values`` [V, 3, B, T] (kl, top-1 agreement, delta nll in nats, as ``loop.decode_pass`` does) and
     ``ref_nll`` [B, T] for ``ids`` [B, P + T + 1], one forward of P + T positions per variant and one for the
-    reference, ``sub_batch`` sequences at a time (default: all B). Logits are formed and compared in chunks of
-    ``sizing.metric_chunk_rows`` positions from the final hidden states, so the metrics' memory does not grow with
-    B x T (the reference's chunk logits are formed again for each variant: keeping them would bring that growth
-    back). progress(sequences): called after each forward with the number of sequences it covered. Returns the
-    backends that ran the recurrences (``simulate.simulate_outputs``: "triton" for the fused kernels' output mode,
-    "torch" for the reference)."""
+    reference, ``sub_batch`` sequences at a time (default: all B). The final hidden states of the reference and of
+    every variant are kept; the logits are then formed and compared in chunks of ``sizing.metric_chunk_rows``
+    positions, the reference's once per chunk for all variants (1 + V output-head and log-softmax passes), so the
+    metrics' memory does not grow with B x T. progress(sequences): called after each forward with the number of
+    sequences it covered. Returns the backends that ran the recurrences (``simulate.simulate_outputs``: "triton"
+    for the fused kernels' output mode, "torch" for the reference)."""
     batch, steps = ids.shape[0], ids.shape[1] - 1 - prompt
     sub_batch = batch if sub_batch is None else int(sub_batch)
     rows = metric_chunk_rows(net.get_output_embeddings().weight.shape[0])
@@ -144,27 +144,24 @@ def layer_major_pass(
         part = ids[b0 : b0 + sub_batch]
         nb = part.shape[0]
         inputs, targets = part[:, :-1], part[:, prompt + 1 :].reshape(-1)
-        ref_hidden = variant_hidden(net, inputs, parse_variant(REFERENCE_VARIANT), prompt, taps, backends)
-        ref_hidden = ref_hidden[:, prompt:].reshape(nb * steps, -1)
-        targets = targets.to(ref_hidden.device)
-        nll = torch.empty(nb * steps, dtype=torch.float64, device=ref_hidden.device)
-        for r0 in range(0, nb * steps, rows):
-            logits = head_logits(net, ref_hidden[r0 : r0 + rows])
-            if not torch.isfinite(logits).all():
-                raise EvalError("the reference's logits are not finite")
-            nll[r0 : r0 + rows] = reference_step(logits, targets[r0 : r0 + rows]).nll
-        ref_nll[b0 : b0 + nb] = nll.reshape(nb, steps)
-        if progress is not None:
-            progress(nb)
-        for i, v in enumerate(variants):
-            hidden = variant_hidden(net, inputs, v, prompt, taps, backends)[:, prompt:].reshape(nb * steps, -1)
-            measured = torch.empty(3, nb * steps, dtype=torch.float64, device=ref_hidden.device)
-            for r0 in range(0, nb * steps, rows):
-                chunk, target = slice(r0, r0 + rows), targets[r0 : r0 + rows]
-                ref = reference_step(head_logits(net, ref_hidden[chunk]), target)
-                measured[:, chunk] = compare_step(ref, head_logits(net, hidden[chunk]), target)
-            values[i, :, b0 : b0 + nb] = measured.reshape(3, nb, steps)
-            del hidden
+        hidden = []  # [1 + V] of [nb * T, D]: the reference's, then each variant's
+        for v in [parse_variant(REFERENCE_VARIANT), *variants]:
+            hidden.append(variant_hidden(net, inputs, v, prompt, taps, backends)[:, prompt:].reshape(nb * steps, -1))
             if progress is not None:
                 progress(nb)
+        targets = targets.to(hidden[0].device)
+        nll = torch.empty(nb * steps, dtype=torch.float64, device=hidden[0].device)
+        measured = torch.empty(len(variants), 3, nb * steps, dtype=torch.float64, device=hidden[0].device)
+        for r0 in range(0, nb * steps, rows):
+            chunk, target = slice(r0, r0 + rows), targets[r0 : r0 + rows]
+            logits = head_logits(net, hidden[0][chunk])
+            if not torch.isfinite(logits).all():
+                raise EvalError("the reference's logits are not finite")
+            ref = reference_step(logits, target)
+            nll[chunk] = ref.nll
+            for i in range(len(variants)):
+                measured[i, :, chunk] = compare_step(ref, head_logits(net, hidden[1 + i][chunk]), target)
+        ref_nll[b0 : b0 + nb] = nll.reshape(nb, steps)
+        values[:, :, b0 : b0 + nb] = measured.reshape(len(variants), 3, nb, steps)
+        del hidden
     return backends

@@ -437,7 +437,9 @@ def evaluate(
     sub_batch = batch
     try:
         if layer_major:
-            sub_batch, layer_estimate = _layer_major_batch(net, layout, batch, prompt + steps, loaded.device, prompt)
+            sub_batch, layer_estimate = _layer_major_batch(
+                net, layout, batch, prompt + steps, loaded.device, prompt, len(vlist)
+            )
         elif fold and decoded:
             per_pass = _fold_width(net, layout, batch, prompt + steps, decoded, loaded.device, False, fold_width)
         else:
@@ -657,14 +659,14 @@ def _allocator_counts(device: torch.device) -> dict[str, int]:
     return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTERS}
 
 
-def _layer_major_batch(net, layout: dict, batch: int, tokens: int, device, prompt: int):
+def _layer_major_batch(net, layout: dict, batch: int, tokens: int, device, prompt: int, variants: int):
     """(sequences per forward, its memory estimate) of a layer-major evaluation: all ``batch`` when they fit the
     free memory, else the most that do. Raises SizingError (naming the estimate's parts) when one sequence does not
     fit."""
     lower = "--prompt or --steps" if prompt else "--steps"
     err = None
     for sub in range(batch, 0, -1):
-        est = _layer_major_memory(net, layout, sub, tokens, device)
+        est = _layer_major_memory(net, layout, sub, tokens, device, variants)
         try:
             check_memory(est, batch=sub, steps=tokens, free=free_bytes, lower=lower)
             return sub, est
@@ -673,13 +675,14 @@ def _layer_major_batch(net, layout: dict, batch: int, tokens: int, device, promp
     raise err
 
 
-def _layer_major_memory(net, layout: dict, batch: int, tokens: int, device):
+def _layer_major_memory(net, layout: dict, batch: int, tokens: int, device, variants: int):
     """``sizing.layer_major_memory`` for a loaded model: its largest SSM layer's sizes, hidden and MLP widths,
-    vocabulary."""
+    vocabulary, and the number of variants."""
     text = net.config.get_text_config()
     return layer_major_memory(
-        layout_dims(layout), text.to_dict(), batch=batch, tokens=tokens, vocab=int(text.vocab_size), device=device
-    )
+        layout_dims(layout), text.to_dict(), batch=batch, tokens=tokens, vocab=int(text.vocab_size), device=device,
+        variants=variants,
+    )  # fmt: skip
 
 
 def _attention_layers(net) -> int:

@@ -96,6 +96,20 @@ def test_layer_mode_forms_logits_in_chunks_of_positions(monkeypatch):
     assert chunked.reference["loss_mean"] == pytest.approx(whole.reference["loss_mean"], rel=1e-12)
 
 
+def test_the_reference_logits_of_a_chunk_are_formed_once_for_all_variants(monkeypatch):
+    """The output head runs 1 + V times per chunk of positions (the reference's logits serve every variant), plus
+    once per forward for variant_hidden's check of the last position: with 3 variants, 48 positions in chunks of 7
+    (7 chunks), 4 x 7 + 4 = 32 head calls, where a reference formed again per variant would take 7 x 7 + 4 = 53."""
+    import ssmquant.evaluate.layer_major as lm
+
+    calls = []
+    real = lm.head_logits
+    monkeypatch.setattr(lm, "head_logits", lambda net, hidden: calls.append(hidden.shape[0]) or real(net, hidden))
+    monkeypatch.setattr(lm, "metric_chunk_rows", lambda vocab: 7)
+    evaluate(EvalConfig("tiny-qwen", VARIANTS, steps=24, batch=2, device="cpu", mode="layer"))
+    assert len(calls) == 32 and sum(calls) == 4 * 48 + 4 * 2
+
+
 def test_a_prompt_store_is_evaluated_layer_major_and_refused_token_by_token():
     """A variant with a prompt store (bf16@conventional+int8col) starts from the restored prompt state in the layer
     mode, which the decode mode's cache writer cannot emulate: there it is refused, never silently stored as bf16."""
