@@ -125,6 +125,15 @@ def collect(ctx: Context) -> None:
             )
 
 
+def _missing_runs(runs: dict) -> str:
+    """A sentence naming the runs a scale defines that its data lack ('' when none), so a partial table says so."""
+    missing = []
+    for scale in sorted({r.get("scale") for r in runs.values()} & set(SCALES)):
+        wanted = [f"{m}-p{p}" for m in SCALES[scale]["models"] for p in SCALES[scale]["prompts"]]
+        missing += [f"{name} ({scale})" for name in wanted if name not in runs]
+    return f" Not in these data (defined by the scale, not run): {', '.join(missing)}." if missing else ""
+
+
 def _interval(values: np.ndarray):
     """The mean of the per-sequence values with its bootstrap 95% interval over sequences."""
     values = np.asarray(values, dtype=np.float64)
@@ -316,7 +325,8 @@ def page(data: pathlib.Path, out: pathlib.Path) -> dict:
         "",
         "Three small trained models (byte vocabulary), one text, the horizon of this page's scale; the GPU scale "
         "(32,768 steps, prompts 0 / 2,048 / 8,192, 16 sequences) is defined in `study.py`. Eval emulates the "
-        "rounding of every SSM layer's stored state, not the rounding of replay's buffered inputs (analyze does).",
+        "rounding of every SSM layer's stored state, not the rounding of replay's buffered inputs (analyze does)."
+        + _missing_runs(runs),
         "",
         "## Reproduce",
         "",
