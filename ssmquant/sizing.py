@@ -2,8 +2,9 @@
 measured on this machine.
 
 - Memory (``analyze_memory``, ``eval_memory``, ``check_memory``): the large tensors a run allocates, from
-  the shapes alone (the layer kind's bytes per token, ``ssmquant.kinds``), per pool (the compute device, and
-  host memory for what capture keeps there). A run whose estimate exceeds the free memory of a pool is refused
+  the shapes alone (the layer kind's bytes per token, ``ssmquant.kinds``; a prefill's attention scores, quadratic
+  in its tokens, ``attention_score_bytes``), per pool (the compute device, and host memory for what capture keeps
+  there). A run whose estimate exceeds the free memory of a pool is refused
   before any of it is allocated, with the estimate, its largest parts and the largest --steps that fits.
 - Time (``probe_step_seconds``): the cost of one decode step of one layer for the run's variants, measured by
   running a few steps on random inputs of the run's exact state shape (a second at most), then scaled to the
@@ -125,6 +126,7 @@ def analyze_memory(
     lanes: int = 1,
     ahead: bool = False,
     prompt: int = 0,
+    attention: AttentionDims | None = None,
 ) -> MemoryEstimate:
     """Peak memory of emulating one layer at a time on ``device`` (``analyze``, ``calibrate``), with capture
     when ``prefill`` (``prefill_bytes_per_token``'s config) is given: the prefill runs on ``capture_device``
@@ -138,7 +140,9 @@ def analyze_memory(
     times, plus the inputs of the next layer generated while they run. ``ahead``: synthetic inputs made ahead
     on another stream (``analysis.sources.made_ahead``): two more layers' inputs, one waiting and one being
     drawn with its fp32 buffers (one sequence at a time, ``models.synthetic``). ``prompt``: tokens captured before
-    the ``steps`` decode steps (``kinds.after_prompt``): held and prefilled with them, not emulated."""
+    the ``steps`` decode steps (``kinds.after_prompt``): held and prefilled with them, not emulated. ``attention``:
+    the captured model's attention layers, whose scores the prefill holds where it materialises them
+    (``attention_score_bytes``)."""
     device = torch.device(device)
     pool = _pool(device)
     est = MemoryEstimate(device)
@@ -182,6 +186,10 @@ def analyze_memory(
         # the capture prefills in micro-batches sized to the free memory (models.capture.auto_micro_batch),
         # down to one sequence: that is the part that must fit
         est.add("prefill activations of the capture (one sequence)", _pool(cap), (prompt + steps) * pt)
+        scores = attention_score_bytes(attention, prompt + steps, cap)
+        if scores:
+            est.add(f"attention scores of the capture's prefill (one sequence; one layer's [heads, L, L] fp32 x "
+                    f"{ATTENTION_SCORE_COPIES})", _pool(cap), scores)  # fmt: skip
         if pool != "host" or cap.type != "cpu":
             waiting = 2 if workers <= 1 else 2 + workers
             held = waiting * input_bytes_per_token(dims)
@@ -208,6 +216,55 @@ def prefill_bytes_per_token(dims: LayerDims, config: dict) -> int:
     inter = int(config.get("intermediate_size") or 0)
     ssm = kind.prefill_scan_elements(dims, chunk)
     return int(1.5 * FP32 * (ssm + 16 * hidden + 2 * inter))
+
+
+# Where a prefill materialises an attention layer's [heads, L, L] scores, it holds about this many FP32 copies of them
+# at its peak (the scores, their softmax and a temporary). Measured: the peak RSS of one forward (use_cache=False,
+# logits_to_keep=1) of tiny-kda (4 heads, MLA under sdpa, on the CPU) beyond the loaded model was 2.9 / 6.3 GB for one
+# sequence of 8192 / 12288 tokens and 7.1 GB for 8 of 4096 (3.4 / 6.8 / 7.6 GB of RSS in all), set at its attention
+# layers: 10-11 bytes per head per L^2; tiny-qwen under eager attention, 10.0 at 8192. Three copies (12 bytes) bound
+# them.
+ATTENTION_SCORE_COPIES = 3
+
+
+@dataclass(frozen=True)
+class AttentionDims:
+    """A model's attention layers as the prefill estimates read them: how many (``layers``), their query heads
+    (``heads``), transformers' attention implementation ("sdpa", "eager", ...; None: unknown, counted as eager), and
+    whether the value head dim differs from the query / key one (``value_dim_differs``: multi-head latent attention,
+    such as Kimi-Linear's 48 against 32)."""
+
+    layers: int
+    heads: int
+    implementation: str | None = "sdpa"
+    value_dim_differs: bool = False
+
+
+def attention_scores_materialised(attention: AttentionDims, device) -> bool:
+    """Whether a prefill on ``device`` holds each attention layer's [heads, L, L] scores.
+
+    Eager attention (or an unknown implementation) always. sdpa on CUDA never: its flash and memory-efficient
+    kernels keep no L x L matrix. sdpa on the CPU where the value head dim differs from the query / key one: torch's
+    CPU flash kernel needs them equal and sdpa falls back to its math path (measured: tiny-kda's MLA at 12288 tokens
+    holds 6.3 GB of scores; tiny-qwen and tiny-nemotron, equal head dims, hold none). Other implementations
+    (flash_attention_2, flex_attention) run without an L x L matrix on CUDA; elsewhere they are counted."""
+    implementation = attention.implementation or "eager"
+    if implementation == "eager":
+        return True
+    if _is_cuda(device):
+        return False
+    return attention.value_dim_differs or "sdpa" not in implementation
+
+
+def attention_score_bytes(attention: AttentionDims | None, tokens: int, device) -> int:
+    """Peak bytes of the attention scores in the prefill of one sequence of ``tokens`` positions on ``device``:
+    heads x tokens^2 x FP32 x ATTENTION_SCORE_COPIES where they are materialised
+    (``attention_scores_materialised``), else 0. The attention layers run one after another: one layer's scores are
+    live at a time. 0 for a model without attention layers (``attention`` None or no layers). A batch of B sequences
+    holds B times this."""
+    if attention is None or attention.layers < 1 or not attention_scores_materialised(attention, device):
+        return 0
+    return attention.heads * int(tokens) ** 2 * FP32 * ATTENTION_SCORE_COPIES
 
 
 def eval_memory(
@@ -249,19 +306,32 @@ def metric_chunk_rows(vocab: int) -> int:
 
 
 def layer_major_memory(
-    dims: LayerDims, config: dict, *, batch: int, tokens: int, vocab: int, device: torch.device, variants: int = 1
+    dims: LayerDims,
+    config: dict,
+    *,
+    batch: int,
+    tokens: int,
+    vocab: int,
+    device: torch.device,
+    variants: int = 1,
+    attention: AttentionDims | None = None,
 ) -> MemoryEstimate:
     """Peak memory of a layer-major evaluation beyond the weights (``evaluate.layer_major``): one forward of
-    ``batch`` x ``tokens`` positions (the prefill's live activations, ``prefill_bytes_per_token``), one layer's
-    derived recurrence inputs and its torch emulation of one variant, the final hidden states of the reference and
-    the ``variants`` variants (FP32 bound; all are kept until the metrics), and one chunk of positions' logits and
-    float64 metrics (``metric_chunk_rows``)."""
+    ``batch`` x ``tokens`` positions (the prefill's live activations, ``prefill_bytes_per_token``, and where they are
+    materialised the scores of one of the ``attention`` layers, ``attention_score_bytes`` of each sequence), one
+    layer's derived recurrence inputs and its torch emulation of one variant, the final hidden states of the
+    reference and the ``variants`` variants (FP32 bound; all are kept until the metrics), and one chunk of positions'
+    logits and float64 metrics (``metric_chunk_rows``)."""
     device = torch.device(device)
     pool = _pool(device)
     est = MemoryEstimate(device)
     positions = batch * tokens
     per_token = prefill_bytes_per_token(dims, config)
     est.add("the forward's activations", pool, positions * per_token, per_token)
+    scores = batch * attention_score_bytes(attention, tokens, device)
+    if scores:
+        est.add(f"attention scores of the forward (one layer's [batch, heads, L, L] fp32 x {ATTENTION_SCORE_COPIES})",
+                pool, scores)  # fmt: skip
     emulation = input_bytes_per_token(dims) + emulation_bytes_per_token(dims, 1)
     est.add("one layer's inputs and emulation", pool, positions * emulation, emulation)
     hidden = (1 + variants) * int(config.get("hidden_size") or 0) * FP32
@@ -430,11 +500,15 @@ __all__ = [
     "GPU_DEFAULTS",
     "LayerEstimate",
     "REVISE_FACTOR",
+    "ATTENTION_SCORE_COPIES",
+    "AttentionDims",
     "MemoryEstimate",
     "SizingError",
     "GIB",
     "free_bytes",
     "analyze_memory",
+    "attention_score_bytes",
+    "attention_scores_materialised",
     "check_memory",
     "largest_fitting_steps",
     "needs_revision",

@@ -11,8 +11,10 @@ from ssmquant.sizing import (
     GIB,
     METRIC_BYTES_PER_LOGIT,
     METRIC_CHUNK_BYTES,
+    AttentionDims,
     SizingError,
     analyze_memory,
+    attention_score_bytes,
     check_memory,
     largest_fitting_steps,
     layer_dims,
@@ -65,3 +67,55 @@ def test_the_layer_modes_metrics_stay_within_one_chunk_of_positions():
     assert metric_chunk_rows(131072) * 131072 * METRIC_BYTES_PER_LOGIT <= METRIC_CHUNK_BYTES
     assert long["the forward's activations"] == 16 * short["the forward's activations"]
     assert long["the final hidden states of the reference and the variants"] == 8 * 32768 * 2 * 2688 * 4
+
+
+# tiny-kda's attention: 2 MLA layers of 4 heads, query / key head dim 48 against value 32, under sdpa
+TINY_KDA_ATTENTION = AttentionDims(layers=2, heads=4, implementation="sdpa", value_dim_differs=True)
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def test_the_attention_scores_of_a_prefill_are_one_layers_heads_x_l2_fp32_x3_where_materialised():
+    """sizing.attention_score_bytes: heads x L^2 x 4 bytes x 3 copies for one sequence (one layer live at a time),
+    on the CPU where sdpa takes its math path (MLA's unequal head dims) and wherever attention is eager; nothing where
+    the model has no attention layer, under sdpa on CUDA (flash / memory-efficient kernels) or under sdpa on the CPU
+    with equal head dims (torch's CPU flash kernel)."""
+    assert attention_score_bytes(TINY_KDA_ATTENTION, 12288, CPU) == 4 * 12288**2 * 4 * 3  # 6.75 GiB
+    assert attention_score_bytes(TINY_KDA_ATTENTION, 8192, CPU) == 4 * attention_score_bytes(TINY_KDA_ATTENTION, 4096, CPU)
+    assert attention_score_bytes(TINY_KDA_ATTENTION, 12288, CUDA) == 0
+    eager = AttentionDims(layers=2, heads=4, implementation="eager")
+    assert attention_score_bytes(eager, 1000, CUDA) == attention_score_bytes(eager, 1000, CPU) == 4 * 1000**2 * 12
+    unknown = AttentionDims(layers=2, heads=4, implementation=None)
+    assert attention_score_bytes(unknown, 1000, CUDA) == 4 * 1000**2 * 12  # counted as eager
+    assert attention_score_bytes(AttentionDims(layers=2, heads=4, implementation="sdpa"), 12288, CPU) == 0
+    assert attention_score_bytes(AttentionDims(layers=0, heads=4, implementation="eager"), 12288, CPU) == 0
+    assert attention_score_bytes(None, 12288, CPU) == 0
+
+
+def test_the_prefill_estimates_count_the_attention_scores_and_a_refusal_names_them():
+    """analyze_memory's one-sequence prefill of the capture and layer_major_memory's forward of `batch` sequences add
+    the scores (quadratic in the positions) on the pool the prefill runs on; a refusal names them."""
+    dims = layer_dims("kda", 4, 64, 64, 4)
+    config = {"hidden_size": 256, "intermediate_size": 256}
+    kw = dict(batch=8, steps=4096, variants=1, recorded=256, device=CPU, backend="torch", prefill=config, prompt=8192)
+    plain, scored = analyze_memory(dims, **kw), analyze_memory(dims, attention=TINY_KDA_ATTENTION, **kw)
+    label = "attention scores of the capture's prefill (one sequence; one layer's [heads, L, L] fp32 x 3)"
+    assert dict((lbl, b) for lbl, _, b in scored.parts)[label] == 4 * 12288**2 * 12
+    assert scored.total("host") - plain.total("host") == 4 * 12288**2 * 12
+    on_gpu = dict(kw, device=CUDA)
+    assert analyze_memory(dims, attention=TINY_KDA_ATTENTION, **on_gpu).parts == analyze_memory(dims, **on_gpu).parts
+    with pytest.raises(SizingError, match=re.escape(label)):
+        check_memory(scored, batch=8, steps=4096, free=lambda d: plain.total("host") + GIB)
+
+    one = layer_major_memory(dims, config, batch=1, tokens=12288, vocab=256, device=CPU, attention=TINY_KDA_ATTENTION)
+    eight = layer_major_memory(dims, config, batch=8, tokens=4096, vocab=256, device=CPU, attention=TINY_KDA_ATTENTION)
+    label = "attention scores of the forward (one layer's [batch, heads, L, L] fp32 x 3)"
+    assert dict((lbl, b) for lbl, _, b in one.parts)[label] == 4 * 12288**2 * 12
+    assert dict((lbl, b) for lbl, _, b in eight.parts)[label] == 8 * 4 * 4096**2 * 12
+    # the forward's parts against its measured peak RSS beyond the loaded model (tiny-kda on the CPU, use_cache=False,
+    # logits_to_keep=1): 6.3 GB at 1 x 12288 and 7.1 GB at 8 x 4096 tokens; the estimates are above, by less than 2x
+    def forward(est):
+        return sum(b for lbl, _, b in est.parts if lbl in (label, "the forward's activations"))
+
+    assert 6.3e9 <= forward(one) < 2 * 6.3e9 and 7.1e9 <= forward(eight) < 2 * 7.1e9
+    no_attention = layer_major_memory(dims, config, batch=1, tokens=12288, vocab=256, device=CPU)
+    assert label not in {lbl for lbl, _, _ in no_attention.parts}

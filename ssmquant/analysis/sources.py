@@ -23,6 +23,7 @@ from ..kinds import LayerInputs
 from ..models import (
     LoadedModel,
     ModelLoadError,
+    attention_dims,
     available_shipped_models,
     capture_text_batch,
     get_preset,
@@ -39,7 +40,7 @@ from ..models.placement import ssm_mixer_devices
 from ..models.synthetic import PROFILES, profiles_refusal, supports_profiles
 from ..models.text import TextError, load_text, split_bounds, text_origin, text_phrase
 from ..simulate import BACKENDS, triton_interpreting
-from ..sizing import analyze_memory, check_memory, layer_dims, probe_step_seconds
+from ..sizing import AttentionDims, analyze_memory, check_memory, layer_dims, probe_step_seconds
 from .devices import DeviceError, parse_emulation_devices
 
 
@@ -56,7 +57,8 @@ class LayerSource:
     describe: the provenance dict written into report.json; groups: Mamba-2 B/C groups, GDN key heads or
     KDA heads (None: unknown, taken as heads by the estimates); prefill: the checkpoint's config when capture
     runs a prefill (for the memory estimate), None for synthetic inputs; layer_devices: the device holding
-    each SSM layer of a loaded model (None for synthetic inputs).
+    each SSM layer of a loaded model (None for synthetic inputs); attention: the attention layers that prefill runs
+    (``models.attention_dims``, for the memory estimate; None for synthetic inputs).
     """
 
     kind: str
@@ -69,6 +71,7 @@ class LayerSource:
     groups: int | None = None
     prefill: dict | None = None
     layer_devices: dict[int, torch.device] | None = None  # where each SSM layer's weights are (captured models)
+    attention: AttentionDims | None = None
     _device: torch.device | None = None  # where synthetic inputs are drawn
 
     def iter_layers(self, layers: list[int], *, ahead: bool = False) -> Iterator[tuple[int, LayerInputs]]:
@@ -385,6 +388,7 @@ def open_source(
         groups=layout.get("groups"),
         prefill=loaded.model.config.get_text_config().to_dict(),
         layer_devices=ssm_mixer_devices(loaded.model),
+        attention=attention_dims(loaded.model.config),
     )
 
 
@@ -441,7 +445,7 @@ def plan_layers(
         return analyze_memory(
             dims, batch=batch, steps=n_steps, variants=at_once, recorded=max(1, recorded * n_steps // steps),
             device=device, backend=backend, prefill=source.prefill, capture_device=device, workers=workers,
-            lanes=lanes, ahead=ahead, prompt=prompt,
+            lanes=lanes, ahead=ahead, prompt=prompt, attention=source.attention,
         )  # fmt: skip
 
     lower = f"--prompt, {steps_option} or --batch" if prompt else f"{steps_option} or --batch"

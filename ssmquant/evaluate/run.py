@@ -31,12 +31,33 @@ from .. import __version__
 from ..analysis.devices import torch_threads
 from ..analysis.run import AnalyzeConfig, AnalyzeError, build_variants, first_write_step
 from ..formats import FormatError, ScaleMode, StateFormat, parse
-from ..models import ByteTokenizer, LoadedModel, ModelLoadError, TextError, load_model, ssm_layout
+from ..models import (
+    ByteTokenizer,
+    LoadedModel,
+    ModelLoadError,
+    TextError,
+    attention_dims,
+    attention_layers,
+    load_model,
+    ssm_layout,
+)
 from ..models.text import calibration_batch, load_text, split_bounds, text_origin, text_phrase
 from ..provenance import environment
 from ..replay.schemes import DEFAULT_BUFFER_LEN
 from ..replay.variants import Variant, VariantError, check_variants_fit, parse_variant, parse_variants
-from ..sizing import SizingError, check_memory, eval_memory, format_bytes, free_bytes, layer_major_memory, layout_dims
+from ..sizing import (
+    ATTENTION_SCORE_COPIES,
+    FP32,
+    SizingError,
+    attention_score_bytes,
+    check_memory,
+    eval_memory,
+    format_bytes,
+    free_bytes,
+    layer_major_memory,
+    layout_dims,
+    prefill_bytes_per_token,
+)
 from .decode import attention_refusal, decode_attention
 from .graphs import SegmentGraphs, backend_for, graph_refusal
 from .layer_major import layer_major_pass
@@ -423,7 +444,7 @@ def evaluate(
             f"the model's SSM mixers sit at layers {[layer.index for layer in layers]} but its config says "
             f"{list(layout['ssm_layers'])}"
         )
-    if not layer_major and not _attention_layers(net):
+    if not layer_major and not attention_layers(net.config):
         raise EvalError(
             f"{type(net).__name__} has no attention layer (a slice of a hybrid model?): transformers' cache sizes "
             "its causal mask from its attention layers and cannot decode it token by token; use --mode layer"
@@ -435,17 +456,18 @@ def evaluate(
     per_pass = None
     layer_estimate = None
     sub_batch = batch
+    lower = "--prompt, --steps or --batch" if prompt else "--steps or --batch"
     try:
         if layer_major:
             sub_batch, layer_estimate = _layer_major_batch(
                 net, layout, batch, prompt + steps, loaded.device, prompt, len(vlist)
             )
         elif fold and decoded:
-            per_pass = _fold_width(net, layout, batch, prompt + steps, decoded, loaded.device, False, fold_width)
+            per_pass = _fold_width(net, layout, batch, prompt + steps, decoded, loaded.device, False, fold_width,
+                                   prompt=prompt, lower=lower)  # fmt: skip
         else:
             est = _memory(net, layout, batch, prompt + steps, decoded, loaded.device, step_batch=batch,
-                          exact=len(exact) == len(vlist))  # fmt: skip
-            lower = "--prompt, --steps or --batch" if prompt else "--steps or --batch"
+                          exact=len(exact) == len(vlist), prompt=prompt)  # fmt: skip
             check_memory(est, batch=batch, steps=prompt + steps, free=free_bytes, lower=lower)
     except SizingError as err:
         raise EvalError(str(err)) from None
@@ -667,8 +689,11 @@ def _layer_major_batch(net, layout: dict, batch: int, tokens: int, device, promp
     err = None
     for sub in range(batch, 0, -1):
         est = _layer_major_memory(net, layout, sub, tokens, device, variants)
+        # only one sequence's refusal is raised: its hint is searched over the positions (the attention scores grow
+        # as their square, which an extrapolation from the per-token parts misses)
+        at_tokens = (lambda n: _layer_major_memory(net, layout, 1, n, device, variants)) if sub == 1 else None
         try:
-            check_memory(est, batch=sub, steps=tokens, free=free_bytes, lower=lower)
+            check_memory(est, batch=sub, steps=tokens, free=free_bytes, lower=lower, at_steps=at_tokens)
             return sub, est
         except SizingError as e:
             err = e  # one sequence's: what to lower when not even that fits
@@ -677,29 +702,34 @@ def _layer_major_batch(net, layout: dict, batch: int, tokens: int, device, promp
 
 def _layer_major_memory(net, layout: dict, batch: int, tokens: int, device, variants: int):
     """``sizing.layer_major_memory`` for a loaded model: its largest SSM layer's sizes, hidden and MLP widths,
-    vocabulary, and the number of variants."""
+    attention layers, vocabulary, and the number of variants."""
     text = net.config.get_text_config()
     return layer_major_memory(
         layout_dims(layout), text.to_dict(), batch=batch, tokens=tokens, vocab=int(text.vocab_size), device=device,
-        variants=variants,
+        variants=variants, attention=attention_dims(net.config),
     )  # fmt: skip
 
 
-def _attention_layers(net) -> int:
-    """How many of the model's layers are attention layers (its text config's layer_types)."""
-    types = list(getattr(net.config.get_text_config(), "layer_types", None) or [])
-    return sum(1 for t in types if "attention" in t and t != "linear_attention")
-
-
 def _memory(
-    net, layout: dict, batch: int, steps: int, variants: int, device, *, step_batch: int, exact: bool = False
+    net,
+    layout: dict,
+    batch: int,
+    steps: int,
+    variants: int,
+    device,
+    *,
+    step_batch: int,
+    exact: bool = False,
+    prompt: int = 0,
 ):
     """``sizing.eval_memory`` for a loaded model (its SSM layers, attention KV cache and vocabulary) plus the
     temporaries of one decode step: a Mamba-2 / GDN decode step's state-sized intermediates for the
     ``step_batch`` sequences of one forward (one layer at a time), one state write (``WRITE_GROUP_ELEMENTS``
-    at most; none when every variant is exact) and the float64 log-probs of the metrics."""
+    at most; none when every variant is exact) and the float64 log-probs of the metrics. ``steps``: the prompt's
+    tokens and the decode steps (the KV caches hold both). ``prompt`` > 0: the prompt's prefill forward of
+    ``batch`` sequences (``_prompt_prefill``)."""
     text = net.config.get_text_config()
-    attention = _attention_layers(net)
+    attention = attention_layers(net.config)
     heads = getattr(text, "num_attention_heads", 1) or 1
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
@@ -720,17 +750,42 @@ def _memory(
         group = min(WRITE_GROUP_ELEMENTS, max(per_seq * batch, batch * per_seq * len(layout["ssm_layers"])))
         est.add("one state write", pool, group * WRITE_BYTES_PER_ELEMENT)
     est.add("float64 log-probs of the metrics", pool, 4 * batch * vocab * 8)
+    if prompt:
+        _prompt_prefill(est, net, dims, batch, prompt, device, elem)
     return est
 
 
-def _fold_width(net, layout, batch, steps, n_variants, device, exact, limit=None) -> int:
+def _prompt_prefill(est, net, dims, batch: int, prompt: int, device, elem: int) -> None:
+    """Add the prompt's prefill forward to ``est``: ``loop.decode_pass`` prefills the first ``prompt`` tokens in one
+    forward per run at the run's ``batch`` (a folded run is expanded after it), the runs one after another, so one
+    such forward is live at a time. Its parts: the live activations (``sizing.prefill_bytes_per_token``), one
+    attention layer's [batch, heads, prompt, prompt] scores where they are materialised
+    (``sizing.attention_score_bytes``: quadratic in the prompt), and the logits of every prompt position, which the
+    forward returns (in the weights' dtype, and NemotronH's FP32 copy of them)."""
+    text = net.config.get_text_config()
+    pool = "device" if torch.device(device).type == "cuda" else "host"
+    per_token = prefill_bytes_per_token(dims, text.to_dict())
+    est.add(f"activations of the prompt's prefill ({batch} x {prompt} tokens)", pool, batch * prompt * per_token)
+    scores = batch * attention_score_bytes(attention_dims(net.config), prompt, device)
+    if scores:
+        est.add(f"attention scores of the prompt's prefill (one layer's [batch, heads, {prompt}, {prompt}] fp32 x "
+                f"{ATTENTION_SCORE_COPIES})", pool, scores)  # fmt: skip
+    logit_bytes = elem + (FP32 if elem < FP32 else 0)
+    est.add(f"logits of the prompt's prefill [{batch}, {prompt}, vocab]", pool,
+            batch * prompt * int(text.vocab_size) * logit_bytes)  # fmt: skip
+
+
+def _fold_width(
+    net, layout, batch, steps, n_variants, device, exact, limit=None, *, prompt: int = 0, lower: str | None = None
+) -> int:
     """The most variants (at most ``limit``) that one pass folds with the reference within the free memory:
-    all of them when they fit. Raises SizingError when not even one fits."""
+    all of them when they fit. Raises SizingError when not even one fits (naming ``lower``, the options to lower).
+    ``steps``: the prompt's tokens and the decode steps; ``prompt``: the prompt's tokens (its prefill, ``_memory``)."""
     err = None
     for k in range(min(n_variants, limit or n_variants), 0, -1):
-        est = _memory(net, layout, batch, steps, k, device, step_batch=(k + 1) * batch, exact=exact)
+        est = _memory(net, layout, batch, steps, k, device, step_batch=(k + 1) * batch, exact=exact, prompt=prompt)
         try:
-            check_memory(est, batch=batch, steps=steps, free=free_bytes)
+            check_memory(est, batch=batch, steps=steps, free=free_bytes, lower=lower or "--steps or --batch")
             return k
         except SizingError as e:
             err = e  # the smallest run's: what to lower when not even one variant fits

@@ -5,7 +5,7 @@ Public API (see ``ssmquant/models/README.md``):
 - presets: ``get_preset``, ``list_presets``, ``presets_frame``, ``Preset``, ``Mamba2Shape``, ``GDNShape``, ``KDAShape``
 - synthetic inputs: ``synthetic_inputs``, ``synthetic_layers``
 - loading: ``resolve_model``, ``load_model``, ``detect_architecture``, ``read_config``, ``ssm_layout``,
-  ``SHIPPED_MODELS``, ``available_shipped_models``, ``shipped_layouts``
+  ``attention_layers``, ``attention_dims``, ``SHIPPED_MODELS``, ``available_shipped_models``, ``shipped_layouts``
 - capture: ``capture_inputs`` (callback), ``iter_capture`` (generator), ``capture_all``,
   ``capture_text_batch``, ``find_ssm_mixers``
 - text: ``load_text``, ``tokenize``, ``select_sequences``, ``calibration_batch``, ``ByteTokenizer``
@@ -29,6 +29,8 @@ from .loading import (
     ModelLoadError,
     ModelSource,
     UnsupportedArchitectureError,
+    attention_dims,
+    attention_layers,
     available_shipped_models,
     detect_architecture,
     load_model,
@@ -79,6 +81,8 @@ __all__ = [
     "SUPPORTED_ARCHITECTURES",
     "TextError",
     "UnsupportedArchitectureError",
+    "attention_dims",
+    "attention_layers",
     "available_shipped_models",
     "calibration_batch",
     "capture_all",

@@ -38,9 +38,9 @@ from .. import kinds
 from ..kinds import InputError, LayerInputs, remember_valid
 from ..memory import free_bytes
 from ..replay.reference import reference_decode
-from ..sizing import layout_dims, prefill_bytes_per_token
+from ..sizing import attention_score_bytes, layout_dims, prefill_bytes_per_token
 from .compat import tested_range, transformers_version, untested_transformers_note, warn_if_untested_transformers
-from .loading import LoadedModel, ssm_layout
+from .loading import LoadedModel, attention_dims, ssm_layout
 from .mixers import CaptureError, SSMMixer, find_ssm_mixers
 from .taps import MixerTap, expected_layouts, listen, tap_for
 from .text import CORPUS_PATH, calibration_batch
@@ -132,12 +132,16 @@ def _concat_batch(parts: list[LayerInputs], meta: dict) -> LayerInputs:
     return dataclasses.replace(parts[0], **joined, meta=dict(meta))
 
 
-def prefill_bytes_per_sequence(net: torch.nn.Module, tokens: int) -> int:
-    """Estimated peak bytes of one sequence's prefill of ``tokens`` positions beyond the weights: the live
-    activations of transformers' torch path at its largest SSM layer (``sizing.prefill_bytes_per_token``, the
-    kind's chunked scan). An estimate for sizing micro-batches, not a measurement."""
+def prefill_bytes_per_sequence(net: torch.nn.Module, tokens: int, device: torch.device | None = None) -> int:
+    """Estimated peak bytes of one sequence's prefill of ``tokens`` positions on ``device`` (default: where the
+    model's first parameter is) beyond the weights: the live activations of transformers' torch path at its largest
+    SSM layer (``sizing.prefill_bytes_per_token``, the kind's chunked scan) and, where the prefill materialises them,
+    one attention layer's [heads, tokens, tokens] scores (``sizing.attention_score_bytes``: quadratic in the
+    tokens). An estimate for sizing micro-batches, not a measurement."""
     text = net.config.get_text_config()
-    return int(tokens) * prefill_bytes_per_token(layout_dims(ssm_layout(net.config)), text.to_dict())
+    linear = int(tokens) * prefill_bytes_per_token(layout_dims(ssm_layout(net.config)), text.to_dict())
+    device = next(net.parameters()).device if device is None else torch.device(device)
+    return linear + attention_score_bytes(attention_dims(net.config), tokens, device)
 
 
 def auto_micro_batch(net: torch.nn.Module, batch: int, tokens: int, device: torch.device, free=None) -> int:
@@ -147,7 +151,7 @@ def auto_micro_batch(net: torch.nn.Module, batch: int, tokens: int, device: torc
     ``free``: the free-memory reader (``memory.free_bytes``; tests pass fakes)."""
 
     free = free or free_bytes
-    per_seq = prefill_bytes_per_sequence(net, tokens)
+    per_seq = prefill_bytes_per_sequence(net, tokens, device)
     if not per_seq:
         return batch
     devices = {torch.device(device)} | {p.device for p in net.parameters()}

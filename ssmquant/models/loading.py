@@ -30,6 +30,7 @@ import torch
 
 from .. import kinds
 from ..errors import SsmquantError
+from ..sizing import AttentionDims
 from .compat import warn_if_untested_transformers
 from .mixers import known_layer_kinds
 from .placement import DEFAULT_HEADROOM_GIB, balanced_plan, device_room, model_units
@@ -320,6 +321,35 @@ def ssm_layout(config) -> dict:
         "state_shape": shape,
         "groups": int(groups),
     }
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def attention_layers(config) -> int:
+    """How many of a model's layers are attention layers: the entries of its text config's ``layer_types`` that name
+    an attention other than "linear_attention" (the SSM layers; NemotronH's also names its MLP and MoE layers)."""
+    types = list(getattr(_text_config(config), "layer_types", None) or [])
+    return sum(1 for t in types if "attention" in t and t != "linear_attention")
+
+
+def attention_dims(config) -> AttentionDims:
+    """A loaded model's attention layers for the prefill estimates (``sizing.attention_score_bytes``): their count
+    (``attention_layers``), query heads (``num_attention_heads``), the implementation transformers runs
+    (``_attn_implementation``), and whether the value head dim (``v_head_dim``) differs from the query / key one
+    (``qk_head_dim``, or multi-head latent attention's ``qk_nope_head_dim + qk_rope_head_dim``, else ``head_dim``).
+    config: the model's config object (its attention implementation is set when the model is built)."""
+    text = _text_config(config)
+    heads = int(getattr(text, "num_attention_heads", 0) or 0)
+    qk = getattr(text, "qk_head_dim", None)
+    if not qk and getattr(text, "qk_nope_head_dim", None) is not None:
+        qk = int(text.qk_nope_head_dim) + int(getattr(text, "qk_rope_head_dim", 0) or 0)
+    hidden = int(getattr(text, "hidden_size", 0) or 0)
+    qk = qk or getattr(text, "head_dim", None) or (hidden // heads if heads else 0)
+    value = getattr(text, "v_head_dim", None) or qk
+    implementation = getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", None)
+    return AttentionDims(attention_layers(config), heads, implementation, int(value) != int(qk))
 
 
 # -- checking a local checkpoint before its weights load ---------------------------------------------

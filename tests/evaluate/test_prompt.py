@@ -69,3 +69,26 @@ def test_a_negative_prompt_is_refused(nemotron):
 
     with pytest.raises(EvalError, match="prompt"):
         evaluate(EvalConfig(nemotron, ["int8"], steps=4, batch=1, prompt=-3))
+
+
+def test_the_prompts_prefill_is_in_the_memory_check(monkeypatch):
+    """The decode mode prefills the prompt in one forward of the whole batch: its activations, its logits and, where
+    they are materialised, one attention layer's [batch, heads, P, P] scores (tiny-kda on the CPU: 8 x 4 x 8192^2 x
+    12 bytes, 25.8 GB, the run that was killed for memory) count in the estimate, and a refusal names the scores.
+    Without a prompt the same run fits."""
+    from ssmquant.evaluate import EvalError
+    from ssmquant.evaluate import run as run_module
+
+    class MemoryChecked(Exception):
+        """Raised by the first step after the memory check: the check passed."""
+
+    def checked(*args, **kwargs):
+        raise MemoryChecked
+
+    monkeypatch.setattr(run_module, "free_bytes", lambda device: 20 * 10**9)
+    monkeypatch.setattr(run_module, "calibration_batch", checked)
+    kw = dict(steps=4096, batch=8, device="cpu", mode="decode", text_split="all")  # the held-out split is too short
+    with pytest.raises(EvalError, match=r"largest parts: attention scores of the prompt's prefill .* lower --prompt"):
+        evaluate(EvalConfig("tiny-kda", ["int8"], prompt=8192, **kw))
+    with pytest.raises(MemoryChecked):
+        evaluate(EvalConfig("tiny-kda", ["int8"], prompt=0, **kw))

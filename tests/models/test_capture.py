@@ -300,6 +300,27 @@ def test_prefill_memory_estimate_sizes_micro_batches(monkeypatch):
     assert auto_micro_batch(net, 8, 2048, torch.device("cpu")) == 1  # never fewer than one sequence
 
 
+def test_the_micro_batches_of_a_long_prefill_count_the_attention_scores():
+    """tiny-kda's MLA attention (query / key head dim 48, value 32) takes sdpa's math path on the CPU and holds
+    [heads, L, L] scores (measured: 6.3 GB beyond the model at 1 x 12288 tokens): one sequence's estimate counts them
+    (sizing.attention_score_bytes), so with 24 GB free the capture runs fewer than 8 sequences per pass. tiny-qwen's
+    attention (equal head dims) runs torch's CPU flash kernel: no scores, all 8 at once."""
+    from ssmquant.models import attention_dims, load_model, ssm_layout
+    from ssmquant.models.capture import auto_micro_batch, prefill_bytes_per_sequence
+    from ssmquant.sizing import AttentionDims, layout_dims, prefill_bytes_per_token
+
+    cpu, tokens, free = torch.device("cpu"), 12288, lambda device: 24 * 10**9
+    kda = load_model("tiny-kda", device="cpu").model
+    assert attention_dims(kda.config) == AttentionDims(layers=2, heads=4, implementation="sdpa", value_dim_differs=True)
+    linear = tokens * prefill_bytes_per_token(layout_dims(ssm_layout(kda.config)), kda.config.get_text_config().to_dict())
+    assert prefill_bytes_per_sequence(kda, tokens, cpu) == linear + 4 * tokens**2 * 4 * 3  # 7.8 GB
+    assert auto_micro_batch(kda, 8, tokens, cpu, free=free) == 1
+    assert prefill_bytes_per_sequence(kda, tokens, torch.device("cuda")) == linear  # sdpa on CUDA: no L x L matrix
+    qwen = load_model("tiny-qwen", device="cpu").model
+    assert attention_dims(qwen.config).value_dim_differs is False
+    assert auto_micro_batch(qwen, 8, tokens, cpu, free=free) == 8
+
+
 def test_kda_gates_and_normalisation(glm5_next_dir, kimi_linear_dir):
     """GLM-5.3-Flash's gate is bounded below by -5; Kimi-Linear's is not; q, k unit-norm (q scaled)."""
     ids = torch.randint(0, VOCAB, (2, 9))
