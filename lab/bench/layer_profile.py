@@ -67,9 +67,18 @@ def main() -> None:
             torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     per_kernel: dict[str, float] = defaultdict(float)
+    launches = 0
+    runtime: dict[str, list] = defaultdict(lambda: [0, 0.0])  # CUDA runtime calls: [count, host ms]
+    host_ops: dict[str, float] = defaultdict(float)  # aten operators' self host time, ms
     for ev in prof.events():
         if cuda and ev.device_type == torch.autograd.DeviceType.CUDA:
             per_kernel[ev.name] += ev.device_time / 1e3  # us -> ms
+            launches += 1
+        elif cuda and ev.name.startswith("cuda"):
+            runtime[ev.name][0] += 1
+            runtime[ev.name][1] += ev.self_cpu_time_total / 1e3
+        if cuda and ev.device_type == torch.autograd.DeviceType.CPU and ev.name.startswith("aten::"):
+            host_ops[ev.name] += ev.self_cpu_time_total / 1e3
         elif not cuda and ev.device_type == torch.autograd.DeviceType.CPU and ev.name.startswith("aten::"):
             per_kernel[ev.name] += ev.self_cpu_time_total / 1e3
     total = sum(per_kernel.values())
@@ -86,6 +95,15 @@ def main() -> None:
     print("kernel | group | ms")
     for name, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"{name[:90]} | {_group(name)} | {ms:.1f}")
+    if cuda:
+        # a wall time far above the device time is host-bound: launches, synchronisations, Python
+        print(f"device kernels launched: {launches}")
+        print("runtime call | count | host ms")
+        for name, (count, ms) in sorted(runtime.items(), key=lambda kv: -kv[1][1])[:8]:
+            print(f"{name} | {count} | {ms:.1f}")
+        print("aten operator | self host ms")
+        for name, ms in sorted(host_ops.items(), key=lambda kv: -kv[1])[: args.top]:
+            print(f"{name} | {ms:.1f}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from ..replay.variants import Variant
 from .common import MAX_SLOTS
 from .host import batch_slices, seeds_on, write_mask_on
 from .mamba2_engine import engine_steps
-from .planning import plan_blocks, plan_launches, variant_slot_spec
+from .planning import plan_blocks, plan_launches, plan_output_launches, variant_slot_spec
 from .quantize import fake_quant_triton, store_state_triton
 from .registry import FusedKernel, VariantKernel, has_kernel, kernel_of, register, variant_kernels_of
 
@@ -40,6 +40,7 @@ __all__ = [
     "has_kernel",
     "plan_blocks",
     "plan_launches",
+    "plan_output_launches",
     "register",
     "store_state_triton",
 ]
@@ -179,7 +180,8 @@ def emulate_triton_outputs(
     dot products (and the delta rule's update) in the kernels' order and contraction.
 
     Runs the kind's fused kernel for every variant, the ideal arithmetic only (an engine profile's variant is a
-    ValueError; a one-variant kernel such as KDA's CUDA one is not used). Memory: the outputs themselves, no metrics.
+    ValueError; a one-variant kernel such as KDA's CUDA one is not used), at the output mode's tiling
+    (``planning.plan_output_launches``) unless ``tiling`` names one. Memory: the outputs themselves, no metrics.
     """
     engine = [v.name for v in variants if arithmetic(v.engine, inputs.kind) != "ideal"]
     if engine:
@@ -189,7 +191,11 @@ def emulate_triton_outputs(
     s0, stored, fused, shared = _layer_operands(inputs, variants)
     outs: list[torch.Tensor | None] = [None] * len(variants)
     final = torch.empty(inputs.state_shape, device=dev, dtype=torch.float32) if final_state else None
-    for n, (idx, (block_p, num_warps)) in enumerate(plan_launches(variants, rows, sdim, tiling, inputs.kind)):
+    if tiling is None:
+        plan = plan_output_launches(variants, rows, sdim, inputs.kind)
+    else:
+        plan = plan_launches(variants, rows, sdim, tiling, inputs.kind)
+    for n, (idx, (block_p, num_warps)) in enumerate(plan):
         specs, write, seeds, static, group_s0 = _slot_operands(inputs, variants, idx, stored, block_p)
         out = torch.empty(len(idx), bsz, steps, heads, rows, device=dev, dtype=dtype)
         fused.launch(

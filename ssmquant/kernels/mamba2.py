@@ -71,6 +71,18 @@ def _slot_update(s, s_ref, y_ref, a, dt, x, bvec, cvec, d, SPEC: tl.constexpr):
     return s, tl.sum(s * cvec[:, None], axis=0) + d * x
 
 
+@triton.jit
+def _load_step(x_ptr, dt_ptr, a_ptr, bm_ptr, cm_ptr, bt, H, h, P, rows, row_ok, G, g, N, cols, col_ok):
+    """One step's inputs of program (b, h) at flat step index bt = b T + t: x [BLOCK_P] and B, C [BLOCK_N] in
+    float32, dt and a = exp(dt A) scalars."""
+    x = tl.load(x_ptr + (bt * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32)
+    dt = tl.load(dt_ptr + bt * H + h)
+    a = tl.load(a_ptr + bt * H + h)
+    bvec = tl.load(bm_ptr + (bt * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32)
+    cvec = tl.load(cm_ptr + (bt * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32)
+    return x, dt, a, bvec, cvec
+
+
 # batch size and offset vary with the batch slices of one run: not specialised, so that they share one compile
 @triton.jit(do_not_specialize=["B", "batch_offset"])
 def _mamba2_emulate_kernel(
@@ -155,13 +167,17 @@ def _mamba2_emulate_kernel(
     out_stride = tl.cast(B, tl.int64) * T * H * P  # one slot's outputs [B, T, H, P]
     d = tl.load(d_ptr + h)
 
+    # step t + 1's inputs are loaded while step t computes: a step's loads do not depend on the state, and one
+    # program's steps are a sequential chain whose time is otherwise the loads' latency plus the arithmetic.
+    # T >= 1 (validated inputs are never empty); the last step reloads its own inputs.
+    x_n, dt_n, a_n, bvec_n, cvec_n = _load_step(x_ptr, dt_ptr, a_ptr, bm_ptr, cm_ptr, b64 * T, H, h, P, rows, row_ok,
+                                                G, g, N, cols, col_ok)  # fmt: skip
     for t in range(T):
         bt = b64 * T + t
-        x = tl.load(x_ptr + (bt * H + h) * P + rows, mask=row_ok, other=0.0).to(tl.float32)
-        dt = tl.load(dt_ptr + bt * H + h)
-        a = tl.load(a_ptr + bt * H + h)
-        bvec = tl.load(bm_ptr + (bt * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32)
-        cvec = tl.load(cm_ptr + (bt * G + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32)
+        x, dt, a, bvec, cvec = x_n, dt_n, a_n, bvec_n, cvec_n
+        x_n, dt_n, a_n, bvec_n, cvec_n = _load_step(x_ptr, dt_ptr, a_ptr, bm_ptr, cm_ptr,
+                                                    b64 * T + tl.minimum(t + 1, T - 1), H, h, P, rows, row_ok,
+                                                    G, g, N, cols, col_ok)  # fmt: skip
         s_ref = _mul_add_rn(a, s_ref, bvec[:, None] * (dt * x)[None, :])
         y_ref = tl.sum(s_ref * cvec[:, None], axis=0) + d * x
         v0, y0 = _slot_update(v0, s_ref, y_ref, a, dt, x, bvec, cvec, d, SPEC0)

@@ -17,6 +17,12 @@ from .rounding import FORMAT_CODES
 # [128, 4] tile per warp).
 _STATE_ELEMENTS_PER_THREAD = 128
 _MAX_WARPS = 16
+# The output mode (eval --mode layer) launches one variant over all steps of a layer: its time is one program's
+# per-step latency times T, not the GPU's throughput, so a one-warp program holds at most this many rows (more
+# programs, fewer elements per thread). lab/bench/output_tiling.py (benchmarks/RESULTS.md): with the quantized
+# variants 8 rows ran fastest, or within 8% of the fastest tiling, on Mamba-2 heads [64, 128] (8 and 64 heads) and GDN
+# heads [64, 64]; up to 1.7x faster than 16 rows on the small Mamba-2 layer, and faster than 4 rows everywhere.
+OUTPUT_ROWS_PER_PROGRAM = 8
 
 
 def _rows_needed(variant: Variant, rows: int) -> int:
@@ -72,6 +78,20 @@ def plan_launches(
         for j in range(0, len(idx), size):
             chunk = idx[j : j + size]
             out.append((chunk, plan_blocks([variants[i] for i in chunk], rows, state_dim)))
+    return out
+
+
+def plan_output_launches(
+    variants: list[Variant], rows: int, state_dim: int, kind: str = "mamba2"
+) -> list[tuple[list[int], tuple[int, int]]]:
+    """`plan_launches` for the output mode: where a launch is one warp per program and every variant's scale group
+    fits OUTPUT_ROWS_PER_PROGRAM rows, at most that many rows per program; other launches as `plan_launches`
+    plans them."""
+    out = []
+    for idx, (block_p, num_warps) in plan_launches(variants, rows, state_dim, None, kind):
+        if num_warps == 1 and all(_rows_needed(variants[i], rows) <= OUTPUT_ROWS_PER_PROGRAM for i in idx):
+            block_p = min(block_p, OUTPUT_ROWS_PER_PROGRAM)
+        out.append((idx, (block_p, num_warps)))
     return out
 
 

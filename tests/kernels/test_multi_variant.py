@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ssmquant import formats, kinds
-from ssmquant.kernels import MAX_SLOTS, emulate_triton, emulate_triton_steps, plan_launches
+from ssmquant.kernels import MAX_SLOTS, emulate_triton, emulate_triton_steps, plan_launches, plan_output_launches
 from ssmquant.kernels.common import MAX_REGISTERS, REGISTER_FILE, REGISTER_GRANULE, register_cap
 from ssmquant.replay import Variant, parse_variant, parse_variants, reference_decode
 from ssmquant.simulate import triton_interpreting
@@ -135,6 +135,16 @@ def test_variants_needing_whole_heads_get_their_own_launches():
     # 128-row heads: 8 warps each
     heads = parse_variants([f"{f}:head@{s}" for f in ("fp8_e4m3", "int8", "nvfp4") for s in ("conventional", "replay16")])
     assert plan_launches(heads, 128, 128) == [([i], (128, 8)) for i in range(6)]
+
+
+def test_the_output_mode_spreads_one_warp_launches_over_eight_row_programs():
+    # eval --mode layer's launches are latency-bound: 8 rows per one-warp program where the scale groups allow
+    for rows, sdim, kind in ((64, 128, "mamba2"), (64, 64, "gdn"), (128, 128, "gdn"), (128, 128, "kda")):
+        for name in ("fp32@conventional", "fp8_e4m3@conventional", "nvfp4@replay16", "int8:rows8"):
+            assert plan_output_launches(parse_variants([name]), rows, sdim, kind) == [([0], (8, 1))]
+    # six variants in one launch already take 4 rows per warp; whole-head scale groups keep the throughput plan
+    vs = parse_variants(DEFAULTS + ["int8:head@replay16", "int8:rows16"])
+    assert plan_output_launches(vs, 64, 128) == [(list(range(6)), (4, 1)), ([6], (64, 4)), ([7], (16, 1))]
 
 
 def test_engine_variants_are_left_to_their_kernel_and_a_too_small_tiling_is_refused():

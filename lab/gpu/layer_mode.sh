@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# eval --mode layer on one CUDA GPU, in stages that each fit one device call (the machine is kept warm between them):
+#
+#   bash lab/gpu/layer_mode.sh tiling      # output-mode tilings (lab/bench/output_tiling.py)
+#   bash lab/gpu/layer_mode.sh bench       # benchmarks/run.py eval, both modes, tiny models and full Nano
+#   bash lab/gpu/layer_mode.sh nano32k     # Nano x 8 x 3 variants x 32K steps, layer mode alone
+#   bash lab/gpu/layer_mode.sh study RUN,RUN,...   # e2e_horizon at the GPU scale (32K steps, 16 sequences)
+#
+# Needs the wheels of a fresh install beside the checkout (lab/gpu/test_wheels.sh; carry .whl/common and .whl/tf525)
+# and studies/tiny_models/data/heldout.txt (carried). Everything a stage makes goes to $OUT as it is made.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .whl/common/*.whl .whl/tf525/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+VARIANTS=fp8_e4m3@conventional,int8@replay16,nvfp4@conventional
+case "${1:?stage}" in
+  tiling)
+    timeout "${LIMIT:-150}" python3 lab/bench/output_tiling.py \
+      --shapes mamba2:8:64:128:2,gdn:4:64:64:2,mamba2:64:64:128:8 \
+      --variants fp32@conventional,fp8_e4m3@conventional,nvfp4@conventional \
+      --tilings 16x1,16x2,8x1,8x2,4x2,2x1,32x1,64x8 --reps 3 2>&1 | grep -v Warn | tee "$OUT/tiling.txt"
+    ;;
+  bench)
+    timeout "${LIMIT:-420}" python3 benchmarks/run.py eval --device cuda \
+      --models "${MODELS:-tiny-nemotron,tiny-qwen,tiny-kda,nemotron-3-nano}" --steps 2048 --batch 8 \
+      --reps "${REPS:-1}" --variants "$VARIANTS" > "$OUT/bench.txt" 2>&1
+    echo "rc=$?" >> "$OUT/bench.txt"
+    cp benchmarks/results/eval-*.json "$OUT/" 2>/dev/null
+    tail -12 "$OUT/bench.txt"
+    ;;
+  nano32k)
+    timeout "${LIMIT:-400}" python3 benchmarks/run.py eval --device cuda --models nemotron-3-nano --modes layer \
+      --steps 32768 --batch 8 --reps 1 --variants fp8_e4m3,int8@replay16,nvfp4 \
+      --text studies/tiny_models/data/heldout.txt --text-split all > "$OUT/nano32k.txt" 2>&1
+    echo "rc=$?" >> "$OUT/nano32k.txt"
+    cp benchmarks/results/eval-*.json "$OUT/" 2>/dev/null
+    tail -12 "$OUT/nano32k.txt"
+    ;;
+  study)
+    for run in ${2//,/ }; do
+      timeout "${LIMIT:-280}" python3 -m studies.run --scale gpu --device cuda --only e2e_horizon --runs "$run" \
+        > "$OUT/study-$run.txt" 2>&1
+      echo "$run rc=$?" | tee -a "$OUT/study.txt"
+      tail -3 "$OUT/study-$run.txt"
+      tar czf "$OUT/e2e_horizon_data.tar.gz" studies/e2e_horizon/data
+    done
+    ;;
+  *) echo "unknown stage $1"; exit 2 ;;
+esac
