@@ -2,8 +2,8 @@
 measured on this machine.
 
 - Memory (``analyze_memory``, ``eval_memory``, ``check_memory``): the large tensors a run allocates, from
-  the shapes alone (the layer kind's bytes per token, ``ssmquant.kinds``; a prefill's attention scores, quadratic
-  in its tokens, ``attention_score_bytes``), per pool (the compute device, and host memory for what capture keeps
+  the shapes alone (the layer kind's bytes per token, ``ssmquant.kinds``; the larger of a prefill's attention scores,
+  quadratic in its tokens, and KDA's torch-scan decays, ``prefill_layer_peak``), per pool (the compute device, and host memory for what capture keeps
   there). A run whose estimate exceeds the free memory of a pool is refused
   before any of it is allocated, with the estimate, its largest parts and the largest --steps that fits.
 - Time (``probe_step_seconds``): the cost of one decode step of one layer for the run's variants, measured by
@@ -142,7 +142,7 @@ def analyze_memory(
     drawn with its fp32 buffers (one sequence at a time, ``models.synthetic``). ``prompt``: tokens captured before
     the ``steps`` decode steps (``kinds.after_prompt``): held and prefilled with them, not emulated. ``attention``:
     the captured model's attention layers, whose scores the prefill holds where it materialises them
-    (``attention_score_bytes``)."""
+    (``prefill_layer_peak``: or KDA's scan decays, whichever is larger)."""
     device = torch.device(device)
     pool = _pool(device)
     est = MemoryEstimate(device)
@@ -186,10 +186,10 @@ def analyze_memory(
         # the capture prefills in micro-batches sized to the free memory (models.capture.auto_micro_batch),
         # down to one sequence: that is the part that must fit
         est.add("prefill activations of the capture (one sequence)", _pool(cap), (prompt + steps) * pt)
-        scores = attention_score_bytes(attention, prompt + steps, cap)
-        if scores:
-            est.add(f"attention scores of the capture's prefill (one sequence; one layer's [heads, L, L] fp32 x "
-                    f"{ATTENTION_SCORE_COPIES})", _pool(cap), scores)  # fmt: skip
+        what, peak = prefill_layer_peak(dims, prefill, attention, prompt + steps, cap)
+        if peak:
+            label = peak_label(what, "the capture's prefill", "[heads, L, L]").replace(" (one", " (one sequence; one", 1)
+            est.add(label, _pool(cap), peak)
         if pool != "host" or cap.type != "cpu":
             waiting = 2 if workers <= 1 else 2 + workers
             held = waiting * input_bytes_per_token(dims)
@@ -267,6 +267,37 @@ def attention_score_bytes(attention: AttentionDims | None, tokens: int, device) 
     return attention.heads * int(tokens) ** 2 * FP32 * ATTENTION_SCORE_COPIES
 
 
+def scan_pair_bytes(dims: LayerDims, config: dict, tokens: int, device) -> int:
+    """Bytes the SSM layer's torch prefill scan holds for the position pairs of its chunks (the kind's
+    ``prefill_pair_elements``; KDA's decays) over one sequence of ``tokens`` on ``device``: 0 where the kind's fused
+    library kernel runs instead (``torch_prefill``)."""
+    kind = kinds.get(dims.kind)
+    if not kind.torch_prefill(device):
+        return 0
+    chunk = int(config.get("chunk_size") or kind.default_chunk)
+    return int(int(tokens) * FP32 * kind.prefill_pair_elements(dims, chunk))
+
+
+def prefill_layer_peak(
+    dims: LayerDims, config: dict, attention: AttentionDims | None, tokens: int, device
+) -> tuple[str, int]:
+    """The part of the prefill of one sequence of ``tokens`` positions on ``device`` that one layer holds only while
+    it runs, beyond the activations every layer keeps (``prefill_bytes_per_token``): ("scores", one attention layer's
+    scores, ``attention_score_bytes``) or ("pairs", the SSM scan's position-pair decays, ``scan_pair_bytes``),
+    whichever is larger (different layers hold them, never at once); bytes 0 when neither is held."""
+    scores = attention_score_bytes(attention, tokens, device)
+    pairs = scan_pair_bytes(dims, config, tokens, device)
+    return ("scores", scores) if scores >= pairs else ("pairs", pairs)
+
+
+def peak_label(what: str, of: str, shape: str) -> str:
+    """A memory-estimate line for ``prefill_layer_peak``'s part ``what`` of the prefill ``of``, the scores' shape
+    ``shape`` ("[heads, L, L]")."""
+    if what == "scores":
+        return f"attention scores of {of} (one layer's {shape} fp32 x {ATTENTION_SCORE_COPIES})"
+    return f"the KDA scan's decays of {of} (one layer's [chunk, chunk, Dk] per chunk and head, fp32 x 3)"
+
+
 def eval_memory(
     dims: LayerDims,
     *,
@@ -318,7 +349,7 @@ def layer_major_memory(
 ) -> MemoryEstimate:
     """Peak memory of a layer-major evaluation beyond the weights (``evaluate.layer_major``): one forward of
     ``batch`` x ``tokens`` positions (the prefill's live activations, ``prefill_bytes_per_token``, and where they are
-    materialised the scores of one of the ``attention`` layers, ``attention_score_bytes`` of each sequence), one
+    materialised the scores of one of the ``attention`` layers or KDA's scan decays, ``prefill_layer_peak``), one
     layer's derived recurrence inputs and its torch emulation of one variant, the final hidden states of the
     reference and the ``variants`` variants (FP32 bound; all are kept until the metrics), and one chunk of positions'
     logits and float64 metrics (``metric_chunk_rows``)."""
@@ -328,10 +359,9 @@ def layer_major_memory(
     positions = batch * tokens
     per_token = prefill_bytes_per_token(dims, config)
     est.add("the forward's activations", pool, positions * per_token, per_token)
-    scores = batch * attention_score_bytes(attention, tokens, device)
-    if scores:
-        est.add(f"attention scores of the forward (one layer's [batch, heads, L, L] fp32 x {ATTENTION_SCORE_COPIES})",
-                pool, scores)  # fmt: skip
+    what, peak = prefill_layer_peak(dims, config, attention, tokens, device)
+    if peak:
+        est.add(peak_label(what, "the forward", "[batch, heads, L, L]"), pool, batch * peak)
     emulation = input_bytes_per_token(dims) + emulation_bytes_per_token(dims, 1)
     est.add("one layer's inputs and emulation", pool, positions * emulation, emulation)
     hidden = (1 + variants) * int(config.get("hidden_size") or 0) * FP32
@@ -508,6 +538,9 @@ __all__ = [
     "free_bytes",
     "analyze_memory",
     "attention_score_bytes",
+    "peak_label",
+    "prefill_layer_peak",
+    "scan_pair_bytes",
     "attention_scores_materialised",
     "check_memory",
     "largest_fitting_steps",

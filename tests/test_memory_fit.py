@@ -20,6 +20,8 @@ from ssmquant.sizing import (
     layer_dims,
     layer_major_memory,
     metric_chunk_rows,
+    prefill_layer_peak,
+    scan_pair_bytes,
 )
 
 
@@ -91,6 +93,27 @@ def test_the_attention_scores_of_a_prefill_are_one_layers_heads_x_l2_fp32_x3_whe
     assert attention_score_bytes(None, 12288, CPU) == 0
 
 
+def test_kdas_torch_scan_holds_three_chunk_x_heads_x_dk_decays_per_token_and_the_larger_layer_peak_counts(monkeypatch):
+    """sizing.scan_pair_bytes: KDA's torch prefill scan holds decay_mask [chunk, chunk, Dk] per chunk and head and two
+    products of its size (3 x chunk x H x Dk fp32 per token); Mamba-2 and GDN hold none; where fla's kernel runs (CUDA
+    with fla installed) KDA holds none either. prefill_layer_peak takes the larger of it and one attention layer's
+    scores: different layers hold them."""
+    from ssmquant import kinds
+
+    kda, config = layer_dims("kda", 4, 64, 64, 4), {"hidden_size": 256}
+    assert scan_pair_bytes(kda, config, 2048, CPU) == 2048 * 4 * 3 * 64 * 4 * 64
+    assert scan_pair_bytes(kda, dict(config, chunk_size=32), 2048, CPU) == 2048 * 4 * 3 * 32 * 4 * 64
+    assert scan_pair_bytes(layer_dims("gdn", 4, 64, 64, 2), config, 2048, CPU) == 0
+    assert scan_pair_bytes(layer_dims("mamba2", 8, 64, 128, 2), config, 2048, CPU) == 0
+    monkeypatch.setattr(type(kinds.get("kda")), "fused_prefill_package", "no_such_package_for_ssmquant")
+    assert scan_pair_bytes(kda, config, 2048, CUDA) == 2048 * 4 * 3 * 64 * 4 * 64  # torch's scan on CUDA too
+    monkeypatch.setattr(type(kinds.get("kda")), "fused_prefill_package", "torch")  # an importable package
+    assert scan_pair_bytes(kda, config, 2048, CUDA) == 0
+    assert prefill_layer_peak(kda, config, TINY_KDA_ATTENTION, 2048, CPU) == ("pairs", 2048 * 4 * 3 * 64 * 4 * 64)
+    assert prefill_layer_peak(kda, config, TINY_KDA_ATTENTION, 12288, CPU) == ("scores", 4 * 12288**2 * 12)
+    assert prefill_layer_peak(layer_dims("gdn", 4, 64, 64, 2), config, None, 2048, CPU) == ("scores", 0)
+
+
 def test_the_prefill_estimates_count_the_attention_scores_and_a_refusal_names_them():
     """analyze_memory's one-sequence prefill of the capture and layer_major_memory's forward of `batch` sequences add
     the scores (quadratic in the positions) on the pool the prefill runs on; a refusal names them."""
@@ -100,7 +123,8 @@ def test_the_prefill_estimates_count_the_attention_scores_and_a_refusal_names_th
     plain, scored = analyze_memory(dims, **kw), analyze_memory(dims, attention=TINY_KDA_ATTENTION, **kw)
     label = "attention scores of the capture's prefill (one sequence; one layer's [heads, L, L] fp32 x 3)"
     assert dict((lbl, b) for lbl, _, b in scored.parts)[label] == 4 * 12288**2 * 12
-    assert scored.total("host") - plain.total("host") == 4 * 12288**2 * 12
+    # without attention layers, KDA's scan decays are the prefill's largest one-layer part; with them, the scores
+    assert scored.total("host") - plain.total("host") == 4 * 12288**2 * 12 - scan_pair_bytes(dims, config, 12288, CPU)
     on_gpu = dict(kw, device=CUDA)
     assert analyze_memory(dims, attention=TINY_KDA_ATTENTION, **on_gpu).parts == analyze_memory(dims, **on_gpu).parts
     with pytest.raises(SizingError, match=re.escape(label)):
@@ -114,8 +138,15 @@ def test_the_prefill_estimates_count_the_attention_scores_and_a_refusal_names_th
     # the forward's parts against its measured peak RSS beyond the loaded model (tiny-kda on the CPU, use_cache=False,
     # logits_to_keep=1): 6.3 GB at 1 x 12288 and 7.1 GB at 8 x 4096 tokens; the estimates are above, by less than 2x
     def forward(est):
-        return sum(b for lbl, _, b in est.parts if lbl in (label, "the forward's activations"))
+        prefix = ("attention scores of the forward", "the KDA scan's decays of the forward", "the forward's activations")
+        return sum(b for lbl, _, b in est.parts if lbl.startswith(prefix))
 
     assert 6.3e9 <= forward(one) < 2 * 6.3e9 and 7.1e9 <= forward(eight) < 2 * 7.1e9
+    # 8 x 2048 tokens (3.5-3.6 GB measured): the scan's decays, not the scores, set the peak
+    short = layer_major_memory(dims, config, batch=8, tokens=2048, vocab=256, device=CPU, attention=TINY_KDA_ATTENTION)
+    assert "the KDA scan's decays of the forward (one layer's [chunk, chunk, Dk] per chunk and head, fp32 x 3)" in {
+        lbl for lbl, _, _ in short.parts
+    }
+    assert 3.6e9 <= forward(short) < 2 * 3.5e9
     no_attention = layer_major_memory(dims, config, batch=1, tokens=12288, vocab=256, device=CPU)
     assert label not in {lbl for lbl, _, _ in no_attention.parts}

@@ -46,17 +46,17 @@ from ..provenance import environment
 from ..replay.schemes import DEFAULT_BUFFER_LEN
 from ..replay.variants import Variant, VariantError, check_variants_fit, parse_variant, parse_variants
 from ..sizing import (
-    ATTENTION_SCORE_COPIES,
     FP32,
     SizingError,
-    attention_score_bytes,
     check_memory,
     eval_memory,
     format_bytes,
     free_bytes,
     layer_major_memory,
     layout_dims,
+    peak_label,
     prefill_bytes_per_token,
+    prefill_layer_peak,
 )
 from .decode import attention_refusal, decode_attention
 from .graphs import SegmentGraphs, backend_for, graph_refusal
@@ -758,18 +758,17 @@ def _memory(
 def _prompt_prefill(est, net, dims, batch: int, prompt: int, device, elem: int) -> None:
     """Add the prompt's prefill forward to ``est``: ``loop.decode_pass`` prefills the first ``prompt`` tokens in one
     forward per run at the run's ``batch`` (a folded run is expanded after it), the runs one after another, so one
-    such forward is live at a time. Its parts: the live activations (``sizing.prefill_bytes_per_token``), one
-    attention layer's [batch, heads, prompt, prompt] scores where they are materialised
-    (``sizing.attention_score_bytes``: quadratic in the prompt), and the logits of every prompt position, which the
+    such forward is live at a time. Its parts: the live activations (``sizing.prefill_bytes_per_token``), the
+    larger of one attention layer's [batch, heads, prompt, prompt] scores where they are materialised (quadratic in
+    the prompt) and KDA's scan decays (``sizing.prefill_layer_peak``), and the logits of every prompt position, which the
     forward returns (in the weights' dtype, and NemotronH's FP32 copy of them)."""
     text = net.config.get_text_config()
     pool = "device" if torch.device(device).type == "cuda" else "host"
     per_token = prefill_bytes_per_token(dims, text.to_dict())
     est.add(f"activations of the prompt's prefill ({batch} x {prompt} tokens)", pool, batch * prompt * per_token)
-    scores = batch * attention_score_bytes(attention_dims(net.config), prompt, device)
-    if scores:
-        est.add(f"attention scores of the prompt's prefill (one layer's [batch, heads, {prompt}, {prompt}] fp32 x "
-                f"{ATTENTION_SCORE_COPIES})", pool, scores)  # fmt: skip
+    what, peak = prefill_layer_peak(dims, text.to_dict(), attention_dims(net.config), prompt, device)
+    if peak:
+        est.add(peak_label(what, "the prompt's prefill", f"[batch, heads, {prompt}, {prompt}]"), pool, batch * peak)
     logit_bytes = elem + (FP32 if elem < FP32 else 0)
     est.add(f"logits of the prompt's prefill [{batch}, {prompt}, vocab]", pool,
             batch * prompt * int(text.vocab_size) * logit_bytes)  # fmt: skip

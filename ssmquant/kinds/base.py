@@ -356,7 +356,25 @@ class LayerKind:
         """Live fp32 elements per token of the kind's chunked prefill scan (the sizing of a capture)."""
         raise NotImplementedError
 
+    def prefill_pair_elements(self, dims: LayerDims, chunk: int) -> float:
+        """FP32 elements per token that transformers' torch scan of this kind holds for the pairs of a chunk's
+        positions while its layer runs (KDA's per-channel decays), beyond ``prefill_scan_elements``; 0 for most
+        kinds."""
+        return 0
+
     default_chunk: ClassVar[int] = 64
+    # the package whose kernels transformers runs for this kind's prefill scan on CUDA when it is installed
+    # (transformers' use_kernel_func_from_hub_with_fallback: the torch scan elsewhere)
+    fused_prefill_package: ClassVar[str | None] = None
+
+    def torch_prefill(self, device) -> bool:
+        """Whether a prefill on ``device`` runs transformers' torch scan of this kind: everywhere but on CUDA with
+        ``fused_prefill_package`` importable (None, an unknown device: True)."""
+        if device is None or torch.device(device).type != "cuda" or self.fused_prefill_package is None:
+            return True
+        import importlib.util
+
+        return importlib.util.find_spec(self.fused_prefill_package) is None
 
     def random_inputs(self, dims: LayerDims, batch: int, steps: int, *, device="cpu", seed: int = 0):
         """Random validated inputs of ``dims`` with realistic ranges (time estimates)."""

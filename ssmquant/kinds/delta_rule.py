@@ -265,6 +265,8 @@ class DeltaRuleKind(LayerKind):
     def ring_row(self, dims):
         return dims.heads * dims.rows + dims.groups * dims.state_dim, self.gate_elements(dims)  # u and k; the gates
 
+    fused_prefill_package = "fla"
+
     def prefill_scan_elements(self, dims, chunk):
         h, r, n = dims.heads, dims.rows, dims.state_dim
         return 3 * chunk * h + 2 * h * r * n / chunk + 2 * h * n + 4 * h * r  # torch_chunk_gated_delta_rule

@@ -272,6 +272,8 @@ class Mamba2(LayerKind):
     def ring_row(self, dims):
         return dims.heads * dims.rows + dims.groups * dims.state_dim, dims.heads  # x and B; dt per head
 
+    fused_prefill_package = "mamba_ssm"
+
     def prefill_scan_elements(self, dims, chunk):
         h, r, n = dims.heads, dims.rows, dims.state_dim
         # transformers' torch mamba2_chunk_scan (einsums, 5.24 and 5.25): L, G and M of [chunk, H] per token, live

@@ -38,7 +38,7 @@ from .. import kinds
 from ..kinds import InputError, LayerInputs, remember_valid
 from ..memory import free_bytes
 from ..replay.reference import reference_decode
-from ..sizing import attention_score_bytes, layout_dims, prefill_bytes_per_token
+from ..sizing import layout_dims, prefill_bytes_per_token, prefill_layer_peak
 from .compat import tested_range, transformers_version, untested_transformers_note, warn_if_untested_transformers
 from .loading import LoadedModel, attention_dims, ssm_layout
 from .mixers import CaptureError, SSMMixer, find_ssm_mixers
@@ -136,12 +136,13 @@ def prefill_bytes_per_sequence(net: torch.nn.Module, tokens: int, device: torch.
     """Estimated peak bytes of one sequence's prefill of ``tokens`` positions on ``device`` (default: where the
     model's first parameter is) beyond the weights: the live activations of transformers' torch path at its largest
     SSM layer (``sizing.prefill_bytes_per_token``, the kind's chunked scan) and, where the prefill materialises them,
-    one attention layer's [heads, tokens, tokens] scores (``sizing.attention_score_bytes``: quadratic in the
-    tokens). An estimate for sizing micro-batches, not a measurement."""
+    the larger of one attention layer's [heads, tokens, tokens] scores (quadratic in the tokens) and KDA's scan
+    decays (``sizing.prefill_layer_peak``). An estimate for sizing micro-batches, not a measurement."""
     text = net.config.get_text_config()
-    linear = int(tokens) * prefill_bytes_per_token(layout_dims(ssm_layout(net.config)), text.to_dict())
+    dims = layout_dims(ssm_layout(net.config))
+    linear = int(tokens) * prefill_bytes_per_token(dims, text.to_dict())
     device = next(net.parameters()).device if device is None else torch.device(device)
-    return linear + attention_score_bytes(attention_dims(net.config), tokens, device)
+    return linear + prefill_layer_peak(dims, text.to_dict(), attention_dims(net.config), tokens, device)[1]
 
 
 def auto_micro_batch(net: torch.nn.Module, batch: int, tokens: int, device: torch.device, free=None) -> int:

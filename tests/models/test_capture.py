@@ -303,11 +303,11 @@ def test_prefill_memory_estimate_sizes_micro_batches(monkeypatch):
 def test_the_micro_batches_of_a_long_prefill_count_the_attention_scores():
     """tiny-kda's MLA attention (query / key head dim 48, value 32) takes sdpa's math path on the CPU and holds
     [heads, L, L] scores (measured: 6.3 GB beyond the model at 1 x 12288 tokens): one sequence's estimate counts them
-    (sizing.attention_score_bytes), so with 24 GB free the capture runs fewer than 8 sequences per pass. tiny-qwen's
+    (sizing.prefill_layer_peak), so with 24 GB free the capture runs fewer than 8 sequences per pass. tiny-qwen's
     attention (equal head dims) runs torch's CPU flash kernel: no scores, all 8 at once."""
     from ssmquant.models import attention_dims, load_model, ssm_layout
     from ssmquant.models.capture import auto_micro_batch, prefill_bytes_per_sequence
-    from ssmquant.sizing import AttentionDims, layout_dims, prefill_bytes_per_token
+    from ssmquant.sizing import AttentionDims, layout_dims, prefill_bytes_per_token, scan_pair_bytes
 
     cpu, tokens, free = torch.device("cpu"), 12288, lambda device: 24 * 10**9
     kda = load_model("tiny-kda", device="cpu").model
@@ -315,7 +315,10 @@ def test_the_micro_batches_of_a_long_prefill_count_the_attention_scores():
     linear = tokens * prefill_bytes_per_token(layout_dims(ssm_layout(kda.config)), kda.config.get_text_config().to_dict())
     assert prefill_bytes_per_sequence(kda, tokens, cpu) == linear + 4 * tokens**2 * 4 * 3  # 7.8 GB
     assert auto_micro_batch(kda, 8, tokens, cpu, free=free) == 1
-    assert prefill_bytes_per_sequence(kda, tokens, torch.device("cuda")) == linear  # sdpa on CUDA: no L x L matrix
+    # sdpa on CUDA: no L x L matrix; KDA's torch scan decays instead (none where fla's kernel runs)
+    cuda, dims = torch.device("cuda"), layout_dims(ssm_layout(kda.config))
+    pairs = scan_pair_bytes(dims, kda.config.get_text_config().to_dict(), tokens, cuda)
+    assert prefill_bytes_per_sequence(kda, tokens, cuda) == linear + pairs
     qwen = load_model("tiny-qwen", device="cpu").model
     assert attention_dims(qwen.config).value_dim_differs is False
     assert auto_micro_batch(qwen, 8, tokens, cpu, free=free) == 8
