@@ -17,8 +17,9 @@ model's cache) and `--mode layer` (one forward per variant, the SSM recurrences 
 steps x batch x variants / the evaluation's own decode time (the timing's decode_s: the model is loaded before); the
 table gives the median over --reps (min-max), the ratio layer / decode, each mode's wall time and mean KL (their
 agreement is tested in tests/evaluate/test_layer_major.py). RESULTS.md key `eval-<device>`; with --modes layer
-alone (horizons the token-by-token path cannot reach in the time) `eval-<device>-layer`. --steps below 256 or
---batch 1 make the run a check of the script, not a measurement.
+alone (horizons the token-by-token path cannot reach in the time) `eval-<device>-layer`; --section NAME appends
+`-NAME` (a model measured in a run of its own, e.g. a full-size preset whose two modes fill a device call, keeps the
+other models' table). --steps below 256 or --batch 1 make the run a check of the script, not a measurement.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def add_arguments(ap) -> None:
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated modes to run (decode, layer)")
     ap.add_argument("--text", default=None, help="text file to decode (default: the shipped corpus)")
     ap.add_argument("--text-split", default="heldout", choices=("heldout", "all"), help="eval --text-split")
+    ap.add_argument("--section", default=None, help="a suffix of the RESULTS.md key (eval-<device>[-layer]-NAME)")
 
 
 def _load(name: str, args):
@@ -72,6 +74,8 @@ def run(args) -> Result:
     unknown = set(args.modes.split(",")) - set(MODES)
     if unknown or not modes:
         raise SystemExit(f"--modes: unknown {sorted(unknown)}; accepted: {', '.join(MODES)}")
+    if args.section is not None and not args.section.replace("-", "").isalnum():
+        raise SystemExit(f"--section {args.section!r}: letters, digits and '-' only (a RESULTS.md key)")
     rows, raw = [], {}
     for name in models:
         loaded, label = _load(name, args)
@@ -114,4 +118,6 @@ def run(args) -> Result:
         key, title = f"eval-{args.device}", f"`ssmquant eval`: layer-major vs token by token ({args.device})"
     else:
         key, title = f"eval-{args.device}-{modes[0]}", f"`ssmquant eval --mode {modes[0]}` alone ({args.device})"
+    if args.section:
+        key, title = f"{key}-{args.section}", f"{title[:-1]}, {args.section})"
     return Result({key: Section(title, body)}, raw, measurement=measurement)

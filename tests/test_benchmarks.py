@@ -203,6 +203,31 @@ def test_emulation_formats_take_modifiers_and_refuse_unknown_ones():
         ("fp8_e4m3:sr@conventional", "2.00"), ("fp8_e4m3@conventional", "2.00"), ("fp8_e4m3@replay16", "1.00")]
 
 
+def test_an_eval_section_suffix_keeps_the_other_tables_and_a_bad_one_is_refused_before_the_run(monkeypatch):
+    """benchmarks/eval.py --section NAME files under eval-<device>[-layer]-NAME, so a model measured in a device call
+    of its own does not replace the other models' table; a suffix that is no key is refused before any model loads."""
+    from benchmarks import eval as eval_bench
+
+    def args(**kw):
+        return argparse.Namespace(**dict(dict(models="tiny-qwen", modes="decode,layer", section=None, steps=256,
+                                              batch=2, reps=1, variants="fp8_e4m3", device="cpu", text=None,
+                                              text_split="heldout", layers=None), **kw))  # fmt: skip
+
+    loaded = []
+    monkeypatch.setattr(eval_bench, "_load", lambda name, a: loaded.append(name) or (None, name))
+    fake = argparse.Namespace(variants=["fp8_e4m3"], timing={"decode_s": 1.0},
+                              summary={"kl_mean": __import__("pandas").Series([0.5])})  # fmt: skip
+    monkeypatch.setattr(eval_bench, "_evaluate", lambda loaded_model, a, mode, steps: fake)
+    assert list(eval_bench.run(args()).sections) == ["eval-cpu"]
+    both = eval_bench.run(args(section="nano"))
+    assert list(both.sections) == ["eval-cpu-nano"] and both.sections["eval-cpu-nano"].title.endswith("(cpu, nano)")
+    assert list(eval_bench.run(args(modes="layer", section="nano")).sections) == ["eval-cpu-layer-nano"]
+    loaded.clear()
+    with pytest.raises(SystemExit, match="letters, digits and '-' only"):
+        eval_bench.run(args(section="a b"))
+    assert loaded == []
+
+
 def test_filing_a_raw_run_writes_its_sections_and_refuses_a_check(tmp_path):
     results = tmp_path / "RESULTS.md"
     results.write_text("# Results\n")

@@ -2,7 +2,9 @@
 # eval --mode layer on one CUDA GPU, in stages that each fit one device call (the machine is kept warm between them):
 #
 #   bash lab/gpu/layer_mode.sh tiling      # output-mode tilings (lab/bench/output_tiling.py)
-#   bash lab/gpu/layer_mode.sh bench       # benchmarks/run.py eval, both modes, tiny models and full Nano
+#   MODELS=tiny-nemotron,tiny-qwen,tiny-kda bash lab/gpu/layer_mode.sh bench   # benchmarks/run.py eval, both modes
+#   MODELS=nemotron-3-nano SECTION=nano LIMIT=560 bash lab/gpu/layer_mode.sh bench
+#                                          # full Nano in a call of its own (RESULTS.md key eval-cuda-nano)
 #   bash lab/gpu/layer_mode.sh nano32k     # Nano x 8 x 3 variants x 32K steps, layer mode alone
 #   bash lab/gpu/layer_mode.sh study RUN,RUN,...   # e2e_horizon at the GPU scale (32K steps, 16 sequences)
 #
@@ -27,7 +29,7 @@ case "${1:?stage}" in
   bench)
     timeout "${LIMIT:-420}" python3 benchmarks/run.py eval --device cuda \
       --models "${MODELS:-tiny-nemotron,tiny-qwen,tiny-kda,nemotron-3-nano}" --steps 2048 --batch 8 \
-      --reps "${REPS:-1}" --variants "$VARIANTS" > "$OUT/bench.txt" 2>&1
+      --reps "${REPS:-1}" --variants "$VARIANTS" ${SECTION:+--section "$SECTION"} > "$OUT/bench.txt" 2>&1
     echo "rc=$?" >> "$OUT/bench.txt"
     cp benchmarks/results/eval-*.json "$OUT/" 2>/dev/null
     tail -12 "$OUT/bench.txt"
