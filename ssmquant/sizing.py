@@ -3,8 +3,8 @@ measured on this machine.
 
 - Memory (``analyze_memory``, ``eval_memory``, ``check_memory``): the large tensors a run allocates, from
   the shapes alone (the layer kind's bytes per token, ``ssmquant.kinds``; the larger of a prefill's attention scores,
-  quadratic in its tokens, and KDA's torch-scan decays, ``prefill_layer_peak``), per pool (the compute device, and host memory for what capture keeps
-  there). A run whose estimate exceeds the free memory of a pool is refused
+  quadratic in its tokens, and KDA's torch-scan decays, ``prefill_layer_peak``), per pool (the compute device, and
+  host memory for what capture keeps there). A run whose estimate exceeds the free memory of a pool is refused
   before any of it is allocated, with the estimate, its largest parts and the largest --steps that fits.
 - Time (``probe_step_seconds``): the cost of one decode step of one layer for the run's variants, measured by
   running a few steps on random inputs of the run's exact state shape (a second at most), then scaled to the
@@ -188,8 +188,7 @@ def analyze_memory(
         est.add("prefill activations of the capture (one sequence)", _pool(cap), (prompt + steps) * pt)
         what, peak = prefill_layer_peak(dims, prefill, attention, prompt + steps, cap)
         if peak:
-            label = peak_label(what, "the capture's prefill", "[heads, L, L]").replace(" (one", " (one sequence; one", 1)
-            est.add(label, _pool(cap), peak)
+            est.add(peak_label(what, "the capture's prefill", "[heads, L, L]", one_sequence=True), _pool(cap), peak)
         if pool != "host" or cap.type != "cpu":
             waiting = 2 if workers <= 1 else 2 + workers
             held = waiting * input_bytes_per_token(dims)
@@ -290,12 +289,13 @@ def prefill_layer_peak(
     return ("scores", scores) if scores >= pairs else ("pairs", pairs)
 
 
-def peak_label(what: str, of: str, shape: str) -> str:
+def peak_label(what: str, of: str, shape: str, one_sequence: bool = False) -> str:
     """A memory-estimate line for ``prefill_layer_peak``'s part ``what`` of the prefill ``of``, the scores' shape
-    ``shape`` ("[heads, L, L]")."""
+    ``shape`` ("[heads, L, L]"); ``one_sequence``: the line counts one sequence of a batch prefilled one at a time."""
+    scope = "one sequence; " if one_sequence else ""
     if what == "scores":
-        return f"attention scores of {of} (one layer's {shape} fp32 x {ATTENTION_SCORE_COPIES})"
-    return f"the KDA scan's decays of {of} (one layer's [chunk, chunk, Dk] per chunk and head, fp32 x 3)"
+        return f"attention scores of {of} ({scope}one layer's {shape} fp32 x {ATTENTION_SCORE_COPIES})"
+    return f"the KDA scan's decays of {of} ({scope}one layer's [chunk, chunk, Dk] per chunk and head, fp32 x 3)"
 
 
 def eval_memory(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
 import torch
 
@@ -41,8 +42,6 @@ def _time(inputs, variant, tiling, reps: int, cuda: bool) -> tuple[float, torch.
             torch.cuda.synchronize()
             runs.append(start.elapsed_time(end))
         else:
-            import time
-
             t0 = time.perf_counter()
             emulate_triton_outputs(inputs, [variant], tiling=tiling)
             runs.append(1e3 * (time.perf_counter() - t0))

@@ -760,13 +760,14 @@ def _prompt_prefill(est, net, dims, batch: int, prompt: int, device, elem: int) 
     forward per run at the run's ``batch`` (a folded run is expanded after it), the runs one after another, so one
     such forward is live at a time. Its parts: the live activations (``sizing.prefill_bytes_per_token``), the
     larger of one attention layer's [batch, heads, prompt, prompt] scores where they are materialised (quadratic in
-    the prompt) and KDA's scan decays (``sizing.prefill_layer_peak``), and the logits of every prompt position, which the
-    forward returns (in the weights' dtype, and NemotronH's FP32 copy of them)."""
+    the prompt) and KDA's scan decays (``sizing.prefill_layer_peak``), and the logits of every prompt position, which
+    the forward returns (in the weights' dtype, and NemotronH's FP32 copy of them)."""
     text = net.config.get_text_config()
+    config = text.to_dict()
     pool = "device" if torch.device(device).type == "cuda" else "host"
-    per_token = prefill_bytes_per_token(dims, text.to_dict())
+    per_token = prefill_bytes_per_token(dims, config)
     est.add(f"activations of the prompt's prefill ({batch} x {prompt} tokens)", pool, batch * prompt * per_token)
-    what, peak = prefill_layer_peak(dims, text.to_dict(), attention_dims(net.config), prompt, device)
+    what, peak = prefill_layer_peak(dims, config, attention_dims(net.config), prompt, device)
     if peak:
         est.add(peak_label(what, "the prompt's prefill", f"[batch, heads, {prompt}, {prompt}]"), pool, batch * peak)
     logit_bytes = elem + (FP32 if elem < FP32 else 0)

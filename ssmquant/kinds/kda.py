@@ -95,6 +95,10 @@ class KimiDeltaAttention(DeltaRuleKind):
     # KimiLinearDeltaAttention, Glm5NextTextLinearAttention: a per-channel forget gate tells them from softmax ones
     mixer_class_suffixes = ("DeltaAttention", "LinearAttention")
     mixer_attributes = ("forget_gate",)
+    # no engine stores an 8-bit or NVFP4 KDA state: what vLLM (Kimi-K3, GLM-5.3-Flash), FlashInfer and TensorRT-LLM
+    # offer below float32 is a bfloat16 state rounded at every token (ssmquant/engines/facts.py, vllm.kda_*,
+    # flashinfer.fused_kda_decode, trtllm.kda), so analyze asks whether that is good enough by default
+    analyze_baselines = ("bf16@conventional",)
 
     def prefill_pair_elements(self, dims, chunk):
         # transformers' torch chunk_kimi_delta_attention: decay_mask [chunks, chunk, chunk, Dk] per head (chunk x Dk
@@ -102,10 +106,6 @@ class KimiDeltaAttention(DeltaRuleKind):
         # x H x Dk per token (tiny-kda, one forward of 8 x 2048 tokens on the CPU: 217 KB per token at the peak
         # against 44.5 KB estimated without them; fla's chunk_kda holds none)
         return 3 * chunk * dims.heads * dims.state_dim
-    # no engine stores an 8-bit or NVFP4 KDA state: what vLLM (Kimi-K3, GLM-5.3-Flash), FlashInfer and TensorRT-LLM
-    # offer below float32 is a bfloat16 state rounded at every token (ssmquant/engines/facts.py, vllm.kda_*,
-    # flashinfer.fused_kda_decode, trtllm.kda), so analyze asks whether that is good enough by default
-    analyze_baselines = ("bf16@conventional",)
 
     def gate_elements(self, dims):
         return dims.heads * dims.state_dim  # one FP32 gate per key channel

@@ -138,11 +138,11 @@ def prefill_bytes_per_sequence(net: torch.nn.Module, tokens: int, device: torch.
     SSM layer (``sizing.prefill_bytes_per_token``, the kind's chunked scan) and, where the prefill materialises them,
     the larger of one attention layer's [heads, tokens, tokens] scores (quadratic in the tokens) and KDA's scan
     decays (``sizing.prefill_layer_peak``). An estimate for sizing micro-batches, not a measurement."""
-    text = net.config.get_text_config()
+    config = net.config.get_text_config().to_dict()
     dims = layout_dims(ssm_layout(net.config))
-    linear = int(tokens) * prefill_bytes_per_token(dims, text.to_dict())
+    linear = int(tokens) * prefill_bytes_per_token(dims, config)
     device = next(net.parameters()).device if device is None else torch.device(device)
-    return linear + prefill_layer_peak(dims, text.to_dict(), attention_dims(net.config), tokens, device)[1]
+    return linear + prefill_layer_peak(dims, config, attention_dims(net.config), tokens, device)[1]
 
 
 def auto_micro_batch(net: torch.nn.Module, batch: int, tokens: int, device: torch.device, free=None) -> int:
