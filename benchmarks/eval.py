@@ -25,6 +25,7 @@ other models' table). --steps below 256 or --batch 1 make the run a check of the
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 from benchmarks.common import Result, Section, markdown_table
@@ -61,6 +62,11 @@ def _load(name: str, args):
     return loaded, f"{name} (random weights, {layers})"
 
 
+def _log(line: str) -> None:
+    """A stage's line on stderr as it ends, so that a run cut short by a time limit still says how far it got."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def _evaluate(loaded, args, mode: str, steps: int):
     from ssmquant.evaluate import EvalConfig, evaluate
 
@@ -78,19 +84,24 @@ def run(args) -> Result:
         raise SystemExit(f"--section {args.section!r}: letters, digits and '-' only (a RESULTS.md key)")
     rows, raw = [], {}
     for name in models:
+        t0 = time.perf_counter()
         loaded, label = _load(name, args)
+        _log(f"{label}: loaded in {time.perf_counter() - t0:.1f} s")
         rates: dict[str, list[float]] = {m: [] for m in modes}
         walls: dict[str, list[float]] = {m: [] for m in modes}
         kl: dict[str, float] = {}
 
         warm = args.steps if args.steps % 16 else min(args.steps, 64)  # Triton specialises T on divisibility by 16
         for mode in modes:
+            t0 = time.perf_counter()
             _evaluate(loaded, args, mode, warm)
-        for _ in range(args.reps):
+            _log(f"{label}: untimed {mode} run of {warm} steps in {time.perf_counter() - t0:.1f} s")
+        for rep in range(args.reps):
             for mode in modes:
                 t0 = time.perf_counter()
                 res = _evaluate(loaded, args, mode, args.steps)
                 walls[mode].append(time.perf_counter() - t0)
+                _log(f"{label}: {mode} repetition {rep + 1}/{args.reps} in {walls[mode][-1]:.1f} s")
                 n = len(res.variants)
                 rates[mode].append(args.steps * args.batch * n / res.timing["decode_s"])
                 kl[mode] = float(res.summary["kl_mean"].mean())
