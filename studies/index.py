@@ -7,7 +7,7 @@ import pathlib
 import pandas as pd
 
 from studies.common.context import load_runs
-from studies.common.page import NONE_USED, SUPERSEDED
+from studies.common.page import NONE_USED, SCALE_MACHINES, SUPERSEDED
 from studies.common.tables import env_text, markdown, short_source
 
 
@@ -29,6 +29,11 @@ def write_index(data: pathlib.Path, out: pathlib.Path, answers: list[dict]) -> N
             )
     runs = pd.DataFrame(rows)
     total = runs["wall-clock s"].sum() if len(runs) else 0
+    by_scale = runs.groupby("scale")["wall-clock s"].sum() if len(runs) else pd.Series(dtype=float)
+    times = "; ".join(
+        f"{scale}: {seconds:.0f} s on {SCALE_MACHINES.get(scale, 'see each run').split(',')[0]}"
+        for scale, seconds in by_scale.items()
+    )
     page = [
         "# Studies",
         "",
@@ -38,8 +43,8 @@ def write_index(data: pathlib.Path, out: pathlib.Path, answers: list[dict]) -> N
         "rebuilds every page from them on CPU in seconds; `python -m studies.run` re-runs the simulations.",
         "",
         f"Scale of the committed data: `{', '.join(sorted(x for x in scales if x))}` "
-        f"(CPU; {total:.0f} s of wall-clock time in all, on a 2-core machine shared with other jobs, so the times "
-        "below are not speed measurements). " + SUPERSEDED + NONE_USED + ", except the biased ratios kept, labelled, in "
+        f"({total:.0f} s of wall-clock time in all; {times}; the CPU machine was shared with other jobs, so the "
+        "times below are not speed measurements). " + SUPERSEDED + NONE_USED + ", except the biased ratios kept, labelled, in "
         "the closing-note table of study 1.",
         "",
         "| study | answer (computed from the data) |",

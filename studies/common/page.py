@@ -16,13 +16,23 @@ SUPERSEDED = (
 NONE_USED = "; no number from them is used here"
 
 
+# Where each scale's runs are made (`studies.run`: the CPU scales on the torch reference, the GPU scale with
+# --device cuda, where the fused kernels run every kind that has them)
+SCALE_MACHINES = {
+    "smoke": "CPU, the torch reference backend",
+    "cpu": "2 CPU cores, the torch reference backend",
+    "gpu": "one CUDA GPU, the fused Triton kernels",
+}
+
+
 def scale_note(scales: set, extra: str = NONE_USED) -> str:
     """The page's scale and what it supersedes; `extra` ends the superseded sentence (default: none used)."""
-    s = ", ".join(sorted(x for x in scales if x)) or "n/a"
+    named = sorted(x for x in scales if x)
+    s = ", ".join(named) or "n/a"
+    where = "; ".join(dict.fromkeys(SCALE_MACHINES.get(x, "see each run's environment") for x in named)) or "n/a"
     text = (
-        f"**Scale of this page: `{s}`** (`python -m studies.run --scale {s}`; 2 CPU cores, the torch "
-        "reference backend). Every decode step is measured; errors are pooled over windows of whole flush "
-        "cycles, never sampled."
+        f"**Scale of this page: `{s}`** (`python -m studies.run --scale {s}`; {where}). Every decode step is "
+        "measured; errors are pooled over windows of whole flush cycles, never sampled."
     )
     return text + " " + SUPERSEDED + extra + "."
 

@@ -20,6 +20,7 @@ import pandas as pd
 from ssmquant.analysis.fit import DEFAULT_BUDGET, forecast_verdict, peak_verdict
 from ssmquant.analysis.run import AnalyzeConfig, analyze
 from ssmquant.evaluate import EvalConfig, evaluate
+from ssmquant.models.text import load_text, split_bounds
 from ssmquant.provenance import environment
 from studies.common.context import Context, load, load_runs, write_provenance
 from studies.common.page import reproduce, scale_note
@@ -35,7 +36,7 @@ FORMATS = ("fp8_e4m3", "int8", "nvfp4")
 SCHEMES = ("conventional", "replay16")
 VARIANTS = [f"{f}@{s}" for f in FORMATS for s in SCHEMES]
 # steps: the horizon; short: the analyze run whose forecast is checked against the horizon's measurement;
-# sequences: eval's and analyze's batch; text: None reads the shipped corpus (smoke scale, no fetch needed)
+# sequences: eval's batch, and analyze's where the text's calibration split holds that many (``analyze_batch``); text: None reads the shipped corpus (smoke scale, no fetch needed)
 SCALES = {
     "smoke": {"models": ("tiny-nemotron",), "steps": 64, "short": 32, "prompts": (0, 16), "sequences": 2, "text": None},
     "cpu": {"models": MODELS, "steps": 4096, "short": 512, "prompts": (0, 2048, 8192), "sequences": 8, "text": HELDOUT},
@@ -69,10 +70,11 @@ def collect(ctx: Context) -> None:
             ctx.log(f"[{STUDY}] {name} ...")
             t0 = time.time()
             rows, stages = [], {}
+            batch = analyze_batch(text, scale["sequences"], prompt + scale["steps"])
             for steps in (scale["short"], scale["steps"]):
                 cfg = AnalyzeConfig(
                     model=model, text=None if text is None else str(text), formats=list(FORMATS),
-                    schemes=list(SCHEMES), steps=steps, prompt=prompt, batch=scale["sequences"], device=ctx.device,
+                    schemes=list(SCHEMES), steps=steps, prompt=prompt, batch=batch, device=ctx.device,
                     backend=ctx.backend, kind_baselines=False,
                 )  # fmt: skip
                 t1 = time.time()
@@ -112,6 +114,7 @@ def collect(ctx: Context) -> None:
                         "short_steps": scale["short"],
                         "prompt": prompt,
                         "batch": scale["sequences"],
+                        "analyze_batch": batch,
                         "seeds": [0],
                         "eval_mode": ev.config.mode,
                         "recurrences": ev.timing.get("recurrences"),
@@ -123,6 +126,38 @@ def collect(ctx: Context) -> None:
                     "elapsed_s": elapsed,
                 },
             )
+
+
+def analyze_batch(text, sequences: int, length: int) -> int:
+    """analyze's batch for sequences of ``length`` tokens: ``sequences``, or as many as the calibration split of
+    ``text`` (a path; None: the shipped corpus) holds at ``length`` bytes each (the tiny models' tokens are bytes),
+    where fewer. The short and the long analyze run take the same sequences, so the forecast and the measurement it
+    is checked against cover the same text; eval reads the whole text and keeps all ``sequences``."""
+    start, stop = split_bounds(len(load_text(text).encode("utf-8")), "calibration")
+    return max(1, min(sequences, (stop - start) // length))
+
+
+def _dtype_floor(runs: dict, under: pd.DataFrame) -> str:
+    """A sentence on the bfloat16 floor where runs loaded their model in bfloat16 ('' otherwise): the variants under
+    the budget against the spread of their statistics."""
+    if not any(r["data_source"].get("weights_dtype") == "bfloat16" for r in runs.values()) or len(under) < 2:
+        return ""
+    stat, kl, flips = under["statistic"], under["kl"], under["flip_rate"] * 100
+    return (
+        " Runs on a GPU load the models in bfloat16, as `load_model` does on CUDA (the dtype a GPU serves; the "
+        "CPU scale keeps the trained float32). There the reference and every variant round each activation to 8 "
+        "significant bits, so a state difference of any size moves some of those roundings: the end-to-end "
+        f"difference has a floor. The variants under the budget span statistics {span(stat, '')} "
+        f"({num(float(stat.max() / stat.min()))}x) but mean KL {span(kl, ' nats')} "
+        f"({num(float(kl.max() / kl.min()))}x) and flip rates {span(flips, '%')}, nearly flat, as a floor makes "
+        "them; harmlessness is judged with the floor included. A float32 run at this horizon would measure how "
+        "much of them is the floor (not run)."
+    )
+
+
+def _analyze_sequences(run: dict) -> int:
+    """The sequences a run's analyze took (runs before ``analyze_batch`` took eval's batch)."""
+    return run["settings"].get("analyze_batch", run["settings"]["batch"])
 
 
 def _missing_runs(runs: dict) -> str:
@@ -275,10 +310,11 @@ def page(data: pathlib.Path, out: pathlib.Path) -> dict:
         "",
         *[
             f"- **{name}**: shipped trained model, {r['data_source']['text']['origin']} (analyze: its calibration "
-            f"split; eval: the whole text); {r['settings']['batch']} sequences, prompt {r['settings']['prompt']} "
+            f"split, {_analyze_sequences(r)} sequences; eval: the whole text, {r['settings']['batch']} sequences), prompt {r['settings']['prompt']} "
             f"tokens, {r['settings']['steps']} decode steps (forecast run: {r['settings']['short_steps']}); eval "
             f"mode {r['settings']['eval_mode']} ({', '.join(r['settings']['recurrences'] or [])}); "
-            f"{r['environment'].get('gpu') or 'CPU'}, torch {r['environment'].get('torch')}; {r['elapsed_s']} s"
+            f"weights in {r['data_source'].get('weights_dtype', 'n/a')}; {r['environment'].get('gpu') or 'CPU'}, "
+            f"torch {r['environment'].get('torch')}; {r['elapsed_s']} s"
             for name, r in runs.items()
         ],
         "",
@@ -323,9 +359,10 @@ def page(data: pathlib.Path, out: pathlib.Path) -> dict:
         "",
         "## Limits",
         "",
-        "Three small trained models (byte vocabulary), one text, the horizon of this page's scale; the GPU scale "
-        "(32,768 steps, prompts 0 / 2,048 / 8,192, 16 sequences) is defined in `study.py`. Eval emulates the "
+        "Three small trained models (byte vocabulary), one text, one seed, the horizon of this page's scale (the "
+        "scales' horizons, prompts and sequences are defined in `study.py`). Eval emulates the "
         "rounding of every SSM layer's stored state, not the rounding of replay's buffered inputs (analyze does)."
+        + _dtype_floor(runs, under)
         + _missing_runs(runs),
         "",
         "## Reproduce",
