@@ -199,8 +199,10 @@ def analyze_memory(
     return est
 
 
-def prefill_bytes_per_token(dims: LayerDims, config: dict) -> int:
-    """Rough live bytes per token of a prefill through transformers' torch path, for the largest layer.
+def prefill_bytes_per_token(dims: LayerDims, config: dict, *, scan: bool = True) -> int:
+    """Rough live bytes per token of a prefill through transformers' torch path, for the largest layer; ``scan``
+    False: with the SSM mixers' chunked scans skipped (``models.scan_substitution``), the mixer holding its
+    projections and their convolution (twice its decode inputs) instead.
 
     The SSM mixers' chunked scans dominate: Mamba-2 (``mamba2_chunk_scan``) holds L, G and M of
     [chunk, H] per token, the chunk states [H, P, N] per chunk and fp32 copies of x, B, C; GDN
@@ -213,7 +215,7 @@ def prefill_bytes_per_token(dims: LayerDims, config: dict) -> int:
     chunk = int(config.get("chunk_size") or kind.default_chunk)
     hidden = int(config.get("hidden_size") or 0)
     inter = int(config.get("intermediate_size") or 0)
-    ssm = kind.prefill_scan_elements(dims, chunk)
+    ssm = kind.prefill_scan_elements(dims, chunk) if scan else 2 * kind.input_bytes_per_token(dims) / FP32
     return int(1.5 * FP32 * (ssm + 16 * hidden + 2 * inter))
 
 
@@ -278,14 +280,15 @@ def scan_pair_bytes(dims: LayerDims, config: dict, tokens: int, device) -> int:
 
 
 def prefill_layer_peak(
-    dims: LayerDims, config: dict, attention: AttentionDims | None, tokens: int, device
+    dims: LayerDims, config: dict, attention: AttentionDims | None, tokens: int, device, *, scan: bool = True
 ) -> tuple[str, int]:
     """The part of the prefill of one sequence of ``tokens`` positions on ``device`` that one layer holds only while
     it runs, beyond the activations every layer keeps (``prefill_bytes_per_token``): ("scores", one attention layer's
-    scores, ``attention_score_bytes``) or ("pairs", the SSM scan's position-pair decays, ``scan_pair_bytes``),
-    whichever is larger (different layers hold them, never at once); bytes 0 when neither is held."""
+    scores, ``attention_score_bytes``) or ("pairs", the SSM scan's position-pair decays, ``scan_pair_bytes``; none
+    where the scans are skipped, ``scan`` False), whichever is larger (different layers hold them, never at once);
+    bytes 0 when neither is held."""
     scores = attention_score_bytes(attention, tokens, device)
-    pairs = scan_pair_bytes(dims, config, tokens, device)
+    pairs = scan_pair_bytes(dims, config, tokens, device) if scan else 0
     return ("scores", scores) if scores >= pairs else ("pairs", pairs)
 
 
@@ -346,10 +349,12 @@ def layer_major_memory(
     device: torch.device,
     variants: int = 1,
     attention: AttentionDims | None = None,
+    scans_skipped: bool = False,
 ) -> MemoryEstimate:
     """Peak memory of a layer-major evaluation beyond the weights (``evaluate.layer_major``): one forward of
-    ``batch`` x ``tokens`` positions (the prefill's live activations, ``prefill_bytes_per_token``, and where they are
-    materialised the scores of one of the ``attention`` layers or KDA's scan decays, ``prefill_layer_peak``), one
+    ``batch`` x ``tokens`` positions (the prefill's live activations, ``prefill_bytes_per_token``, without the SSM
+    mixers' own scans where ``scans_skipped`` (``models.scan_substitution``), and where they are materialised the
+    scores of one of the ``attention`` layers or KDA's scan decays, ``prefill_layer_peak``), one
     layer's derived recurrence inputs and its torch emulation of one variant, the final hidden states of the
     reference and the ``variants`` variants (FP32 bound; all are kept until the metrics), and one chunk of positions'
     logits and float64 metrics (``metric_chunk_rows``)."""
@@ -357,9 +362,10 @@ def layer_major_memory(
     pool = _pool(device)
     est = MemoryEstimate(device)
     positions = batch * tokens
-    per_token = prefill_bytes_per_token(dims, config)
-    est.add("the forward's activations", pool, positions * per_token, per_token)
-    what, peak = prefill_layer_peak(dims, config, attention, tokens, device)
+    per_token = prefill_bytes_per_token(dims, config, scan=not scans_skipped)
+    label = "the forward's activations" + (" (the SSM mixers' own scans skipped)" if scans_skipped else "")
+    est.add(label, pool, positions * per_token, per_token)
+    what, peak = prefill_layer_peak(dims, config, attention, tokens, device, scan=not scans_skipped)
     if peak:
         est.add(peak_label(what, "the forward", "[batch, heads, L, L]"), pool, batch * peak)
     emulation = input_bytes_per_token(dims) + emulation_bytes_per_token(dims, 1)

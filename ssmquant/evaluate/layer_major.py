@@ -13,7 +13,9 @@ differ only by what the variant stores.
 
 This computes what token-by-token decoding through the model's cache computes (``decode.TeacherForced``), up to
 floating-point summation order: the blocks see all positions in one matmul instead of one row at a time, and the
-recurrence runs as ssmquant's per-step loop (or kernel) instead of the model's own scan.
+recurrence runs as ssmquant's per-step loop (or kernel) instead of the model's own scan. The model's own chunked
+scan, whose output is replaced, is skipped where transformers exposes it to kernels' kernelize
+(``models.scan_substitution``: a placeholder returns zeros of its output's shape and dtype).
 tests/evaluate/test_layer_major.py measures the agreement with the token-by-token path on the shipped models.
 
 Memory: each forward keeps the final hidden states, not the logits; the metrics form the logits of the reference and
@@ -30,6 +32,7 @@ from .. import kinds
 from ..kinds import after_prompt
 from ..models.capture import mixer_taps
 from ..models.mixers import find_ssm_mixers
+from ..models.scan_substitution import skipped_scans
 from ..models.taps import listen
 from ..replay.variants import Variant, parse_variant
 from ..simulate import simulate_outputs
@@ -40,9 +43,9 @@ from .states import EvalError
 REFERENCE_VARIANT = "fp32@conventional"
 
 
-def _substitute(mixer, tap, variant: Variant, prompt: int, backends: set | None = None):
+def _substitute(mixer, tap, variant: Variant, prompt: int, backends: set | None = None, replaced: list | None = None):
     """The norm pre-hook's callback: the mixer's scan output replaced by ``variant``'s outputs over all positions
-    (the backends that computed them are added to ``backends``)."""
+    (the backends that computed them are added to ``backends``, the mixer's layer to ``replaced``)."""
 
     def at_norm(recorded: dict, args: tuple):
         raw = tap.derive(mixer.module, recorded)
@@ -63,6 +66,8 @@ def _substitute(mixer, tap, variant: Variant, prompt: int, backends: set | None 
                 f"layer {mixer.layer}: the scan output has {scan.numel()} elements, the emulated outputs [B, T, H, "
                 f"rows] {tuple(y.shape)}: the mixer's layout changed"
             )
+        if replaced is not None:
+            replaced.append(mixer.layer)
         return (y.reshape(scan.shape).to(scan.dtype), *args[1:])
 
     return at_norm
@@ -83,20 +88,32 @@ def variant_hidden(
     ``layer_taps(net)``, found here when not given; backends: a set that receives the backends that ran the
     recurrences ("triton", "torch").
 
-    The forward asks the model for the last position's logits only (``logits_to_keep=1``), keeps no cache
+    The mixers' own chunked scans, whose outputs the variant's replace, are skipped where transformers exposes them
+    to kernels' kernelize (``models.scan_substitution``). The forward asks the model for the last position's logits
+    only (``logits_to_keep=1``), keeps no cache
     (``use_cache=False``: no KV cache or SSM state of all positions; transformers' cache also cannot build the causal
     mask of a model without attention layers) and keeps its base model's output; ``head_logits`` of that output's
     last position must reproduce those logits bit for bit, else the model's head does more than its output
-    embedding (a logit scale or soft cap) and EvalError says so."""
+    embedding (a logit scale or soft cap) and EvalError says so; so does a forward that did not replace every SSM
+    layer's scan output exactly once (the placeholder's zeros or the model's own scan would pass unnoticed)."""
     kept: dict = {}
+    taps = layer_taps(net) if taps is None else taps
+    replaced: list[int] = []
     handles = [net.base_model.register_forward_hook(lambda module, args, output: kept.update(hidden=output[0]))]
     try:
-        for mixer, tap in layer_taps(net) if taps is None else taps:
-            handles += listen(mixer.module, tap, _substitute(mixer, tap, variant, prompt, backends))
-        last = net(input_ids=ids, logits_to_keep=1, use_cache=False).logits
+        for mixer, tap in taps:
+            handles += listen(mixer.module, tap, _substitute(mixer, tap, variant, prompt, backends, replaced))
+        with skipped_scans([mixer for mixer, _ in taps]):
+            last = net(input_ids=ids, logits_to_keep=1, use_cache=False).logits
     finally:
         for h in handles:
             h.remove()
+    missed = sorted({mixer.layer for mixer, _ in taps} - set(replaced))
+    if missed or len(replaced) != len(taps):
+        raise EvalError(
+            f"the forward replaced the scan outputs of SSM layers {sorted(replaced)}, once each expected of "
+            f"{sorted(mixer.layer for mixer, _ in taps)} (missed: {missed}): the mixers' layout changed"
+        )
     hidden = kept.get("hidden")
     if hidden is None or tuple(hidden.shape[:2]) != tuple(ids.shape):
         raise EvalError(

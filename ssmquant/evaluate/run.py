@@ -41,6 +41,8 @@ from ..models import (
     load_model,
     ssm_layout,
 )
+from ..models.mixers import find_ssm_mixers
+from ..models.scan_substitution import can_skip_scans
 from ..models.text import calibration_batch, load_text, split_bounds, text_origin, text_phrase
 from ..provenance import environment
 from ..replay.schemes import DEFAULT_BUFFER_LEN
@@ -702,11 +704,12 @@ def _layer_major_batch(net, layout: dict, batch: int, tokens: int, device, promp
 
 def _layer_major_memory(net, layout: dict, batch: int, tokens: int, device, variants: int):
     """``sizing.layer_major_memory`` for a loaded model: its largest SSM layer's sizes, hidden and MLP widths,
-    attention layers, vocabulary, and the number of variants."""
+    attention layers, vocabulary, the number of variants, and whether its mixers' own scans are skipped."""
     text = net.config.get_text_config()
     return layer_major_memory(
         layout_dims(layout), text.to_dict(), batch=batch, tokens=tokens, vocab=int(text.vocab_size), device=device,
         variants=variants, attention=attention_dims(net.config),
+        scans_skipped=can_skip_scans(list(find_ssm_mixers(net).values())),
     )  # fmt: skip
 
 

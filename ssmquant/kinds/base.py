@@ -367,6 +367,10 @@ class LayerKind:
     # (transformers' use_kernel_func_from_hub_with_fallback: the torch scan elsewhere)
     fused_prefill_package: ClassVar[str | None] = None
 
+    # the name transformers' kernel mapping knows this kind's chunked prefill scan by (use_kernel_forward_from_hub on
+    # the function a mixer lists in use_kernelized_func): what models.scan_substitution replaces; None: none
+    prefill_scan_kernel: ClassVar[str | None] = None
+
     def torch_prefill(self, device) -> bool:
         """Whether a prefill on ``device`` runs transformers' torch scan of this kind: everywhere but on CUDA with
         ``fused_prefill_package`` importable (None, an unknown device: True)."""

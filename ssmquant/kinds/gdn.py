@@ -60,6 +60,7 @@ class GatedDeltaNet(DeltaRuleKind):
     name = "gdn"
     title = "Gated DeltaNet"
     short = "GDN"
+    prefill_scan_kernel = "chunk_gated_delta_rule"
     inputs_type = GDNInputs
     model_names = "Qwen3.5, Qwen3-Next"
     transformers_families = (

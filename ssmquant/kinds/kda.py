@@ -80,6 +80,7 @@ class KimiDeltaAttention(DeltaRuleKind):
     name = "kda"
     title = "Kimi Delta Attention"
     short = "KDA"
+    prefill_scan_kernel = "chunk_kda"
     inputs_type = KDAInputs
     model_names = "GLM-5.3-Flash, Kimi-Linear"
     # transformers 5.24 maps glm5_next only in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING

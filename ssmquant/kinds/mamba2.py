@@ -273,6 +273,7 @@ class Mamba2(LayerKind):
         return dims.heads * dims.rows + dims.groups * dims.state_dim, dims.heads  # x and B; dt per head
 
     fused_prefill_package = "mamba_ssm"
+    prefill_scan_kernel = "mamba_chunk_scan_combined"
 
     def prefill_scan_elements(self, dims, chunk):
         h, r, n = dims.heads, dims.rows, dims.state_dim

@@ -1,0 +1,161 @@
+"""The SSM mixers' own chunked scans skipped in a forward that replaces their outputs anyway (layer-major eval).
+
+``evaluate.layer_major`` replaces every SSM mixer's scan output at its gated norm by a variant's per-step outputs, so
+the mixer's own chunked scan (transformers' torch scan, or fla's / mamba_ssm's kernels on CUDA) is computed and
+thrown away, and it is most of a prefill's live memory (``sizing.prefill_bytes_per_token``). transformers lists each
+mixer's scan among its kernel functions (``use_kernelized_func``), the hook through which the ``kernels`` package's
+``kernelize`` swaps implementations by a kernel mapping. ``skipped_scans`` maps the kind's scan
+(``LayerKind.prefill_scan_kernel``) to a placeholder (``placeholder_layer``) for the duration of a forward and restores the original
+afterwards.
+
+The placeholder runs the real scan on the first ``PROBE_POSITIONS`` positions of the first sequence, so that what it
+returns has the real scan's dtype and trailing sizes (they differ between transformers' torch scan, float32, and the
+fused packages, the inputs' dtype), and returns zeros of the full [B, L, ...] shape in that dtype. Where the caller
+asks for the scan's final state (a cache), or the probe returns one, the whole scan runs: a placeholder never stands in
+for a state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Iterator
+
+import torch
+
+from .. import kinds
+
+# Positions of the first sequence the placeholder's probe scans (within one chunk of every kind's torch scan).
+PROBE_POSITIONS = 16
+# The arguments by which the scans return their final state (Mamba-2's chunk scan; the delta rules' chunk functions).
+FINAL_STATE_FLAGS = ("return_final_states", "output_final_state")
+# The loggers through which kernels' kernelize reports every extensible layer it leaves with its original forward.
+KERNELS_LOGGERS = ("kernels", "kernels._internals.layer.layer", "kernels._internals.layer.kernelize")
+
+
+def _probe(value, batch: int, length: int, positions: int):
+    """``value`` cut to the first sequence's first ``positions`` positions where it is a [batch, length, ...] tensor."""
+    if isinstance(value, torch.Tensor) and value.dim() >= 2 and tuple(value.shape[:2]) == (batch, length):
+        return value[:1, :positions]
+    return value
+
+
+def placeholder_forward(wrapper: torch.nn.Module, args: tuple, kwargs: dict):
+    """What a placeholder returns for a call of the scan function ``wrapper`` (a mixer's kernel-function wrapper):
+    zeros of the scan's output [B, L, ...] in its dtype (module docstring)."""
+    original = type(wrapper).forward  # the wrapper's own forward: the scan transformers would run here
+    first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() >= 2), None)
+    if first is None or any(kwargs.get(flag) for flag in FINAL_STATE_FLAGS):
+        return original(wrapper, *args, **kwargs)
+    batch, length = first.shape[:2]
+    n = min(int(length), PROBE_POSITIONS)
+    probe = original(wrapper, *(_probe(a, batch, length, n) for a in args),
+                     **{k: _probe(v, batch, length, n) for k, v in kwargs.items()})  # fmt: skip
+    out, rest = (probe[0], probe[1:]) if isinstance(probe, tuple) else (probe, None)
+    if rest is not None and any(r is not None for r in rest):
+        return original(wrapper, *args, **kwargs)
+    zeros = out.new_zeros((batch, length, *out.shape[2:]))
+    return zeros if rest is None else (zeros, *rest)
+
+
+def placeholder_layer(function_class: type[torch.nn.Module]) -> type[torch.nn.Module]:
+    """kernels' replacement layer for the scan function whose wrapper class is ``function_class``: stateless, with
+    the function's forward signature, as ``kernelize`` requires of a layer (``placeholder_forward``)."""
+
+    def forward(self, *args, **kwargs):
+        return placeholder_forward(self, args, kwargs)
+
+    forward.__signature__ = inspect.signature(function_class.forward)
+    return type(f"ScanPlaceholder_{function_class.kernel_layer_name}", (torch.nn.Module,), {"forward": forward})
+
+
+class _PlaceholderRepository:
+    """A kernel repository (kernels' RepositoryProtocol) whose layer is the placeholder of one scan function; one
+    per function (kernels memoizes a repository's layer)."""
+
+    def __init__(self, function_class: type[torch.nn.Module]):
+        self.function_class = function_class
+
+    def load(self) -> type[torch.nn.Module]:
+        return placeholder_layer(self.function_class)
+
+    def __repr__(self) -> str:
+        return f"ssmquant's placeholder of {self.function_class.kernel_layer_name}"
+
+
+_REPOSITORIES: dict[type, _PlaceholderRepository] = {}
+
+
+def _repository(function_class: type[torch.nn.Module]) -> _PlaceholderRepository:
+    return _REPOSITORIES.setdefault(function_class, _PlaceholderRepository(function_class))
+
+
+def _scan_function(mixer) -> type[torch.nn.Module] | None:
+    """The wrapper class of ``mixer``'s chunked scan function, where transformers lists it among the mixer's kernel
+    functions; None where it does not (an older transformers, no ``kernels`` package, a kind without one)."""
+    name = kinds.get(mixer.kind).prefill_scan_kernel
+    funcs = getattr(mixer.module, "_kernel_funcs", None) or {}
+    found = [type(f) for f in funcs.values() if name is not None and getattr(type(f), "kernel_layer_name", None) == name]
+    return found[0] if found else None
+
+
+def can_skip_scans(mixers) -> bool:
+    """Whether ``skipped_scans`` replaces the scan of every one of ``mixers`` (``models.mixers.find_ssm_mixers``'
+    values): the ``kernels`` package imports and each mixer lists its kind's scan as a kernel function."""
+    try:
+        import kernels  # noqa: F401
+    except ImportError:
+        return False
+    return bool(mixers) and all(_scan_function(m) is not None for m in mixers)
+
+
+@contextlib.contextmanager
+def _quiet_kernels():
+    """kernels' per-layer notices (every extensible layer without a mapping keeps its forward) kept off the log."""
+    loggers = [logging.getLogger(n) for n in KERNELS_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _kernelize(modules, mapping: dict, device_type: str) -> None:
+    from kernels import Mode, kernelize, use_kernel_mapping
+
+    with _quiet_kernels(), use_kernel_mapping(mapping, inherit_mapping=False):
+        for module in modules:
+            kernelize(module, mode=Mode.INFERENCE, device=device_type)
+
+
+@contextlib.contextmanager
+def skipped_scans(mixers) -> Iterator[bool]:
+    """Within the context every one of ``mixers`` (``find_ssm_mixers``' values) runs a placeholder (``placeholder_layer``) for its
+    chunked scan, and yields True; where ``can_skip_scans`` is False nothing changes and it yields False. On exit
+    every mixer's kernel functions and extensible layers have their original forward again (``kernelize`` under an
+    empty mapping: the library loads its models without kernels, ``load_model``)."""
+    mixers = list(mixers)
+    if not can_skip_scans(mixers):
+        yield False
+        return
+    from kernels import Mode
+
+    by_device: dict[str, list] = {}
+    for m in mixers:
+        by_device.setdefault(next(m.module.parameters()).device.type, []).append(m)
+    try:
+        for device_type, group in by_device.items():
+            functions = {_scan_function(m) for m in group}
+            mapping = {f.kernel_layer_name: {device_type: {Mode.INFERENCE: _repository(f)}} for f in functions}
+            _kernelize([m.module for m in group], mapping, device_type)
+        yield True
+    finally:
+        for device_type, group in by_device.items():
+            _kernelize([m.module for m in group], {}, device_type)
+
+
+__all__ = ["PROBE_POSITIONS", "can_skip_scans", "placeholder_forward", "placeholder_layer", "skipped_scans"]
