@@ -13,6 +13,12 @@ returns has the real scan's dtype and trailing sizes (they differ between transf
 fused packages, the inputs' dtype), and returns zeros of the full [B, L, ...] shape in that dtype. Where the caller
 asks for the scan's final state (a cache), or the probe returns one, the whole scan runs: a placeholder never stands in
 for a state.
+
+``kernels`` is a dependency of transformers 5.25 (0.19.x); at the 5.24 floor it is an optional extra that the floor's
+huggingface_hub cannot take, so there the scans run as before (the floors' CI runs that path). Whether a mixer lists
+its scan is read from the per-instance wrappers ``use_kernelized_func`` attaches (``_kernel_funcs``), and the
+placeholder calls a wrapper's own class forward for the real scan: tests/models/test_scan_substitution.py verifies both
+against the real scan on the shipped models.
 """
 
 from __future__ import annotations
