@@ -8,7 +8,7 @@ mixer's scan among its kernel functions (``use_kernelized_func``), the hook thro
 (``LayerKind.prefill_scan_kernel``) to a placeholder (``placeholder_layer``) for the duration of a forward and restores the original
 afterwards.
 
-The placeholder runs the real scan on the first ``PROBE_POSITIONS`` positions of the first sequence, so that what it
+The placeholder runs the real scan on the first ``PROBE_POSITIONS`` positions (more than the layer has heads) of the first sequence, so that what it
 returns has the real scan's dtype and trailing sizes (they differ between transformers' torch scan, float32, and the
 fused packages, the inputs' dtype), and returns zeros of the full [B, L, ...] shape in that dtype. Where the caller
 asks for the scan's final state (a cache), or the probe returns one, the whole scan runs: a placeholder never stands in
@@ -26,13 +26,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import os
 from collections.abc import Iterator
 
 import torch
 
 from .. import kinds
 
-# Positions of the first sequence the placeholder's probe scans (within one chunk of every kind's torch scan).
+# Positions of the first sequence the placeholder's probe scans at least (more where a layer has more heads).
 PROBE_POSITIONS = 16
 # The arguments by which the scans return their final state (Mamba-2's chunk scan; the delta rules' chunk functions).
 FINAL_STATE_FLAGS = ("return_final_states", "output_final_state")
@@ -55,7 +56,9 @@ def placeholder_forward(wrapper: torch.nn.Module, args: tuple, kwargs: dict):
     if first is None or any(kwargs.get(flag) for flag in FINAL_STATE_FLAGS):
         return original(wrapper, *args, **kwargs)
     batch, length = first.shape[:2]
-    n = min(int(length), PROBE_POSITIONS)
+    # more positions than heads: fla reads a [B, H, L, ...] layout into a call with fewer positions than heads and warns
+    heads = int(first.shape[2]) if first.dim() >= 3 else 0
+    n = min(int(length), max(PROBE_POSITIONS, heads + 1))
     probe = original(wrapper, *(_probe(a, batch, length, n) for a in args),
                      **{k: _probe(v, batch, length, n) for k, v in kwargs.items()})  # fmt: skip
     out, rest = (probe[0], probe[1:]) if isinstance(probe, tuple) else (probe, None)
@@ -108,10 +111,13 @@ def _scan_function(mixer) -> type[torch.nn.Module] | None:
 
 def can_skip_scans(mixers) -> bool:
     """Whether ``skipped_scans`` replaces the scan of every one of ``mixers`` (``models.mixers.find_ssm_mixers``'
-    values): the ``kernels`` package imports and each mixer lists its kind's scan as a kernel function."""
+    values): the ``kernels`` package imports, its mappings are not switched off (``DISABLE_KERNEL_MAPPING``, which
+    makes ``kernelize`` keep every original forward) and each mixer lists its kind's scan as a kernel function."""
     try:
         import kernels  # noqa: F401
     except ImportError:
+        return False
+    if os.environ.get("DISABLE_KERNEL_MAPPING", "0") not in ("", "0"):
         return False
     return bool(mixers) and all(_scan_function(m) is not None for m in mixers)
 
@@ -130,38 +136,73 @@ def _quiet_kernels():
             lg.setLevel(level)
 
 
-def _kernelize(modules, mapping: dict, device_type: str) -> None:
-    from kernels import Mode, kernelize, use_kernel_mapping
+# What kernelize sets on a module or a kernel-function wrapper it touches (kernels' _replace_forward)
+KERNELIZED_ATTRIBUTES = ("forward", "_kernel_repo")
 
-    with _quiet_kernels(), use_kernel_mapping(mapping, inherit_mapping=False):
-        for module in modules:
-            kernelize(module, mode=Mode.INFERENCE, device=device_type)
+
+def _instance_state(modules) -> list[tuple[object, dict]]:
+    """(object, its own KERNELIZED_ATTRIBUTES) of every module under ``modules`` and of every kernel-function wrapper
+    they hold: what kernelize may change (an accelerate hook's forward, an earlier kernelize's choice)."""
+    state = []
+    for module in modules:
+        for sub in module.modules():
+            for obj in (sub, *(getattr(sub, "_kernel_funcs", None) or {}).values()):
+                state.append((obj, {k: obj.__dict__[k] for k in KERNELIZED_ATTRIBUTES if k in obj.__dict__}))
+    return state
+
+
+def _restore(state: list[tuple[object, dict]], keep: set[int] = frozenset()) -> None:
+    """Put back what ``_instance_state`` saw, except on the objects whose ids are in ``keep``."""
+    for obj, attrs in state:
+        if id(obj) in keep:
+            continue
+        for k in KERNELIZED_ATTRIBUTES:
+            if k in attrs:
+                obj.__dict__[k] = attrs[k]
+            else:
+                obj.__dict__.pop(k, None)
+
+
+def _scan_wrapper(mixer) -> torch.nn.Module:
+    function = _scan_function(mixer)
+    return next(f for f in mixer.module._kernel_funcs.values() if type(f) is function)
 
 
 @contextlib.contextmanager
 def skipped_scans(mixers) -> Iterator[bool]:
-    """Within the context every one of ``mixers`` (``find_ssm_mixers``' values) runs a placeholder (``placeholder_layer``) for its
-    chunked scan, and yields True; where ``can_skip_scans`` is False nothing changes and it yields False. On exit
-    every mixer's kernel functions and extensible layers have their original forward again (``kernelize`` under an
-    empty mapping: the library loads its models without kernels, ``load_model``)."""
+    """Within the context every one of ``mixers`` (``find_ssm_mixers``' values) runs a placeholder
+    (``placeholder_layer``) for its chunked scan, and yields True; where ``can_skip_scans`` is False, or kernelize did
+    not install the placeholder, nothing changes and it yields False. Only the scan functions change: every other
+    module of the mixers keeps its own forward (an accelerate hook's, an earlier kernelize's) throughout, and on exit,
+    normal or not, every one is as it was. Not for a forward under torch.compile (kernels then calls the placeholder on
+    the shared function object, whose class forward dispatches back to it)."""
     mixers = list(mixers)
     if not can_skip_scans(mixers):
         yield False
         return
-    from kernels import Mode
+    from kernels import Mode, kernelize, use_kernel_mapping
 
-    by_device: dict[str, list] = {}
-    for m in mixers:
-        by_device.setdefault(next(m.module.parameters()).device.type, []).append(m)
+    state = _instance_state([m.module for m in mixers])
+    wrappers = {id(_scan_wrapper(m)): m for m in mixers}
     try:
+        by_device: dict[str, list] = {}
+        for m in mixers:
+            by_device.setdefault(next(m.module.parameters()).device.type, []).append(m)
         for device_type, group in by_device.items():
             functions = {_scan_function(m) for m in group}
             mapping = {f.kernel_layer_name: {device_type: {Mode.INFERENCE: _repository(f)}} for f in functions}
-            _kernelize([m.module for m in group], mapping, device_type)
-        yield True
+            with _quiet_kernels(), use_kernel_mapping(mapping, inherit_mapping=False):
+                for m in group:
+                    kernelize(m.module, mode=Mode.INFERENCE, device=device_type)
+        _restore(state, keep=set(wrappers))  # kernelize reset the mixers' other layers: theirs back
+        installed = all(
+            getattr(_scan_wrapper(m), "_kernel_repo", None) is _repository(_scan_function(m)) for m in mixers
+        )
+        if not installed:
+            _restore(state)
+        yield installed
     finally:
-        for device_type, group in by_device.items():
-            _kernelize([m.module for m in group], {}, device_type)
+        _restore(state)
 
 
 __all__ = ["PROBE_POSITIONS", "can_skip_scans", "placeholder_forward", "placeholder_layer", "skipped_scans"]

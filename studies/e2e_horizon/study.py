@@ -131,8 +131,8 @@ def collect(ctx: Context) -> None:
 def analyze_batch(text, sequences: int, length: int) -> int:
     """analyze's batch for sequences of ``length`` tokens: ``sequences``, or as many as the calibration split of
     ``text`` (a path; None: the shipped corpus) holds at ``length`` bytes each (the tiny models' tokens are bytes),
-    where fewer. The short and the long analyze run take the same sequences, so the forecast and the measurement it
-    is checked against cover the same text; eval reads the whole text and keeps all ``sequences``."""
+    where fewer. The short and the long analyze run take the same number of sequences (drawn for each run's length by
+    ``select_sequences``, so not the same passages); eval reads the whole text and keeps all ``sequences``."""
     start, stop = split_bounds(len(load_text(text).encode("utf-8")), "calibration")
     return max(1, min(sequences, (stop - start) // length))
 

@@ -4,6 +4,7 @@ scan's output (shape and dtype), the model's logits before the context (bit-iden
 
 import contextlib
 import importlib.util
+from types import MethodType
 
 import pytest
 import torch
@@ -113,3 +114,52 @@ def test_the_layer_mode_estimate_leaves_out_the_scans_only_where_they_are_skippe
     kda = LayerDims("kda", 4, 32, 48, 4)
     assert sizing.prefill_layer_peak(kda, {"chunk_size": 64}, None, 8192, "cpu", scan=False) == ("scores", 0)
     assert sizing.prefill_layer_peak(kda, {"chunk_size": 64}, None, 8192, "cpu")[0] == "pairs"
+
+
+@needs_kernels
+def test_an_exception_in_the_forward_still_restores_every_scan(loaded):
+    mixers = list(find_ssm_mixers(loaded).values())
+    with pytest.raises(RuntimeError, match="inside"), skipped_scans(mixers) as skipped:
+        assert skipped
+        raise RuntimeError("inside")
+    for mixer in mixers:
+        for wrapper in mixer.module._kernel_funcs.values():
+            assert "forward" not in wrapper.__dict__ and "_kernel_repo" not in wrapper.__dict__
+
+
+@needs_kernels
+def test_the_mixers_other_layers_keep_their_own_forwards_during_and_after(loaded):
+    """kernelize resets every extensible layer it walks; an instance forward set before (an accelerate hook's, an
+    earlier kernelize's) must stay, during the forward and after it."""
+    mixers = list(find_ssm_mixers(loaded).values())
+    taps = dict((m.layer, t) for m, t in layer_major.layer_taps(loaded))
+    calls = []
+    patched = []
+    for mixer in mixers:
+        norm = getattr(mixer.module, taps[mixer.layer].norm)
+
+        def hooked(self, *args, **kwargs):
+            calls.append(1)
+            return type(self).forward(self, *args, **kwargs)
+
+        norm.forward = MethodType(hooked, norm)
+        patched.append((norm, norm.__dict__["forward"]))
+    try:
+        with skipped_scans(mixers) as skipped:
+            assert skipped
+            with torch.no_grad():
+                loaded(input_ids=_ids(loaded), use_cache=False, logits_to_keep=1)
+        assert len(calls) == len(mixers)  # the instance forwards ran inside the context
+        assert all(norm.__dict__.get("forward") is fwd for norm, fwd in patched)
+    finally:
+        for norm, _ in patched:
+            norm.__dict__.pop("forward", None)
+
+
+def test_no_scan_is_skipped_where_kernels_mappings_are_switched_off(monkeypatch):
+    net = load_model("tiny-nemotron", device="cpu").model
+    mixers = list(find_ssm_mixers(net).values())
+    monkeypatch.setenv("DISABLE_KERNEL_MAPPING", "1")
+    assert not can_skip_scans(mixers)
+    with skipped_scans(mixers) as skipped:
+        assert not skipped
