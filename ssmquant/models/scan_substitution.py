@@ -8,8 +8,8 @@ mixer's scan among its kernel functions (``use_kernelized_func``), the hook thro
 (``LayerKind.prefill_scan_kernel``) to a placeholder (``placeholder_layer``) for the duration of a forward and restores the original
 afterwards.
 
-The placeholder runs the real scan on the first ``PROBE_POSITIONS`` positions (more than the layer has heads) of the first sequence, so that what it
-returns has the real scan's dtype and trailing sizes (they differ between transformers' torch scan, float32, and the
+The placeholder runs the real scan on the first ``PROBE_POSITIONS`` positions (more than the layer has heads) of the
+first sequence, so that what it returns has the real scan's dtype and trailing sizes (they differ between transformers' torch scan, float32, and the
 fused packages, the inputs' dtype), and returns zeros of the full [B, L, ...] shape in that dtype. Where the caller
 asks for the scan's final state (a cache), or the probe returns one, the whole scan runs: a placeholder never stands in
 for a state.
