@@ -688,12 +688,13 @@ def _layer_major_batch(net, layout: dict, batch: int, tokens: int, device, promp
     free memory, else the most that do. Raises SizingError (naming the estimate's parts) when one sequence does not
     fit."""
     lower = "--prompt or --steps" if prompt else "--steps"
+    skipped = can_skip_scans(list(find_ssm_mixers(net).values()))
     err = None
     for sub in range(batch, 0, -1):
-        est = _layer_major_memory(net, layout, sub, tokens, device, variants)
+        est = _layer_major_memory(net, layout, sub, tokens, device, variants, skipped)
         # only one sequence's refusal is raised: its hint is searched over the positions (the attention scores grow
         # as their square, which an extrapolation from the per-token parts misses)
-        at_tokens = (lambda n: _layer_major_memory(net, layout, 1, n, device, variants)) if sub == 1 else None
+        at_tokens = (lambda n: _layer_major_memory(net, layout, 1, n, device, variants, skipped)) if sub == 1 else None
         try:
             check_memory(est, batch=sub, steps=tokens, free=free_bytes, lower=lower, at_steps=at_tokens)
             return sub, est
@@ -702,14 +703,15 @@ def _layer_major_batch(net, layout: dict, batch: int, tokens: int, device, promp
     raise err
 
 
-def _layer_major_memory(net, layout: dict, batch: int, tokens: int, device, variants: int):
+def _layer_major_memory(net, layout: dict, batch: int, tokens: int, device, variants: int, scans_skipped: bool):
     """``sizing.layer_major_memory`` for a loaded model: its largest SSM layer's sizes, hidden and MLP widths,
-    attention layers, vocabulary, the number of variants, and whether its mixers' own scans are skipped."""
+    attention layers, vocabulary, the number of variants, and whether its mixers' own scans are skipped
+    (``scan_substitution.can_skip_scans``)."""
     text = net.config.get_text_config()
     return layer_major_memory(
         layout_dims(layout), text.to_dict(), batch=batch, tokens=tokens, vocab=int(text.vocab_size), device=device,
         variants=variants, attention=attention_dims(net.config),
-        scans_skipped=can_skip_scans(list(find_ssm_mixers(net).values())),
+        scans_skipped=scans_skipped,
     )  # fmt: skip
 
 

@@ -100,13 +100,12 @@ def _repository(function_class: type[torch.nn.Module]) -> _PlaceholderRepository
     return _REPOSITORIES.setdefault(function_class, _PlaceholderRepository(function_class))
 
 
-def _scan_function(mixer) -> type[torch.nn.Module] | None:
-    """The wrapper class of ``mixer``'s chunked scan function, where transformers lists it among the mixer's kernel
+def _scan_wrapper(mixer) -> torch.nn.Module | None:
+    """``mixer``'s wrapper of its chunked scan function, where transformers lists the scan among the mixer's kernel
     functions; None where it does not (an older transformers, no ``kernels`` package, a kind without one)."""
     name = kinds.get(mixer.kind).prefill_scan_kernel
     funcs = getattr(mixer.module, "_kernel_funcs", None) or {}
-    found = [type(f) for f in funcs.values() if name is not None and getattr(type(f), "kernel_layer_name", None) == name]
-    return found[0] if found else None
+    return next((f for f in funcs.values() if name is not None and getattr(f, "kernel_layer_name", None) == name), None)
 
 
 def can_skip_scans(mixers) -> bool:
@@ -119,7 +118,7 @@ def can_skip_scans(mixers) -> bool:
         return False
     if os.environ.get("DISABLE_KERNEL_MAPPING", "0") not in ("", "0"):
         return False
-    return bool(mixers) and all(_scan_function(m) is not None for m in mixers)
+    return bool(mixers) and all(_scan_wrapper(m) is not None for m in mixers)
 
 
 @contextlib.contextmanager
@@ -163,11 +162,6 @@ def _restore(state: list[tuple[object, dict]], keep: set[int] = frozenset()) -> 
                 obj.__dict__.pop(k, None)
 
 
-def _scan_wrapper(mixer) -> torch.nn.Module:
-    function = _scan_function(mixer)
-    return next(f for f in mixer.module._kernel_funcs.values() if type(f) is function)
-
-
 @contextlib.contextmanager
 def skipped_scans(mixers) -> Iterator[bool]:
     """Within the context every one of ``mixers`` (``find_ssm_mixers``' values) runs a placeholder
@@ -183,21 +177,19 @@ def skipped_scans(mixers) -> Iterator[bool]:
     from kernels import Mode, kernelize, use_kernel_mapping
 
     state = _instance_state([m.module for m in mixers])
-    wrappers = {id(_scan_wrapper(m)): m for m in mixers}
+    wrappers = [_scan_wrapper(m) for m in mixers]
     try:
         by_device: dict[str, list] = {}
-        for m in mixers:
-            by_device.setdefault(next(m.module.parameters()).device.type, []).append(m)
+        for m, wrapper in zip(mixers, wrappers):
+            by_device.setdefault(next(m.module.parameters()).device.type, []).append((m, wrapper))
         for device_type, group in by_device.items():
-            functions = {_scan_function(m) for m in group}
+            functions = {type(wrapper) for _, wrapper in group}
             mapping = {f.kernel_layer_name: {device_type: {Mode.INFERENCE: _repository(f)}} for f in functions}
             with _quiet_kernels(), use_kernel_mapping(mapping, inherit_mapping=False):
-                for m in group:
+                for m, _ in group:
                     kernelize(m.module, mode=Mode.INFERENCE, device=device_type)
-        _restore(state, keep=set(wrappers))  # kernelize reset the mixers' other layers: theirs back
-        installed = all(
-            getattr(_scan_wrapper(m), "_kernel_repo", None) is _repository(_scan_function(m)) for m in mixers
-        )
+        _restore(state, keep={id(w) for w in wrappers})  # kernelize reset the mixers' other layers: theirs back
+        installed = all(getattr(w, "_kernel_repo", None) is _repository(type(w)) for w in wrappers)
         if not installed:
             _restore(state)
         yield installed

@@ -36,7 +36,8 @@ FORMATS = ("fp8_e4m3", "int8", "nvfp4")
 SCHEMES = ("conventional", "replay16")
 VARIANTS = [f"{f}@{s}" for f in FORMATS for s in SCHEMES]
 # steps: the horizon; short: the analyze run whose forecast is checked against the horizon's measurement;
-# sequences: eval's batch, and analyze's where the text's calibration split holds that many (``analyze_batch``); text: None reads the shipped corpus (smoke scale, no fetch needed)
+# sequences: eval's batch, and analyze's where the text's calibration split holds that many (``analyze_batch``);
+# text: None reads the shipped corpus (smoke scale, no fetch needed)
 SCALES = {
     "smoke": {"models": ("tiny-nemotron",), "steps": 64, "short": 32, "prompts": (0, 16), "sequences": 2, "text": None},
     "cpu": {"models": MODELS, "steps": 4096, "short": 512, "prompts": (0, 2048, 8192), "sequences": 8, "text": HELDOUT},
@@ -310,8 +311,8 @@ def page(data: pathlib.Path, out: pathlib.Path) -> dict:
         "",
         *[
             f"- **{name}**: shipped trained model, {r['data_source']['text']['origin']} (analyze: its calibration "
-            f"split, {_analyze_sequences(r)} sequences; eval: the whole text, {r['settings']['batch']} sequences), prompt {r['settings']['prompt']} "
-            f"tokens, {r['settings']['steps']} decode steps (forecast run: {r['settings']['short_steps']}); eval "
+            f"split, {_analyze_sequences(r)} sequences; eval: the whole text, {r['settings']['batch']} sequences), "
+            f"prompt {r['settings']['prompt']} tokens, {r['settings']['steps']} decode steps (forecast run: {r['settings']['short_steps']}); eval "
             f"mode {r['settings']['eval_mode']} ({', '.join(r['settings']['recurrences'] or [])}); "
             f"weights in {r['data_source'].get('weights_dtype', 'n/a')}; {r['environment'].get('gpu') or 'CPU'}, "
             f"torch {r['environment'].get('torch')}; {r['elapsed_s']} s"
