@@ -7,13 +7,15 @@
 #                                          # full Nano in a call of its own (RESULTS.md key eval-cuda-nano)
 #   bash lab/gpu/layer_mode.sh nano32k     # Nano x 8 x 3 variants x 32K steps, layer mode alone
 #   bash lab/gpu/layer_mode.sh study RUN,RUN,...   # e2e_horizon at the GPU scale (32K steps, 16 sequences)
+#   bash lab/gpu/layer_mode.sh profile     # where Nano's layer mode spends its time (lab/bench/layer_profile.py)
+#   bash lab/gpu/layer_mode.sh tests       # the GPU test command (README)
 #
 # Needs the wheels of a fresh install beside the checkout (lab/gpu/test_wheels.sh; carry .whl/common and .whl/tf525)
 # and studies/tiny_models/data/heldout.txt (carried). Everything a stage makes goes to $OUT as it is made.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl/common/*.whl .whl/tf525/*.whl
+[ -d /tmp/site/transformers ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target /tmp/site .whl/common/*.whl .whl/tf525/*.whl  # once per machine
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -50,6 +52,17 @@ case "${1:?stage}" in
       tail -3 "$OUT/study-$run.txt"
       tar czf "$OUT/e2e_horizon_data.tar.gz" studies/e2e_horizon/data
     done
+    ;;
+  profile)
+    timeout "${LIMIT:-150}" python3 lab/bench/layer_profile.py --model "${MODELS:-nemotron-3-nano}" --steps 2048 \
+      --batch 8 --device cuda > "$OUT/profile.txt" 2>&1
+    echo "rc=$?" >> "$OUT/profile.txt"
+    tail -30 "$OUT/profile.txt"
+    ;;
+  tests)
+    timeout "${LIMIT:-300}" python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider > "$OUT/tests.txt" 2>&1
+    echo "rc=$?" >> "$OUT/tests.txt"
+    tail -15 "$OUT/tests.txt"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
