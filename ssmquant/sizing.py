@@ -350,14 +350,16 @@ def layer_major_memory(
     variants: int = 1,
     attention: AttentionDims | None = None,
     scans_skipped: bool = False,
+    hidden_bytes: int = FP32,
 ) -> MemoryEstimate:
     """Peak memory of a layer-major evaluation beyond the weights (``evaluate.layer_major``): one forward of
     ``batch`` x ``tokens`` positions (the prefill's live activations, ``prefill_bytes_per_token``, without the SSM
     mixers' own scans where ``scans_skipped`` (``models.scan_substitution``), and where they are materialised the
     scores of one of the ``attention`` layers or KDA's scan decays, ``prefill_layer_peak``), one
     layer's derived recurrence inputs and its torch emulation of one variant, the final hidden states of the
-    reference and the ``variants`` variants (FP32 bound; all are kept until the metrics), and one chunk of positions'
-    logits and float64 metrics (``metric_chunk_rows``)."""
+    reference and the ``variants`` variants (``hidden_bytes`` each element: the model's dtype, in which
+    ``layer_major.variant_hidden`` keeps them until the metrics), and one chunk of positions' logits and float64
+    metrics (``metric_chunk_rows``)."""
     device = torch.device(device)
     pool = _pool(device)
     est = MemoryEstimate(device)
@@ -370,7 +372,7 @@ def layer_major_memory(
         est.add(peak_label(what, "the forward", "[batch, heads, L, L]"), pool, batch * peak)
     emulation = input_bytes_per_token(dims) + emulation_bytes_per_token(dims, 1)
     est.add("one layer's inputs and emulation", pool, positions * emulation, emulation)
-    hidden = (1 + variants) * int(config.get("hidden_size") or 0) * FP32
+    hidden = (1 + variants) * int(config.get("hidden_size") or 0) * int(hidden_bytes)
     est.add("the final hidden states of the reference and the variants", pool, positions * hidden, hidden)
     rows = min(positions, metric_chunk_rows(vocab))
     est.add("one chunk of positions' logits and float64 metrics", pool, rows * vocab * METRIC_BYTES_PER_LOGIT, 0)

@@ -69,6 +69,10 @@ def test_the_layer_modes_metrics_stay_within_one_chunk_of_positions():
     assert metric_chunk_rows(131072) * 131072 * METRIC_BYTES_PER_LOGIT <= METRIC_CHUNK_BYTES
     assert long["the forward's activations"] == 16 * short["the forward's activations"]
     assert long["the final hidden states of the reference and the variants"] == 8 * 32768 * 2 * 2688 * 4
+    bf16 = layer_major_memory(dims, config, batch=8, tokens=32768, vocab=131072, device=torch.device("cuda"),
+                              hidden_bytes=2)  # fmt: skip
+    assert dict((label, n) for label, _, n in bf16.parts)["the final hidden states of the reference and the variants"] \
+        == 8 * 32768 * 2 * 2688 * 2
 
 
 # tiny-kda's attention: 2 MLA layers of 4 heads, query / key head dim 48 against value 32, under sdpa

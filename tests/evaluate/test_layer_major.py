@@ -85,6 +85,26 @@ def test_layer_mode_checks_its_memory_before_the_work(monkeypatch):
         evaluate(EvalConfig("tiny-nemotron", "int8", steps=8, batch=1, device="cpu", mode="layer"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_estimate_counts_the_kept_hidden_states_in_the_models_dtype(dtype):
+    """The final hidden states that layer_major_pass keeps until the metrics are the model's dtype: the estimate's
+    part is exactly their bytes, (1 + V) x B x T x D elements of the dtype's size."""
+    from ssmquant.evaluate.layer_major import variant_hidden
+    from ssmquant.evaluate.run import _layer_major_memory
+    from ssmquant.models import load_model
+    from ssmquant.models.loading import ssm_layout
+    from ssmquant.replay.variants import parse_variant
+
+    lm = load_model("tiny-nemotron", device="cpu", dtype=dtype, with_tokenizer=False)
+    net = lm.model
+    ids = torch.randint(0, net.config.vocab_size, (2, 17))
+    hidden = variant_hidden(net, ids, parse_variant("int8"))
+    assert hidden.dtype == dtype
+    est = _layer_major_memory(net, ssm_layout(net.config), 2, 17, torch.device("cpu"), 3, scans_skipped=False)
+    part = dict((label, n) for label, _, n in est.parts)["the final hidden states of the reference and the variants"]
+    assert part == 4 * hidden.numel() * hidden.element_size()
+
+
 def test_layer_mode_forms_logits_in_chunks_of_positions(monkeypatch):
     """The metrics compare logits in chunks of positions (sizing.metric_chunk_rows): chunks of 7 positions give what
     one chunk of all positions gives."""
