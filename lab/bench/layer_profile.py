@@ -47,6 +47,9 @@ def main() -> None:
     ap.add_argument("--variants", default=VARIANTS)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--top", type=int, default=15, help="kernels listed")
+    ap.add_argument("--by-module", action="store_true",
+                    help="also one evaluation timed per module (synchronised wall of each mixer and its children, "
+                         "and of ssmquant's recurrence)")  # fmt: skip
     args = ap.parse_args()
     from ssmquant.models import load_model
     from ssmquant.models.build import build_random_model
@@ -104,6 +107,66 @@ def main() -> None:
         print("aten operator | self host ms")
         for name, ms in sorted(host_ops.items(), key=lambda kv: -kv[1])[: args.top]:
             print(f"{name} | {ms:.1f}")
+    if args.by_module:
+        by_module(model.model, cfg, cuda)
+
+
+def by_module(net: torch.nn.Module, cfg: EvalConfig, cuda: bool) -> None:
+    """One more evaluation with every decoder layer's mixer, the mixers' children and ssmquant's recurrence
+    (``simulate.simulate_outputs``) timed by synchronised wall clock; prints the sums by module class and child."""
+    import ssmquant.evaluate.layer_major as layer_major
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    spent: dict[str, list] = defaultdict(lambda: [0, 0.0])  # [calls, s]
+    started: dict[int, float] = {}
+
+    def pre(module, _args, label):
+        sync()
+        started[id(module)] = time.perf_counter()
+
+    def post(module, _args, _out, label):
+        sync()
+        spent[label][0] += 1
+        spent[label][1] += time.perf_counter() - started.pop(id(module))
+
+    handles, mixers = [], set()
+    for layer in net.base_model.layers:
+        mixer = layer.mixer if hasattr(layer, "mixer") else layer
+        kind = type(mixer).__name__
+        mixers.add(kind)
+        targets = [(mixer, kind)] + [(c, f"{kind}.{n}") for n, c in mixer.named_children()]
+        for module, label in targets:
+            handles.append(module.register_forward_pre_hook(lambda m, a, label=label: pre(m, a, label)))
+            handles.append(module.register_forward_hook(lambda m, a, o, label=label: post(m, a, o, label)))
+    real = layer_major.simulate_outputs
+
+    def timed(*a, **kw):
+        sync()
+        t = time.perf_counter()
+        out = real(*a, **kw)
+        sync()
+        spent["ssmquant recurrence (simulate_outputs, inside the mixers' norm)"][0] += 1
+        spent["ssmquant recurrence (simulate_outputs, inside the mixers' norm)"][1] += time.perf_counter() - t
+        return out
+
+    layer_major.simulate_outputs = timed
+    try:
+        sync()
+        t0 = time.perf_counter()
+        evaluate(cfg)
+        sync()
+        wall = time.perf_counter() - t0
+    finally:
+        layer_major.simulate_outputs = real
+        for h in handles:
+            h.remove()
+    print(f"by module (synchronised), evaluation wall {wall:.2f} s; a mixer's time includes its children's")
+    print("module | calls | s | share of wall")
+    for label, (calls, secs) in sorted(spent.items(), key=lambda kv: -kv[1][1]):
+        print(f"{label} | {calls} | {secs:.3f} | {100 * secs / wall:.1f}%")
+    outside = wall - sum(spent[k][1] for k in mixers)
+    print(f"outside the mixers (embedding, block norms, output head, metrics, host) | - | {outside:.3f} | "
+          f"{100 * outside / wall:.1f}%")
 
 
 if __name__ == "__main__":
