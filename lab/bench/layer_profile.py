@@ -50,6 +50,9 @@ def main() -> None:
     ap.add_argument("--by-module", action="store_true",
                     help="also one evaluation timed per module (synchronised wall of each mixer and its children, "
                          "and of ssmquant's recurrence)")  # fmt: skip
+    ap.add_argument("--sync-sites", action="store_true",
+                    help="also one evaluation under torch.cuda.set_sync_debug_mode('warn'): the lines that synchronise "
+                         "the host with the GPU, counted")  # fmt: skip
     args = ap.parse_args()
     from ssmquant.models import load_model
     from ssmquant.models.build import build_random_model
@@ -109,6 +112,31 @@ def main() -> None:
             print(f"{name} | {ms:.1f}")
     if args.by_module:
         by_module(model.model, cfg, cuda)
+    if args.sync_sites and cuda:
+        sync_sites(cfg)
+
+
+def sync_sites(cfg: EvalConfig) -> None:
+    """One more evaluation with torch's synchronisation debug mode: each warning names the Python line whose CUDA
+    operation waited for the GPU (a device-to-host copy, a synchronise, a pageable host-to-device copy); prints them
+    by count."""
+    import warnings
+
+    counts: dict[str, int] = defaultdict(int)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            evaluate(cfg)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            counts[f"{w.filename.split('site-packages/')[-1]}:{w.lineno}"] += 1
+    print(f"synchronising CUDA operations in one evaluation: {sum(counts.values())}")
+    print("line | count")
+    for site, n in sorted(counts.items(), key=lambda kv: -kv[1])[:25]:
+        print(f"{site} | {n}")
 
 
 def by_module(net: torch.nn.Module, cfg: EvalConfig, cuda: bool) -> None:

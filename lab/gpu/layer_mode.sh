@@ -55,9 +55,9 @@ case "${1:?stage}" in
     ;;
   profile)
     timeout "${LIMIT:-150}" python3 lab/bench/layer_profile.py --model "${MODELS:-nemotron-3-nano}" --steps 2048 \
-      --batch 8 --device cuda --by-module > "$OUT/profile.txt" 2>&1
+      --batch 8 --device cuda --by-module --sync-sites > "$OUT/profile.txt" 2>&1
     echo "rc=$?" >> "$OUT/profile.txt"
-    tail -45 "$OUT/profile.txt"
+    tail -75 "$OUT/profile.txt"
     ;;
   tests)
     timeout "${LIMIT:-300}" python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider > "$OUT/tests.txt" 2>&1
