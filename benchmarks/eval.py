@@ -67,6 +67,30 @@ def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _reset_peak(device: str) -> int:
+    """On CUDA: the allocator's peak statistics reset, and the bytes allocated now (the loaded model); else 0."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return 0
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def _layer_memory(res, device: str, before: int) -> dict:
+    """A layer-mode run's memory: the estimate its memory check read (GiB, the device's part), the sequences per
+    forward it chose, and on CUDA the allocator's peak beyond what was allocated before the run (GiB)."""
+    import torch
+
+    est = res.timing.get("memory_estimate_GiB") or {}
+    out = {"estimate_GiB": float(est.get("device", est.get("host", float("nan")))),
+           "forward_batch": int(res.timing.get("forward_batch", 0))}  # fmt: skip
+    if torch.device(device).type == "cuda":
+        out["peak_GiB"] = (torch.cuda.max_memory_allocated() - before) / 2**30
+    return out
+
+
 def _evaluate(loaded, args, mode: str, steps: int):
     from ssmquant.evaluate import EvalConfig, evaluate
 
@@ -90,6 +114,7 @@ def run(args) -> Result:
         rates: dict[str, list[float]] = {m: [] for m in modes}
         walls: dict[str, list[float]] = {m: [] for m in modes}
         kl: dict[str, float] = {}
+        memory: dict[str, float | int] = {}  # layer mode: the memory check's estimate, its forward batch, the peak
 
         warm = args.steps if args.steps % 16 else min(args.steps, 64)  # Triton specialises T on divisibility by 16
         for mode in modes:
@@ -98,15 +123,19 @@ def run(args) -> Result:
             _log(f"{label}: untimed {mode} run of {warm} steps in {time.perf_counter() - t0:.1f} s")
         for rep in range(args.reps):
             for mode in modes:
+                before = _reset_peak(args.device)
                 t0 = time.perf_counter()
                 res = _evaluate(loaded, args, mode, args.steps)
                 walls[mode].append(time.perf_counter() - t0)
                 _log(f"{label}: {mode} repetition {rep + 1}/{args.reps} in {walls[mode][-1]:.1f} s")
+                if mode == "layer":
+                    memory = _layer_memory(res, args.device, before)
+                    _log(f"{label}: layer memory {memory}")
                 n = len(res.variants)
                 rates[mode].append(args.steps * args.batch * n / res.timing["decode_s"])
                 kl[mode] = float(res.summary["kl_mean"].mean())
         med = {m: statistics.median(r) for m, r in rates.items()}
-        raw[label] = {"rates": rates, "wall_s": walls, "kl_mean": kl}
+        raw[label] = {"rates": rates, "wall_s": walls, "kl_mean": kl, "layer_memory": memory}
         ratio = f"{med['layer'] / med['decode']:.2f}x" if len(modes) == len(MODES) else "-"
         rows.append(
             {
@@ -115,8 +144,10 @@ def run(args) -> Result:
                 "layer / decode": ratio,
                 **{f"{m} wall s": f"{statistics.median(walls[m]):.1f}" for m in modes},
                 **{f"{m} mean KL": f"{kl[m]:.3g}" for m in modes},
+                **({"layer peak / estimate GiB": f"{memory['peak_GiB']:.2f} / {memory['estimate_GiB']:.2f} "
+                    f"({memory['forward_batch']} per forward)"} if "peak_GiB" in memory else {}),
             }
-        )
+        )  # fmt: skip
     text = "the shipped corpus" if args.text is None else args.text
     body = (
         f"`ssmquant eval` of {len(models)} models, {args.steps} steps x {args.batch} sequences x the variants "
