@@ -67,27 +67,25 @@ def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _reset_peak(device: str) -> int:
-    """On CUDA: the allocator's peak statistics reset, and the bytes allocated now (the loaded model); else 0."""
+def _allocated(device: str) -> int:
+    """On CUDA: the bytes the allocator holds on ``device`` now (the loaded model); else 0."""
     import torch
 
-    if torch.device(device).type != "cuda":
-        return 0
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    return torch.cuda.memory_allocated()
+    dev = torch.device(device)
+    return torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
 
 
-def _layer_memory(res, device: str, before: int) -> dict:
+def _layer_memory(res, before: int, previous: dict) -> dict:
     """A layer-mode run's memory: the estimate its memory check read (GiB, the device's part), the sequences per
-    forward it chose, and on CUDA the allocator's peak beyond what was allocated before the run (GiB)."""
-    import torch
-
+    forward it chose, and on CUDA the allocator's peak during the evaluation (``evaluate`` resets it on the model's
+    device) beyond the ``before`` bytes held when it started, the largest over the repetitions so far
+    (``previous``)."""
     est = res.timing.get("memory_estimate_GiB") or {}
     out = {"estimate_GiB": float(est.get("device", est.get("host", float("nan")))),
            "forward_batch": int(res.timing.get("forward_batch", 0))}  # fmt: skip
-    if torch.device(device).type == "cuda":
-        out["peak_GiB"] = (torch.cuda.max_memory_allocated() - before) / 2**30
+    if "peak_gpu_memory_GiB" in res.timing:
+        peak = float(res.timing["peak_gpu_memory_GiB"]) - before / 2**30
+        out["peak_GiB"] = max(peak, previous.get("peak_GiB", peak))
     return out
 
 
@@ -123,13 +121,13 @@ def run(args) -> Result:
             _log(f"{label}: untimed {mode} run of {warm} steps in {time.perf_counter() - t0:.1f} s")
         for rep in range(args.reps):
             for mode in modes:
-                before = _reset_peak(args.device)
+                before = _allocated(args.device)
                 t0 = time.perf_counter()
                 res = _evaluate(loaded, args, mode, args.steps)
                 walls[mode].append(time.perf_counter() - t0)
                 _log(f"{label}: {mode} repetition {rep + 1}/{args.reps} in {walls[mode][-1]:.1f} s")
                 if mode == "layer":
-                    memory = _layer_memory(res, args.device, before)
+                    memory = _layer_memory(res, before, memory)
                     _log(f"{label}: layer memory {memory}")
                 n = len(res.variants)
                 rates[mode].append(args.steps * args.batch * n / res.timing["decode_s"])

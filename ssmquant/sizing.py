@@ -357,8 +357,8 @@ def layer_major_memory(
     mixers' own scans where ``scans_skipped`` (``models.scan_substitution``), and where they are materialised the
     scores of one of the ``attention`` layers or KDA's scan decays, ``prefill_layer_peak``), one
     layer's derived recurrence inputs and its torch emulation of one variant, the final hidden states of the
-    reference and the ``variants`` variants (``hidden_bytes`` each element: the model's dtype, in which
-    ``layer_major.variant_hidden`` keeps them until the metrics), and one chunk of positions' logits and float64
+    reference and the ``variants`` variants (``hidden_bytes`` each element: the dtype in which
+    ``layer_major.variant_hidden`` keeps them until the metrics, the output head's), and one chunk of positions' logits and float64
     metrics (``metric_chunk_rows``)."""
     device = torch.device(device)
     pool = _pool(device)

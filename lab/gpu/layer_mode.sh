@@ -14,8 +14,13 @@
 # and studies/tiny_models/data/heldout.txt (carried). Everything a stage makes goes to $OUT as it is made.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[ -d /tmp/site/transformers ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-  --upgrade --target /tmp/site .whl/common/*.whl .whl/tf525/*.whl  # once per machine
+# once per machine and set of wheels: a stamp of the carried wheels' digests, written after a complete install
+STAMP=$(sha256sum .whl/common/*.whl .whl/tf525/*.whl | sha256sum | cut -c1-16)
+if [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "$STAMP" ]; then
+  rm -rf /tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/common/*.whl .whl/tf525/*.whl && echo "$STAMP" > /tmp/site/.wheels
+fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

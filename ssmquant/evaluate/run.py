@@ -706,12 +706,13 @@ def _layer_major_batch(net, layout: dict, batch: int, tokens: int, device, promp
 def _layer_major_memory(net, layout: dict, batch: int, tokens: int, device, variants: int, scans_skipped: bool):
     """``sizing.layer_major_memory`` for a loaded model: its largest SSM layer's sizes, hidden and MLP widths,
     attention layers, vocabulary, the number of variants, and whether its mixers' own scans are skipped
-    (``scan_substitution.can_skip_scans``); the final hidden states in the model's dtype."""
+    (``scan_substitution.can_skip_scans``); the final hidden states in the output embedding's dtype (the head's
+    matrix product takes them in its weight's dtype; ``net.dtype`` is only the first parameter's)."""
     text = net.config.get_text_config()
     return layer_major_memory(
         layout_dims(layout), text.to_dict(), batch=batch, tokens=tokens, vocab=int(text.vocab_size), device=device,
         variants=variants, attention=attention_dims(net.config),
-        scans_skipped=scans_skipped, hidden_bytes=net.dtype.itemsize,
+        scans_skipped=scans_skipped, hidden_bytes=net.get_output_embeddings().weight.element_size(),
     )  # fmt: skip
 
 

@@ -86,9 +86,9 @@ def test_layer_mode_checks_its_memory_before_the_work(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_estimate_counts_the_kept_hidden_states_in_the_models_dtype(dtype):
-    """The final hidden states that layer_major_pass keeps until the metrics are the model's dtype: the estimate's
-    part is exactly their bytes, (1 + V) x B x T x D elements of the dtype's size."""
+def test_the_estimate_counts_the_kept_hidden_states_in_the_heads_dtype(dtype):
+    """The final hidden states that layer_major_pass keeps until the metrics are in the output head's dtype: the
+    estimate's part is exactly their bytes, (1 + V) x B x T x D elements of the dtype's size."""
     from ssmquant.evaluate.layer_major import variant_hidden
     from ssmquant.evaluate.run import _layer_major_memory
     from ssmquant.models import load_model
