@@ -7,6 +7,8 @@
 #                                          # full Nano in a call of its own (RESULTS.md key eval-cuda-nano)
 #   bash lab/gpu/layer_mode.sh nano32k     # Nano x 8 x 3 variants x 32K steps, layer mode alone
 #   bash lab/gpu/layer_mode.sh study RUN,RUN,...   # e2e_horizon at the GPU scale (32K steps, 16 sequences)
+#   DTYPE=float32 DATA=/tmp/fp32 bash lab/gpu/layer_mode.sh study RUN,...   # the same in float32 weights, its data
+#                                          # apart (bfloat16's floor: studies/e2e_horizon's page)
 #   bash lab/gpu/layer_mode.sh profile     # where Nano's layer mode spends its time (lab/bench/layer_profile.py)
 #   bash lab/gpu/layer_mode.sh tests       # the GPU test command (README)
 #
@@ -52,10 +54,10 @@ case "${1:?stage}" in
   study)
     for run in ${2//,/ }; do
       timeout "${LIMIT:-280}" python3 -m studies.run --scale gpu --device cuda --only e2e_horizon --runs "$run" \
-        > "$OUT/study-$run.txt" 2>&1
+        ${DTYPE:+--dtype "$DTYPE"} --data "${DATA:-studies}" > "$OUT/study-$run.txt" 2>&1
       echo "$run rc=$?" | tee -a "$OUT/study.txt"
       tail -3 "$OUT/study-$run.txt"
-      tar czf "$OUT/e2e_horizon_data.tar.gz" studies/e2e_horizon/data
+      tar czf "$OUT/e2e_horizon_data.tar.gz" "${DATA:-studies}/e2e_horizon/data"
     done
     ;;
   profile)

@@ -32,6 +32,9 @@ class Context:
     only_runs: set[str] | None = None
     log: object = print
     timings: dict = field(default_factory=dict)
+    # the weights' dtype of the studies that load a model for end-to-end evaluation (WEIGHT_DTYPE_STUDIES); None:
+    # ``load_model``'s default (bfloat16 on CUDA, float32 on the CPU)
+    dtype: str | None = None
 
     def folder(self, study: str) -> pathlib.Path:
         return self.data / study / "data"

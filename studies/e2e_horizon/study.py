@@ -20,6 +20,7 @@ import pandas as pd
 from ssmquant.analysis.fit import DEFAULT_BUDGET, forecast_verdict, peak_verdict
 from ssmquant.analysis.run import AnalyzeConfig, analyze
 from ssmquant.evaluate import EvalConfig, evaluate
+from ssmquant.models import load_model
 from ssmquant.models.text import load_text, split_bounds
 from ssmquant.provenance import environment
 from studies.common.context import Context, load, load_runs, write_provenance
@@ -72,6 +73,8 @@ def collect(ctx: Context) -> None:
             t0 = time.time()
             rows, stages = [], {}
             batch = analyze_batch(text, scale["sequences"], prompt + scale["steps"])
+            # one load for the three runs where a dtype is asked for; else each run loads the model by name
+            loaded = None if ctx.dtype is None else load_model(model, device=ctx.device, dtype=ctx.dtype)
             for steps in (scale["short"], scale["steps"]):
                 cfg = AnalyzeConfig(
                     model=model, text=None if text is None else str(text), formats=list(FORMATS),
@@ -79,13 +82,13 @@ def collect(ctx: Context) -> None:
                     backend=ctx.backend, kind_baselines=False,
                 )  # fmt: skip
                 t1 = time.time()
-                res = analyze(cfg)
+                res = analyze(cfg, model=loaded)
                 stages[f"analyze_{steps}_s"] = round(time.time() - t1, 1)
                 rows.append(res.summary[ANALYZE_COLUMNS].assign(steps=steps))
             t1 = time.time()
             ev = evaluate(
                 EvalConfig(
-                    model, VARIANTS, steps=scale["steps"], batch=scale["sequences"], prompt=prompt, device=ctx.device,
+                    model if loaded is None else loaded, VARIANTS, steps=scale["steps"], batch=scale["sequences"], prompt=prompt, device=ctx.device,
                     text=None if text is None else str(text), text_split="all", mode="layer",
                 )
             )  # fmt: skip
