@@ -8,6 +8,12 @@ mixer's scan among its kernel functions (``use_kernelized_func``), the hook thro
 (``LayerKind.prefill_scan_kernel``) to a placeholder (``placeholder_layer``) for the duration of a forward and restores the original
 afterwards.
 
+The mixer's causal convolution feeds its scan and nothing else (x, B and C of Mamba-2; q, k and v of the delta
+rules), so where the scan is skipped its output is dead too: where the mixer also lists its convolution
+(``CONV_FUNCTION``, transformers 5.25's name in all four families), a placeholder returns zeros of its output for it
+(``conv_placeholder_forward``). The substitution derives the recurrence inputs from the recorded projections with its
+own convolution (``models.taps``), as capture does.
+
 The placeholder runs the real scan on the first ``PROBE_POSITIONS`` positions (more than the layer has heads) of the
 first sequence, so that what it returns has the real scan's dtype and trailing sizes (they differ between transformers' torch scan, float32, and the
 fused packages, the inputs' dtype), and returns zeros of the full [B, L, ...] shape in that dtype. Where the caller
@@ -37,6 +43,8 @@ from .. import kinds
 PROBE_POSITIONS = 16
 # The arguments by which the scans return their final state (Mamba-2's chunk scan; the delta rules' chunk functions).
 FINAL_STATE_FLAGS = ("return_final_states", "output_final_state")
+# The kernel function of the mixers' causal depthwise convolution (its input and output [B, channels, L]).
+CONV_FUNCTION = "causal_conv1d_forward"
 # The loggers through which kernels' kernelize reports every extensible layer it leaves with its original forward.
 KERNELS_LOGGERS = ("kernels", "kernels._internals.layer.layer", "kernels._internals.layer.kernelize")
 
@@ -68,12 +76,29 @@ def placeholder_forward(wrapper: torch.nn.Module, args: tuple, kwargs: dict):
     return zeros if rest is None else (zeros, *rest)
 
 
+def conv_placeholder_forward(wrapper: torch.nn.Module, args: tuple, kwargs: dict):
+    """What a placeholder returns for a call of the convolution function ``wrapper`` (``CONV_FUNCTION``): zeros of
+    its output [B, channels, L] in its dtype, both taken from the real convolution of the first sequence's first
+    ``PROBE_POSITIONS`` positions; with a cache (whose conv state it updates) the real convolution runs."""
+    original = type(wrapper).forward
+    bound = inspect.signature(original).bind(wrapper, *args, **kwargs)
+    hidden, cache = bound.arguments.get("hidden_states"), bound.arguments.get("cache")
+    if cache is not None or not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:
+        return original(wrapper, *args, **kwargs)
+    batch, length = hidden.shape[0], hidden.shape[-1]
+    bound.arguments["hidden_states"] = hidden[:1, :, : min(int(length), PROBE_POSITIONS)]
+    probe = original(*bound.args, **bound.kwargs)
+    return probe.new_zeros((batch, probe.shape[1], length))
+
+
 def placeholder_layer(function_class: type[torch.nn.Module]) -> type[torch.nn.Module]:
-    """kernels' replacement layer for the scan function whose wrapper class is ``function_class``: stateless, with
-    the function's forward signature, as ``kernelize`` requires of a layer (``placeholder_forward``)."""
+    """kernels' replacement layer for the scan (or convolution) function whose wrapper class is ``function_class``:
+    stateless, with the function's forward signature, as ``kernelize`` requires of a layer (``placeholder_forward``,
+    ``conv_placeholder_forward``)."""
+    stand_in = conv_placeholder_forward if function_class.kernel_layer_name == CONV_FUNCTION else placeholder_forward
 
     def forward(self, *args, **kwargs):
-        return placeholder_forward(self, args, kwargs)
+        return stand_in(self, args, kwargs)
 
     forward.__signature__ = inspect.signature(function_class.forward)
     return type(f"ScanPlaceholder_{function_class.kernel_layer_name}", (torch.nn.Module,), {"forward": forward})
@@ -106,6 +131,12 @@ def _scan_wrapper(mixer) -> torch.nn.Module | None:
     name = kinds.get(mixer.kind).prefill_scan_kernel
     funcs = getattr(mixer.module, "_kernel_funcs", None) or {}
     return next((f for f in funcs.values() if name is not None and getattr(f, "kernel_layer_name", None) == name), None)
+
+
+def _conv_wrapper(mixer) -> torch.nn.Module | None:
+    """``mixer``'s wrapper of its convolution function (``CONV_FUNCTION``), or None where it does not list one."""
+    funcs = getattr(mixer.module, "_kernel_funcs", None) or {}
+    return next((f for f in funcs.values() if getattr(f, "kernel_layer_name", None) == CONV_FUNCTION), None)
 
 
 def can_skip_scans(mixers) -> bool:
@@ -165,8 +196,9 @@ def _restore(state: list[tuple[object, dict]], keep: set[int] = frozenset()) -> 
 @contextlib.contextmanager
 def skipped_scans(mixers) -> Iterator[bool]:
     """Within the context every one of ``mixers`` (``find_ssm_mixers``' values) runs a placeholder
-    (``placeholder_layer``) for its chunked scan, and yields True; where ``can_skip_scans`` is False, or kernelize did
-    not install the placeholder, nothing changes and it yields False. Only the scan functions change: every other
+    (``placeholder_layer``) for its chunked scan and, where it lists one, for its convolution, and yields True; where
+    ``can_skip_scans`` is False, or kernelize did not install the placeholders, nothing changes and it yields False.
+    Only the scan and convolution functions change: every other
     module of the mixers keeps its own forward (an accelerate hook's, an earlier kernelize's) throughout, and on exit,
     normal or not, every one is as it was. Not for a forward under torch.compile (kernels then calls the placeholder on
     the shared function object, whose class forward dispatches back to it)."""
@@ -177,19 +209,20 @@ def skipped_scans(mixers) -> Iterator[bool]:
     from kernels import Mode, kernelize, use_kernel_mapping
 
     state = _instance_state([m.module for m in mixers])
-    wrappers = [_scan_wrapper(m) for m in mixers]
+    wrappers = [[w for w in (_scan_wrapper(m), _conv_wrapper(m)) if w is not None] for m in mixers]
     try:
         by_device: dict[str, list] = {}
-        for m, wrapper in zip(mixers, wrappers):
-            by_device.setdefault(next(m.module.parameters()).device.type, []).append((m, wrapper))
+        for m, own in zip(mixers, wrappers):
+            by_device.setdefault(next(m.module.parameters()).device.type, []).append((m, own))
         for device_type, group in by_device.items():
-            functions = {type(wrapper) for _, wrapper in group}
+            functions = {type(wrapper) for _, own in group for wrapper in own}
             mapping = {f.kernel_layer_name: {device_type: {Mode.INFERENCE: _repository(f)}} for f in functions}
             with _quiet_kernels(), use_kernel_mapping(mapping, inherit_mapping=False):
                 for m, _ in group:
                     kernelize(m.module, mode=Mode.INFERENCE, device=device_type)
-        _restore(state, keep={id(w) for w in wrappers})  # kernelize reset the mixers' other layers: theirs back
-        installed = all(getattr(w, "_kernel_repo", None) is _repository(type(w)) for w in wrappers)
+        replaced = [w for own in wrappers for w in own]
+        _restore(state, keep={id(w) for w in replaced})  # kernelize reset the mixers' other layers: theirs back
+        installed = all(getattr(w, "_kernel_repo", None) is _repository(type(w)) for w in replaced)
         if not installed:
             _restore(state)
         yield installed
@@ -197,4 +230,12 @@ def skipped_scans(mixers) -> Iterator[bool]:
         _restore(state)
 
 
-__all__ = ["PROBE_POSITIONS", "can_skip_scans", "placeholder_forward", "placeholder_layer", "skipped_scans"]
+__all__ = [
+    "CONV_FUNCTION",
+    "PROBE_POSITIONS",
+    "can_skip_scans",
+    "conv_placeholder_forward",
+    "placeholder_forward",
+    "placeholder_layer",
+    "skipped_scans",
+]

@@ -163,3 +163,36 @@ def test_no_scan_is_skipped_where_kernels_mappings_are_switched_off(monkeypatch)
     assert not can_skip_scans(mixers)
     with skipped_scans(mixers) as skipped:
         assert not skipped
+
+
+@needs_kernels
+def test_the_mixers_own_convolution_is_skipped_with_the_scan(loaded, monkeypatch):
+    """The convolution feeds only the scan: within the context each mixer's convolution function runs on the probe's
+    positions only, and the only full-length convolutions of a layer-major forward are the substitution's own
+    derivations (one per SSM layer); without the context the mixers' run too."""
+    from ssmquant.models.scan_substitution import CONV_FUNCTION, PROBE_POSITIONS
+
+    mixers = list(find_ssm_mixers(loaded).values())
+    assert all(
+        any(getattr(f, "kernel_layer_name", None) == CONV_FUNCTION for f in m.module._kernel_funcs.values())
+        for m in mixers
+    )
+    lengths = []
+    real_conv = torch.nn.functional.conv1d
+
+    def conv1d(x, *args, **kwargs):
+        lengths.append(x.shape[-1])
+        return real_conv(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "conv1d", conv1d)
+    ids = _ids(loaded, length=40)
+    variant = parse_variant("int8@conventional")
+    with torch.no_grad():
+        layer_major.variant_hidden(loaded, ids, variant)
+    full = [n for n in lengths if n >= 40]  # padded to L + K - 1 by the torch path
+    assert len(full) == len(mixers) and all(n <= PROBE_POSITIONS + 8 for n in lengths if n < 40), lengths
+    lengths.clear()
+    monkeypatch.setattr(layer_major, "skipped_scans", lambda mixers: contextlib.nullcontext(False))
+    with torch.no_grad():
+        layer_major.variant_hidden(loaded, ids, variant)
+    assert len([n for n in lengths if n >= 40]) == 2 * len(mixers)
