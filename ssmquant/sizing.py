@@ -358,8 +358,8 @@ def layer_major_memory(
     scores of one of the ``attention`` layers or KDA's scan decays, ``prefill_layer_peak``), one
     layer's derived recurrence inputs and its torch emulation of one variant, the final hidden states of the
     reference and the ``variants`` variants (``hidden_bytes`` each element: the dtype in which
-    ``layer_major.variant_hidden`` keeps them until the metrics, the output head's), and one chunk of positions' logits and float64
-    metrics (``metric_chunk_rows``)."""
+    ``layer_major.variant_hidden`` keeps them until the metrics, the output head's), and one chunk of positions'
+    logits and float64 metrics (``metric_chunk_rows``)."""
     device = torch.device(device)
     pool = _pool(device)
     est = MemoryEstimate(device)

@@ -5,8 +5,8 @@ the mixer's own chunked scan (transformers' torch scan, or fla's / mamba_ssm's k
 thrown away, and it is most of a prefill's live memory (``sizing.prefill_bytes_per_token``). transformers lists each
 mixer's scan among its kernel functions (``use_kernelized_func``), the hook through which the ``kernels`` package's
 ``kernelize`` swaps implementations by a kernel mapping. ``skipped_scans`` maps the kind's scan
-(``LayerKind.prefill_scan_kernel``) to a placeholder (``placeholder_layer``) for the duration of a forward and restores the original
-afterwards.
+(``LayerKind.prefill_scan_kernel``) to a placeholder (``placeholder_layer``) for the duration of a forward and
+restores the original afterwards.
 
 The mixer's causal convolution feeds its scan and nothing else (x, B and C of Mamba-2; q, k and v of the delta
 rules), so where the scan is skipped its output is dead too: where the mixer also lists its convolution
@@ -15,8 +15,9 @@ rules), so where the scan is skipped its output is dead too: where the mixer als
 own convolution (``models.taps``), as capture does.
 
 The placeholder runs the real scan on the first ``PROBE_POSITIONS`` positions (more than the layer has heads) of the
-first sequence, so that what it returns has the real scan's dtype and trailing sizes (they differ between transformers' torch scan, float32, and the
-fused packages, the inputs' dtype), and returns zeros of the full [B, L, ...] shape in that dtype. Where the caller
+first sequence, so that what it returns has the real scan's dtype and trailing sizes (they differ between
+transformers' torch scan, float32, and the fused packages, the inputs' dtype), and returns zeros of the full
+[B, L, ...] shape in that dtype. Where the caller
 asks for the scan's final state (a cache), or the probe returns one, the whole scan runs: a placeholder never stands in
 for a state.
 
@@ -125,18 +126,16 @@ def _repository(function_class: type[torch.nn.Module]) -> _PlaceholderRepository
     return _REPOSITORIES.setdefault(function_class, _PlaceholderRepository(function_class))
 
 
-def _scan_wrapper(mixer) -> torch.nn.Module | None:
-    """``mixer``'s wrapper of its chunked scan function, where transformers lists the scan among the mixer's kernel
-    functions; None where it does not (an older transformers, no ``kernels`` package, a kind without one)."""
-    name = kinds.get(mixer.kind).prefill_scan_kernel
+def _kernel_function(mixer, name: str | None) -> torch.nn.Module | None:
+    """``mixer``'s wrapper of the kernel function transformers lists under ``name`` (``use_kernelized_func``); None
+    where it lists none (an older transformers, no ``kernels`` package, a kind without one, ``name`` None)."""
     funcs = getattr(mixer.module, "_kernel_funcs", None) or {}
     return next((f for f in funcs.values() if name is not None and getattr(f, "kernel_layer_name", None) == name), None)
 
 
-def _conv_wrapper(mixer) -> torch.nn.Module | None:
-    """``mixer``'s wrapper of its convolution function (``CONV_FUNCTION``), or None where it does not list one."""
-    funcs = getattr(mixer.module, "_kernel_funcs", None) or {}
-    return next((f for f in funcs.values() if getattr(f, "kernel_layer_name", None) == CONV_FUNCTION), None)
+def _scan_wrapper(mixer) -> torch.nn.Module | None:
+    """``mixer``'s wrapper of its kind's chunked scan function (``LayerKind.prefill_scan_kernel``), or None."""
+    return _kernel_function(mixer, kinds.get(mixer.kind).prefill_scan_kernel)
 
 
 def can_skip_scans(mixers) -> bool:
@@ -209,7 +208,7 @@ def skipped_scans(mixers) -> Iterator[bool]:
     from kernels import Mode, kernelize, use_kernel_mapping
 
     state = _instance_state([m.module for m in mixers])
-    wrappers = [[w for w in (_scan_wrapper(m), _conv_wrapper(m)) if w is not None] for m in mixers]
+    wrappers = [[w for w in (_scan_wrapper(m), _kernel_function(m, CONV_FUNCTION)) if w is not None] for m in mixers]
     try:
         by_device: dict[str, list] = {}
         for m, own in zip(mixers, wrappers):

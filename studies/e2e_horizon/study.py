@@ -88,8 +88,9 @@ def collect(ctx: Context) -> None:
             t1 = time.time()
             ev = evaluate(
                 EvalConfig(
-                    model if loaded is None else loaded, VARIANTS, steps=scale["steps"], batch=scale["sequences"], prompt=prompt, device=ctx.device,
-                    text=None if text is None else str(text), text_split="all", mode="layer",
+                    model if loaded is None else loaded, VARIANTS, steps=scale["steps"], batch=scale["sequences"],
+                    prompt=prompt, device=ctx.device, text=None if text is None else str(text), text_split="all",
+                    mode="layer",
                 )
             )  # fmt: skip
             stages["eval_s"] = round(time.time() - t1, 1)
