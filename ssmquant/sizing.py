@@ -334,9 +334,11 @@ METRIC_CHUNK_BYTES = 1 << 30
 METRIC_BYTES_PER_LOGIT = 2 * FP32 + 3 * 8
 
 
-def metric_chunk_rows(vocab: int) -> int:
-    """Positions per chunk of the layer-major metrics: as many as METRIC_CHUNK_BYTES holds (at least one)."""
-    return max(1, METRIC_CHUNK_BYTES // (int(vocab) * METRIC_BYTES_PER_LOGIT))
+def metric_chunk_rows(vocab: int, bytes_per_logit: int = METRIC_BYTES_PER_LOGIT) -> int:
+    """Positions per chunk of the layer-major metrics: as many as METRIC_CHUNK_BYTES holds (at least one), at
+    ``bytes_per_logit`` (default: the torch path's; the fused kernel's holds the reference's and one variant's logits
+    in the head's dtype)."""
+    return max(1, METRIC_CHUNK_BYTES // (int(vocab) * int(bytes_per_logit)))
 
 
 def layer_major_memory(

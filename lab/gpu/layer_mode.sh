@@ -10,6 +10,7 @@
 #   DTYPE=float32 DATA=/tmp/fp32 bash lab/gpu/layer_mode.sh study RUN,...   # the same in float32 weights, its data
 #                                          # apart (bfloat16's floor: studies/e2e_horizon's page)
 #   bash lab/gpu/layer_mode.sh profile     # where Nano's layer mode spends its time (lab/bench/layer_profile.py)
+#   bash lab/gpu/layer_mode.sh metrics     # the metrics' fused kernel against their torch path (lab/bench/metrics_paths.py)
 #   bash lab/gpu/layer_mode.sh tests       # the GPU test command (README)
 #
 # Needs the wheels of a fresh install beside the checkout (lab/gpu/test_wheels.sh; carry .whl/common and .whl/tf525)
@@ -65,6 +66,11 @@ case "${1:?stage}" in
       --batch 8 --device cuda --by-module --sync-sites > "$OUT/profile.txt" 2>&1
     echo "rc=$?" >> "$OUT/profile.txt"
     tail -75 "$OUT/profile.txt"
+    ;;
+  metrics)
+    timeout "${LIMIT:-120}" python3 lab/bench/metrics_paths.py --device cuda > "$OUT/metrics.txt" 2>&1
+    echo "rc=$?" >> "$OUT/metrics.txt"
+    tail -8 "$OUT/metrics.txt"
     ;;
   tests)
     timeout "${LIMIT:-300}" python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider > "$OUT/tests.txt" 2>&1

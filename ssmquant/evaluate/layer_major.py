@@ -19,7 +19,8 @@ scan, whose output is replaced, is skipped where transformers exposes it to kern
 tests/evaluate/test_layer_major.py measures the agreement with the token-by-token path on the shipped models.
 
 Memory: each forward keeps the final hidden states, not the logits; the metrics form the logits of the reference and
-of every variant from them in chunks of positions (``sizing.metric_chunk_rows``), and where the batch's forward does not
+of every variant from them in chunks of positions (``sizing.metric_chunk_rows``) and compare them in a fused kernel on
+a GPU (``kernels.metrics``; the float64 torch definition in ``metrics`` elsewhere), and where the batch's forward does not
 fit the free memory, fewer sequences run per forward (``evaluate.run``). The recurrence is not chunked over
 positions: one sequence's P + T positions of one layer's inputs and activations must fit.
 """
@@ -134,6 +135,77 @@ def head_logits(net: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return net.get_output_embeddings()(hidden).float()
 
 
+def fused_metrics_default(device: torch.device) -> bool:
+    """Whether ``chunk_metrics`` takes the fused kernel by default on ``device``: on CUDA."""
+    return device.type == "cuda"
+
+
+def chunk_metrics(
+    net: torch.nn.Module, hidden: list[torch.Tensor], targets: torch.Tensor, fused: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-position metrics of the final hidden states ``hidden`` (the reference's [R, D], then each variant's)
+    against the reference's, with targets [R] -> (the reference's nll [R], values [V, 3, R]: kl, top-1 agreement,
+    delta nll; float64, nats). The logits are formed through the output head in chunks of positions that hold
+    ``sizing.METRIC_CHUNK_BYTES``, the reference's once per chunk for all variants. Raises EvalError where the
+    reference's logits are not finite.
+
+    fused (default: on CUDA): ``kernels.metrics.pair_metrics_triton`` compares the head's logits in their own dtype,
+    about 2 x the logits' bytes per chunk instead of the torch path's float64 passes. Where a variant's logits are
+    not finite (a diverged run), that variant's positions are measured by the torch path (``reference_step`` /
+    ``compare_step``, the oracle of NaN and Inf), after one read-back of the kernel's flags."""
+    dev, positions, count = hidden[0].device, hidden[0].shape[0], len(hidden) - 1
+    vocab = net.get_output_embeddings().weight.shape[0]
+    nll = torch.empty(positions, dtype=torch.float64, device=dev)
+    measured = torch.empty(count, 3, positions, dtype=torch.float64, device=dev)
+    if not (fused_metrics_default(dev) if fused is None else fused):
+        _torch_metrics(net, hidden, targets, nll, measured)
+        return nll, measured
+    from ..kernels.metrics import REFERENCE_NONFINITE, pair_metrics_triton  # Triton: only where the fused path runs
+
+    head = net.get_output_embeddings()
+    flags = torch.zeros(max(count, 1), positions, dtype=torch.int32, device=dev)
+    rows = metric_chunk_rows(vocab, 2 * head.weight.element_size())
+    for r0 in range(0, positions, rows):
+        chunk, target = slice(r0, r0 + rows), targets[r0 : r0 + rows]
+        ref = head(hidden[0][chunk])
+        for i in range(max(count, 1)):  # without variants, the reference against itself gives its nll
+            values, flags[i, chunk] = pair_metrics_triton(ref, head(hidden[1 + i][chunk]) if count else ref, target)
+            if count:
+                measured[i, :, chunk] = values[:3]
+            if i == 0:
+                nll[chunk] = values[3]
+    if bool((flags & REFERENCE_NONFINITE).any()):
+        raise EvalError("the reference's logits are not finite")
+    diverged = flags[:count].ne(0)
+    redo = diverged.any(0).nonzero()[:, 0]
+    if len(redo):
+        _torch_metrics(net, [h[redo] for h in hidden], targets[redo], None, measured, redo, diverged[:, redo])
+    return nll, measured
+
+
+def _torch_metrics(net, hidden, targets, nll, measured, where=None, only=None) -> None:
+    """chunk_metrics' torch path: fill ``nll`` [R] (unless None) and ``measured`` [V, 3, R] at the positions
+    ``where`` (default: all) from the rows ``hidden`` and ``targets`` hold for them, each variant only where
+    ``only`` [V, len(where)] is true (default: everywhere)."""
+    rows = metric_chunk_rows(net.get_output_embeddings().weight.shape[0])
+    for r0 in range(0, hidden[0].shape[0], rows):
+        chunk = slice(r0, r0 + rows)
+        at = chunk if where is None else where[chunk]
+        logits = head_logits(net, hidden[0][chunk])
+        if not torch.isfinite(logits).all():
+            raise EvalError("the reference's logits are not finite")
+        ref = reference_step(logits, targets[chunk])
+        if nll is not None:
+            nll[at] = ref.nll
+        for i in range(measured.shape[0]):
+            values = compare_step(ref, head_logits(net, hidden[1 + i][chunk]), targets[chunk])
+            if only is None:
+                measured[i, :, at] = values
+            else:
+                keep = only[i, chunk]
+                measured[i, :, at[keep]] = values[:, keep]
+
+
 def layer_major_pass(
     net: torch.nn.Module,
     ids: torch.Tensor,
@@ -143,18 +215,18 @@ def layer_major_pass(
     prompt: int = 0,
     progress=None,
     sub_batch: int | None = None,
+    fused_metrics: bool | None = None,
 ) -> set[str]:
     """Fill ``values`` [V, 3, B, T] (kl, top-1 agreement, delta nll in nats, as ``loop.decode_pass`` does) and
     ``ref_nll`` [B, T] for ``ids`` [B, P + T + 1], one forward of P + T positions per variant and one for the
     reference, ``sub_batch`` sequences at a time (default: all B). The final hidden states of the reference and of
-    every variant are kept; the logits are then formed and compared in chunks of ``sizing.metric_chunk_rows``
-    positions, the reference's once per chunk for all variants (1 + V output-head and log-softmax passes), so the
-    metrics' memory does not grow with B x T. progress(sequences): called after each forward with the number of
-    sequences it covered. Returns the backends that ran the recurrences (``simulate.simulate_outputs``: "triton"
+    every variant are kept; the logits are then formed and compared in chunks of positions (``chunk_metrics``),
+    the reference's once per chunk for all variants, so the metrics' memory does not grow with B x T. progress(sequences): called after each forward with the number of
+    sequences it covered. fused_metrics: compare the logits with the fused kernel (``chunk_metrics``; default: on
+    CUDA). Returns the backends that ran the recurrences (``simulate.simulate_outputs``: "triton"
     for the fused kernels' output mode, "torch" for the reference)."""
     batch, steps = ids.shape[0], ids.shape[1] - 1 - prompt
     sub_batch = batch if sub_batch is None else int(sub_batch)
-    rows = metric_chunk_rows(net.get_output_embeddings().weight.shape[0])
     taps = layer_taps(net)
     backends: set[str] = set()
     for b0 in range(0, batch, sub_batch):
@@ -167,17 +239,7 @@ def layer_major_pass(
             if progress is not None:
                 progress(nb)
         targets = targets.to(hidden[0].device)
-        nll = torch.empty(nb * steps, dtype=torch.float64, device=hidden[0].device)
-        measured = torch.empty(len(variants), 3, nb * steps, dtype=torch.float64, device=hidden[0].device)
-        for r0 in range(0, nb * steps, rows):
-            chunk, target = slice(r0, r0 + rows), targets[r0 : r0 + rows]
-            logits = head_logits(net, hidden[0][chunk])
-            if not torch.isfinite(logits).all():
-                raise EvalError("the reference's logits are not finite")
-            ref = reference_step(logits, target)
-            nll[chunk] = ref.nll
-            for i in range(len(variants)):
-                measured[i, :, chunk] = compare_step(ref, head_logits(net, hidden[1 + i][chunk]), target)
+        nll, measured = chunk_metrics(net, hidden, targets, fused_metrics)
         ref_nll[b0 : b0 + nb] = nll.reshape(nb, steps)
         values[:, :, b0 : b0 + nb] = measured.reshape(len(variants), 3, nb, steps)
         del hidden

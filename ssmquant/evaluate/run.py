@@ -62,7 +62,7 @@ from ..sizing import (
 )
 from .decode import attention_refusal, decode_attention
 from .graphs import SegmentGraphs, backend_for, graph_refusal
-from .layer_major import layer_major_pass
+from .layer_major import fused_metrics_default, layer_major_pass
 from .loop import CHECK_EVERY, CPU_ROW_MULTIPLE, Clock, decode_pass, plan_passes, run_steps, total_steps
 from .metrics import LN2, horizon_window, positions_frame, sequences_frame, summary_rows
 from .states import WRITE_BYTES_PER_ELEMENT, WRITE_GROUP_ELEMENTS, EvalError, StateWriter, ssm_layers
@@ -582,6 +582,8 @@ def evaluate(
         "mode": mode,
         # layer mode: what ran the SSM recurrences (the fused kernels' output mode, or the torch reference)
         **({"recurrences": [RECURRENCE_NAMES[b] for b in sorted(recurrences)]} if layer_major else {}),
+        # layer mode: what compared the logits (evaluate.layer_major.chunk_metrics)
+        **({"metrics": "fused kernel" if fused_metrics_default(dev) else "torch"} if layer_major else {}),
         **(
             {}
             if layer_estimate is None

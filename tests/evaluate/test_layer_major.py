@@ -12,6 +12,9 @@ import pytest
 import torch
 
 from ssmquant.evaluate import EvalConfig, EvalError, evaluate
+from ssmquant.simulate import triton_interpreting
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 VARIANTS = "fp8_e4m3@conventional,int8@replay16,nvfp4@conventional"
 
@@ -33,7 +36,7 @@ def test_layer_major_computes_what_token_by_token_decoding_computes(model, promp
     layer = evaluate(EvalConfig(model, VARIANTS, mode="layer", **kw))
     decode = evaluate(EvalConfig(model, VARIANTS, mode="decode", **kw))
     assert layer.timing["mode"] == "layer" and layer.config.mode == "layer"
-    assert layer.timing["recurrences"] == ["torch reference"]
+    assert layer.timing["recurrences"] == ["torch reference"] and layer.timing["metrics"] == "torch"
     assert_modes_agree(layer, decode)
     # the positions line up: the same steps, variants and metrics
     assert list(layer.positions.columns) == list(decode.positions.columns)
@@ -50,6 +53,7 @@ def test_layer_major_on_the_fused_kernels_computes_what_decoding_computes(model,
     layer = evaluate(EvalConfig(model, VARIANTS, **kw))
     decode = evaluate(EvalConfig(model, VARIANTS, mode="decode", **kw))
     assert layer.config.mode == "layer" and layer.timing["recurrences"] == ["fused kernels (output mode)"]
+    assert layer.timing["metrics"] == "fused kernel"
     assert_modes_agree(layer, decode)
 
 
@@ -114,6 +118,46 @@ def test_layer_mode_forms_logits_in_chunks_of_positions(monkeypatch):
     chunked = evaluate(EvalConfig("tiny-qwen", VARIANTS, **kw))
     assert np.allclose(chunked.sequences.iloc[:, 2:], whole.sequences.iloc[:, 2:], rtol=1e-9, atol=1e-15)
     assert chunked.reference["loss_mean"] == pytest.approx(whole.reference["loss_mean"], rel=1e-12)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() and not triton_interpreting(), reason="needs a GPU or TRITON_INTERPRET=1"
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_metrics_give_the_torch_paths_values(monkeypatch, dtype):
+    """chunk_metrics' fused path (kernels.metrics, CUDA's default) against its torch path on the final hidden states
+    of tiny-qwen's reference and three variants (one made to diverge at two positions, one at its last), both in
+    chunks of 5 positions: kl and the nlls within the kernel test's float64 tolerance, top-1 agreement exact. The
+    diverged positions are measured again by the torch path (their logits formed from those rows alone), so there
+    the NaN / Inf results are the torch path's; a reference that is not finite is an EvalError."""
+    from ssmquant.evaluate.layer_major import chunk_metrics
+    from ssmquant.models import load_model
+
+    net = load_model("tiny-qwen", device=DEVICE, dtype=dtype, with_tokenizer=False).model
+    g = torch.Generator().manual_seed(0)
+    width = net.get_output_embeddings().weight.shape[1]
+    ref = torch.randn(23, width, generator=g)
+    hidden = [ref] + [ref + s * torch.randn(23, width, generator=g) for s in (1e-3, 1e-2, 1e-1)]
+    hidden[2][[4, 11]] = float("nan")
+    hidden[3][22, 0] = float("inf")
+    hidden = [h.to(device=DEVICE, dtype=dtype) for h in hidden]
+    targets = torch.randint(0, net.config.vocab_size, (23,), generator=g).to(DEVICE)
+    monkeypatch.setattr("ssmquant.evaluate.layer_major.metric_chunk_rows", lambda vocab, *size: 5)
+    with torch.inference_mode():
+        nll_f, fused = chunk_metrics(net, hidden, targets, fused=True)
+        nll_t, plain = chunk_metrics(net, hidden, targets, fused=False)
+    assert torch.all((nll_f - nll_t).abs() <= 1e-12 + 1e-9 * nll_t.abs())
+    for metric in (0, 2):
+        a, b = fused[:, metric], plain[:, metric]
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.isinf(), b.isinf()), metric
+        ok = b.isfinite()
+        assert torch.all((a[ok] - b[ok]).abs() <= 1e-12 + 1e-9 * b[ok].abs()), metric
+    assert torch.equal(fused[:, 1], plain[:, 1])
+    assert fused[1, 0, [4, 11]].isnan().all() and (fused[1, 1, [4, 11]] == 0).all()
+    assert not fused[2, 0, 22].isfinite()
+    hidden[0][7] = float("nan")
+    with pytest.raises(EvalError, match="reference's logits are not finite"), torch.inference_mode():
+        chunk_metrics(net, hidden, targets, fused=True)
 
 
 def test_the_reference_logits_of_a_chunk_are_formed_once_for_all_variants(monkeypatch):
