@@ -77,12 +77,12 @@ def _allocated(device: str) -> int:
 
 def _layer_memory(res, before: int, previous: dict) -> dict:
     """A layer-mode run's memory: the estimate its memory check read (GiB, the device's part), the sequences per
-    forward it chose, and on CUDA the allocator's peak during the evaluation (``evaluate`` resets it on the model's
+    forward it chose, what compared its logits (the fused kernel or torch), and on CUDA the allocator's peak during the evaluation (``evaluate`` resets it on the model's
     device) beyond the ``before`` bytes held when it started, the largest over the repetitions so far
     (``previous``)."""
     est = res.timing.get("memory_estimate_GiB") or {}
     out = {"estimate_GiB": float(est.get("device", est.get("host", float("nan")))),
-           "forward_batch": int(res.timing.get("forward_batch", 0))}  # fmt: skip
+           "forward_batch": int(res.timing.get("forward_batch", 0)), "metrics": res.timing.get("metrics")}  # fmt: skip
     if "peak_gpu_memory_GiB" in res.timing:
         peak = float(res.timing["peak_gpu_memory_GiB"]) - before / 2**30
         out["peak_GiB"] = max(peak, previous.get("peak_GiB", peak))
