@@ -216,12 +216,13 @@ def test_an_eval_section_suffix_keeps_the_other_tables_and_a_bad_one_is_refused_
     loaded = []
     monkeypatch.setattr(eval_bench, "_load", lambda name, a: loaded.append(name) or (None, name))
     fake = argparse.Namespace(variants=["fp8_e4m3"], summary={"kl_mean": __import__("pandas").Series([0.5])},
-                              timing={"decode_s": 1.0, "memory_estimate_GiB": {"host": 1.25}, "forward_batch": 2})  # fmt: skip
+                              timing={"decode_s": 1.0, "memory_estimate_GiB": {"host": 1.25}, "forward_batch": 2,
+                                      "metrics": "torch"})  # fmt: skip
     monkeypatch.setattr(eval_bench, "_evaluate", lambda loaded_model, a, mode, steps: fake)
     result = eval_bench.run(args())
     assert list(result.sections) == ["eval-cpu"]
     # the layer run's memory check is kept with the raw rates (no allocator peak off CUDA)
-    assert result.raw["tiny-qwen"]["layer_memory"] == {"estimate_GiB": 1.25, "forward_batch": 2}
+    assert result.raw["tiny-qwen"]["layer_memory"] == {"estimate_GiB": 1.25, "forward_batch": 2, "metrics": "torch"}
     both = eval_bench.run(args(section="nano"))
     assert list(both.sections) == ["eval-cpu-nano"] and both.sections["eval-cpu-nano"].title.endswith("(cpu, nano)")
     assert list(eval_bench.run(args(modes="layer", section="nano")).sections) == ["eval-cpu-layer-nano"]
