@@ -3,7 +3,8 @@
 `emulate_triton_steps` is `ssmquant.simulate(..., backend="triton")`'s backend; it trusts inputs `simulate` validated.
 Each kind registers a fused kernel (`registry.py`) that carries up to MAX_SLOTS variants beside one FP32 reference
 (`mamba2.py`, `delta_rule.py`) and may register one-variant kernels that run the variants they cover instead
-(`kda_cuda.py`); `planning.py` groups the variants into launches; `mamba2_engine.py` runs engine profiles.
+(`kda_cuda.py`); `planning.py` groups the variants into launches; `mamba2_engine.py` runs engine profiles; `metrics.py` compares the
+layer-major evaluation's logits.
 Torch references: `ssmquant.replay.naive` (state form) and `ssmquant.formats.codec` (tile fake-quant).
 """
 
