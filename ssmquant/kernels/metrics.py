@@ -122,5 +122,6 @@ def pair_metrics_triton(
         _pair_metrics_kernel[(rows,)](
             ref_logits, logits, target.to(device=dev, dtype=torch.int64).contiguous(), out, flags, rows, vocab,
             ref_logits.stride(0), logits.stride(0), BLOCK=block, num_warps=4 if block >= 1024 else 1,
+            enable_fp_fusion=False,  # each product and sum rounded on its own, as torch's float64 passes round them
         )  # fmt: skip
     return out, flags
