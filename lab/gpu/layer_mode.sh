@@ -11,7 +11,7 @@
 #                                          # apart (bfloat16's floor: studies/e2e_horizon's page)
 #   bash lab/gpu/layer_mode.sh profile     # where Nano's layer mode spends its time (lab/bench/layer_profile.py)
 #   bash lab/gpu/layer_mode.sh metrics     # the metrics' fused kernel against their torch path (lab/bench/metrics_paths.py)
-#   bash lab/gpu/layer_mode.sh tests       # the GPU test command (README)
+#   bash lab/gpu/layer_mode.sh tests       # the GPU test command (README); TESTS="FILE ..." runs those files' only
 #
 # Needs the wheels of a fresh install beside the checkout (lab/gpu/test_wheels.sh; carry .whl/common and .whl/tf525)
 # and studies/tiny_models/data/heldout.txt (carried). Everything a stage makes goes to $OUT as it is made.
@@ -73,7 +73,7 @@ case "${1:?stage}" in
     tail -8 "$OUT/metrics.txt"
     ;;
   tests)
-    timeout "${LIMIT:-300}" python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider > "$OUT/tests.txt" 2>&1
+    timeout "${LIMIT:-300}" python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider ${TESTS:-} > "$OUT/tests.txt" 2>&1
     echo "rc=$?" >> "$OUT/tests.txt"
     tail -15 "$OUT/tests.txt"
     ;;
