@@ -75,28 +75,29 @@ def _pair_metrics_kernel(
     top_p, first_p, bad_p = _row_max(p_row, V, cols, BLOCK)
     top_q, first_q, bad_q = _row_max(q_row, V, cols, BLOCK)
     tl.store(flags_ptr + row, bad_p * 1 + bad_q * 2)
-    if bad_p + bad_q == 0:
+    if bad_p == 0:  # the reference's nll wherever its row is finite, the comparison where both are
         mp = top_p.to(tl.float64)
-        mq = top_q.to(tl.float64)
         lp = _row_log_sum(p_row, V, cols, mp, BLOCK)
-        lq = _row_log_sum(q_row, V, cols, mq, BLOCK)
-        kl = tl.zeros([BLOCK], tl.float64)
-        for start in range(0, V, BLOCK):
-            idx = start + cols
-            ok = idx < V
-            x = tl.load(p_row + idx, mask=ok, other=0.0).to(tl.float64)
-            y = tl.load(q_row + idx, mask=ok, other=0.0).to(tl.float64)
-            logp = (x - mp) - lp
-            logq = (y - mq) - lq
-            kl += tl.where(ok, tl.exp(logp) * (logp - logq), 0.0)
         t = tl.load(target_ptr + row)
         known = (t >= 0) & (t < V)  # a target outside the vocabulary has no log-probability: NaN
         nll_p = -((tl.load(p_row + t, mask=known, other=float("nan")).to(tl.float64) - mp) - lp)
-        nll_q = -((tl.load(q_row + t, mask=known, other=float("nan")).to(tl.float64) - mq) - lq)
-        tl.store(out_ptr + row, tl.maximum(tl.sum(kl, 0), 0.0))
-        tl.store(out_ptr + R + row, (first_p == first_q).to(tl.float64))
-        tl.store(out_ptr + 2 * R + row, nll_q - nll_p)
         tl.store(out_ptr + 3 * R + row, nll_p)
+        if bad_q == 0:
+            mq = top_q.to(tl.float64)
+            lq = _row_log_sum(q_row, V, cols, mq, BLOCK)
+            kl = tl.zeros([BLOCK], tl.float64)
+            for start in range(0, V, BLOCK):
+                idx = start + cols
+                ok = idx < V
+                x = tl.load(p_row + idx, mask=ok, other=0.0).to(tl.float64)
+                y = tl.load(q_row + idx, mask=ok, other=0.0).to(tl.float64)
+                logp = (x - mp) - lp
+                logq = (y - mq) - lq
+                kl += tl.where(ok, tl.exp(logp) * (logp - logq), 0.0)
+            nll_q = -((tl.load(q_row + t, mask=known, other=float("nan")).to(tl.float64) - mq) - lq)
+            tl.store(out_ptr + row, tl.maximum(tl.sum(kl, 0), 0.0))
+            tl.store(out_ptr + R + row, (first_p == first_q).to(tl.float64))
+            tl.store(out_ptr + 2 * R + row, nll_q - nll_p)
 
 
 def pair_metrics_triton(
@@ -105,7 +106,8 @@ def pair_metrics_triton(
     """``evaluate.metrics``' per-position metrics of ``logits`` [R, V] against ``ref_logits`` [R, V] (any float
     dtype, rows contiguous), target [R] (the actual next tokens) -> (values [4, R] float64: kl (nats, clamped at 0),
     top-1 agreement, delta nll (nats), the reference's nll; flags [R] int32: REFERENCE_NONFINITE |
-    VARIANT_NONFINITE where a row holds a NaN / Inf, whose values are left unset)."""
+    VARIANT_NONFINITE where a row holds a NaN / Inf: its kl, agreement and delta nll are left unset, and its
+    reference nll too where the reference's row is not finite)."""
     if ref_logits.shape != logits.shape or ref_logits.ndim != 2 or target.shape != ref_logits.shape[:1]:
         raise ValueError(
             f"logits {tuple(ref_logits.shape)} and {tuple(logits.shape)} must both be [R, V] with target [R], got "
